@@ -1,0 +1,7 @@
+"""poot: a language-model compiler and runtime. Core is device-free; backends and model families are plugins."""
+
+from .errors import DeviceUnavailable, PootError, Refusal, UnknownDevice
+from .hookspecs import hookimpl
+
+__version__ = "0.1.0"
+__all__ = ["hookimpl", "PootError", "Refusal", "UnknownDevice", "DeviceUnavailable", "__version__"]

@@ -1,0 +1,83 @@
+"""Hook specifications: the four things a plugin can give poot.
+
+A plugin is a module (or object) with functions named like these hooks and marked with
+``poot.hookimpl``; it is found through the ``poot`` entry-point group of its package::
+
+    [project.entry-points.poot]
+    mydevice = "my_package.plugin"
+
+Hooks are checked when a plugin registers: an implementation whose name or arguments do not match a
+spec below is rejected with the plugin's name, before any call.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .models.family import ModelFamily
+    from .quant.descriptor import Quantization
+    from .runtime.device import Device
+
+__all__ = ["hookspec", "hookimpl", "PROJECT"]
+
+PROJECT = "poot"
+hookspec = pluggy.HookspecMarker(PROJECT)
+hookimpl = pluggy.HookimplMarker(PROJECT)
+
+
+# -------------------------------------------------------------------------------------------------
+# devices and executors
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def poot_devices() -> "list[Device]":
+    """Return the devices this plugin offers on this machine.
+
+    Called once per plugin when devices are listed or one is looked up by name. Probe with the real
+    binding; a device that cannot run here is still returned, with ``available()`` giving the typed
+    reason (no driver, no device, wrong architecture). A backend that finds no device at all returns
+    one placeholder ``Device`` of its kind (index ``None``) whose reason says why, so that
+    ``poot devices`` can tell the user. Never raise for a missing driver.
+    """
+
+
+@hookspec(firstresult=True)
+def poot_executor(device: "Device") -> Any:
+    """Return an Executor for ``device`` if this plugin owns it, else None.
+
+    Called when a plan is loaded onto a device. Stops at first non-None result.
+    """
+
+
+# -------------------------------------------------------------------------------------------------
+# model families
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def poot_model_families() -> "list[ModelFamily]":
+    """Return the model families this plugin serves.
+
+    Called once when a model is opened or families are listed. A family says which architectures it
+    serves (GGUF ``general.architecture`` and HF ``architectures``); the first family that claims an
+    architecture serves it.
+    """
+
+
+# -------------------------------------------------------------------------------------------------
+# quantizations
+# -------------------------------------------------------------------------------------------------
+
+
+@hookspec
+def poot_quantizations() -> "list[Quantization]":
+    """Return the packed quantization descriptors this plugin defines.
+
+    Called once when the quantization registry is first used. The core registers its own types
+    (F32, F16, BF16, Q4_0, ... MXFP4) through this same hook. Two plugins defining the same name is
+    an error naming both.
+    """
