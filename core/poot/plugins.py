@@ -93,7 +93,7 @@ class PluginHost:
 
         out: list[tuple[str, object]] = []
         caller = getattr(self.pm.hook, hook_name)
-        for impl in reversed(caller.get_hookimpls()):
+        for impl in caller.get_hookimpls():
             name = impl.plugin_name
             try:
                 res = impl.function()

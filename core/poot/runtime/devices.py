@@ -1,0 +1,68 @@
+"""Devices by name: gather what every plugin offers, and resolve names people type.
+
+Names are case-insensitive: ``cpu``, ``cuda:0`` (or ``CUDA0``), ``rocm:1``, ``vulkan:0``, ``wgpu:0``,
+``npu:xdna2``. A bare kind (``cuda``) means its first available device. The default comes from
+``POOT_DEVICE``, else ``cpu``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+
+from ..errors import DeviceUnavailable, UnknownDevice
+from ..plugins import host
+from .device import Device, Unavailable
+
+__all__ = ["list_devices", "get_device", "normalize_name", "DEFAULT_DEVICE"]
+
+DEFAULT_DEVICE = "cpu"
+_GLUED = re.compile(r"^([a-z]+)(\d+)$")
+
+
+def normalize_name(name: str) -> str:
+    """'CUDA0' -> 'cuda:0', ' Vulkan:1 ' -> 'vulkan:1', 'NPU:XDNA2' -> 'npu:xdna2'."""
+    n = name.strip().lower()
+    m = _GLUED.match(n)
+    return f"{m.group(1)}:{m.group(2)}" if m else n
+
+
+def list_devices() -> list[Device]:
+    """Every device that installed plugins offer, available or not, in plugin order."""
+    out: list[Device] = []
+    for plugin, result in host().call_each("poot_devices"):
+        if isinstance(result, Exception):
+            out.append(Device(plugin, None, f"plugin {plugin}", unavailable=Unavailable("plugin-error", str(result)), plugin=plugin))
+            continue
+        for d in result or ():
+            if not isinstance(d, Device):
+                msg = f"plugin '{plugin}' returned {d!r} from poot_devices, not a Device"
+                out.append(Device(plugin, None, f"plugin {plugin}", unavailable=Unavailable("plugin-error", msg), plugin=plugin))
+                continue
+            out.append(dataclasses.replace(d, plugin=plugin))
+    return out
+
+
+def get_device(name: str | None = None, devices: list[Device] | None = None) -> Device:
+    """The available device called ``name`` (else ``POOT_DEVICE``, else cpu).
+
+    Raises ``UnknownDevice`` (listing the known names) or ``DeviceUnavailable`` (with the reason).
+    """
+    wanted = normalize_name(name or os.environ.get("POOT_DEVICE") or DEFAULT_DEVICE)
+    devices = list_devices() if devices is None else devices
+    kind = wanted.split(":", 1)[0]
+    exact = [d for d in devices if d.name.lower() == wanted]
+    if not exact and ":" not in wanted:
+        exact = [d for d in devices if d.kind == kind and d.available()] or [d for d in devices if d.kind == kind]
+    if exact:
+        d = exact[0]
+        if not d.available():
+            raise DeviceUnavailable(f"device {d.name} cannot run here: {d.unavailable}")
+        return d
+    same_kind = [d for d in devices if d.kind == kind]
+    if same_kind:
+        reasons = "; ".join(f"{d.name}: {d.available()}" for d in same_kind)
+        raise DeviceUnavailable(f"no device {wanted}: {reasons}")
+    known = ", ".join(sorted({d.name for d in devices})) or "none"
+    raise UnknownDevice(f"unknown device '{wanted}'. Known devices: {known}. Run `poot devices` to see which can run here.")

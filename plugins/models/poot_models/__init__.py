@@ -1,0 +1,1 @@
+"""poot-models: the model families poot ships (llama, qwen, gemma, phi, mistral, MoE, MLA)."""

@@ -1,0 +1,50 @@
+"""AMD GPUs, probed with hip-python (hipGetDeviceCount, hipGetDeviceProperties)."""
+
+from __future__ import annotations
+
+from poot.runtime import Capabilities, Device, Unavailable
+
+__all__ = ["rocm_devices", "SUPPORTED_ARCHS"]
+
+SUPPORTED_ARCHS = ("gfx90a", "gfx942", "gfx1100")  # the AMDGCN targets codegen links code objects for
+
+
+def _placeholder(code: str, message: str) -> list[Device]:
+    return [Device("rocm", None, "AMD GPU", target="amdgcn", unavailable=Unavailable(code, message))]
+
+
+def rocm_devices() -> list[Device]:
+    try:
+        from hip import hip
+    except ImportError as e:
+        return _placeholder("no-binding", f"hip-python is not importable ({e}); pip install hip-python")
+    try:
+        err, count = hip.hipGetDeviceCount()
+    except RuntimeError as e:  # hip-python raises when libamdhip64 cannot be opened
+        return _placeholder("no-driver", f"no ROCm runtime: {e}; install ROCm (libamdhip64)")
+    if err != hip.hipError_t.hipSuccess or count == 0:
+        name = getattr(err, "name", str(err))
+        code = "no-device" if count == 0 or name == "hipErrorNoDevice" else "no-driver"
+        return _placeholder(code, f"hipGetDeviceCount returned {name}: no usable AMD GPU (check rocm-smi and /dev/kfd)")
+    out = []
+    for i in range(count):
+        props = hip.hipDeviceProp_t()
+        (perr,) = hip.hipGetDeviceProperties(props, i)
+        if perr != hip.hipError_t.hipSuccess:
+            out.append(Device("rocm", i, "AMD GPU", target="amdgcn", unavailable=Unavailable("no-driver", f"hipGetDeviceProperties({i}) returned {perr}")))
+            continue
+        arch = props.gcnArchName.decode().split(":", 1)[0] if isinstance(props.gcnArchName, bytes) else str(props.gcnArchName).split(":", 1)[0]
+        caps = Capabilities(
+            dtypes=frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"}),
+            compute_units=props.multiProcessorCount,
+            max_workgroup_size=props.maxThreadsPerBlock,
+            shared_memory_bytes=props.sharedMemPerBlock,
+            subgroup_size=props.warpSize,
+            memory_bytes=props.totalGlobalMem,
+            matrix_ops=frozenset({"mfma"} if arch.startswith("gfx9") else {"wmma"} if arch.startswith("gfx11") else set()),
+            details=(("arch", arch),),
+        )
+        reason = None if arch in SUPPORTED_ARCHS else Unavailable("unsupported", f"{arch} is not one of the targets poot links for ({', '.join(SUPPORTED_ARCHS)})")
+        name = props.name.decode(errors="replace") if isinstance(props.name, bytes) else str(props.name)
+        out.append(Device("rocm", i, name, target="amdgcn", capabilities=caps, unavailable=reason))
+    return out

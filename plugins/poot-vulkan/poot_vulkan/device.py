@@ -1,0 +1,78 @@
+"""Vulkan physical devices: properties, subgroup size, features and memory heaps from the driver."""
+
+from __future__ import annotations
+
+from poot.runtime import Capabilities, Device, Unavailable
+
+__all__ = ["vulkan_devices", "MIN_API"]
+
+MIN_API = (1, 3)  # codegen emits SPIR-V for the vulkan1.3 environment
+_TYPES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
+
+
+def _placeholder(code: str, message: str) -> list[Device]:
+    return [Device("vulkan", None, "Vulkan device", target="spirv", unavailable=Unavailable(code, message))]
+
+
+def _version(v: int) -> tuple[int, int, int]:
+    return (v >> 22) & 0x7F, (v >> 12) & 0x3FF, v & 0xFFF
+
+
+def vulkan_devices() -> list[Device]:
+    try:
+        import vulkan as vk
+    except ModuleNotFoundError as e:
+        return _placeholder("no-binding", f"the vulkan package is not importable ({e}); pip install vulkan")
+    except OSError as e:  # the binding dlopens the loader at import
+        return _placeholder("no-driver", f"no Vulkan loader: {e}; install libvulkan1 and a driver (e.g. mesa-vulkan-drivers)")
+    app = vk.VkApplicationInfo(pApplicationName="poot", apiVersion=vk.VK_MAKE_VERSION(1, 3, 0))
+    try:
+        inst = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+    except vk.VkError as e:
+        return _placeholder("no-driver", f"vkCreateInstance failed ({type(e).__name__}): no Vulkan driver (ICD) is installed")
+    try:
+        phys = vk.vkEnumeratePhysicalDevices(inst)
+        if not phys:
+            return _placeholder("no-device", "the Vulkan loader found no physical device")
+        return [_describe(vk, i, pd) for i, pd in enumerate(phys)]
+    finally:
+        vk.vkDestroyInstance(inst, None)
+
+
+def _describe(vk, index: int, pd) -> Device:  # type: ignore[no-untyped-def]
+    sub = vk.VkPhysicalDeviceSubgroupProperties()
+    props2 = vk.VkPhysicalDeviceProperties2(pNext=sub)
+    vk.vkGetPhysicalDeviceProperties2(pd, props2)
+    props = props2.properties
+    f12 = vk.VkPhysicalDeviceVulkan12Features()
+    feats2 = vk.VkPhysicalDeviceFeatures2(pNext=f12)
+    vk.vkGetPhysicalDeviceFeatures2(pd, feats2)
+    mem = vk.vkGetPhysicalDeviceMemoryProperties(pd)
+    local = [mem.memoryHeaps[i].size for i in range(mem.memoryHeapCount) if mem.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT]
+    dtypes = {"f32", "i32", "u8", "bool"}
+    if f12.shaderFloat16:
+        dtypes.add("f16")
+    if f12.shaderInt8:
+        dtypes.add("i8")
+    if feats2.features.shaderInt64:
+        dtypes.add("i64")
+    api = _version(props.apiVersion)
+    name = vk.ffi.string(props.deviceName).decode() if not isinstance(props.deviceName, str) else props.deviceName
+    lim = props.limits
+    caps = Capabilities(
+        dtypes=frozenset(dtypes),
+        compute_units=1,  # Vulkan does not expose a compute-unit count
+        max_workgroup_size=lim.maxComputeWorkGroupInvocations,
+        shared_memory_bytes=lim.maxComputeSharedMemorySize,
+        subgroup_size=sub.subgroupSize,
+        memory_bytes=max(local, default=0),
+        details=(
+            ("type", _TYPES.get(props.deviceType, str(props.deviceType))),
+            ("api", "{}.{}.{}".format(*api)),
+            ("max storage buffer", str(lim.maxStorageBufferRange)),
+        ),
+    )
+    reason = None
+    if api[:2] < MIN_API:
+        reason = Unavailable("unsupported", f"Vulkan {api[0]}.{api[1]} is below the {MIN_API[0]}.{MIN_API[1]} poot's SPIR-V needs")
+    return Device("vulkan", index, name, target="spirv", capabilities=caps, unavailable=reason)
