@@ -35,6 +35,11 @@ class GraphBuilder:
         types = infer(op, [v.type for v in inputs], attrs)
         n = Node(len(self._nodes), op, tuple(inputs), dict(attrs))
         n.outputs = tuple(Value(n, i, t) for i, t in enumerate(types))
+        if op in ("input", "weight"):
+            name = attrs["name"]
+            if name in self._names:
+                raise GraphError(f"{op} '{name}' is already defined (as {self._names[name].op})")
+            self._names[name] = n
         self._nodes.append(n)
         return n
 
@@ -48,11 +53,7 @@ class GraphBuilder:
 
     # -- sources --------------------------------------------------------------------------------
     def _source(self, op: str, name: str, dtype: DType | str, shape: Sequence[DimLike]) -> Value:
-        if name in self._names:
-            raise GraphError(f"{op} '{name}' is already defined (as {self._names[name].op})")
-        n = self.node(op, [], name=name, dtype=dt.dtype_of(dtype), shape=as_shape(shape))
-        self._names[name] = n
-        return n.out
+        return self.node(op, [], name=name, dtype=dt.dtype_of(dtype), shape=as_shape(shape)).out
 
     def input(self, name: str, dtype: DType | str, shape: Sequence[DimLike]) -> Value:
         """A per-step input (token ids, positions, slot map ...), bound at run time."""

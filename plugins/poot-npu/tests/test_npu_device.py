@@ -1,0 +1,28 @@
+"""NPUs through the accel subsystem: absent here (no driver), and the sysfs parsing on a made-up tree."""
+
+from pathlib import Path
+
+from poot_npu.device import ACCEL, npu_devices
+
+
+def test_real_machine_reports_each_npu_with_a_reason():
+    devs = {d.name: d for d in npu_devices()}
+    assert set(devs) == {"npu:xdna2", "npu:npu4"}
+    for d in devs.values():
+        assert not d.available()
+        if not ACCEL.exists():
+            assert d.unavailable.code == "no-driver"
+
+
+def test_driver_binding_is_read_from_sysfs(tmp_path: Path):
+    drivers = tmp_path / "bus" / "drivers"
+    (drivers / "amdxdna").mkdir(parents=True)
+    dev = tmp_path / "devices" / "0000:c5:00.1"
+    dev.mkdir(parents=True)
+    (dev / "driver").symlink_to(drivers / "amdxdna")
+    accel = tmp_path / "class" / "accel"
+    (accel / "accel0").mkdir(parents=True)
+    (accel / "accel0" / "device").symlink_to(dev)
+    devs = {d.name: d for d in npu_devices(accel)}
+    assert devs["npu:xdna2"].unavailable.code == "unsupported" and "accel0" in devs["npu:xdna2"].unavailable.message
+    assert devs["npu:npu4"].unavailable.code == "no-driver"

@@ -1,0 +1,29 @@
+"""Hook implementations of the example plugin, written only against poot's public API."""
+
+from typing import Any, Mapping
+
+from poot import hookimpl
+from poot.models import ModelFamily
+from poot.runtime import Device, Unavailable
+
+
+class ExampleFamily(ModelFamily):
+    name = "example"
+    gguf_architectures = ("example-arch",)
+    hf_architectures = ("ExampleForCausalLM",)
+
+    def parse_config(self, metadata: Mapping[str, Any]) -> Any:
+        return dict(metadata)
+
+    def trace(self, config: Any, weights: Any) -> Any:
+        raise NotImplementedError("the example family traces no graph")
+
+
+@hookimpl
+def poot_devices() -> list[Device]:
+    return [Device("example", 0, "example accelerator", unavailable=Unavailable("no-device", "the example plugin has no hardware"))]
+
+
+@hookimpl
+def poot_model_families() -> list[ModelFamily]:
+    return [ExampleFamily()]

@@ -1,0 +1,88 @@
+"""The plugin host: entry-point discovery of a third-party package, the POOT_PLUGINS filter, and a
+broken plugin reported by name without stopping the others."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from poot.plugins import host
+
+HERE = Path(__file__).parent
+
+
+@pytest.fixture(scope="module")
+def third_party(tmp_path_factory) -> Path:
+    """tests/plugins/poot-example and poot-broken installed into a fresh target directory."""
+    target = tmp_path_factory.mktemp("site")
+    for pkg in ("poot-example", "poot-broken"):
+        subprocess.run(
+            [sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation", "--target", str(target), str(HERE / "plugins" / pkg)],
+            check=True,
+        )
+    return target
+
+
+def poot(*args: str, site: Path | None = None, **env: str) -> subprocess.CompletedProcess:
+    e = dict(os.environ)
+    e.pop("POOT_PLUGINS", None)
+    if site is not None:
+        e["PYTHONPATH"] = os.pathsep.join([str(site)] + ([e["PYTHONPATH"]] if e.get("PYTHONPATH") else []))
+    e.update(env)
+    return subprocess.run([sys.executable, "-m", "poot.cli", *args], capture_output=True, text=True, env=e, timeout=120)
+
+
+def test_core_registers_its_quantizations_through_the_hook():
+    infos = {i.name: i for i in host().infos}
+    assert infos["poot.core"].status == "loaded"
+    from poot.quant import quantizations
+
+    assert {"f32", "f16", "bf16", "q4_0", "q8_0"} <= set(quantizations())
+
+
+def test_third_party_device_and_family_are_discovered(third_party):
+    r = poot("devices", "--json", site=third_party)
+    assert r.returncode == 0, r.stderr
+    devs = {d["name"]: d for d in json.loads(r.stdout)}
+    assert devs["example:0"]["plugin"] == "example"
+    assert devs["example:0"]["reason"] == {"code": "no-device", "message": "the example plugin has no hardware"}
+    code = "from poot.models import family_for; f = family_for('ExampleForCausalLM'); print(f.name, f.gguf_architectures)"
+    e = dict(os.environ, PYTHONPATH=str(third_party))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, check=True).stdout
+    assert out.strip() == "example ('example-arch',)"
+
+
+def test_broken_plugins_are_reported_by_name_and_others_still_load(third_party):
+    r = poot("plugins", "--json", site=third_party)
+    assert r.returncode == 0, r.stderr
+    infos = {i["name"]: i for i in json.loads(r.stdout)}
+    assert infos["broken"]["status"] == "failed"
+    assert "ModuleNotFoundError" in infos["broken"]["error"] and "poot_broken_missing_dependency" in infos["broken"]["error"]
+    assert infos["badhook"]["status"] == "failed"
+    assert "poot_executor" in infos["badhook"]["error"] and "dev" in infos["badhook"]["error"]
+    assert infos["example"]["status"] == "loaded"
+    table = poot("plugins", site=third_party).stdout
+    assert "broken" in table and "failed" in table
+
+
+def test_poot_plugins_restricts_what_loads(third_party):
+    r = poot("plugins", "--json", site=third_party, POOT_PLUGINS="example")
+    infos = {i["name"]: i for i in json.loads(r.stdout)}
+    assert infos["example"]["status"] == "loaded"
+    assert infos["broken"]["status"] == "filtered"
+    assert all(i["status"] == "filtered" for n, i in infos.items() if n not in ("example", "poot.core"))
+    devs = json.loads(poot("devices", "--json", site=third_party, POOT_PLUGINS="example").stdout)
+    assert [d["name"] for d in devs] == ["example:0"]
+
+
+def test_unknown_architecture_lists_installed_families(third_party):
+    code = "from poot.models import family_for\ntry:\n    family_for('NoSuchForCausalLM')\nexcept Exception as e:\n    print(type(e).__name__, e)"
+    e = dict(os.environ, PYTHONPATH=str(third_party))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, check=True).stdout
+    assert out.startswith("UnknownArchitecture") and "example (example-arch, ExampleForCausalLM) from example" in out
+    assert "poot_model_families" in out
