@@ -90,6 +90,60 @@ def cmd_plugins(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def _fmt_value(v: object) -> str:
+    import numpy as np
+
+    if isinstance(v, (list, np.ndarray)):
+        head = ", ".join(repr(x) if isinstance(x, str) else str(x) for x in list(v[:3]))
+        return f"[{len(v)} items: {head}{', ...' if len(v) > 3 else ''}]"
+    s = repr(v) if isinstance(v, str) else str(v)
+    return s if len(s) <= 100 else s[:97] + "..."
+
+
+def cmd_inspect(args: argparse.Namespace) -> int:
+    from .load import open_model
+
+    ck = open_model(args.model)
+    wm = ck.weights
+    print(f"model        {ck.path}")
+    print(f"format       {ck.format} ({len(ck.files)} file{'s' if len(ck.files) != 1 else ''})")
+    print(f"architecture {ck.architecture}")
+    print(f"tokenizer    {'yes' if ck.has_tokenizer else 'no'}")
+    print(f"chat template {'yes' if ck.chat_template else 'no'}")
+    print(f"layers       {wm.n_layers}{' (output tied to token embedding)' if wm.tied_output else ''}")
+    if not args.no_metadata:
+        print("\nmetadata")
+        for k, v in ck.metadata.items():
+            if k == "tokenizer.chat_template" or k == "tokenizer_config":
+                continue
+            print(f"  {k:40s} {_fmt_value(v)}")
+    roles = {n: r for r, n in wm.names.items()}
+    rows, totals = [], {}
+    for name, t in ck.tensors.items():
+        r = roles.get(name)
+        rows.append([name, str(r.name) if r else "UNKNOWN", t.storage, "x".join(map(str, t.shape)), _fmt_bytes(t.info.nbytes)])
+        n, b = totals.get(t.storage, (0, 0))
+        totals[t.storage] = (n + 1, b + t.info.nbytes)
+    if not args.no_tensors:
+        print()
+        print(_table(rows, ["TENSOR", "ROLE", "TYPE", "SHAPE", "BYTES"]))
+    print("\ntotals")
+    for st, (n, b) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+        print(f"  {st:8s} {n:5d} tensors  {_fmt_bytes(b)}")
+    print(f"  {'all':8s} {len(ck.tensors):5d} tensors  {_fmt_bytes(sum(b for _, b in totals.values()))}")
+    if wm.unknown:
+        print(f"\nunknown tensors (no role): {', '.join(wm.unknown)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="poot", description="Compile and run language models on any installed device.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -99,6 +153,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl = sub.add_parser("plugins", help="list installed plugins and any that failed to load")
     pl.add_argument("--json", action="store_true", help="machine-readable output")
     pl.set_defaults(func=cmd_plugins)
+    ins = sub.add_parser("inspect", help="metadata, architecture and tensor table of a checkpoint")
+    ins.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
+    ins.add_argument("--no-tensors", action="store_true", help="leave out the tensor table")
+    ins.add_argument("--no-metadata", action="store_true", help="leave out the metadata")
+    ins.set_defaults(func=cmd_inspect)
     return p
 
 

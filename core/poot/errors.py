@@ -12,6 +12,7 @@ __all__ = [
     "UnknownDevice",
     "DeviceUnavailable",
     "PluginError",
+    "LoadError",
 ]
 
 
@@ -56,3 +57,11 @@ class DeviceUnavailable(DeviceError):
 
 class PluginError(PootError):
     """A plugin failed to load or registered something invalid."""
+
+
+class LoadError(PootError):
+    """A checkpoint (or model source) cannot be loaded. Names the file and what is wrong with it."""
+
+    def __init__(self, file: object, what: str) -> None:
+        self.file, self.what = str(file), what
+        super().__init__(f"{file}: {what}")

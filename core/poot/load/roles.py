@@ -1,0 +1,218 @@
+"""Weight roles: what each checkpoint tensor is for, whatever it was called.
+
+Canonical role names follow GGUF's tensor names (``token_embd``, ``attn_q``, ``ffn_gate_exps`` ...),
+the de-facto vocabulary of the field. GGUF names map directly; Hugging Face names map through the
+patterns below. Tensors that match no role are reported by name, never silently dropped.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from ..errors import LoadError
+from .tensor import LazyTensor
+
+__all__ = ["Role", "WeightMap", "GLOBAL_ROLES", "LAYER_ROLES", "EXPERT_ROLES", "gguf_name"]
+
+GLOBAL_ROLES = frozenset({"token_embd", "token_embd_norm", "output", "output_norm", "rope_freqs"})
+LAYER_ROLES = frozenset({
+    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm", "attn_k_norm",
+    "attn_post_norm", "ffn_norm", "ffn_post_norm", "ffn_gate", "ffn_up", "ffn_down",
+    "ffn_gate_inp", "exp_probs_b", "ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+    "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "attn_k_b", "attn_v_b",
+    "rope_factors_long", "rope_factors_short",
+})
+EXPERT_ROLES = frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"})
+_GGUF_ALIASES = {"attn_post_norm": "post_attention_norm", "ffn_post_norm": "post_ffw_norm"}
+_GGUF_TO_ROLE = {v: k for k, v in _GGUF_ALIASES.items()}
+
+
+@dataclass(frozen=True, order=True)
+class Role:
+    """A tensor's purpose: role name, layer (None for global tensors), expert (HF per-expert
+    tensors; GGUF stacks experts into one tensor), and 'weight' or 'bias'."""
+
+    name: str
+    layer: int | None = None
+    expert: int | None = None
+    param: str = "weight"
+
+    def __str__(self) -> str:
+        return gguf_name(self)
+
+
+def gguf_name(role: Role) -> str:
+    """The GGUF tensor name of a role (per-expert roles get an expert suffix GGUF does not have)."""
+    base = _GGUF_ALIASES.get(role.name, role.name)
+    s = base if role.layer is None else f"blk.{role.layer}.{base}"
+    if role.expert is not None:
+        s += f".{role.expert}"
+    return f"{s}.{role.param}"
+
+
+_GGUF_RE = re.compile(r"^(?:blk\.(?P<layer>\d+)\.)?(?P<name>[a-z0-9_]+)\.(?P<param>weight|bias)$")
+
+
+def _from_gguf(name: str) -> Role | None:
+    m = _GGUF_RE.match(name)
+    if not m:
+        return None
+    role = _GGUF_TO_ROLE.get(m["name"], m["name"])
+    layer = int(m["layer"]) if m["layer"] is not None else None
+    if layer is None and role in GLOBAL_ROLES or layer is not None and (role in LAYER_ROLES or role in EXPERT_ROLES):
+        return Role(role, layer, None, m["param"])
+    return None
+
+
+# Hugging Face names, after stripping a multimodal wrapper prefix; {L} a layer, {E} an expert
+_HF_GLOBAL = {
+    "model.embed_tokens": "token_embd",
+    "lm_head": "output",
+    "model.norm": "output_norm",
+}
+_HF_LAYER = {
+    "input_layernorm": "attn_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "ffn_post_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.qkv_proj": "attn_qkv",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "self_attn.q_a_proj": "attn_q_a",
+    "self_attn.q_a_layernorm": "attn_q_a_norm",
+    "self_attn.q_b_proj": "attn_q_b",
+    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+    "self_attn.kv_b_proj": "attn_kv_b",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.gate_up_proj": "ffn_up",  # Phi-3 keeps gate and up fused, as its GGUF does
+    "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "block_sparse_moe.gate": "ffn_gate_inp",
+    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_expert.up_proj": "ffn_up_shexp",
+    "mlp.shared_expert.down_proj": "ffn_down_shexp",
+    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+    "mlp.shared_experts.up_proj": "ffn_up_shexp",
+    "mlp.shared_experts.down_proj": "ffn_down_shexp",
+}
+_HF_EXPERT = {
+    "mlp.experts.{E}.gate_proj": "ffn_gate_exps",
+    "mlp.experts.{E}.up_proj": "ffn_up_exps",
+    "mlp.experts.{E}.down_proj": "ffn_down_exps",
+    "block_sparse_moe.experts.{E}.w1": "ffn_gate_exps",
+    "block_sparse_moe.experts.{E}.w3": "ffn_up_exps",
+    "block_sparse_moe.experts.{E}.w2": "ffn_down_exps",
+}
+_HF_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
+_HF_LAYER_RE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<rest>.+)\.(?P<param>weight|bias|e_score_correction_bias)$")
+_HF_EXPERT_RE = {re.compile("^" + re.escape(k).replace(r"\{E\}", r"(?P<expert>\d+)") + "$"): v for k, v in _HF_EXPERT.items()}
+
+
+def _from_hf(name: str, gemma_norms: bool) -> Role | None:
+    if name.startswith("model.language_model."):  # multimodal wrappers around the text model
+        name = "model." + name[len("model.language_model.") :]
+    elif name.startswith("language_model."):
+        name = name[len("language_model.") :]
+    base, _, param = name.rpartition(".")
+    if base in _HF_GLOBAL and param == "weight":
+        return Role(_HF_GLOBAL[base], None, None, "weight")
+    m = _HF_LAYER_RE.match(name)
+    if not m:
+        return None
+    layer, rest, param = int(m["layer"]), m["rest"], m["param"]
+    if param == "e_score_correction_bias":
+        return Role("exp_probs_b", layer, None, "bias") if rest == "mlp.gate" else None
+    if rest == "post_attention_layernorm":
+        # Gemma 2/3 normalise the attention output with it; everyone else the FFN input
+        return Role("attn_post_norm" if gemma_norms else "ffn_norm", layer, None, param)
+    if rest in _HF_LAYER:
+        return Role(_HF_LAYER[rest], layer, None, param)
+    for rx, role in _HF_EXPERT_RE.items():
+        e = rx.match(rest)
+        if e:
+            return Role(role, layer, int(e["expert"]), param)
+    return None
+
+
+@dataclass
+class WeightMap:
+    """Roles to checkpoint tensors, plus what matched no role."""
+
+    tensors: dict[Role, LazyTensor]
+    unknown: tuple[str, ...] = ()
+    ignored: tuple[str, ...] = ()
+    names: dict[Role, str] = field(default_factory=dict)
+    source: str = ""
+
+    @classmethod
+    def from_gguf(cls, tensors: Mapping[str, LazyTensor], source: str = "") -> "WeightMap":
+        roles: dict[Role, LazyTensor] = {}
+        names: dict[Role, str] = {}
+        unknown = []
+        for name, t in tensors.items():
+            r = _from_gguf(name)
+            if r is None:
+                unknown.append(name)
+            else:
+                roles[r], names[r] = t, name
+        return cls(roles, tuple(sorted(unknown)), (), names, source)
+
+    @classmethod
+    def from_hf(cls, tensors: Mapping[str, LazyTensor], source: str = "") -> "WeightMap":
+        gemma_norms = any(n.endswith("pre_feedforward_layernorm.weight") for n in tensors)
+        roles: dict[Role, LazyTensor] = {}
+        names: dict[Role, str] = {}
+        unknown, ignored = [], []
+        for name, t in tensors.items():
+            r = _from_hf(name, gemma_norms)
+            if r is None:
+                (ignored if _HF_IGNORED.search(name) else unknown).append(name)
+                continue
+            if r in roles:
+                raise LoadError(source or name, f"tensors '{names[r]}' and '{name}' both map to role {r}")
+            roles[r], names[r] = t, name
+        return cls(roles, tuple(sorted(unknown)), tuple(sorted(ignored)), names, source)
+
+    # -- lookup ------------------------------------------------------------------------------------
+    def get(self, name: str, layer: int | None = None, param: str = "weight") -> LazyTensor | None:
+        return self.tensors.get(Role(name, layer, None, param))
+
+    def require(self, name: str, layer: int | None = None, param: str = "weight") -> LazyTensor:
+        t = self.get(name, layer, param)
+        if t is None:
+            raise LoadError(self.source or "checkpoint", f"missing tensor for role {Role(name, layer, None, param)} (no such tensor in the checkpoint)")
+        return t
+
+    def experts(self, name: str, layer: int) -> list[LazyTensor]:
+        """Per-expert tensors of a role (HF layout), in expert order; empty if the experts are stacked."""
+        found = sorted((r.expert, t) for r, t in self.tensors.items() if r.name == name and r.layer == layer and r.expert is not None)
+        if [e for e, _ in found] != list(range(len(found))):
+            raise LoadError(self.source or "checkpoint", f"experts of {name} in layer {layer} are not numbered 0..{len(found) - 1}: {[e for e, _ in found]}")
+        return [t for _, t in found]
+
+    @property
+    def tied_output(self) -> bool:
+        """True when the output head reuses the token embedding (no separate output tensor)."""
+        return Role("output") not in self.tensors
+
+    @property
+    def n_layers(self) -> int:
+        layers = [r.layer for r in self.tensors if r.layer is not None]
+        return max(layers) + 1 if layers else 0
+
+    def missing(self, required: Iterable[Role]) -> list[Role]:
+        return [r for r in required if r not in self.tensors]
+
+    def role_of(self, tensor_name: str) -> Role | None:
+        for r, n in self.names.items():
+            if n == tensor_name:
+                return r
+        return None
