@@ -65,3 +65,17 @@ def test_token_bytes_rebuild_decoded_text(pair, rng):
     for s in text_corpus(rng, [], 300)[:300]:
         ids = ours.encode(s, add_special_tokens=False)
         assert b"".join(table[i] for i in ids).decode("utf-8", errors="replace") == ours.decode(ids), (name, s)
+
+
+def test_hf_tokenizer_json_directory_agrees(pair, rng, tmp_path):
+    """transformers saves its tokenizer as tokenizer.json + tokenizer_config.json; poot reads that
+    directory and agrees with transformers reading it back."""
+    name, _, ref = pair
+    ref.save_pretrained(tmp_path)
+    ours = Tokenizer.from_hf(tmp_path)
+    back = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert ours.bos_id == back.bos_token_id and ours.eos_id == back.eos_token_id
+    for s in text_corpus(rng, ["<bos>", "<|im_start|>"], 400):
+        a = ours.encode(s)
+        assert a == back.encode(s), (name, s)
+        assert ours.decode(a) == back.decode(a)
