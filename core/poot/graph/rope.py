@@ -52,12 +52,15 @@ class RopeConfig:
     theta: float = 10000.0
     layout: str = "neox"
     scaling: LinearScaling | Llama3Scaling | YarnScaling | None = None
+    freq_factors: tuple[float, ...] | None = None  # per-frequency divisors (GGUF's rope_freqs tensor)
 
     def __post_init__(self) -> None:
         if self.dim <= 0 or self.dim % 2:
             raise ValueError(f"rotary dim must be a positive even number, got {self.dim}")
         if self.layout not in ("neox", "interleaved"):
             raise ValueError(f"rope layout must be 'neox' or 'interleaved', got {self.layout!r}")
+        if self.freq_factors is not None and len(self.freq_factors) != self.dim // 2:
+            raise ValueError(f"rope freq_factors need {self.dim // 2} entries, got {len(self.freq_factors)}")
 
 
 def _yarn_mscale(scale: float, mscale: float = 1.0) -> float:
@@ -69,6 +72,8 @@ def rope_frequencies(cfg: RopeConfig) -> tuple[np.ndarray, float]:
     d = cfg.dim
     exps = np.arange(0, d, 2, dtype=np.float64) / d
     inv = 1.0 / cfg.theta**exps
+    if cfg.freq_factors is not None:
+        inv = inv / np.asarray(cfg.freq_factors, dtype=np.float64)
     s = cfg.scaling
     if s is None:
         return inv, 1.0

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import PluginError, PootError
 from ..plugins import host
 
-__all__ = ["ModelFamily", "UnknownArchitecture", "model_families", "family_for"]
+__all__ = ["ModelFamily", "DecoderFamily", "UnknownArchitecture", "model_families", "family_for"]
 
 
 class UnknownArchitecture(PootError):
@@ -32,12 +32,15 @@ class ModelFamily(ABC):
     hf_architectures: tuple[str, ...] = ()
 
     @abstractmethod
-    def parse_config(self, metadata: Mapping[str, Any]) -> Any:
-        """The family's config from GGUF metadata or an HF ``config.json`` mapping."""
+    def parse_config(self, checkpoint: Any) -> Any:
+        """The family's config from a Checkpoint's GGUF metadata or HF ``config.json``."""
 
     @abstractmethod
-    def trace(self, config: Any, weights: Any) -> Any:
+    def trace(self, config: Any, weights: Any, shapes: Any = None) -> Any:
         """The Graph of one forward step over a batch of sequences."""
+
+    #: chat template for checkpoints of this family that carry none (jinja source), or None
+    default_chat_template: str | None = None
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {', '.join(self.gguf_architectures + self.hf_architectures)}>"
@@ -67,3 +70,32 @@ def family_for(architecture: str) -> ModelFamily:
         f"no installed model family serves architecture '{architecture}'. Installed: {listed}. "
         "Add one with a plugin implementing the poot_model_families hook (see docs/PLUGINS.md)."
     )
+
+
+class DecoderFamily(ModelFamily):
+    """A family of decoder-only transformers: parse each source into a ``DecoderConfig`` and trace it
+    with the shared tracer. Subclasses implement ``config_from_gguf`` and ``config_from_hf``."""
+
+    def parse_config(self, checkpoint: Any) -> Any:
+        from ..errors import LoadError
+        from .config import ConfigError
+
+        try:
+            if checkpoint.format == "gguf":
+                return self.config_from_gguf(checkpoint.metadata, checkpoint.weights)
+            return self.config_from_hf(checkpoint.metadata, checkpoint.weights)
+        except (KeyError, TypeError, ValueError) as e:
+            raise ConfigError(f"{checkpoint.path}: cannot read the {self.name} config: {type(e).__name__}: {e}") from None
+        except LoadError:
+            raise
+
+    def config_from_gguf(self, metadata: Mapping[str, Any], weights: Any) -> Any:
+        raise NotImplementedError(f"the {self.name} family does not read GGUF files")
+
+    def config_from_hf(self, config: Mapping[str, Any], weights: Any) -> Any:
+        raise NotImplementedError(f"the {self.name} family does not read Hugging Face checkpoints")
+
+    def trace(self, config: Any, weights: Any, shapes: Any = None) -> Any:
+        from .decoder import trace_decoder
+
+        return trace_decoder(config, weights, shapes)

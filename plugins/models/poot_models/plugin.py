@@ -3,8 +3,13 @@
 from poot import hookimpl
 from poot.models import ModelFamily
 
+from .deepseek import DeepseekFamily
+from .gemma import GemmaFamily
+from .llama import LlamaFamily
+from .phi3 import Phi3Family
+from .qwen import QwenFamily
+
 
 @hookimpl
 def poot_model_families() -> list[ModelFamily]:
-    # Families are added with the model-family work; until then this package serves none.
-    return []
+    return [LlamaFamily(), QwenFamily(), GemmaFamily(), Phi3Family(), DeepseekFamily()]

@@ -1,6 +1,6 @@
 """Hook implementations of the example plugin, written only against poot's public API."""
 
-from typing import Any, Mapping
+from typing import Any
 
 from poot import hookimpl
 from poot.models import ModelFamily
@@ -12,10 +12,10 @@ class ExampleFamily(ModelFamily):
     gguf_architectures = ("example-arch",)
     hf_architectures = ("ExampleForCausalLM",)
 
-    def parse_config(self, metadata: Mapping[str, Any]) -> Any:
-        return dict(metadata)
+    def parse_config(self, checkpoint: Any) -> Any:
+        return dict(checkpoint.metadata)
 
-    def trace(self, config: Any, weights: Any) -> Any:
+    def trace(self, config: Any, weights: Any, shapes: Any = None) -> Any:
         raise NotImplementedError("the example family traces no graph")
 
 

@@ -1,0 +1,116 @@
+"""The shared description of a decoder-only transformer that every family parses its checkpoint into.
+
+Families differ in how they spell their configs and in a handful of switches (norm offsets, sandwich
+norms, soft-caps, sliding windows, MoE and MLA); the tracer in ``decoder.py`` reads only this.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PootError
+from ..graph.compose import MoeConfig
+from ..graph.rope import LinearScaling, Llama3Scaling, RopeConfig, YarnScaling
+
+__all__ = ["ConfigError", "LayerConfig", "MlaConfig", "DecoderConfig", "hf_rope", "need"]
+
+
+class ConfigError(PootError):
+    """A checkpoint's configuration is missing a field or asks for something poot does not support."""
+
+
+@dataclass(frozen=True)
+class LayerConfig:
+    """What varies per layer: the attention window (None: full), its RoPE, dense MLP or MoE."""
+
+    window: int | None
+    rope: RopeConfig | None
+    moe: bool = False
+
+
+@dataclass(frozen=True)
+class MlaConfig:
+    """Multi-head latent attention (DeepSeek-V2/V3): low-rank q and kv, a per-head key part without
+    RoPE (``nope_dim``) and one RoPE key part shared by all heads (``rope_dim``)."""
+
+    q_lora_rank: int | None
+    kv_lora_rank: int
+    nope_dim: int
+    rope_dim: int
+    v_dim: int
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    family: str
+    architecture: str
+    vocab_size: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    layers: tuple[LayerConfig, ...]
+    norm_eps: float
+    activation: str = "silu"
+    norm_unit_offset: bool = False  # RMSNorm scales by (1 + w) (Gemma in HF form)
+    qk_norm: bool = False
+    sandwich_norms: bool = False  # extra norms after attention and after the MLP (Gemma 2/3)
+    attn_softcap: float | None = None
+    final_softcap: float | None = None
+    attn_scale: float | None = None
+    embed_scale: float | None = None
+    moe: MoeConfig | None = None
+    moe_ffn: int = 0
+    shared_ffn: int = 0
+    mla: MlaConfig | None = None
+    max_context: int = 4096
+    extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    @property
+    def n_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def kv_dims(self) -> tuple[int, int, int]:
+        """(KV heads, key width, value width) of one layer's cache; MLA also caches a shared key part."""
+        if self.mla is not None:
+            return self.heads, self.mla.nope_dim, self.mla.v_dim
+        return self.kv_heads, self.head_dim, self.head_dim
+
+
+def need(cfg: Mapping[str, Any], key: str, where: str) -> Any:
+    """A required config value, or a ConfigError naming it."""
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(f"{where}: missing '{key}'")
+    return cfg[key]
+
+
+def hf_rope(cfg: Mapping[str, Any], dim: int, layout: str = "neox", layer_type: str | None = None) -> RopeConfig:
+    """RoPE from an HF config: ``rope_parameters`` (transformers 5, maybe per layer type) or
+    ``rope_theta`` + ``rope_scaling`` (earlier)."""
+    params: Mapping[str, Any] | None = cfg.get("rope_parameters")
+    if isinstance(params, Mapping) and layer_type is not None and layer_type in params:
+        params = params[layer_type]
+    if not isinstance(params, Mapping) or "rope_theta" not in params:
+        params = dict(cfg.get("rope_scaling") or {}, rope_theta=cfg.get("rope_theta", 10000.0))
+    theta = float(params.get("rope_theta", 10000.0))
+    kind = params.get("rope_type") or params.get("type") or "default"
+    scaling: LinearScaling | Llama3Scaling | YarnScaling | None = None
+    omp = int(params.get("original_max_position_embeddings") or cfg.get("original_max_position_embeddings") or cfg.get("max_position_embeddings") or 4096)
+    if kind == "default":
+        scaling = None
+    elif kind == "linear":
+        scaling = LinearScaling(float(params["factor"]))
+    elif kind == "llama3":
+        scaling = Llama3Scaling(float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"]), omp)
+    elif kind == "yarn":
+        scaling = YarnScaling(
+            float(params["factor"]), omp, float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1),
+            params.get("mscale"), params.get("mscale_all_dim"), params.get("attention_factor"), bool(params.get("truncate", True)),
+        )
+    else:
+        raise ConfigError(f"RoPE scaling {kind!r} is not supported (supported: default, linear, llama3, yarn)")
+    return RopeConfig(dim, theta, layout, scaling)
