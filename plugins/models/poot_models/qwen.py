@@ -56,7 +56,7 @@ class QwenFamily(DecoderFamily):
             raise ConfigError("config.json: Qwen's use_sliding_window is not supported")
         if cfg.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"config.json: hidden_act {cfg.get('hidden_act')!r} is not supported (supported: silu)")
-        experts = int(cfg.get("num_experts") or 0)
+        experts = int(cfg.get("num_experts") or cfg.get("num_local_experts") or 0)
         moe, dense = None, set()
         if experts:
             moe = MoeConfig(experts, hf_int(cfg, "num_experts_per_tok"), "softmax", bool(cfg.get("norm_topk_prob", False)))
