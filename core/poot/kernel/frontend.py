@@ -1,0 +1,442 @@
+"""``@poot.kernel``: Python functions in a restricted subset, read from their source into Kernel IR.
+
+    from poot.kernel import kernel, In, Out, Const, f32, i32, group_id, thread_id, shared, barrier
+
+    @kernel(workgroup=("BLOCK", 1, 1))
+    def scale_rows(x: In[f32], y: Out[f32], cols: i32, alpha: f32, BLOCK: Const = 128):
+        row = group_id(0)
+        for c in range(thread_id(0), cols, BLOCK):
+            y[row * cols + c] = x[row * cols + c] * alpha
+
+Parameters annotated ``In[T]``/``Out[T]`` are buffers, a dtype (``f32``, ``i32`` ...) a run-time
+scalar, ``Const`` a compile-time constant bound by ``.instantiate(NAME=value)``; ``if`` on constants
+and ``static_range`` are resolved at compile time, so templates specialise cleanly. Integer ``//``
+and ``%`` truncate toward zero, as in C. Anything outside the subset is a ``KernelSyntaxError``
+naming the file and line.
+"""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import textwrap
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import PootError
+from ..graph import dtypes as dt
+from ..graph.dtypes import DType
+from . import ir
+from .verify import verify_kernel
+
+__all__ = ["kernel", "KernelTemplate", "KernelSyntaxError", "In", "Out", "Const"]
+
+
+class KernelSyntaxError(PootError):
+    """Python outside the kernel subset, located by file and line."""
+
+
+class _BufferAnn:
+    def __init__(self, readonly: bool, dtype: DType | None = None) -> None:
+        self.readonly, self.dtype = readonly, dtype
+
+    def __getitem__(self, dtype: DType) -> "_BufferAnn":
+        return _BufferAnn(self.readonly, dtype)
+
+
+In = _BufferAnn(True)
+Out = _BufferAnn(False)
+
+
+class _ConstAnn:
+    def __getitem__(self, _: Any) -> "_ConstAnn":
+        return self
+
+
+Const = _ConstAnn()
+
+_DTYPES = {"f32": dt.f32, "f16": dt.f16, "bf16": dt.bf16, "f64": dt.f64, "i32": dt.i32, "i64": dt.i64, "i8": dt.i8, "u8": dt.u8, "bool": dt.boolean}
+_BUILTINS = {"thread_id", "group_id", "group_size", "num_groups", "lane_id", "subgroup_size"}
+_MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "abs", "floor", "erf", "recip"}
+_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "div", ast.Mod: "rem", ast.BitAnd: "and",
+           ast.BitOr: "or", ast.BitXor: "xor", ast.LShift: "shl", ast.RShift: "shr", ast.Pow: "pow"}
+_CMPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
+_PY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "rem": lambda a, b: int(math.fmod(a, b)),
+       "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b,
+       "pow": lambda a, b: a**b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
+       "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "min": min, "max": max}
+
+
+@dataclass
+class _Ctx:
+    file: str
+    line0: int
+    consts: dict[str, Any]
+    buffers: dict[str, ir.Buffer]
+    scalars: dict[str, DType]
+    locals: dict[str, DType]
+    shared: dict[str, ir.Shared]
+    counter: int = 0
+
+    def err(self, node: ast.AST, msg: str) -> KernelSyntaxError:
+        return KernelSyntaxError(f"{self.file}:{self.line0 + getattr(node, 'lineno', 1) - 1}: {msg}")
+
+
+Value = Any  # an ir.Expr, or a Python int/float/bool known at compile time
+
+
+def _lit(v: Any, like: DType | None) -> ir.Expr:
+    if isinstance(v, bool):
+        return ir.Const(v, dt.boolean)
+    if like is not None and like.is_float:
+        return ir.Const(float(v), like)
+    if isinstance(v, float):
+        return ir.Const(v, dt.f32)
+    return ir.Const(int(v), like if like is not None and like.is_int else dt.i32)
+
+
+def _typed(a: Value, b: Value) -> tuple[ir.Expr, ir.Expr]:
+    ta = a.dtype if not isinstance(a, (int, float, bool)) else None
+    tb = b.dtype if not isinstance(b, (int, float, bool)) else None
+    return (a if ta else _lit(a, tb)), (b if tb else _lit(b, ta))
+
+
+class _Translator:
+    def __init__(self, ctx: _Ctx) -> None:
+        self.c = ctx
+
+    # -- expressions --------------------------------------------------------------------------------
+    def expr(self, n: ast.expr) -> Value:
+        c = self.c
+        if isinstance(n, ast.Constant):
+            if isinstance(n.value, (bool, int, float)):
+                return n.value
+            raise c.err(n, f"constant {n.value!r} is not a number")
+        if isinstance(n, ast.Name):
+            if n.id in c.consts:
+                return c.consts[n.id]
+            if n.id in c.scalars:
+                return ir.Ref(n.id, c.scalars[n.id])
+            if n.id in c.locals:
+                return ir.Ref(n.id, c.locals[n.id])
+            if n.id in ("True", "False"):
+                return n.id == "True"
+            raise c.err(n, f"'{n.id}' is not a parameter, local variable or constant of this kernel")
+        if isinstance(n, ast.BinOp):
+            op = _BINOPS.get(type(n.op))
+            if op is None:
+                raise c.err(n, f"operator {type(n.op).__name__} is not supported in kernels")
+            a, b = self.expr(n.left), self.expr(n.right)
+            if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+                if isinstance(n.op, ast.Div):
+                    return a / b
+                if isinstance(n.op, ast.FloorDiv):
+                    return int(a / b) if isinstance(a, int) and isinstance(b, int) else a // b
+                return _PY[op](a, b)
+            ea, eb = _typed(a, b)
+            if ea.dtype != eb.dtype:
+                raise c.err(n, f"operands differ: {ea.dtype} {op} {eb.dtype} (cast one, e.g. f32(x))")
+            if isinstance(n.op, ast.Div) and ea.dtype.is_int:
+                raise c.err(n, "use // for integer division (it truncates toward zero)")
+            return ir.Bin(op, ea, eb)
+        if isinstance(n, ast.Compare):
+            if len(n.ops) != 1:
+                raise c.err(n, "chained comparisons are not supported; use 'and'")
+            op = _CMPS.get(type(n.ops[0]))
+            if op is None:
+                raise c.err(n, f"comparison {type(n.ops[0]).__name__} is not supported")
+            a, b = self.expr(n.left), self.expr(n.comparators[0])
+            if not isinstance(a, ir.Expr.__args__) and not isinstance(b, ir.Expr.__args__):  # type: ignore[attr-defined]
+                return _PY[op](a, b)
+            ea, eb = _typed(a, b)
+            if ea.dtype != eb.dtype:
+                raise c.err(n, f"comparing {ea.dtype} with {eb.dtype}")
+            return ir.Bin(op, ea, eb)
+        if isinstance(n, ast.BoolOp):
+            vals = [self.expr(v) for v in n.values]
+            op = "and" if isinstance(n.op, ast.And) else "or"
+            out = vals[0]
+            for v in vals[1:]:
+                if isinstance(out, bool) and isinstance(v, bool):
+                    out = (out and v) if op == "and" else (out or v)
+                    continue
+                ea, eb = _typed(out, v)
+                if ea.dtype != dt.boolean or eb.dtype != dt.boolean:
+                    raise c.err(n, f"'{op}' needs bool operands")
+                out = ir.Bin(op, ea, eb)
+            return out
+        if isinstance(n, ast.UnaryOp):
+            v = self.expr(n.operand)
+            if isinstance(n.op, ast.USub):
+                return -v if isinstance(v, (int, float)) else ir.Un("neg", v)
+            if isinstance(n.op, ast.Not):
+                return (not v) if isinstance(v, bool) else ir.Un("not", v)
+            if isinstance(n.op, ast.UAdd):
+                return v
+            raise c.err(n, f"unary {type(n.op).__name__} is not supported")
+        if isinstance(n, ast.IfExp):
+            cond = self.expr(n.test)
+            if isinstance(cond, bool):
+                return self.expr(n.body if cond else n.orelse)
+            a, b = _typed(self.expr(n.body), self.expr(n.orelse))
+            if a.dtype != b.dtype:
+                raise c.err(n, f"conditional branches differ: {a.dtype} vs {b.dtype}")
+            return ir.Select(cond, a, b)
+        if isinstance(n, ast.Subscript):
+            name = self._memory(n.value)
+            mem = c.buffers.get(name) or c.shared[name]
+            return ir.Load(name, self.index(n.slice), mem.dtype)
+        if isinstance(n, ast.Call):
+            return self.call(n)
+        raise c.err(n, f"{type(n).__name__} is not supported in kernels")
+
+    def _memory(self, n: ast.expr) -> str:
+        if isinstance(n, ast.Name) and (n.id in self.c.buffers or n.id in self.c.shared):
+            return n.id
+        raise self.c.err(n, "only buffer parameters and shared arrays can be indexed")
+
+    def index(self, n: ast.expr) -> ir.Expr:
+        v = self.expr(n)
+        e = _lit(v, dt.i32) if isinstance(v, (int, float, bool)) else v
+        if e.dtype != dt.i32:
+            raise self.c.err(n, f"an index must be i32, got {e.dtype}")
+        return e
+
+    def call(self, n: ast.Call) -> Value:
+        c = self.c
+        if not isinstance(n.func, ast.Name):
+            raise c.err(n, "only plain function calls are supported (no methods or attributes)")
+        f = n.func.id
+        args = [self.expr(a) for a in n.args]
+        if n.keywords:
+            raise c.err(n, f"{f}() takes no keyword arguments in kernels")
+        if f in _BUILTINS:
+            dim = args[0] if args else 0
+            if not isinstance(dim, int) or not 0 <= dim <= 2:
+                raise c.err(n, f"{f}() takes a constant dimension 0, 1 or 2")
+            return ir.Builtin(f, dim)
+        if f in _MATH:
+            (a,) = args
+            if isinstance(a, (int, float)):
+                a = _lit(float(a), dt.f32)
+            return ir.Un(f, a)
+        if f in ("min", "max"):
+            if len(args) != 2:
+                raise c.err(n, f"{f}() takes two arguments in kernels")
+            if all(isinstance(a, (int, float)) for a in args):
+                return _PY[f](*args)
+            a, b = _typed(*args)
+            return ir.Bin(f, a, b)
+        if f in _DTYPES:
+            (a,) = args
+            if isinstance(a, (int, float, bool)):
+                return _lit(a, _DTYPES[f]) if f != "bool" else ir.Const(bool(a), dt.boolean)
+            return a if a.dtype == _DTYPES[f] else ir.Cast(a, _DTYPES[f])
+        if f in ("subgroup_add", "subgroup_max", "subgroup_min"):
+            (a,) = args
+            return ir.SubgroupReduce(f.split("_")[1], a)
+        if f in ("shuffle", "shuffle_xor"):
+            a, lane = args
+            return ir.SubgroupShuffle(a, _lit(lane, dt.i32) if isinstance(lane, int) else lane, xor=f == "shuffle_xor")
+        if f == "select":
+            cond, a, b = args
+            a, b = _typed(a, b)
+            return ir.Select(cond, a, b)
+        raise c.err(n, f"'{f}' cannot be called in a kernel")
+
+    # -- statements ---------------------------------------------------------------------------------
+    def block(self, stmts: list[ast.stmt]) -> list[ir.Stmt]:
+        out: list[ir.Stmt] = []
+        for s in stmts:
+            out.extend(self.stmt(s))
+        return out
+
+    def _scoped(self, stmts: list[ast.stmt]) -> tuple[ir.Stmt, ...]:
+        saved = dict(self.c.locals)
+        body = self.block(stmts)
+        self.c.locals = saved
+        return tuple(body)
+
+    def stmt(self, n: ast.stmt) -> list[ir.Stmt]:
+        c = self.c
+        if isinstance(n, ast.Expr):
+            if isinstance(n.value, ast.Constant) and isinstance(n.value.value, str):
+                return []  # docstring
+            if isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name):
+                f = n.value.func.id
+                if f == "barrier" and not n.value.args:
+                    return [ir.Barrier()]
+                if f == "atomic_add" and len(n.value.args) == 3:
+                    name = self._memory(n.value.args[0])
+                    return [ir.AtomicAdd(name, self.index(n.value.args[1]), self._value_for(name, n.value.args[2]))]
+            raise c.err(n, "an expression statement must be barrier() or atomic_add(buf, i, v)")
+        if isinstance(n, ast.Pass):
+            return []
+        if isinstance(n, (ast.Assign, ast.AnnAssign)):
+            target = n.targets[0] if isinstance(n, ast.Assign) else n.target
+            if isinstance(n, ast.Assign) and len(n.targets) != 1:
+                raise c.err(n, "one assignment target at a time")
+            if isinstance(target, ast.Subscript):
+                name = self._memory(target.value)
+                return [ir.Store(name, self.index(target.slice), self._value_for(name, n.value))]
+            if not isinstance(target, ast.Name):
+                raise c.err(n, "assign to a name or to buffer[index]")
+            if isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Name) and n.value.func.id == "shared":
+                return self._shared(n, target.id, n.value)
+            v = self.expr(n.value)
+            if target.id in c.consts or target.id in c.scalars or target.id in c.buffers:
+                raise c.err(n, f"'{target.id}' is a parameter or constant and cannot be assigned")
+            e = _lit(v, None) if isinstance(v, (int, float, bool)) else v
+            if target.id in c.locals:
+                if c.locals[target.id] != e.dtype:
+                    e = _lit(v, c.locals[target.id]) if isinstance(v, (int, float)) else e
+                if c.locals[target.id] != e.dtype:
+                    raise c.err(n, f"'{target.id}' is {c.locals[target.id]}, assigned {e.dtype}")
+                return [ir.Assign(target.id, e)]
+            c.locals[target.id] = e.dtype
+            return [ir.Let(target.id, e)]
+        if isinstance(n, ast.AugAssign):
+            op = _BINOPS.get(type(n.op))
+            if op is None:
+                raise c.err(n, f"operator {type(n.op).__name__}= is not supported")
+            if isinstance(n.target, ast.Subscript):
+                name = self._memory(n.target.value)
+                idx = self.index(n.target.slice)
+                mem = c.buffers.get(name) or c.shared[name]
+                a, b = _typed(ir.Load(name, idx, mem.dtype), self.expr(n.value))
+                return [ir.Store(name, idx, ir.Bin(op, a, b))]
+            if not isinstance(n.target, ast.Name) or n.target.id not in c.locals:
+                raise c.err(n, "augmented assignment needs an existing local variable")
+            cur = ir.Ref(n.target.id, c.locals[n.target.id])
+            a, b = _typed(cur, self.expr(n.value))
+            if a.dtype != b.dtype:
+                raise c.err(n, f"'{n.target.id}' is {a.dtype}, combined with {b.dtype}")
+            return [ir.Assign(n.target.id, ir.Bin(op, a, b))]
+        if isinstance(n, ast.If):
+            cond = self.expr(n.test)
+            if isinstance(cond, bool):  # compile-time: keep one branch
+                return self.block(n.body if cond else n.orelse)
+            if cond.dtype != dt.boolean:
+                raise c.err(n, f"condition must be bool, got {cond.dtype}")
+            return [ir.If(cond, self._scoped(n.body), self._scoped(n.orelse))]
+        if isinstance(n, ast.For):
+            return self._for(n)
+        raise c.err(n, f"{type(n).__name__} statements are not supported in kernels")
+
+    def _value_for(self, name: str, node: ast.expr) -> ir.Expr:
+        mem = self.c.buffers.get(name) or self.c.shared[name]
+        v = self.expr(node)
+        return _lit(v, mem.dtype) if isinstance(v, (int, float, bool)) else v
+
+    def _shared(self, n: ast.stmt, name: str, call: ast.Call) -> list[ir.Stmt]:
+        c = self.c
+        if len(call.args) != 2 or not isinstance(call.args[0], ast.Name) or call.args[0].id not in _DTYPES:
+            raise c.err(n, "shared(dtype, size) takes a dtype and a constant size")
+        size = self.expr(call.args[1])
+        if not isinstance(size, int) or size < 1:
+            raise c.err(n, "a shared array's size must be a positive compile-time constant")
+        if name in c.shared or name in c.locals:
+            raise c.err(n, f"'{name}' is already defined")
+        c.shared[name] = ir.Shared(name, _DTYPES[call.args[0].id], size)
+        return []
+
+    def _for(self, n: ast.For) -> list[ir.Stmt]:
+        c = self.c
+        if not isinstance(n.target, ast.Name) or not isinstance(n.iter, ast.Call) or not isinstance(n.iter.func, ast.Name):
+            raise c.err(n, "loops must be 'for name in range(...)' or 'static_range(...)'")
+        if n.orelse:
+            raise c.err(n, "for/else is not supported")
+        args = [self.expr(a) for a in n.iter.args]
+        var = n.target.id
+        if n.iter.func.id == "static_range":  # unrolled at compile time
+            if not all(isinstance(a, int) for a in args):
+                raise c.err(n, "static_range needs compile-time constant bounds")
+            out: list[ir.Stmt] = []
+            for i in range(*args):
+                c.consts[var] = i
+                out.extend(self._scoped(n.body))
+            c.consts.pop(var, None)
+            return out
+        if n.iter.func.id != "range" or not 1 <= len(args) <= 3:
+            raise c.err(n, "loops must be 'for name in range(...)' or 'static_range(...)'")
+        start, stop = (0, args[0]) if len(args) == 1 else (args[0], args[1])
+        step = args[2] if len(args) == 3 else 1
+        if not isinstance(step, int) or step < 1:
+            raise c.err(n, "the loop step must be a positive compile-time constant")
+        if var in c.locals or var in c.scalars or var in c.consts:
+            raise c.err(n, f"loop variable '{var}' shadows an existing name")
+        c.locals[var] = dt.i32
+        body = self._scoped(n.body)
+        del c.locals[var]
+        return [ir.For(var, _lit(start, dt.i32) if isinstance(start, int) else start, _lit(stop, dt.i32) if isinstance(stop, int) else stop, body, step)]
+
+
+class KernelTemplate:
+    """A kernel as written; ``instantiate(**constants)`` gives verified Kernel IR."""
+
+    def __init__(self, fn: Callable[..., Any], workgroup: tuple[int | str, int | str, int | str], name: str | None) -> None:
+        self.fn, self.workgroup = fn, workgroup
+        self.name = name or fn.__name__
+        try:
+            src = inspect.getsource(fn)
+            self.file = inspect.getsourcefile(fn) or "<kernel>"
+            _, self.line0 = inspect.getsourcelines(fn)
+        except (OSError, TypeError) as e:
+            raise KernelSyntaxError(f"cannot read the source of {fn.__qualname__}: {e}") from None
+        tree = ast.parse(textwrap.dedent(src))
+        fdef = tree.body[0]
+        if not isinstance(fdef, ast.FunctionDef):
+            raise KernelSyntaxError(f"{self.file}:{self.line0}: @kernel decorates a plain function")
+        self.tree = fdef  # node.lineno counts from the first line getsourcelines returned (line0)
+        sig = inspect.signature(fn)
+        hints = fn.__annotations__
+        self.params: list[tuple[str, Any, Any]] = []
+        for p in sig.parameters.values():
+            ann = hints.get(p.name)
+            if ann is None:
+                raise KernelSyntaxError(f"{self.file}:{self.line0 + fdef.lineno - 1}: parameter '{p.name}' needs an annotation (In[T], Out[T], a dtype, or Const)")
+            self.params.append((p.name, ann, p.default))
+
+    def instantiate(self, **constants: Any) -> ir.Kernel:
+        consts: dict[str, Any] = {}
+        buffers: dict[str, ir.Buffer] = {}
+        scalars: dict[str, DType] = {}
+        order: list[ir.Param] = []
+        for name, ann, default in self.params:
+            if isinstance(ann, _ConstAnn):
+                if name in constants:
+                    consts[name] = constants.pop(name)
+                elif default is not inspect.Parameter.empty:
+                    consts[name] = default
+                else:
+                    raise KernelSyntaxError(f"kernel {self.name}: compile-time constant '{name}' has no value")
+            elif isinstance(ann, _BufferAnn):
+                if ann.dtype is None:
+                    raise KernelSyntaxError(f"kernel {self.name}: buffer '{name}' needs its element type, e.g. In[f32]")
+                buffers[name] = ir.Buffer(name, ann.dtype, ann.readonly)
+                order.append(buffers[name])
+            elif isinstance(ann, DType):
+                scalars[name] = ann
+                order.append(ir.ScalarParam(name, ann))
+            else:
+                raise KernelSyntaxError(f"kernel {self.name}: parameter '{name}' has annotation {ann!r}; use In[T], Out[T], a dtype or Const")
+        if constants:
+            raise KernelSyntaxError(f"kernel {self.name}: unknown constants {sorted(constants)}")
+        ctx = _Ctx(self.file, self.line0, consts, buffers, scalars, {}, {})
+        body = _Translator(ctx).block(self.tree.body)
+        wg = tuple(consts[w] if isinstance(w, str) else w for w in self.workgroup)
+        suffix = "_".join(f"{k}{v}" for k, v in sorted(consts.items()) if isinstance(v, (int, bool)))
+        k = ir.Kernel(f"{self.name}_{suffix}" if suffix else self.name, tuple(order), tuple(body), wg, tuple(ctx.shared.values()))  # type: ignore[arg-type]
+        verify_kernel(k)
+        return k
+
+
+def kernel(fn: Callable[..., Any] | None = None, *, workgroup: tuple = (64, 1, 1), name: str | None = None) -> Any:
+    """Decorator: turn a Python function in the kernel subset into a KernelTemplate."""
+
+    def wrap(f: Callable[..., Any]) -> KernelTemplate:
+        return KernelTemplate(f, workgroup, name)
+
+    return wrap(fn) if fn is not None else wrap

@@ -1,0 +1,257 @@
+"""Kernel IR: a typed, structured IR for GPU-style kernels.
+
+A kernel runs on a 3-D grid of workgroups; each workgroup is a static 3-D block of threads sharing
+workgroup memory and barriers. Sizes (token counts, context lengths) are run-time scalar parameters,
+so one binary serves every shape. Expressions are immutable typed trees; statements are structured
+(no gotos), which keeps lowering to LLVM, to host thread loops and to SPIR-V's structured control
+flow straightforward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Union
+
+from ..graph import dtypes as dt
+from ..graph.dtypes import DType
+
+__all__ = [
+    "Buffer", "ScalarParam", "Shared", "Param",
+    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Select", "Load", "SubgroupReduce", "SubgroupShuffle",
+    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd",
+    "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "const", "i32",
+]
+
+i32 = dt.i32
+
+BIN_OPS = ("add", "sub", "mul", "div", "rem", "min", "max", "and", "or", "xor", "shl", "shr", "pow")
+CMP_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
+UN_OPS = ("neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "erf", "recip")
+BUILTINS = ("thread_id", "group_id", "group_size", "num_groups", "lane_id", "subgroup_size")
+
+
+# -- parameters and memory ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """A global-memory array argument, indexed in elements of ``dtype``."""
+
+    name: str
+    dtype: DType
+    readonly: bool = True
+
+
+@dataclass(frozen=True)
+class ScalarParam:
+    """A run-time scalar argument (sizes, strides, epsilons)."""
+
+    name: str
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Shared:
+    """A workgroup-shared array of static size."""
+
+    name: str
+    dtype: DType
+    size: int
+
+
+Param = Union[Buffer, ScalarParam]
+
+
+# -- expressions ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Const:
+    value: float | int | bool
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Ref:
+    """A scalar parameter, a local variable or a loop variable."""
+
+    name: str
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """thread_id / group_id / group_size / num_groups along ``dim`` (0..2), or lane_id /
+    subgroup_size (dim ignored). All i32."""
+
+    kind: str
+    dim: int = 0
+
+    @property
+    def dtype(self) -> DType:
+        return i32
+
+
+@dataclass(frozen=True)
+class Bin:
+    op: str
+    a: "Expr"
+    b: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return dt.boolean if self.op in CMP_OPS else self.a.dtype
+
+
+@dataclass(frozen=True)
+class Un:
+    op: str
+    a: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return self.a.dtype
+
+
+@dataclass(frozen=True)
+class Cast:
+    a: "Expr"
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class Select:
+    cond: "Expr"
+    a: "Expr"
+    b: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return self.a.dtype
+
+
+@dataclass(frozen=True)
+class Load:
+    """``buffer[index]`` from a Buffer or Shared array (by name); ``dtype`` is the element type."""
+
+    buffer: str
+    index: "Expr"
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class SubgroupReduce:
+    """Reduce ``a`` across the subgroup with 'add', 'max' or 'min'; every lane gets the result."""
+
+    op: str
+    a: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return self.a.dtype
+
+
+@dataclass(frozen=True)
+class SubgroupShuffle:
+    """The value of ``a`` held by lane ``lane`` (``xor=True``: by lane ``lane_id ^ lane``)."""
+
+    a: "Expr"
+    lane: "Expr"
+    xor: bool = False
+
+    @property
+    def dtype(self) -> DType:
+        return self.a.dtype
+
+
+Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Select, Load, SubgroupReduce, SubgroupShuffle]
+
+
+def const(value: float | int | bool, dtype: DType | str = i32) -> Const:
+    return Const(value, dt.dtype_of(dtype))
+
+
+# -- statements -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Let:
+    """Declare a mutable local variable with an initial value."""
+
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Assign:
+    name: str
+    value: Expr
+
+
+@dataclass(frozen=True)
+class Store:
+    buffer: str
+    index: Expr
+    value: Expr
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Expr
+    then: tuple["Stmt", ...]
+    orelse: tuple["Stmt", ...] = ()
+
+
+@dataclass(frozen=True)
+class For:
+    """``for var in range(start, stop, step)`` with i32 bounds; ``step`` must be a positive constant."""
+
+    var: str
+    start: Expr
+    stop: Expr
+    body: tuple["Stmt", ...]
+    step: int = 1
+
+
+@dataclass(frozen=True)
+class Barrier:
+    """Workgroup barrier: every thread reaches it, and workgroup memory writes before it are visible after."""
+
+
+@dataclass(frozen=True)
+class AtomicAdd:
+    buffer: str
+    index: Expr
+    value: Expr
+
+
+Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd]
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A kernel: parameters, workgroup-shared arrays, the static workgroup size and the body run by
+    every thread of every workgroup."""
+
+    name: str
+    params: tuple[Param, ...]
+    body: tuple[Stmt, ...]
+    workgroup: tuple[int, int, int] = (64, 1, 1)
+    shared: tuple[Shared, ...] = ()
+    meta: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+
+    @property
+    def threads(self) -> int:
+        x, y, z = self.workgroup
+        return x * y * z
+
+    def param(self, name: str) -> Param | None:
+        return next((p for p in self.params if p.name == name), None)
+
+    @property
+    def buffers(self) -> tuple[Buffer, ...]:
+        return tuple(p for p in self.params if isinstance(p, Buffer))
+
+    @property
+    def scalars(self) -> tuple[ScalarParam, ...]:
+        return tuple(p for p in self.params if isinstance(p, ScalarParam))

@@ -1,0 +1,227 @@
+"""The Kernel IR verifier: catches malformed kernels before any LLVM is emitted (LLVM aborts the process
+on malformed input, so nothing may reach it unchecked)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..errors import PootError
+from ..graph import dtypes as dt
+from .ir import (
+    BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Buffer, Builtin, Cast, Const, Expr, For, If, Kernel,
+    Let, Load, Ref, ScalarParam, Select, Stmt, Store, SubgroupReduce, SubgroupShuffle, Un,
+)
+
+__all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups"]
+
+SCALAR_TYPES = (dt.f32, dt.f16, dt.bf16, dt.i32, dt.i64, dt.i8, dt.u8, dt.boolean, dt.f64)
+FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "erf", "recip", "pow"}
+INT_ONLY = {"and", "or", "xor", "shl", "shr", "rem"}
+
+
+class KernelError(PootError):
+    """A malformed kernel, named with the statement or expression at fault."""
+
+
+class _Scope:
+    def __init__(self, k: Kernel) -> None:
+        self.k = k
+        self.vars: dict[str, dt.DType] = {p.name: p.dtype for p in k.scalars}
+        self.buffers = {p.name: p for p in k.buffers}
+        self.shared = {s.name: s for s in k.shared}
+        self.varying: set[str] = set()  # locals whose value may differ between threads
+
+    def fail(self, where: str, msg: str) -> KernelError:
+        return KernelError(f"kernel {self.k.name}: {where}: {msg}")
+
+
+def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
+    """(type, varies between threads) of ``e``."""
+    if isinstance(e, Const):
+        if e.dtype not in SCALAR_TYPES:
+            raise s.fail(where, f"constant of unsupported type {e.dtype}")
+        return e.dtype, False
+    if isinstance(e, Ref):
+        if e.name not in s.vars:
+            raise s.fail(where, f"'{e.name}' is not defined here")
+        if s.vars[e.name] != e.dtype:
+            raise s.fail(where, f"'{e.name}' is {s.vars[e.name]}, used as {e.dtype}")
+        return e.dtype, e.name in s.varying
+    if isinstance(e, Builtin):
+        if e.kind not in BUILTINS or not 0 <= e.dim <= 2:
+            raise s.fail(where, f"unknown builtin {e.kind}({e.dim})")
+        return dt.i32, e.kind in ("thread_id", "lane_id")
+    if isinstance(e, Bin):
+        ta, va = _expr(s, e.a, where)
+        tb, vb = _expr(s, e.b, where)
+        if e.op not in BIN_OPS and e.op not in CMP_OPS:
+            raise s.fail(where, f"unknown operator {e.op}")
+        if ta != tb:
+            raise s.fail(where, f"operands of {e.op} differ: {ta} vs {tb} (cast one)")
+        if e.op in FLOAT_ONLY and not ta.is_float:
+            raise s.fail(where, f"{e.op} needs float operands, got {ta}")
+        if e.op in INT_ONLY and not (ta.is_int or (ta == dt.boolean and e.op in ("and", "or", "xor"))):
+            raise s.fail(where, f"{e.op} needs integer operands, got {ta}")
+        return e.dtype, va or vb
+    if isinstance(e, Un):
+        t, v = _expr(s, e.a, where)
+        if e.op not in UN_OPS:
+            raise s.fail(where, f"unknown function {e.op}")
+        if e.op in FLOAT_ONLY and not t.is_float:
+            raise s.fail(where, f"{e.op} needs a float operand, got {t}")
+        if e.op == "not" and t != dt.boolean and not t.is_int:
+            raise s.fail(where, f"not needs a bool or integer operand, got {t}")
+        return t, v
+    if isinstance(e, Cast):
+        _, v = _expr(s, e.a, where)
+        if e.dtype not in SCALAR_TYPES:
+            raise s.fail(where, f"cast to unsupported type {e.dtype}")
+        return e.dtype, v
+    if isinstance(e, Select):
+        tc, vc = _expr(s, e.cond, where)
+        ta, va = _expr(s, e.a, where)
+        tb, vb = _expr(s, e.b, where)
+        if tc != dt.boolean:
+            raise s.fail(where, f"select condition must be bool, got {tc}")
+        if ta != tb:
+            raise s.fail(where, f"select branches differ: {ta} vs {tb}")
+        return ta, vc or va or vb
+    if isinstance(e, Load):
+        mem = s.buffers.get(e.buffer) or s.shared.get(e.buffer)
+        if mem is None:
+            raise s.fail(where, f"'{e.buffer}' is not a buffer or shared array")
+        if mem.dtype != e.dtype:
+            raise s.fail(where, f"'{e.buffer}' holds {mem.dtype}, loaded as {e.dtype}")
+        ti, _ = _expr(s, e.index, where)
+        if ti != dt.i32:
+            raise s.fail(where, f"index into '{e.buffer}' must be i32, got {ti}")
+        return e.dtype, True
+    if isinstance(e, SubgroupReduce):
+        t, _ = _expr(s, e.a, where)
+        if e.op not in ("add", "max", "min"):
+            raise s.fail(where, f"subgroup reduce op must be add, max or min, got {e.op}")
+        return t, False
+    if isinstance(e, SubgroupShuffle):
+        t, _ = _expr(s, e.a, where)
+        tl, _ = _expr(s, e.lane, where)
+        if tl != dt.i32:
+            raise s.fail(where, f"shuffle lane must be i32, got {tl}")
+        return t, True
+    raise s.fail(where, f"not an expression: {e!r}")
+
+
+def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None:
+    declared: list[str] = []
+    for i, st in enumerate(body):
+        w = f"{where}[{i}] {type(st).__name__}"
+        if isinstance(st, Let):
+            t, v = _expr(s, st.value, w)
+            if st.name in s.vars or st.name in s.buffers or st.name in s.shared:
+                raise s.fail(w, f"'{st.name}' is already defined")
+            s.vars[st.name] = t
+            declared.append(st.name)
+            if v or divergent:
+                s.varying.add(st.name)
+        elif isinstance(st, Assign):
+            if st.name not in s.vars or st.name in {p.name for p in s.k.scalars}:
+                raise s.fail(w, f"'{st.name}' is not a local variable")
+            t, v = _expr(s, st.value, w)
+            if t != s.vars[st.name]:
+                raise s.fail(w, f"'{st.name}' is {s.vars[st.name]}, assigned {t}")
+            if v or divergent:
+                s.varying.add(st.name)
+        elif isinstance(st, (Store, AtomicAdd)):
+            mem = s.buffers.get(st.buffer) or s.shared.get(st.buffer)
+            if mem is None:
+                raise s.fail(w, f"'{st.buffer}' is not a buffer or shared array")
+            if isinstance(mem, Buffer) and mem.readonly:
+                raise s.fail(w, f"'{st.buffer}' is read-only")
+            ti, _ = _expr(s, st.index, w)
+            tv, _ = _expr(s, st.value, w)
+            if ti != dt.i32:
+                raise s.fail(w, f"index into '{st.buffer}' must be i32, got {ti}")
+            if tv != mem.dtype:
+                raise s.fail(w, f"'{st.buffer}' holds {mem.dtype}, stored {tv}")
+            if isinstance(st, AtomicAdd) and mem.dtype not in (dt.f32, dt.i32):
+                raise s.fail(w, f"atomic add needs f32 or i32, '{st.buffer}' holds {mem.dtype}")
+        elif isinstance(st, If):
+            tc, vc = _expr(s, st.cond, w)
+            if tc != dt.boolean:
+                raise s.fail(w, f"condition must be bool, got {tc}")
+            _block(s, st.then, w + ".then", divergent or vc)
+            _block(s, st.orelse, w + ".else", divergent or vc)
+        elif isinstance(st, For):
+            t0, v0 = _expr(s, st.start, w)
+            t1, v1 = _expr(s, st.stop, w)
+            if t0 != dt.i32 or t1 != dt.i32:
+                raise s.fail(w, "loop bounds must be i32")
+            if not isinstance(st.step, int) or st.step < 1:
+                raise s.fail(w, f"loop step must be a positive int, got {st.step!r}")
+            if st.var in s.vars:
+                raise s.fail(w, f"loop variable '{st.var}' shadows an existing name")
+            s.vars[st.var] = dt.i32
+            if v0 or v1 or divergent:
+                s.varying.add(st.var)
+            _block(s, st.body, w + ".body", divergent or v0 or v1)
+            del s.vars[st.var]
+            s.varying.discard(st.var)
+        elif isinstance(st, Barrier):
+            if divergent:
+                raise s.fail(w, "barrier under control flow that differs between threads (every thread must reach it)")
+        else:
+            raise s.fail(w, f"not a statement: {st!r}")
+    for name in declared:
+        del s.vars[name]
+        s.varying.discard(name)
+
+
+def verify_kernel(k: Kernel, max_threads: int = 1024) -> None:
+    """Raise KernelError if ``k`` is malformed."""
+    if not k.name.isidentifier():
+        raise KernelError(f"kernel name {k.name!r} must be an identifier")
+    names = [p.name for p in k.params] + [s.name for s in k.shared]
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise KernelError(f"kernel {k.name}: names used twice: {sorted(dup)}")
+    for p in k.params:
+        if p.dtype not in SCALAR_TYPES:
+            raise KernelError(f"kernel {k.name}: parameter '{p.name}' has unsupported type {p.dtype}")
+        if isinstance(p, ScalarParam) and p.dtype == dt.boolean:
+            raise KernelError(f"kernel {k.name}: scalar parameter '{p.name}' cannot be bool (use i32)")
+    if any(d < 1 for d in k.workgroup) or k.threads > max_threads:
+        raise KernelError(f"kernel {k.name}: workgroup {k.workgroup} must have 1..{max_threads} threads")
+    for sh in k.shared:
+        if sh.size < 1:
+            raise KernelError(f"kernel {k.name}: shared array '{sh.name}' needs a positive size")
+    _block(_Scope(k), k.body, "body", False)
+
+
+def _walk(body: Iterable[Stmt]):  # type: ignore[no-untyped-def]
+    for st in body:
+        yield st
+        if isinstance(st, If):
+            yield from _walk(st.then)
+            yield from _walk(st.orelse)
+        elif isinstance(st, For):
+            yield from _walk(st.body)
+
+
+def _exprs(e: Expr):  # type: ignore[no-untyped-def]
+    yield e
+    for f in ("a", "b", "cond", "index", "lane"):
+        sub = getattr(e, f, None)
+        if sub is not None and not isinstance(sub, (str, int, float)):
+            yield from _exprs(sub)
+
+
+def uses_barriers(k: Kernel) -> bool:
+    return any(isinstance(st, Barrier) for st in _walk(k.body))
+
+
+def uses_subgroups(k: Kernel) -> bool:
+    for st in _walk(k.body):
+        for f in ("value", "index", "cond", "start", "stop"):
+            e = getattr(st, f, None)
+            if e is not None and any(isinstance(x, (SubgroupReduce, SubgroupShuffle)) or (isinstance(x, Builtin) and x.kind in ("lane_id", "subgroup_size")) for x in _exprs(e)):
+                return True
+    return False
