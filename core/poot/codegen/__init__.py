@@ -1,0 +1,7 @@
+"""Codegen: Kernel IR -> LLVM IR -> host object | PTX | AMDGPU code object | SPIR-V, as named stages."""
+
+from .compile import Artifact, CompileError, compile_kernel
+from .lower import lower_kernel
+from .targets import TARGETS, Target, host_target, target
+
+__all__ = ["Artifact", "CompileError", "compile_kernel", "lower_kernel", "TARGETS", "Target", "host_target", "target"]

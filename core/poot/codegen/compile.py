@@ -1,0 +1,179 @@
+"""Compile stages: Kernel IR -> LLVM IR -> optimised LLVM IR -> artifact, in a worker process.
+
+llvmlite's LLVM is built with assertions: a bad module aborts the whole process. So LLVM runs in a
+worker process; a worker that dies becomes a typed ``CompileError`` naming the kernel and target,
+and the next compile gets a fresh worker. Artifacts are cached on disk by content hash, and every
+stage's output can be dumped with ``POOT_DUMP=dir``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+import pickle
+import struct
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import PootError
+from ..kernel.ir import Kernel
+from .lower import lower_kernel
+from .targets import Target
+
+__all__ = ["CompileError", "Artifact", "compile_kernel", "compile_ir", "CODEGEN_VERSION"]
+
+CODEGEN_VERSION = "1"
+
+
+class CompileError(PootError):
+    """LLVM failed (or crashed) on a kernel; names the kernel, the target and what LLVM said."""
+
+
+@dataclass(frozen=True)
+class Artifact:
+    kernel: str
+    target: str
+    kind: str  # object | ptx | code-object | spirv
+    data: bytes
+    cached: bool = False
+
+
+def _dump(name: str, stage: str, data: str | bytes) -> None:
+    d = os.environ.get("POOT_DUMP")
+    if not d:
+        return
+    p = Path(d)
+    p.mkdir(parents=True, exist_ok=True)
+    (p / f"{name}.{stage}").write_bytes(data if isinstance(data, bytes) else data.encode())
+
+
+def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
+    """Run LLVM on ``ir_text`` for ``tgt`` (in this process): (artifact bytes, optimised IR)."""
+    import llvmlite.binding as llvm
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    mod = llvm.parse_assembly(ir_text)
+    mod.verify()
+    target = llvm.Target.from_triple(tgt.triple)
+    reloc = "pic" if tgt.name in ("amdgcn", "host") else "default"
+    tm = target.create_target_machine(cpu=tgt.cpu, features=tgt.features, opt=3, reloc=reloc, codemodel="default")
+    mod.triple = tgt.triple
+    mod.data_layout = str(tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    opt_ir = str(mod)
+    if tgt.artifact == "ptx":
+        return tm.emit_assembly(mod).encode(), opt_ir
+    obj = tm.emit_object(mod)
+    if tgt.artifact == "code-object":
+        return _link_amdgpu(obj, name), opt_ir
+    if tgt.artifact == "spirv":
+        from .spirv import post_pass
+
+        return post_pass(obj, name), opt_ir
+    return obj, opt_ir
+
+
+def find_lld() -> list[str] | None:
+    """An ld.lld that links AMDGPU code object v5 (LLVM 22): Debian's lld-22, or PyPI's ziglang."""
+    for exe in ("ld.lld-22", "ld.lld"):
+        path = shutil.which(exe)
+        if path:
+            try:
+                out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                continue
+            if any(f"LLD {v}." in out for v in range(20, 40)):
+                return [path]
+    try:
+        import ziglang  # noqa: F401
+
+        return [sys.executable, "-m", "ziglang", "ld.lld"]
+    except ImportError:
+        return None
+
+
+def _link_amdgpu(obj: bytes, name: str) -> bytes:
+    lld = find_lld()
+    if lld is None:
+        raise CompileError(f"kernel {name}: linking an AMDGPU code object needs ld.lld from LLVM 20+ (apt install lld-22, or pip install ziglang)")
+    with tempfile.TemporaryDirectory() as d:
+        o, so = Path(d) / "k.o", Path(d) / "k.hsaco"
+        o.write_bytes(obj)
+        r = subprocess.run(lld + ["-shared", str(o), "-o", str(so)], capture_output=True, text=True, timeout=120)
+        if r.returncode:
+            raise CompileError(f"kernel {name}: ld.lld failed: {r.stderr.strip()[-500:]}")
+        return so.read_bytes()
+
+
+class _Worker:
+    """A persistent ``python -m poot.codegen.worker`` process, replaced when it dies. (A subprocess
+    rather than multiprocessing, so that user scripts need no ``__main__`` guard.)"""
+
+    def __init__(self) -> None:
+        self._proc: subprocess.Popen | None = None
+
+    def _start(self) -> subprocess.Popen:
+        if self._proc is None or self._proc.poll() is not None:
+            self._proc = subprocess.Popen([sys.executable, "-m", "poot.codegen.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return self._proc
+
+    def run(self, ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
+        proc = self._start()
+        msg = pickle.dumps((ir_text, tgt, name))
+        try:
+            assert proc.stdin is not None and proc.stdout is not None
+            proc.stdin.write(struct.pack("<Q", len(msg)) + msg)
+            proc.stdin.flush()
+            head = proc.stdout.read(8)
+            if len(head) < 8:
+                raise EOFError
+            (n,) = struct.unpack("<Q", head)
+            ok, payload = pickle.loads(proc.stdout.read(n))
+        except (EOFError, BrokenPipeError, OSError):
+            err = proc.stderr.read().decode(errors="replace")[-1500:] if proc.stderr is not None else ""
+            proc.kill()
+            self._proc = None
+            raise CompileError(f"kernel {name}: LLVM crashed compiling for {tgt.key} (the compile worker died). LLVM said: {err.strip() or 'nothing'}") from None
+        if not ok:
+            raise CompileError(f"kernel {name}: LLVM rejected the module for {tgt.key}: {payload}")
+        return payload
+
+
+_POOL = _Worker()
+
+
+def _cache_dir() -> Path:
+    from ..load.sources import cache_dir
+
+    return cache_dir() / "kernels"
+
+
+def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
+    """Lower, optimise and emit ``k`` for ``tgt``; a second compile of the same kernel is a cache hit."""
+    import llvmlite
+
+    module = lower_kernel(k, tgt)
+    ir_text = str(module)
+    _dump(k.name, f"{tgt.name}.ll", ir_text)
+    key = hashlib.sha256("\n".join([CODEGEN_VERSION, llvmlite.__version__, tgt.key, tgt.triple, tgt.features, ir_text]).encode()).hexdigest()
+    path = _cache_dir() / key[:2] / f"{key}.{tgt.artifact}"
+    if use_cache and path.exists():
+        return Artifact(k.name, tgt.key, tgt.artifact, path.read_bytes(), cached=True)
+    data, opt_ir = _POOL.run(ir_text, tgt, k.name)
+    _dump(k.name, f"{tgt.name}.opt.ll", opt_ir)
+    _dump(k.name, f"{tgt.name}.{ {'ptx': 'ptx', 'object': 'o', 'code-object': 'hsaco', 'spirv': 'spv'}[tgt.artifact]}", data)
+    if use_cache:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+    return Artifact(k.name, tgt.key, tgt.artifact, data)

@@ -1,0 +1,71 @@
+"""Loading host-target artifacts into this process and running their grids.
+
+The object file from the worker is added to an MCJIT engine; the kernel's grid entry point becomes a
+ctypes function. ``ctypes`` calls release the GIL, so Python threads run ranges of workgroups in
+parallel.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..errors import PootError
+from ..graph import dtypes as dt
+from ..kernel.ir import Buffer, Kernel
+from .compile import Artifact
+
+__all__ = ["HostKernel", "load_host_kernel"]
+
+_CTYPES = {"f32": ctypes.c_float, "f64": ctypes.c_double, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "i8": ctypes.c_int8, "u8": ctypes.c_uint8}
+
+
+class HostKernel:
+    """A compiled host kernel: ``run(grid, buffers=..., scalars=...)``."""
+
+    def __init__(self, kernel: Kernel, artifact: Artifact) -> None:
+        import llvmlite.binding as llvm
+
+        llvm.initialize_all_targets()
+        llvm.initialize_all_asmprinters()
+        self.kernel = kernel
+        target = llvm.Target.from_default_triple()
+        tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3, reloc="pic")
+        self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+        self._engine.add_object_file(llvm.ObjectFileRef.from_data(artifact.data))
+        self._engine.finalize_object()
+        addr = self._engine.get_function_address(kernel.name)
+        if not addr:
+            raise PootError(f"kernel {kernel.name}: the object file has no entry point")
+        argtypes = [ctypes.c_void_p if isinstance(p, Buffer) else _CTYPES[p.dtype.name] for p in kernel.params] + [ctypes.c_int32] * 5
+        self._fn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
+
+    def run(self, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, float | int] | None = None, threads: int = 1) -> None:
+        scalars = scalars or {}
+        args: list[object] = []
+        for p in self.kernel.params:
+            if isinstance(p, Buffer):
+                a = buffers[p.name]
+                want = np.dtype(np.uint8 if p.dtype == dt.boolean else p.dtype.numpy if p.dtype != dt.bf16 else np.uint16)
+                if a.dtype != want or not a.flags.c_contiguous:
+                    raise PootError(f"kernel {self.kernel.name}: buffer '{p.name}' must be a C-contiguous {want} array, got {a.dtype}")
+                if not p.readonly and not a.flags.writeable:
+                    raise PootError(f"kernel {self.kernel.name}: buffer '{p.name}' is written and must be writeable")
+                args.append(a.ctypes.data)
+            else:
+                args.append(scalars[p.name])
+        gx, gy, gz = (list(grid) + [1, 1])[:3]
+        total = gx * gy * gz
+        if threads <= 1 or total < 2:
+            self._fn(*args, gx, gy, gz, 0, total)
+            return
+        step = -(-total // threads)
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(lambda s: self._fn(*args, gx, gy, gz, s, min(total, s + step)), range(0, total, step)))
+
+
+def load_host_kernel(kernel: Kernel, artifact: Artifact) -> HostKernel:
+    return HostKernel(kernel, artifact)

@@ -1,0 +1,62 @@
+"""Targets as data: what each LLVM backend needs to lower Kernel IR (facts: shared/TARGETS.md).
+
+Every target compiles with no hardware present. ``subgroup`` is the subgroup width kernels see
+(1 on the host, where a workgroup's threads run as a loop on one core and LLVM vectorises the loop).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import Refusal
+
+__all__ = ["Target", "TARGETS", "target", "host_target"]
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str  # "host" | "nvptx" | "amdgcn" | "spirv"
+    triple: str
+    cpu: str
+    features: str = ""
+    global_as: int = 0
+    shared_as: int = 0
+    subgroup: int = 1
+    max_threads: int = 1024
+    max_shared: int = 1 << 30
+    artifact: str = "object"  # object | ptx | code-object | spirv
+    matrix: tuple[str, ...] = ()
+
+    @property
+    def key(self) -> str:
+        """Short name for messages: 'host:znver4', 'nvptx:sm_90'."""
+        return f"{self.name}:{self.cpu}" if self.cpu else self.name
+
+
+def host_target() -> Target:
+    import llvmlite.binding as llvm
+
+    llvm.initialize_all_targets()
+    llvm.initialize_all_asmprinters()
+    feats = llvm.get_host_cpu_features().flatten()
+    return Target("host", llvm.get_process_triple(), llvm.get_host_cpu_name(), feats, 0, 0, 1, 1024, 1 << 30, "object")
+
+
+TARGETS: dict[str, Target] = {
+    "nvptx:sm_80": Target("nvptx", "nvptx64-nvidia-cuda", "sm_80", "+ptx78", 1, 3, 32, 1024, 48 * 1024, "ptx", ("mma.sync",)),
+    "nvptx:sm_90": Target("nvptx", "nvptx64-nvidia-cuda", "sm_90", "+ptx80", 1, 3, 32, 1024, 48 * 1024, "ptx", ("mma.sync",)),
+    "nvptx:sm_90a": Target("nvptx", "nvptx64-nvidia-cuda", "sm_90a", "+ptx80", 1, 3, 32, 1024, 48 * 1024, "ptx", ("mma.sync", "wgmma")),
+    "amdgcn:gfx90a": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx90a", "", 1, 3, 64, 1024, 64 * 1024, "code-object", ("mfma",)),
+    "amdgcn:gfx942": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx942", "", 1, 3, 64, 1024, 64 * 1024, "code-object", ("mfma",)),
+    "amdgcn:gfx1100": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx1100", "", 1, 3, 32, 1024, 64 * 1024, "code-object", ("wmma",)),
+    "spirv:vulkan1.3": Target("spirv", "spirv-unknown-vulkan1.3-compute", "", "", 11, 3, 1, 1024, 32 * 1024, "spirv"),
+}
+
+
+def target(name: str) -> Target:
+    """A target by name: 'host', 'nvptx:sm_90', 'amdgcn:gfx942', 'spirv:vulkan1.3', ..."""
+    if name == "host":
+        return host_target()
+    if name not in TARGETS:
+        raise Refusal("compile", name, f"unknown target (known: host, {', '.join(TARGETS)})")
+    return TARGETS[name]
