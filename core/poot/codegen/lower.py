@@ -357,6 +357,8 @@ class _Lowerer:
             return self.unary(e.op, self.expr(e.a), e.a.dtype)
         if isinstance(e, K.Cast):
             return self.cast(self.expr(e.a), e.a.dtype, e.dtype)
+        if isinstance(e, K.Bitcast):
+            return b.bitcast(self.expr(e.a), llvm_type(e.dtype))
         if isinstance(e, K.Select):
             return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
         if isinstance(e, K.Load):

@@ -111,12 +111,14 @@ class _Translator:
     def expr(self, n: ast.expr) -> Value:
         c = self.c
         if isinstance(n, ast.Constant):
-            if isinstance(n.value, (bool, int, float)):
+            if isinstance(n.value, (bool, int, float, str)):
                 return n.value
             raise c.err(n, f"constant {n.value!r} is not a number")
         if isinstance(n, ast.Name):
             if n.id in c.consts:
                 return c.consts[n.id]
+            if n.id == "u8":  # a dtype name used as a value (shared(u8, n) handles its own)
+                raise c.err(n, "a dtype is not a value here")
             if n.id in c.scalars:
                 return ir.Ref(n.id, c.scalars[n.id])
             if n.id in c.locals:
@@ -148,6 +150,10 @@ class _Translator:
             if op is None:
                 raise c.err(n, f"comparison {type(n.ops[0]).__name__} is not supported")
             a, b = self.expr(n.left), self.expr(n.comparators[0])
+            if isinstance(a, str) or isinstance(b, str):
+                if not (isinstance(a, str) and isinstance(b, str)):
+                    raise c.err(n, "strings compare only with compile-time strings")
+                return _PY[op](a, b)
             if not isinstance(a, ir.Expr.__args__) and not isinstance(b, ir.Expr.__args__):  # type: ignore[attr-defined]
                 return _PY[op](a, b)
             ea, eb = _typed(a, b)
@@ -209,6 +215,8 @@ class _Translator:
         if not isinstance(n.func, ast.Name):
             raise c.err(n, "only plain function calls are supported (no methods or attributes)")
         f = n.func.id
+        if f == "dequant":  # dequant(QTYPE, packed_buffer, row_byte_offset, k): quant.bodies
+            return self._dequant(n)
         args = [self.expr(a) for a in n.args]
         if n.keywords:
             raise c.err(n, f"{f}() takes no keyword arguments in kernels")
@@ -217,6 +225,11 @@ class _Translator:
             if not isinstance(dim, int) or not 0 <= dim <= 2:
                 raise c.err(n, f"{f}() takes a constant dimension 0, 1 or 2")
             return ir.Builtin(f, dim)
+        if f == "ilog2":  # compile time only: log2 of a power of two
+            (a,) = args
+            if not isinstance(a, int) or a < 1 or a & (a - 1):
+                raise c.err(n, "ilog2() takes a compile-time power of two")
+            return a.bit_length() - 1
         if f in _MATH:
             (a,) = args
             if isinstance(a, (int, float)):
@@ -244,7 +257,31 @@ class _Translator:
             cond, a, b = args
             a, b = _typed(a, b)
             return ir.Select(cond, a, b)
+        if f in ("as_f32", "as_i32"):
+            (a,) = args
+            a = _lit(a, dt.i32 if f == "as_f32" else dt.f32) if isinstance(a, (int, float)) else a
+            return ir.Bitcast(a, dt.f32 if f == "as_f32" else dt.i32)
+        if f == "half_to_f32":  # IEEE half bits (in an i32) -> f32, subnormals included
+            (a,) = args
+            return _half_to_f32(a if not isinstance(a, int) else _lit(a, dt.i32))
         raise c.err(n, f"'{f}' cannot be called in a kernel")
+
+    def _dequant(self, n: ast.Call) -> ir.Expr:
+        from ..quant.bodies import dequant_expr
+
+        c = self.c
+        if len(n.args) != 4:
+            raise c.err(n, "dequant(QTYPE, buffer, row_byte_offset, k) takes four arguments")
+        qtype = self.expr(n.args[0])
+        if not isinstance(qtype, str):
+            raise c.err(n, "dequant's packed type must be a compile-time constant such as 'q4_k'")
+        buf = self._memory(n.args[1])
+        if c.buffers[buf].dtype != dt.u8:
+            raise c.err(n, f"dequant reads packed bytes: '{buf}' must be In[u8]")
+        try:
+            return dequant_expr(qtype, buf, self.index(n.args[2]), self.index(n.args[3]))
+        except KeyError as e:
+            raise c.err(n, str(e.args[0])) from None
 
     # -- statements ---------------------------------------------------------------------------------
     def block(self, stmts: list[ast.stmt]) -> list[ir.Stmt]:
@@ -373,6 +410,20 @@ class _Translator:
         return [ir.For(var, _lit(start, dt.i32) if isinstance(start, int) else start, _lit(stop, dt.i32) if isinstance(stop, int) else stop, body, step)]
 
 
+def _half_to_f32(h: ir.Expr) -> ir.Expr:
+    """f32 from the 16 bits of an IEEE half: exponent rebias for normals, inf/nan kept, and
+    subnormals as mantissa * 2^-24 (exact in f32)."""
+    i = lambda v: ir.Const(v, dt.i32)  # noqa: E731
+    sign = ir.Bin("shl", ir.Bin("and", h, i(0x8000)), i(16))
+    exp = ir.Bin("and", ir.Bin("shr", h, i(10)), i(0x1F))
+    man = ir.Bin("and", h, i(0x3FF))
+    normal = ir.Bitcast(ir.Bin("or", sign, ir.Bin("or", ir.Bin("shl", ir.Bin("add", exp, i(112)), i(23)), ir.Bin("shl", man, i(13)))), dt.f32)
+    special = ir.Bitcast(ir.Bin("or", sign, ir.Bin("or", i(0x7F800000), ir.Bin("shl", man, i(13)))), dt.f32)
+    sub_mag = ir.Bin("mul", ir.Cast(man, dt.f32), ir.Const(2.0**-24, dt.f32))
+    subnormal = ir.Select(ir.Bin("ne", sign, i(0)), ir.Un("neg", sub_mag), sub_mag)
+    return ir.Select(ir.Bin("eq", exp, i(0)), subnormal, ir.Select(ir.Bin("eq", exp, i(31)), special, normal))
+
+
 class KernelTemplate:
     """A kernel as written; ``instantiate(**constants)`` gives verified Kernel IR."""
 
@@ -391,7 +442,7 @@ class KernelTemplate:
             raise KernelSyntaxError(f"{self.file}:{self.line0}: @kernel decorates a plain function")
         self.tree = fdef  # node.lineno counts from the first line getsourcelines returned (line0)
         sig = inspect.signature(fn)
-        hints = fn.__annotations__
+        hints = inspect.get_annotations(fn, eval_str=True)
         self.params: list[tuple[str, Any, Any]] = []
         for p in sig.parameters.values():
             ann = hints.get(p.name)

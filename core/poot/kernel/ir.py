@@ -17,7 +17,7 @@ from ..graph.dtypes import DType
 
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
-    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Select", "Load", "SubgroupReduce", "SubgroupShuffle",
+    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "Select", "Load", "SubgroupReduce", "SubgroupShuffle",
     "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "const", "i32",
 ]
@@ -120,6 +120,14 @@ class Cast:
 
 
 @dataclass(frozen=True)
+class Bitcast:
+    """Reinterpret the bits of ``a`` as ``dtype`` (same width: i32 <-> f32)."""
+
+    a: "Expr"
+    dtype: DType
+
+
+@dataclass(frozen=True)
 class Select:
     cond: "Expr"
     a: "Expr"
@@ -164,7 +172,7 @@ class SubgroupShuffle:
         return self.a.dtype
 
 
-Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Select, Load, SubgroupReduce, SubgroupShuffle]
+Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, Select, Load, SubgroupReduce, SubgroupShuffle]
 
 
 def const(value: float | int | bool, dtype: DType | str = i32) -> Const:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from ..errors import PootError
 from ..graph import dtypes as dt
 from .ir import (
-    BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Buffer, Builtin, Cast, Const, Expr, For, If, Kernel,
+    BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, Builtin, Cast, Const, Expr, For, If, Kernel,
     Let, Load, Ref, ScalarParam, Select, Stmt, Store, SubgroupReduce, SubgroupShuffle, Un,
 )
 
@@ -76,6 +76,11 @@ def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
         _, v = _expr(s, e.a, where)
         if e.dtype not in SCALAR_TYPES:
             raise s.fail(where, f"cast to unsupported type {e.dtype}")
+        return e.dtype, v
+    if isinstance(e, Bitcast):
+        t, v = _expr(s, e.a, where)
+        if {t, e.dtype} != {dt.i32, dt.f32}:
+            raise s.fail(where, f"bitcast is i32 <-> f32 only, got {t} -> {e.dtype}")
         return e.dtype, v
     if isinstance(e, Select):
         tc, vc = _expr(s, e.cond, where)

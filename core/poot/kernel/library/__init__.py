@@ -1,0 +1,1 @@
+"""Synthesized kernels: templates with compile-time parameters (dtypes, block sizes, quant types)."""

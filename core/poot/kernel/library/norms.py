@@ -1,0 +1,141 @@
+"""Row reductions: RMSNorm, LayerNorm, softmax and argmax. One workgroup per row; threads stride over
+the row and combine through a shared-memory tree (BLOCK is a power of two)."""
+
+from __future__ import annotations
+
+from ...graph.dtypes import f32, i32
+from ..frontend import Const, In, Out, kernel
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def rms_norm(x: In[f32], w: In[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128, UNIT_OFFSET: Const = False):
+    """y = x / sqrt(mean(x^2) + eps) * w (Gemma: * (1 + w)), row by row."""
+    row = group_id(0)
+    t = thread_id(0)
+    part = shared(f32, BLOCK)
+    acc = 0.0
+    for c in range(t, cols, BLOCK):
+        v = x[row * cols + c]
+        acc += v * v
+    part[t] = acc
+    barrier()
+    s = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s:
+            part[t] += part[t + s]
+        barrier()
+        s = s // 2
+    scale = rsqrt(part[0] / f32(cols) + eps)
+    for c in range(t, cols, BLOCK):
+        g = w[c] + 1.0 if UNIT_OFFSET else w[c]
+        y[row * cols + c] = x[row * cols + c] * scale * g
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def layer_norm(x: In[f32], w: In[f32], b: In[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128):
+    """y = (x - mean) / sqrt(var + eps) * w + b, row by row (two passes: mean, then variance)."""
+    row = group_id(0)
+    t = thread_id(0)
+    part = shared(f32, BLOCK)
+    acc = 0.0
+    for c in range(t, cols, BLOCK):
+        acc += x[row * cols + c]
+    part[t] = acc
+    barrier()
+    s = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s:
+            part[t] += part[t + s]
+        barrier()
+        s = s // 2
+    mean = part[0] / f32(cols)
+    barrier()
+    acc2 = 0.0
+    for c in range(t, cols, BLOCK):
+        d = x[row * cols + c] - mean
+        acc2 += d * d
+    part[t] = acc2
+    barrier()
+    s2 = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s2:
+            part[t] += part[t + s2]
+        barrier()
+        s2 = s2 // 2
+    scale = rsqrt(part[0] / f32(cols) + eps)
+    for c in range(t, cols, BLOCK):
+        y[row * cols + c] = (x[row * cols + c] - mean) * scale * w[c] + b[c]
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def softmax(x: In[f32], y: Out[f32], cols: i32, scale: f32, BLOCK: Const = 128, SOFTCAP: Const = 0.0):
+    """y = softmax(scale * x) per row (with SOFTCAP > 0: of softcap * tanh(scale * x / softcap))."""
+    row = group_id(0)
+    t = thread_id(0)
+    part = shared(f32, BLOCK)
+    m = -3.0e38
+    for c in range(t, cols, BLOCK):
+        v = x[row * cols + c] * scale
+        if SOFTCAP > 0.0:
+            v = tanh(v / SOFTCAP) * SOFTCAP
+        m = max(m, v)
+    part[t] = m
+    barrier()
+    s = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s:
+            part[t] = max(part[t], part[t + s])
+        barrier()
+        s = s // 2
+    rmax = part[0]
+    barrier()
+    acc = 0.0
+    for c in range(t, cols, BLOCK):
+        v = x[row * cols + c] * scale
+        if SOFTCAP > 0.0:
+            v = tanh(v / SOFTCAP) * SOFTCAP
+        e = exp(v - rmax)
+        y[row * cols + c] = e
+        acc += e
+    part[t] = acc
+    barrier()
+    s2 = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s2:
+            part[t] += part[t + s2]
+        barrier()
+        s2 = s2 // 2
+    inv = 1.0 / part[0]
+    for c in range(t, cols, BLOCK):
+        y[row * cols + c] = y[row * cols + c] * inv
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def argmax(x: In[f32], out: Out[i32], cols: i32, BLOCK: Const = 128):
+    """out[row] = index of the row's largest value (the lowest index on ties)."""
+    row = group_id(0)
+    t = thread_id(0)
+    best_v = shared(f32, BLOCK)
+    best_i = shared(i32, BLOCK)
+    bv = -3.0e38
+    bi = cols
+    for c in range(t, cols, BLOCK):
+        v = x[row * cols + c]
+        if v > bv:
+            bv = v
+            bi = c
+    best_v[t] = bv
+    best_i[t] = bi
+    barrier()
+    s = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s:
+            ov = best_v[t + s]
+            oi = best_i[t + s]
+            if ov > best_v[t] or (ov == best_v[t] and oi < best_i[t]):
+                best_v[t] = ov
+                best_i[t] = oi
+        barrier()
+        s = s // 2
+    if t == 0:
+        out[row] = best_i[0]

@@ -1,0 +1,146 @@
+"""Synthesized kernels on the host target against the CPU oracle: fresh random inputs, poisoned
+outputs (every element must be written), sizes that are not multiples of the tile sizes."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from poot.eval import evaluate
+from poot.graph import GraphBuilder, RopeConfig, apply_rope, rope_frequencies
+from poot.graph.compose import layer_norm as g_layer_norm
+from poot.graph.compose import rms_norm as g_rms_norm
+from poot.graph.compose import softmax as g_softmax
+from poot.kernel.library import gather, linear, norms, rope
+from poot.quant import quantization
+from poot.quant.bodies import BODIES, LUTS
+from poot.testing.kernels import poisoned, run_host
+
+
+def oracle(build, inputs, weights=None):
+    b = GraphBuilder()
+    out = build(b)
+    return evaluate(b.build({"y": out}), inputs, weights or {})["y"]
+
+
+@pytest.mark.parametrize("rows,cols,block,unit", [(3, 77, 32, False), (5, 300, 128, True), (1, 1, 64, False)])
+def test_rms_norm(rng, rows, cols, block, unit):
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    w = rng.standard_normal(cols).astype(np.float32)
+    y = poisoned((rows, cols))
+    run_host(norms.rms_norm.instantiate(BLOCK=block, UNIT_OFFSET=unit), (rows,), {"x": x, "w": w, "y": y}, {"cols": cols, "eps": 1e-5})
+    want = oracle(lambda b: g_rms_norm(b, b.input("x", "f32", [rows, cols]), b.weight("w", "f32", [cols]), 1e-5, unit), {"x": x}, {"w": w})
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("rows,cols", [(4, 50), (2, 513)])
+def test_layer_norm(rng, rows, cols):
+    x = (rng.standard_normal((rows, cols)) * 3 + 1).astype(np.float32)
+    w, bias = rng.standard_normal(cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
+    y = poisoned((rows, cols))
+    run_host(norms.layer_norm.instantiate(BLOCK=64), (rows,), {"x": x, "w": w, "b": bias, "y": y}, {"cols": cols, "eps": 1e-5})
+    want = oracle(lambda b: g_layer_norm(b, b.input("x", "f32", [rows, cols]), b.weight("w", "f32", [cols]), b.weight("b", "f32", [cols]), 1e-5), {"x": x}, {"w": w, "b": bias})
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("cols,softcap", [(37, 0.0), (1000, 0.0), (129, 4.0)])
+def test_softmax(rng, cols, softcap):
+    rows = 3
+    x = (rng.standard_normal((rows, cols)) * 4).astype(np.float32)
+    y = poisoned((rows, cols))
+    run_host(norms.softmax.instantiate(BLOCK=64, SOFTCAP=softcap), (rows,), {"x": x, "y": y}, {"cols": cols, "scale": 0.7})
+
+    def build(b):
+        v = b.mul(b.input("x", "f32", [rows, cols]), 0.7)
+        if softcap:
+            v = b.mul(b.tanh(b.mul(v, 1 / softcap)), softcap)
+        return g_softmax(b, v)
+
+    np.testing.assert_allclose(y, oracle(build, {"x": x}), rtol=1e-5, atol=1e-7)
+
+
+def test_argmax_with_ties(rng):
+    rows, cols = 6, 301
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    x[2, 17] = x[2, 250] = 9.0  # a tie: the lower index wins, as in the oracle
+    out = poisoned((rows,), np.int32)
+    run_host(norms.argmax.instantiate(BLOCK=64), (rows,), {"x": x, "out": out}, {"cols": cols})
+    b = GraphBuilder()
+    want = evaluate(b.build({"y": b.argmax(b.input("x", "f32", [rows, cols]))}), {"x": x})["y"]
+    np.testing.assert_array_equal(out, want)
+
+
+def _packed(rng, qtype, n, k):
+    q = quantization(qtype)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    raw = q.quantize(w)
+    lut = LUTS.get(qtype, np.zeros(1, np.float32))
+    return raw, lut, q
+
+
+@pytest.mark.parametrize("qtype", sorted(BODIES))
+def test_gemv_packed_every_type(rng, qtype):
+    bs, _, _ = BODIES[qtype]
+    m, n, k = 3, 19, bs * 3
+    raw, lut, q = _packed(rng, qtype, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    run_host(linear.gemv_packed.instantiate(QTYPE=qtype, BLOCK=64), (n, m), {"x": x, "w": raw, "lut": lut, "y": y}, {"n": n, "k": k, "row_bytes": raw.shape[1]})
+    b = GraphBuilder()
+    want = evaluate(b.build({"y": b.linear(b.input("x", "f32", [m, k]), b.weight("w", qtype, [n, k]))}), {"x": x}, {"w": raw})["y"]
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("qtype", ["q8_0", "q4_k", "q6_k", "iq4_xs", "mxfp4"])
+@pytest.mark.parametrize("m,n", [(1, 17), (21, 33)])
+def test_gemm_packed(rng, qtype, m, n):
+    bs, _, _ = BODIES[qtype]
+    k = bs * 2
+    raw, lut, q = _packed(rng, qtype, n, k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    c = poisoned((m, n))
+    run_host(linear.gemm_packed.instantiate(QTYPE=qtype), (-(-n // 16), -(-m // 16)), {"a": a, "w": raw, "lut": lut, "c": c}, {"m": m, "n": n, "k": k, "row_bytes": raw.shape[1]})
+    np.testing.assert_allclose(c, a.astype(np.float64) @ q.dequantize(raw).astype(np.float64).T, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 5, 7), (19, 35, 40), (33, 16, 16)])
+def test_gemm_and_gemv_f32(rng, m, n, k):
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    c = poisoned((m, n))
+    run_host(linear.gemm_f32.instantiate(), (-(-n // 16), -(-m // 16)), {"a": a, "w": w, "c": c}, {"m": m, "n": n, "k": k})
+    np.testing.assert_allclose(c, a.astype(np.float64) @ w.T.astype(np.float64), rtol=1e-5, atol=1e-4)
+    y = poisoned((m, n))
+    run_host(linear.gemv_f32.instantiate(BLOCK=32), (n, m), {"x": a, "w": w, "y": y}, {"n": n, "k": k})
+    np.testing.assert_allclose(y, c, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("qtype", ["f32", "q8_0", "q4_1", "q6_k", "iq4_nl"])
+def test_embedding_gather(rng, qtype):
+    vocab, cols, t = 11, 2 * 256 if qtype in ("q6_k",) else 96, 7
+    ids = rng.integers(0, vocab, t).astype(np.int32)
+    out = poisoned((t, cols))
+    table = rng.standard_normal((vocab, cols)).astype(np.float32)
+    if qtype == "f32":
+        run_host(gather.gather_f32.instantiate(BLOCK=32), (t,), {"table": table, "ids": ids, "out": out}, {"cols": cols})
+        want = table[ids]
+    else:
+        q = quantization(qtype)
+        raw = q.quantize(table)
+        run_host(gather.gather_packed.instantiate(QTYPE=qtype, BLOCK=32), (t,), {"table": raw, "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "ids": ids, "out": out}, {"cols": cols, "row_bytes": raw.shape[1]})
+        b = GraphBuilder()
+        want = evaluate(b.build({"y": b.gather(b.weight("t", qtype, [vocab, cols]), b.input("ids", "i32", [t]))}), {"ids": ids}, {"t": raw})["y"]
+    np.testing.assert_array_equal(out, want)  # dequantization is exact: same float ops as the oracle
+
+
+@pytest.mark.parametrize("layout,rot", [("neox", 64), ("interleaved", 64), ("neox", 32), ("interleaved", 16)])
+def test_rope(rng, layout, rot):
+    t, h, d = 5, 3, 64
+    x = rng.standard_normal((t, h, d)).astype(np.float32)
+    pos = rng.integers(0, 500, t).astype(np.int32)
+    cfg = RopeConfig(rot, 10000.0, layout)
+    inv, af = rope_frequencies(cfg)
+    y = x.copy()
+    run_host(rope.rope.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=16), (t, h), {"x": y, "positions": pos, "inv_freq": inv.astype(np.float32)}, {"heads": h, "head_dim": d, "attn_factor": af})
+    want = oracle(lambda b: apply_rope(b, b.input("x", "f32", [t, h, d]), b.input("p", "i32", [t]), cfg), {"x": x, "p": pos})
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-5)
