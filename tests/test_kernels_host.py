@@ -144,3 +144,69 @@ def test_rope(rng, layout, rot):
     run_host(rope.rope.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=16), (t, h), {"x": y, "positions": pos, "inv_freq": inv.astype(np.float32)}, {"heads": h, "head_dim": d, "attn_factor": af})
     want = oracle(lambda b: apply_rope(b, b.input("x", "f32", [t, h, d]), b.input("p", "i32", [t]), cfg), {"x": x, "p": pos})
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-5)
+
+
+from poot.kernel.library import attention as attn_lib  # noqa: E402
+
+ATTN = {
+    "gqa": dict(hq=6, hkv=2, dk=16, dv=16, dr=0),
+    "narrow-value": dict(hq=4, hkv=2, dk=24, dv=12, dr=0),
+    "mla": dict(hq=4, hkv=4, dk=16, dv=12, dr=8),
+    "mqa-wide": dict(hq=3, hkv=1, dk=64, dv=64, dr=0),
+}
+
+
+def _paged_case(rng, v, bs=4):
+    B = 3
+    ctx = rng.integers(1, 70, size=B)
+    new = np.minimum(ctx, rng.integers(1, 6, size=B))
+    seq_ids = np.concatenate([np.full(n, s) for s, n in enumerate(new)]).astype(np.int32)
+    positions = np.concatenate([np.arange(c - n, c) for c, n in zip(ctx, new)]).astype(np.int32)
+    perm = rng.permutation(len(seq_ids))
+    seq_ids, positions = seq_ids[perm], positions[perm]
+    nblk = [(c + bs - 1) // bs for c in ctx]
+    NB, MB = sum(nblk) + 2, max(nblk) + 1
+    order = rng.permutation(NB)
+    tables = np.zeros((B, MB), np.int32)
+    at = 0
+    for s in range(B):
+        tables[s, : nblk[s]] = order[at : at + nblk[s]]
+        at += nblk[s]
+    T = len(seq_ids)
+    data = dict(
+        q=rng.standard_normal((T, v["hq"], v["dk"] + v["dr"])).astype(np.float32),
+        k=rng.standard_normal((NB, bs, v["hkv"], v["dk"])).astype(np.float32),
+        v=rng.standard_normal((NB, bs, v["hkv"], v["dv"])).astype(np.float32),
+        ks=rng.standard_normal((NB, bs, max(v["dr"], 1))).astype(np.float32),
+        positions=positions, seq_ids=seq_ids, ctx_lens=ctx.astype(np.int32), block_tables=tables,
+    )
+    return data, bs, MB
+
+
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
+@pytest.mark.parametrize("variant", sorted(ATTN))
+def test_paged_attention(rng, variant, mask, splits):
+    v = ATTN[variant]
+    data, bs, mb = _paged_case(rng, v)
+    T = len(data["seq_ids"])
+    causal, window, softcap, scale = mask != "full", 9 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
+    block = 64 if v["dv"] <= 64 else 128
+    k = attn_lib.attention.instantiate(CAUSAL=causal, SPLITS=splits, BLOCK=block)
+    out = poisoned((T, v["hq"], splits * v["dv"]) if splits > 1 else (T, v["hq"], v["dv"]))
+    pm, pl = poisoned((T * v["hq"] * splits,)), poisoned((T * v["hq"] * splits,))
+    bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": data["ks"], "positions": data["positions"], "seq_ids": data["seq_ids"],
+            "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out, "part_m": pm, "part_l": pl}
+    sc = {"hq": v["hq"], "hkv": v["hkv"], "dk": v["dk"], "dv": v["dv"], "dr": v["dr"], "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
+    run_host(k, (T, v["hq"], splits), bufs, sc)
+    if splits > 1:
+        final = poisoned((T, v["hq"], v["dv"]))
+        run_host(attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=32), (T * v["hq"],), {"part_acc": out, "part_m": pm, "part_l": pl, "out": final}, {"dv": v["dv"]})
+        out = final
+    graph_data = {n: a for n, a in data.items() if n != "ks" or v["dr"]}
+    b = GraphBuilder()
+    ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in graph_data.items()}
+    y = b.attention(ins["q"], ins["k"], ins["v"], k_shared=ins["ks"] if v["dr"] else None, positions=ins["positions"], seq_ids=ins["seq_ids"],
+                    ctx_lens=ins["ctx_lens"], block_tables=ins["block_tables"], causal=causal, window=window or None, softcap=softcap or None, scale=scale)
+    want = evaluate(b.build({"y": y}), graph_data)["y"]
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)

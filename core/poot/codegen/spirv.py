@@ -123,6 +123,15 @@ def _walk_stmts(body):  # type: ignore[no-untyped-def]
             yield from _walk_stmts(getattr(st, f, ()))
 
 
+class _VolatileLoad(L.instructions.LoadInstr):
+    """A load printed as ``load volatile`` (llvmlite's own cannot be volatile)."""
+
+    def descr(self, buf: list[str]) -> None:
+        inner: list[str] = []
+        super().descr(inner)
+        buf.append("".join(inner).replace("load ", "load volatile ", 1))
+
+
 class SpirvLowerer(_Lowerer):
     """Kernel IR -> a Vulkan compute shader module (see the module docstring for its interface)."""
 
@@ -197,7 +206,10 @@ class SpirvLowerer(_Lowerer):
                 self._getptr[name] = getp
                 continue
             for j, p in enumerate(k.scalars):
+                # volatile: InstCombine would otherwise turn load-i32-then-bitcast into a float load
+                # from the i32 pointer, which the SPIR-V backend cannot legalize (it aborts)
                 word = self.b.load(self.b.call(getp, [h, L.Constant(I32, j)]), name=p.name)
+                word.__class__ = _VolatileLoad
                 self.values[p.name] = self.b.bitcast(word, F32, name=p.name + ".f") if p.dtype == dt.f32 else word
         self.block(k.body)
         self.b.ret_void()

@@ -97,10 +97,10 @@ def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
             raise s.fail(where, f"'{e.buffer}' is not a buffer or shared array")
         if mem.dtype != e.dtype:
             raise s.fail(where, f"'{e.buffer}' holds {mem.dtype}, loaded as {e.dtype}")
-        ti, _ = _expr(s, e.index, where)
+        ti, vi = _expr(s, e.index, where)
         if ti != dt.i32:
             raise s.fail(where, f"index into '{e.buffer}' must be i32, got {ti}")
-        return e.dtype, True
+        return e.dtype, vi  # every thread reading one address sees one value
     if isinstance(e, SubgroupReduce):
         t, _ = _expr(s, e.a, where)
         if e.op not in ("add", "max", "min"):

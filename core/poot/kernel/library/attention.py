@@ -1,0 +1,107 @@
+"""Paged attention with online softmax (FlashAttention-2's rescaling, arXiv:2307.08691), reading keys
+and values in place from KV pools through block tables, with every variant the fused attention op
+types: grouped KV heads, a value head narrower than the key head, a key split into a per-head part
+and a shared part (MLA), causal and sliding-window masks, soft-capping and a given scale.
+
+One workgroup per (query token, query head), or per (token, head, context split) for decode: the
+context is walked in tiles of BLOCK positions; each thread scores one position of the tile, then
+owns one output dimension (BLOCK >= Dv). With SPLITS > 1 each split writes its running max, sum and
+partial output, and ``attention_merge`` combines them (flash-decoding).
+"""
+
+from __future__ import annotations
+
+from ...graph.dtypes import f32, i32
+from ..frontend import Const, In, Out, kernel
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
+              block_tables: In[i32], out: Out[f32], part_m: Out[f32], part_l: Out[f32],
+              hq: i32, hkv: i32, dk: i32, dv: i32, dr: i32, bs: i32, mb: i32, scale: f32, window: i32, softcap: f32,
+              CAUSAL: Const = True, SPLITS: Const = 1, BLOCK: Const = 64):
+    """out[t, h, :] = softmax(scale * q.k) v over the visible context; grid (tokens, hq, SPLITS)."""
+    t = group_id(0)
+    h = group_id(1)
+    split = group_id(2)
+    tid = thread_id(0)
+    scores = shared(f32, BLOCK)
+    g = h // (hq // hkv)
+    s = seq_ids[t]
+    pos = positions[t]
+    end = ctx_lens[s]
+    if CAUSAL:
+        end = min(end, pos + 1)
+    start = 0
+    if window > 0:
+        start = max(0, pos - window + 1)
+    if SPLITS > 1:  # this workgroup's share of the context, in whole tiles
+        tiles = (end - start + BLOCK - 1) // BLOCK
+        per = (tiles + SPLITS - 1) // SPLITS
+        s0 = start + split * per * BLOCK
+        end = min(end, s0 + per * BLOCK)
+        start = s0
+    qb = (t * hq + h) * (dk + dr)
+    m = -3.0e38
+    l = 0.0
+    acc = 0.0
+    for j0 in range(start, end, BLOCK):
+        j = j0 + tid
+        sc = -3.0e38
+        if j < end:
+            slot = block_tables[s * mb + j // bs] * bs + j % bs
+            kb = (slot * hkv + g) * dk
+            dot = 0.0
+            for d in range(dk):
+                dot += q[qb + d] * k_pool[kb + d]
+            for d in range(dr):
+                dot += q[qb + dk + d] * ks_pool[slot * dr + d]
+            sc = dot * scale
+            if softcap > 0.0:
+                sc = tanh(sc / softcap) * softcap
+        scores[tid] = sc
+        barrier()
+        n = min(BLOCK, end - j0)
+        m_new = m
+        for i in range(n):
+            m_new = max(m_new, scores[i])
+        corr = exp(m - m_new)
+        l = l * corr
+        acc = acc * corr
+        for i in range(n):
+            p = exp(scores[i] - m_new)
+            l += p
+            if tid < dv:
+                jj = j0 + i
+                slot2 = block_tables[s * mb + jj // bs] * bs + jj % bs
+                acc += p * v_pool[(slot2 * hkv + g) * dv + tid]
+        m = m_new
+        barrier()
+    if tid < dv:
+        o = ((t * hq + h) * SPLITS + split) * dv + tid if SPLITS > 1 else (t * hq + h) * dv + tid
+        if SPLITS > 1:
+            out[o] = acc
+        elif l > 0.0:
+            out[o] = acc / l
+        else:
+            out[o] = 0.0
+    if SPLITS > 1 and tid == 0:
+        part_m[(t * hq + h) * SPLITS + split] = m
+        part_l[(t * hq + h) * SPLITS + split] = l
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def attention_merge(part_acc: In[f32], part_m: In[f32], part_l: In[f32], out: Out[f32], dv: i32, SPLITS: Const = 4, BLOCK: Const = 64):
+    """Combine SPLITS partial results of one (token, head): grid (tokens * heads,)."""
+    r = group_id(0)
+    for d in range(thread_id(0), dv, BLOCK):
+        m = -3.0e38
+        for i in range(SPLITS):
+            m = max(m, part_m[r * SPLITS + i])
+        l = 0.0
+        acc = 0.0
+        for i in range(SPLITS):
+            w = exp(part_m[r * SPLITS + i] - m)
+            l += part_l[r * SPLITS + i] * w
+            acc += part_acc[(r * SPLITS + i) * dv + d] * w
+        out[r * dv + d] = acc / l if l > 0.0 else 0.0
