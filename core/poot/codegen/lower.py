@@ -104,10 +104,9 @@ class _Lowerer:
 
     def _gpu_function(self, params: list[L.Type]) -> None:
         fn = L.Function(self.m, L.FunctionType(L.VoidType(), params), self.k.name)
-        x, y, z = self.k.workgroup
         if self.t.name == "nvptx":
+            # no "nvvm.maxntid": with it ptxas caps registers for occupancy and spills (sm_90)
             fn.calling_convention = "ptx_kernel"
-            set.add(fn.attributes, f'"nvvm.maxntid"="{x},{y},{z}"')  # llvmlite checks names; string attributes go in raw
         elif self.t.name == "amdgcn":
             fn.calling_convention = "amdgpu_kernel"
             set.add(fn.attributes, f'"amdgpu-flat-work-group-size"="1,{self.k.threads}"')

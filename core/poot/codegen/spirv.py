@@ -217,7 +217,7 @@ class SpirvLowerer(_Lowerer):
     def address(self, name: str, index: K.Expr) -> tuple[L.Value, DType]:
         base, t, size = self.mem[name]
         if size is not None:  # a shared array: addrspace(3) global
-            return super().address(name, index)
+            return self.b.gep(base, [L.Constant(I32, 0), self.expr(index)]), t
         return self.b.call(self._getptr[name], [base, self.expr(index)]), t
 
 

@@ -1,1 +1,37 @@
-"""Synthesized kernels: templates with compile-time parameters (dtypes, block sizes, quant types)."""
+"""Synthesized kernels: templates with compile-time parameters (block sizes, quant types, variants).
+
+``catalogue()`` instantiates a representative set, the one GPU targets are checked against.
+"""
+
+from __future__ import annotations
+
+from ..ir import Kernel
+
+__all__ = ["catalogue"]
+
+
+def catalogue() -> list[Kernel]:
+    from ...quant.bodies import BODIES
+    from . import attention, gather, linear, norms, rope
+
+    ks = [
+        norms.rms_norm.instantiate(BLOCK=128),
+        norms.rms_norm.instantiate(BLOCK=256, UNIT_OFFSET=True),
+        norms.layer_norm.instantiate(BLOCK=128),
+        norms.softmax.instantiate(BLOCK=256),
+        norms.softmax.instantiate(BLOCK=128, SOFTCAP=30.0),
+        norms.argmax.instantiate(BLOCK=256),
+        linear.gemv_f32.instantiate(BLOCK=128),
+        linear.gemm_f32.instantiate(),
+        gather.gather_f32.instantiate(BLOCK=128),
+        rope.rope.instantiate(ROT=128, NEOX=True, BLOCK=64),
+        rope.rope.instantiate(ROT=64, NEOX=False, BLOCK=32),
+        attention.attention.instantiate(CAUSAL=True, SPLITS=1, BLOCK=128),
+        attention.attention.instantiate(CAUSAL=True, SPLITS=4, BLOCK=128),
+        attention.attention_merge.instantiate(SPLITS=4, BLOCK=128),
+    ]
+    for q in sorted(BODIES):
+        ks.append(linear.gemv_packed.instantiate(QTYPE=q, BLOCK=128))
+        ks.append(gather.gather_packed.instantiate(QTYPE=q, BLOCK=128))
+    ks.append(linear.gemm_packed.instantiate(QTYPE="q4_k"))
+    return ks
