@@ -210,3 +210,54 @@ def test_paged_attention(rng, variant, mask, splits):
                     ctx_lens=ins["ctx_lens"], block_tables=ins["block_tables"], causal=causal, window=window or None, softcap=softcap or None, scale=scale)
     want = evaluate(b.build({"y": y}), graph_data)["y"]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+
+
+from poot.eval.sampling import gumbel_uniform, sample_reference  # noqa: E402
+from poot.kernel.library import sampling as sampling_lib  # noqa: E402
+
+
+def _sampling_case(rng, rows, vocab):
+    p = dict(
+        logits=(rng.standard_normal((rows, vocab)) * 3).astype(np.float32),
+        counts=(rng.random((rows, vocab)) < 0.05).astype(np.int32) * rng.integers(1, 4, (rows, vocab)).astype(np.int32),
+        temperature=rng.choice([0.0, 0.7, 1.0, 1.5], rows).astype(np.float32),
+        top_k=rng.choice([0, 1, 5, 40], rows).astype(np.int32),
+        top_p=rng.choice([1.0, 0.9, 0.5], rows).astype(np.float32),
+        min_p=rng.choice([0.0, 0.05], rows).astype(np.float32),
+        repetition=rng.choice([1.0, 1.3], rows).astype(np.float32),
+        presence=rng.choice([0.0, 0.5], rows).astype(np.float32),
+        frequency=rng.choice([0.0, 0.2], rows).astype(np.float32),
+        seeds=rng.integers(-2**31, 2**31 - 1, rows).astype(np.int32),
+        steps=rng.integers(0, 1000, rows).astype(np.int32),
+    )
+    return p
+
+
+@pytest.mark.parametrize("vocab", [37, 1000, 4099])
+def test_sampling_kernel_matches_the_oracle(rng, vocab):
+    rows = 16
+    p = _sampling_case(rng, rows, vocab)
+    tokens = poisoned((rows,), np.int32)
+    work = poisoned((rows, vocab))
+    run_host(sampling_lib.sample.instantiate(BLOCK=64), (rows,), {**p, "work": work, "tokens": tokens}, {"vocab": vocab})
+    np.testing.assert_array_equal(tokens, sample_reference(**p))
+
+
+def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):
+    vocab, rows = 50, 4000
+    logits = np.tile((rng.standard_normal(vocab) * 1.5).astype(np.float32), (rows, 1))
+    p = _sampling_case(rng, rows, vocab)
+    p.update(logits=logits, counts=np.zeros((rows, vocab), np.int32), temperature=np.ones(rows, np.float32), top_k=np.zeros(rows, np.int32),
+             top_p=np.ones(rows, np.float32), min_p=np.zeros(rows, np.float32), repetition=np.ones(rows, np.float32),
+             presence=np.zeros(rows, np.float32), frequency=np.zeros(rows, np.float32), seeds=np.full(rows, 1234, np.int32), steps=np.arange(rows, dtype=np.int32))
+    k = sampling_lib.sample.instantiate(BLOCK=64)
+    a, b = poisoned((rows,), np.int32), poisoned((rows,), np.int32)
+    run_host(k, (rows,), {**p, "work": poisoned((rows, vocab)), "tokens": a}, {"vocab": vocab})
+    run_host(k, (rows,), {**p, "work": poisoned((rows, vocab)), "tokens": b}, {"vocab": vocab})
+    np.testing.assert_array_equal(a, b)
+    freq = np.bincount(a, minlength=vocab) / rows
+    probs = np.exp(logits[0] - logits[0].max())
+    probs /= probs.sum()
+    assert np.abs(freq - probs).max() < 0.03  # 4,000 draws: a few sigma of binomial noise
+    u = gumbel_uniform(1234, 7, np.arange(100_000))
+    assert 0 < u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01

@@ -123,15 +123,6 @@ def _walk_stmts(body):  # type: ignore[no-untyped-def]
             yield from _walk_stmts(getattr(st, f, ()))
 
 
-class _VolatileLoad(L.instructions.LoadInstr):
-    """A load printed as ``load volatile`` (llvmlite's own cannot be volatile)."""
-
-    def descr(self, buf: list[str]) -> None:
-        inner: list[str] = []
-        super().descr(inner)
-        buf.append("".join(inner).replace("load ", "load volatile ", 1))
-
-
 class SpirvLowerer(_Lowerer):
     """Kernel IR -> a Vulkan compute shader module (see the module docstring for its interface)."""
 
@@ -198,6 +189,8 @@ class SpirvLowerer(_Lowerer):
         x, y, z = k.workgroup
         set.add(fn.attributes, f'"hlsl.numthreads"="{x},{y},{z}"')
         set.add(fn.attributes, '"hlsl.shader"="compute"')
+        set.add(fn.attributes, "noinline")  # optnone needs it
+        set.add(fn.attributes, "optnone")  # see the module docstring
         self.b = L.IRBuilder(fn.append_basic_block("entry"))
         for binding, name, t, writable in bindings(k):
             h, getp = self._handle(binding, name, t, writable)
@@ -206,18 +199,15 @@ class SpirvLowerer(_Lowerer):
                 self._getptr[name] = getp
                 continue
             for j, p in enumerate(k.scalars):
-                # volatile: InstCombine would otherwise turn load-i32-then-bitcast into a float load
-                # from the i32 pointer, which the SPIR-V backend cannot legalize (it aborts)
                 word = self.b.load(self.b.call(getp, [h, L.Constant(I32, j)]), name=p.name)
-                word.__class__ = _VolatileLoad
                 self.values[p.name] = self.b.bitcast(word, F32, name=p.name + ".f") if p.dtype == dt.f32 else word
         self.block(k.body)
         self.b.ret_void()
 
     def address(self, name: str, index: K.Expr) -> tuple[L.Value, DType]:
         base, t, size = self.mem[name]
-        if size is not None:  # a shared array: addrspace(3) global
-            return self.b.gep(base, [L.Constant(I32, 0), self.expr(index)]), t
+        if size is not None:  # a shared array: gep [N x T], @global, 0, i (the form the backend needs)
+            return super().address(name, index)
         return self.b.call(self._getptr[name], [base, self.expr(index)]), t
 
 
@@ -228,6 +218,8 @@ _OP_LOAD, _OP_STORE, _OP_CONTROL_BARRIER = 61, 62, 224
 _CAP_LINKAGE, _CAP_INT8 = 5, 39
 _DEC_LINKAGE_ATTRIBUTES = 41
 _MAGIC = 0x07230203
+#: spirv-opt's performance recipe (it ends with dead-code elimination, which drops the name strings)
+OPT_PASSES = ("-O", "--eliminate-dead-code-aggressive")
 
 
 def _error(msg: str) -> Exception:
@@ -350,7 +342,7 @@ def post_pass(obj: bytes, name: str) -> bytes:
         words = fix_barriers(words)
     except ValueError as e:
         raise _error(f"kernel {name}: cannot fix the barrier semantics: {e}") from None
-    spv = _run([opt, "--target-env=vulkan1.3", "--eliminate-dead-code-aggressive"], _pack(words), name, "spirv-opt")
+    spv = _run([opt, "--target-env=vulkan1.3", *OPT_PASSES], _pack(words), name, "spirv-opt")
     words = _words(spv, name)
     if not _uses_int8(words):
         words = _drop_capability(words, _CAP_INT8)

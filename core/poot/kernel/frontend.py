@@ -391,9 +391,9 @@ class _Translator:
             if not all(isinstance(a, int) for a in args):
                 raise c.err(n, "static_range needs compile-time constant bounds")
             out: list[ir.Stmt] = []
-            for i in range(*args):
+            for i in range(*args):  # one scope for all copies: a name set in the body is one variable
                 c.consts[var] = i
-                out.extend(self._scoped(n.body))
+                out.extend(self.block(n.body))
             c.consts.pop(var, None)
             return out
         if n.iter.func.id != "range" or not 1 <= len(args) <= 3:

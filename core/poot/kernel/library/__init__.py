@@ -12,7 +12,7 @@ __all__ = ["catalogue"]
 
 def catalogue() -> list[Kernel]:
     from ...quant.bodies import BODIES
-    from . import attention, gather, linear, norms, rope
+    from . import attention, gather, linear, norms, rope, sampling
 
     ks = [
         norms.rms_norm.instantiate(BLOCK=128),
@@ -29,6 +29,7 @@ def catalogue() -> list[Kernel]:
         attention.attention.instantiate(CAUSAL=True, SPLITS=1, BLOCK=128),
         attention.attention.instantiate(CAUSAL=True, SPLITS=4, BLOCK=128),
         attention.attention_merge.instantiate(SPLITS=4, BLOCK=128),
+        sampling.sample.instantiate(BLOCK=256),
     ]
     for q in sorted(BODIES):
         ks.append(linear.gemv_packed.instantiate(QTYPE=q, BLOCK=128))

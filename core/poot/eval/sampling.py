@@ -1,0 +1,61 @@
+"""Sampling as the plain formula (the oracle of the sampling kernel), with thresholds found by sorting.
+
+Per row: penalties (repetition divides positive / multiplies negative logits of seen tokens; presence
+and frequency subtract), temperature (0: greedy), top-k (keep logits >= the k-th largest), top-p over
+what top-k kept (keep logits >= the smallest logit of the shortest prefix, by descending probability,
+whose mass reaches p), min-p (keep probabilities >= min_p * the largest), then Gumbel-max with
+``gumbel_uniform(seed, step, token)``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+__all__ = ["sample_reference", "gumbel_uniform"]
+
+
+def gumbel_uniform(seed: int, step: int, tokens: np.ndarray) -> np.ndarray:
+    """The counter-based uniform in (0, 1) of each token id (a murmur3-style 32-bit finaliser)."""
+    with np.errstate(over="ignore"):
+        h = np.uint32(seed & 0xFFFFFFFF) ^ (np.uint32(step & 0xFFFFFFFF) * np.uint32(0x9E3779B1)) ^ (tokens.astype(np.uint32) * np.uint32(0x27D4EB2D))
+        h = h ^ (h >> np.uint32(16))
+        h = h * np.uint32(0x85EBCA6B)
+        h = h ^ (h >> np.uint32(13))
+        h = h * np.uint32(0xC2B2AE35)
+        h = h ^ (h >> np.uint32(16))
+    return (((h >> np.uint32(8)) & np.uint32(0xFFFFFF)).astype(np.float32) + np.float32(0.5)) / np.float32(16777216.0)
+
+
+def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
+                     repetition: np.ndarray, presence: np.ndarray, frequency: np.ndarray, seeds: np.ndarray, steps: np.ndarray) -> np.ndarray:
+    rows, vocab = logits.shape
+    out = np.empty(rows, np.int32)
+    for r in range(rows):
+        z = logits[r].astype(np.float32).copy()
+        c = counts[r]
+        seen = c > 0
+        z[seen] = np.where(z[seen] > 0, z[seen] / np.float32(repetition[r]), z[seen] * np.float32(repetition[r]))
+        z[seen] = z[seen] - np.float32(presence[r]) - np.float32(frequency[r]) * c[seen].astype(np.float32)
+        temp = np.float32(temperature[r])
+        if temp > 0:
+            z = z / temp
+        keep = np.ones(vocab, bool)
+        if temp > 0:
+            if 0 < top_k[r] < vocab:
+                keep &= z >= np.sort(z)[::-1][top_k[r] - 1]
+            if top_p[r] < 1.0:
+                zmax = z.max()
+                kept = np.sort(z[keep])[::-1]
+                probs = np.exp((kept - zmax).astype(np.float64))
+                cum = np.cumsum(probs)
+                n = int(np.searchsorted(cum, top_p[r] * cum[-1] * (1 - 1e-7)))
+                keep &= z >= kept[min(n, len(kept) - 1)]
+        if min_p[r] > 0:
+            keep &= z >= z.max() + np.log(np.float32(min_p[r]))
+        score = z.astype(np.float64)
+        if temp > 0:
+            u = gumbel_uniform(int(seeds[r]), int(steps[r]), np.arange(vocab)).astype(np.float64)
+            score = score - np.log(-np.log(u))
+        score[~keep] = -np.inf
+        out[r] = int(np.argmax(score))
+    return out

@@ -1,0 +1,152 @@
+"""Sampling on the device: penalties, temperature, top-k, top-p, min-p, and a counter-based draw, one
+workgroup per row; only the token id leaves the device.
+
+Filtering keeps every token whose logit reaches a threshold, so ties at the boundary are kept. Top-k
+and top-p thresholds are found exactly by bisection over the order-preserving integer image of the
+f32 logits (32 steps); top-p applies to the distribution left by top-k. The draw is the Gumbel-max
+trick with a counter-based hash of (seed, step, token), so the same seed gives the same tokens on
+every backend. Temperature 0 means greedy (argmax after penalties).
+"""
+
+from __future__ import annotations
+
+from ...graph.dtypes import f32, i32
+from ..frontend import Const, In, Out, kernel
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def sample(logits: In[f32], counts: In[i32], temperature: In[f32], top_k: In[i32], top_p: In[f32], min_p: In[f32],
+           repetition: In[f32], presence: In[f32], frequency: In[f32], seeds: In[i32], steps: In[i32], work: Out[f32], tokens: Out[i32],
+           vocab: i32, BLOCK: Const = 256):
+    """tokens[r] = a sample from row r of ``logits``; ``work`` is a [rows, vocab] scratch buffer."""
+    r = group_id(0)
+    t = thread_id(0)
+    base = r * vocab
+    red = shared(f32, BLOCK)
+    cnt = shared(i32, BLOCK)
+    temp = temperature[r]
+    # 1. penalties and temperature into the scratch row; the row max
+    m = -3.0e38
+    for i in range(t, vocab, BLOCK):
+        z = logits[base + i]
+        c = counts[base + i]
+        if c > 0:
+            z = z / repetition[r] if z > 0.0 else z * repetition[r]
+            z = z - presence[r] - frequency[r] * f32(c)
+        if temp > 0.0:
+            z = z / temp
+        work[base + i] = z
+        m = max(m, z)
+    red[t] = m
+    barrier()
+    s = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s:
+            red[t] = max(red[t], red[t + s])
+        barrier()
+        s = s // 2
+    zmax = red[0]
+    barrier()
+    # 2. top-k threshold: the largest key with at least k logits at or above it
+    lo = -2147483647 - 1
+    hi = 2147483647
+    k = top_k[r]
+    if k > 0 and k < vocab and temp > 0.0:
+        for _ in static_range(32):
+            mid = (lo >> 1) + (hi >> 1) + (((lo & 1) + (hi & 1) + 1) >> 1)  # ceil((lo + hi) / 2), no i32 overflow
+            n = 0
+            for i in range(t, vocab, BLOCK):
+                bits = as_i32(work[base + i])
+                key = bits ^ ((bits >> 31) & 2147483647)
+                if key >= mid:
+                    n += 1
+            cnt[t] = n
+            barrier()
+            s2 = BLOCK // 2
+            for _ in static_range(ilog2(BLOCK)):
+                if t < s2:
+                    cnt[t] += cnt[t + s2]
+                barrier()
+                s2 = s2 // 2
+            if cnt[0] >= k:
+                lo = mid
+            else:
+                hi = mid - 1
+            barrier()
+    kth = lo
+    # 3. top-p over what top-k kept: the largest key whose mass at or above it reaches p
+    p = top_p[r]
+    mass = 0.0
+    for i in range(t, vocab, BLOCK):
+        bits = as_i32(work[base + i])
+        if bits ^ ((bits >> 31) & 2147483647) >= kth:
+            mass += exp(work[base + i] - zmax)
+    red[t] = mass
+    barrier()
+    s3 = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s3:
+            red[t] += red[t + s3]
+        barrier()
+        s3 = s3 // 2
+    total = red[0]
+    barrier()
+    plo = kth
+    phi = 2147483647
+    if p < 1.0 and temp > 0.0:
+        for _ in static_range(32):
+            mid2 = (plo >> 1) + (phi >> 1) + (((plo & 1) + (phi & 1) + 1) >> 1)
+            acc = 0.0
+            for i in range(t, vocab, BLOCK):
+                bits = as_i32(work[base + i])
+                if bits ^ ((bits >> 31) & 2147483647) >= mid2:
+                    acc += exp(work[base + i] - zmax)
+            red[t] = acc
+            barrier()
+            s4 = BLOCK // 2
+            for _ in static_range(ilog2(BLOCK)):
+                if t < s4:
+                    red[t] += red[t + s4]
+                barrier()
+                s4 = s4 // 2
+            if red[0] >= p * total:
+                plo = mid2
+            else:
+                phi = mid2 - 1
+            barrier()
+    # 4. min-p, then the Gumbel-max draw over the survivors (greedy: plain argmax)
+    floor_z = zmax + log(min_p[r]) if min_p[r] > 0.0 else -3.0e38
+    seed = seeds[r]
+    step = steps[r]
+    best = -3.0e38
+    best_i = vocab
+    for i in range(t, vocab, BLOCK):
+        z = work[base + i]
+        bits = as_i32(z)
+        if bits ^ ((bits >> 31) & 2147483647) >= plo and z >= floor_z:
+            score = z
+            if temp > 0.0:
+                h = seed ^ (step * -1640531535) ^ (i * 668265261)
+                h = h ^ ((h >> 16) & 65535)
+                h = h * -2048144789
+                h = h ^ ((h >> 13) & 524287)
+                h = h * -1028477387
+                h = h ^ ((h >> 16) & 65535)
+                u = (f32((h >> 8) & 16777215) + 0.5) / 16777216.0
+                score = z - log(-log(u))
+            if score > best:
+                best = score
+                best_i = i
+    red[t] = best
+    cnt[t] = best_i
+    barrier()
+    s5 = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s5:
+            if red[t + s5] > red[t] or (red[t + s5] == red[t] and cnt[t + s5] < cnt[t]):
+                red[t] = red[t + s5]
+                cnt[t] = cnt[t + s5]
+        barrier()
+        s5 = s5 // 2
+    if t == 0:
+        tokens[r] = cnt[0]
