@@ -11,7 +11,7 @@ import pytest
 
 from poot.codegen import compile_kernel, target
 from poot.codegen.compile import find_lld
-from poot.kernel import Const, In, KernelError, KernelSyntaxError, Out, f32, i32, kernel
+from poot.kernel import Const, In, KernelError, KernelSyntaxError, Out, f16, f32, i32, kernel
 from poot.testing.kernels import poisoned, run_host
 
 
@@ -104,3 +104,82 @@ def test_verifier_refuses_divergent_barriers_and_readonly_stores():
 
     with pytest.raises(KernelError, match="'x' is read-only"):
         kernel(writes_input).instantiate()
+
+
+@kernel(workgroup=(32, 1, 1))
+def scale4(x: In[f32], y: Out[f32], n4: i32, alpha: f32):
+    i = group_id(0) * 32 + thread_id(0)
+    if i < n4:
+        a, b, c, d = vload(x, i * 4)
+        vstore(y, i * 4, a * alpha, b * alpha, c * alpha, d * alpha)
+
+
+def test_vector_loads_and_stores(rng):
+    n = 4 * 45
+    x = rng.standard_normal(n).astype(np.float32)
+    y = poisoned((n,))
+    run_host(scale4.instantiate(), (2,), {"x": x, "y": y}, {"n4": n // 4, "alpha": 1.5})
+    np.testing.assert_array_equal(y, x * np.float32(1.5))
+    ptx = compile_kernel(scale4.instantiate(), target("nvptx:sm_90")).data.decode()
+    import re
+
+    assert re.search(r"ld\.global(\.nc)?\.v4\.(f32|b32)", ptx) and re.search(r"st\.global\.v4\.(f32|b32)", ptx)  # 16-byte accesses
+
+
+@kernel(workgroup=(64, 1, 1))
+def histogram(x: In[i32], h: Out[i32], n: i32):
+    i = group_id(0) * 64 + thread_id(0)
+    if i < n:
+        atomic_add(h, x[i], 1)
+
+
+def test_atomics_on_host_threads(rng):
+    x = rng.integers(0, 10, 1000).astype(np.int32)
+    h = np.zeros(10, np.int32)
+    run_host(histogram.instantiate(), (16,), {"x": x, "h": h}, {"n": 1000}, threads=2)
+    np.testing.assert_array_equal(h, np.bincount(x, minlength=10))
+
+
+@kernel(workgroup=(64, 1, 1))
+def warp_sum(x: In[f32], y: Out[f32]):
+    t = group_id(0) * 64 + thread_id(0)
+    s = subgroup_add(x[t])
+    if lane_id() == 0:
+        y[t // subgroup_size()] = s
+
+
+def test_subgroup_reduce_follows_the_target_width(rng):
+    x = rng.standard_normal(128).astype(np.float32)
+    y = poisoned((128,))
+    run_host(warp_sum.instantiate(), (2,), {"x": x, "y": y})  # the host's subgroups are one lane wide
+    np.testing.assert_array_equal(y, x)
+    ptx = compile_kernel(warp_sum.instantiate(), target("nvptx:sm_90")).data.decode()
+    assert ptx.count("shfl.sync.bfly") == 5  # log2(32) butterfly steps
+
+
+@kernel(workgroup=(32, 1, 1))
+def tile_mma(out: Out[f32]):
+    a = shared(f16, 256)
+    b = shared(f16, 256)
+    c = shared(f32, 256)
+    for i in range(thread_id(0), 256, 32):
+        a[i] = f16(f32(i % 7))
+        b[i] = f16(f32(i % 5))
+        c[i] = 0.0
+    barrier()
+    mma_tile(a, b, c)
+    barrier()
+    for i in range(thread_id(0), 256, 32):
+        out[i] = c[i]
+
+
+def test_matrix_tile_lowers_to_tensor_cores_or_refuses():
+    from poot.codegen import host_target
+    from poot.errors import Refusal
+
+    k = tile_mma.instantiate()
+    ptx = compile_kernel(k, target("nvptx:sm_80")).data.decode()
+    assert "mma.sync.aligned" in ptx or "wmma.mma.sync.aligned" in ptx
+    for t in (host_target(), target("amdgcn:gfx942")):
+        with pytest.raises(Refusal, match="no matrix multiply-accumulate"):
+            compile_kernel(k, t)

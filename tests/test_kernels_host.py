@@ -261,3 +261,65 @@ def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):
     assert np.abs(freq - probs).max() < 0.03  # 4,000 draws: a few sigma of binomial noise
     u = gumbel_uniform(1234, 7, np.arange(100_000))
     assert 0 < u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from poot.graph.ops import OPS  # noqa: E402
+from poot.kernel.library.elementwise import MAX_RANK, fuse_elementwise  # noqa: E402
+
+_UNARY_SAFE = ["neg", "abs", "exp", "tanh", "sigmoid", "sin", "cos", "erf", "floor"]
+_BINARY_SAFE = ["add", "sub", "mul", "maximum", "minimum"]
+
+
+def _strides(shape, full):
+    """Element strides of an operand of ``shape`` broadcast to ``full`` (padded to MAX_RANK)."""
+    shape = (1,) * (MAX_RANK - len(shape)) + tuple(shape)
+    full = (1,) * (MAX_RANK - len(full)) + tuple(full)
+    out, acc = [0] * MAX_RANK, 1
+    for d in reversed(range(MAX_RANK)):
+        out[d] = 0 if shape[d] == 1 and full[d] != 1 else acc
+        acc *= shape[d]
+    return out, full
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(ops=st.lists(st.tuples(st.sampled_from(_UNARY_SAFE + _BINARY_SAFE + ["where", "cast16", "castbf16"]), st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=8),
+       dims=st.tuples(st.integers(1, 5), st.integers(1, 7), st.integers(1, 33)), seed=st.integers(0, 2**31))
+def test_fused_elementwise_chains_match_the_oracle(ops, dims, seed):
+    rng = np.random.default_rng(seed)
+    shapes = [dims, (1, dims[1], 1), (dims[2],), (dims[0], 1, dims[2])]
+    b = GraphBuilder()
+    ins = [b.input(f"x{i}", "f32", list(s)) for i, s in enumerate(shapes)]
+    vals = list(ins)
+    start = len(b._nodes)
+    for op, i, j in ops:
+        x, y = vals[i % len(vals)], vals[j % len(vals)]
+        if op in _UNARY_SAFE:
+            v = b.unary(op, b.tanh(x) if op == "exp" else x)
+        elif op == "where":
+            v = b.where(b.binary("gt", x, y), x, y)
+        elif op in ("cast16", "castbf16"):
+            v = b.cast(b.cast(x, "f16" if op == "cast16" else "bf16"), "f32")
+        else:
+            v = b.binary(op, x, y)
+        vals.append(v)
+    out = b.add(vals[-1], b.const(0.5))
+    g = b.build({"y": out})
+    nodes = [n for n in g.nodes[start:] if OPS[n.op].category == "elementwise" or n.op == "constant"]
+    used_inputs = ins  # pass all; unused ones are simply not read
+    data = {f"x{i}": rng.standard_normal(s).astype(np.float32) for i, s in enumerate(shapes)}
+    want = evaluate(g, data)["y"]
+    full = want.shape
+    k = fuse_elementwise("chain", nodes, used_inputs, out, block=64)
+    n = int(np.prod(full))
+    y = poisoned(full)
+    scalars = {"n": n}
+    _, padded = _strides(full, full)
+    scalars.update({f"d{d}": padded[d] for d in range(MAX_RANK)})
+    for i, s in enumerate(shapes):
+        st_, _ = _strides(s, full)
+        scalars.update({f"s{i}_{d}": st_[d] for d in range(MAX_RANK)})
+    run_host(k, (-(-n // 64),), {**{f"in{i}": data[f"x{i}"] for i in range(len(shapes))}, "out": y}, scalars)
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)

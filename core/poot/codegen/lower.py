@@ -248,6 +248,23 @@ class _Lowerer:
             self._loop(st, self.block, uniform=False)
         elif isinstance(st, K.Barrier):
             self.barrier()
+        elif isinstance(st, K.VecLoad):
+            ptr, t = self.address(st.buffer, st.index)
+            vec = L.VectorType(_mem_type(t), len(st.names))
+            v = b.load(b.bitcast(ptr, L.PointerType(vec, ptr.type.addrspace)))
+            for i, nm in enumerate(st.names):
+                self.stmt(K.Let(nm, K.Const(0, t)))  # declares the local (typed) then overwrite
+                ptr_v, _ = self._var_ptr(nm)
+                b.store(b.extract_element(v, L.Constant(I32, i)), ptr_v)
+        elif isinstance(st, K.VecStore):
+            ptr, t = self.address(st.buffer, st.index)
+            vec = L.VectorType(_mem_type(t), len(st.values))
+            acc: L.Value = L.Constant(vec, L.Undefined)
+            for i, val in enumerate(st.values):
+                acc = b.insert_element(acc, self.expr(val), L.Constant(I32, i))
+            b.store(acc, b.bitcast(ptr, L.PointerType(vec, ptr.type.addrspace)))
+        elif isinstance(st, K.MmaTile):
+            self.mma(st)
         else:
             raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower statement {type(st).__name__}")
 
@@ -277,6 +294,25 @@ class _Lowerer:
         b.branch(head)
         b.position_at_end(done)
         del self.vars[st.var]
+
+    def mma(self, st: K.MmaTile) -> None:
+        if self.t.name != "nvptx" or "mma.sync" not in self.t.matrix:
+            raise Refusal(f"kernel {self.k.name}", self.t.key, "no matrix multiply-accumulate instructions are lowered for this target")
+        b = self.b
+        h2 = L.VectorType(L.HalfType(), 2)
+        ab = L.LiteralStructType([h2] * 8)
+        cf = L.LiteralStructType([F32] * 8)
+        ptr = lambda name, elt: b.bitcast(self.mem[name][0], L.PointerType(elt, 3))  # noqa: E731
+        warp0 = b.icmp_signed("<", self.builtin(K.Builtin("thread_id", 0)), L.Constant(I32, 32))
+        with b.if_then(warp0):  # one warp computes the tile (WMMA is warp-wide)
+            p3h, p3f = L.PointerType(L.HalfType(), 3), L.PointerType(F32, 3)
+            a = b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.load.a.row.stride.f16.p3", ab, [p3h, I32]), [ptr(st.a, L.HalfType()), L.Constant(I32, st.k)])
+            bb = b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.load.b.col.stride.f16.p3", ab, [p3h, I32]), [ptr(st.b, L.HalfType()), L.Constant(I32, st.k)])
+            c = b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.load.c.row.stride.f32.p3", cf, [p3f, I32]), [ptr(st.c, F32), L.Constant(I32, st.n)])
+            args = [b.extract_value(a, i) for i in range(8)] + [b.extract_value(bb, i) for i in range(8)] + [b.extract_value(c, i) for i in range(8)]
+            d = b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.mma.row.col.f32.f32", cf, [h2] * 16 + [F32] * 8), args)
+            outs = [b.extract_value(d, i) for i in range(8)]
+            b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.store.d.row.stride.f32.p3", L.VoidType(), [p3f] + [F32] * 8 + [I32]), [ptr(st.c, F32)] + outs + [L.Constant(I32, st.n)])
 
     def barrier(self) -> None:
         b = self.b

@@ -308,13 +308,34 @@ class _Translator:
                 if f == "atomic_add" and len(n.value.args) == 3:
                     name = self._memory(n.value.args[0])
                     return [ir.AtomicAdd(name, self.index(n.value.args[1]), self._value_for(name, n.value.args[2]))]
-            raise c.err(n, "an expression statement must be barrier() or atomic_add(buf, i, v)")
+                if f == "vstore" and len(n.value.args) >= 4:
+                    name = self._memory(n.value.args[0])
+                    vals = tuple(self._value_for(name, a) for a in n.value.args[2:])
+                    return [ir.VecStore(name, self.index(n.value.args[1]), vals)]
+                if f == "mma_tile" and len(n.value.args) == 3:
+                    a, b, cc = (self._memory(x) for x in n.value.args)
+                    return [ir.MmaTile(a, b, cc)]
+            raise c.err(n, "an expression statement must be barrier(), atomic_add(buf, i, v), vstore(buf, i, ...) or mma_tile(a, b, c)")
         if isinstance(n, ast.Pass):
             return []
         if isinstance(n, (ast.Assign, ast.AnnAssign)):
             target = n.targets[0] if isinstance(n, ast.Assign) else n.target
             if isinstance(n, ast.Assign) and len(n.targets) != 1:
                 raise c.err(n, "one assignment target at a time")
+            if isinstance(target, ast.Tuple):  # a0, a1, a2, a3 = vload(buf, i, 4)
+                call = n.value
+                if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == "vload" and len(call.args) == 2):
+                    raise c.err(n, "tuple assignment is only for a, b, ... = vload(buffer, index)")
+                names = tuple(t.id for t in target.elts if isinstance(t, ast.Name))
+                if len(names) != len(target.elts):
+                    raise c.err(n, "vload assigns to plain names")
+                buf = self._memory(call.args[0])
+                mem = c.buffers.get(buf) or c.shared[buf]
+                for nm in names:
+                    if nm in c.locals or nm in c.scalars or nm in c.consts:
+                        raise c.err(n, f"'{nm}' is already defined")
+                    c.locals[nm] = mem.dtype
+                return [ir.VecLoad(names, buf, self.index(call.args[1]), mem.dtype)]
             if isinstance(target, ast.Subscript):
                 name = self._memory(target.value)
                 return [ir.Store(name, self.index(target.slice), self._value_for(name, n.value))]

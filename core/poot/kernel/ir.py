@@ -18,7 +18,7 @@ from ..graph.dtypes import DType
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
     "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "Select", "Load", "SubgroupReduce", "SubgroupShuffle",
-    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd",
+    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "const", "i32",
 ]
 
@@ -233,7 +233,41 @@ class AtomicAdd:
     value: Expr
 
 
-Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd]
+@dataclass(frozen=True)
+class VecLoad:
+    """Declare locals ``names`` from ``len(names)`` consecutive elements of ``buffer`` at ``index``
+    (one wide load: 16 bytes for four f32). ``index`` must be a multiple of the width."""
+
+    names: tuple[str, ...]
+    buffer: str
+    index: Expr
+    dtype: DType
+
+
+@dataclass(frozen=True)
+class VecStore:
+    """Store ``values`` to consecutive elements of ``buffer`` at ``index`` in one wide store."""
+
+    buffer: str
+    index: Expr
+    values: tuple[Expr, ...]
+
+
+@dataclass(frozen=True)
+class MmaTile:
+    """A workgroup's matrix multiply-accumulate on shared-memory tiles: ``c[m, n] += a[m, k] @ b[k, n]``
+    with f16 ``a`` (row-major, ``m x k``) and ``b`` (column-major, ``k x n``) and f32 ``c`` (row-major),
+    16x16x16. Targets lower it to their matrix instructions (NVIDIA WMMA) or refuse."""
+
+    a: str
+    b: str
+    c: str
+    m: int = 16
+    n: int = 16
+    k: int = 16
+
+
+Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile]
 
 
 @dataclass(frozen=True)

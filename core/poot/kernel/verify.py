@@ -9,7 +9,7 @@ from ..errors import PootError
 from ..graph import dtypes as dt
 from .ir import (
     BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, Builtin, Cast, Const, Expr, For, If, Kernel,
-    Let, Load, Ref, ScalarParam, Select, Stmt, Store, SubgroupReduce, SubgroupShuffle, Un,
+    Let, Load, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Un, VecLoad, VecStore,
 )
 
 __all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups"]
@@ -173,6 +173,42 @@ def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None
         elif isinstance(st, Barrier):
             if divergent:
                 raise s.fail(w, "barrier under control flow that differs between threads (every thread must reach it)")
+        elif isinstance(st, VecLoad):
+            mem = s.buffers.get(st.buffer) or s.shared.get(st.buffer)
+            if mem is None or mem.dtype != st.dtype:
+                raise s.fail(w, f"'{st.buffer}' is not a {st.dtype} buffer or shared array")
+            if len(st.names) not in (2, 4, 8):
+                raise s.fail(w, f"vector width must be 2, 4 or 8, got {len(st.names)}")
+            ti, v = _expr(s, st.index, w)
+            if ti != dt.i32:
+                raise s.fail(w, "vector load index must be i32")
+            for nm in st.names:
+                if nm in s.vars:
+                    raise s.fail(w, f"'{nm}' is already defined")
+                s.vars[nm] = st.dtype
+                declared.append(nm)
+                s.varying.add(nm)
+        elif isinstance(st, VecStore):
+            mem = s.buffers.get(st.buffer) or s.shared.get(st.buffer)
+            if mem is None or (isinstance(mem, Buffer) and mem.readonly):
+                raise s.fail(w, f"'{st.buffer}' is not a writable buffer or shared array")
+            if len(st.values) not in (2, 4, 8):
+                raise s.fail(w, f"vector width must be 2, 4 or 8, got {len(st.values)}")
+            for val in st.values:
+                tv, _ = _expr(s, val, w)
+                if tv != mem.dtype:
+                    raise s.fail(w, f"'{st.buffer}' holds {mem.dtype}, stored {tv}")
+            _expr(s, st.index, w)
+        elif isinstance(st, MmaTile):
+            if divergent:
+                raise s.fail(w, "a matrix tile operation must be reached by the whole workgroup")
+            want = {st.a: (dt.f16, st.m * st.k), st.b: (dt.f16, st.k * st.n), st.c: (dt.f32, st.m * st.n)}
+            for name, (t, size) in want.items():
+                sh = s.shared.get(name)
+                if not isinstance(sh, Shared) or sh.dtype != t or sh.size < size:
+                    raise s.fail(w, f"mma operand '{name}' must be a shared {t} array of at least {size} elements")
+            if (st.m, st.n, st.k) != (16, 16, 16):
+                raise s.fail(w, f"mma tile must be 16x16x16, got {st.m}x{st.n}x{st.k}")
         else:
             raise s.fail(w, f"not a statement: {st!r}")
     for name in declared:

@@ -1,0 +1,119 @@
+"""Fused elementwise chains: a DAG of elementwise graph ops becomes one kernel, one thread per output
+element, operands read with per-dimension strides (0 where an operand broadcasts), so one binary
+serves every shape of up to four dimensions. Arithmetic is in f32 (f16/bf16 operands are widened on
+load), ints in i32, as the oracle's numerics policy says."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from ...graph import dtypes as dt
+from ...graph.ir import Node, Value
+from .. import ir as K
+from ..verify import verify_kernel
+
+__all__ = ["fuse_elementwise", "MAX_RANK"]
+
+MAX_RANK = 4
+_UN = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "recip": "recip", "sin": "sin",
+       "cos": "cos", "tanh": "tanh", "erf": "erf", "floor": "floor", "logical_not": "not"}
+_BIN = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow", "maximum": "max", "minimum": "min",
+        "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "logical_and": "and", "logical_or": "or"}
+
+
+def _compute(t: dt.DType) -> dt.DType:
+    if t.is_float:
+        return dt.f32
+    if t == dt.boolean:
+        return dt.boolean
+    return dt.i32
+
+
+def _key(v: Value) -> tuple[int, int]:
+    return (v.node.id, v.index)
+
+
+def fuse_elementwise(name: str, nodes: Sequence[Node], inputs: Sequence[Value], output: Value, block: int = 256) -> K.Kernel:
+    """A kernel computing ``output`` from ``inputs`` through ``nodes`` (elementwise ops, in order).
+
+    Buffers: ``in0..`` then ``out``; scalars: ``n`` (elements), ``d0..d3`` (output dims, outermost
+    first, padded with 1) and ``s{i}_{d}`` (input i's element stride along d, 0 to broadcast).
+    Grid: ``ceil(n / block)`` workgroups.
+    """
+    params: list[K.Param] = []
+    for i, v in enumerate(inputs):
+        params.append(K.Buffer(f"in{i}", v.dtype if v.dtype != dt.bf16 else dt.f32))
+    params.append(K.Buffer("out", output.dtype if output.dtype != dt.bf16 else dt.f32, readonly=False))
+    params.append(K.ScalarParam("n", dt.i32))
+    params += [K.ScalarParam(f"d{d}", dt.i32) for d in range(MAX_RANK)]
+    params += [K.ScalarParam(f"s{i}_{d}", dt.i32) for i in range(len(inputs)) for d in range(MAX_RANK)]
+    i32 = lambda x: K.Const(x, dt.i32)  # noqa: E731
+    idx = K.Bin("add", K.Bin("mul", K.Builtin("group_id", 0), i32(block)), K.Builtin("thread_id", 0))
+    body: list[K.Stmt] = [K.Let("idx", idx)]
+    inner: list[K.Stmt] = []
+    # coordinates of the output element, innermost dimension last
+    rest: K.Expr = K.Ref("idx", dt.i32)
+    coords: list[K.Expr] = [i32(0)] * MAX_RANK
+    for d in reversed(range(MAX_RANK)):
+        inner.append(K.Let(f"c{d}", K.Bin("rem", rest, K.Ref(f"d{d}", dt.i32))))
+        coords[d] = K.Ref(f"c{d}", dt.i32)
+        inner.append(K.Let(f"r{d}", K.Bin("div", rest, K.Ref(f"d{d}", dt.i32))))
+        rest = K.Ref(f"r{d}", dt.i32)
+    env: dict[tuple[int, int], K.Expr] = {}
+    for i, v in enumerate(inputs):
+        off: K.Expr = i32(0)
+        for d in range(MAX_RANK):
+            off = K.Bin("add", off, K.Bin("mul", coords[d], K.Ref(f"s{i}_{d}", dt.i32)))
+        load: K.Expr = K.Load(f"in{i}", off, params[i].dtype)
+        ct = _compute(v.dtype)
+        if load.dtype != ct:
+            load = K.Cast(load, ct)
+        inner.append(K.Let(f"v{i}", load))
+        env[_key(v)] = K.Ref(f"v{i}", ct)
+    for j, nd in enumerate(nodes):
+        args = [env[_key(a)] for a in nd.inputs]
+        op = nd.op
+        if op in _UN:
+            e: K.Expr = K.Un(_UN[op], args[0])
+        elif op == "sigmoid":
+            one = K.Const(1.0, dt.f32)
+            e = K.Bin("div", one, K.Bin("add", one, K.Un("exp", K.Un("neg", args[0]))))
+        elif op in _BIN:
+            e = K.Bin(_BIN[op], args[0], args[1])
+        elif op == "where":
+            e = K.Select(args[0], args[1], args[2])
+        elif op == "cast":
+            to = nd.attrs["dtype"]
+            ct = _compute(to)
+            e = args[0] if args[0].dtype == ct else K.Cast(args[0], ct)
+            if to == dt.f16:  # round through the narrow type, as the oracle does
+                e = K.Cast(K.Cast(e, dt.f16), dt.f32)
+            elif to == dt.bf16:
+                e = _round_bf16(e)
+        elif op == "constant":
+            arr = nd.attrs["value"].array
+            if arr.size != 1:
+                raise ValueError(f"{name}: only scalar constants can be fused, got shape {arr.shape}")
+            ct = _compute(nd.outputs[0].dtype)
+            e = K.Const(float(arr.reshape(-1)[0]) if ct.is_float else (bool(arr.reshape(-1)[0]) if ct == dt.boolean else int(arr.reshape(-1)[0])), ct)
+        else:
+            raise ValueError(f"{name}: op '{op}' is not elementwise")
+        inner.append(K.Let(f"t{j}", e))
+        env[_key(nd.outputs[0])] = K.Ref(f"t{j}", e.dtype)
+    result = env[_key(output)]
+    out_t = params[len(inputs)].dtype
+    if result.dtype != out_t:
+        result = K.Cast(result, out_t)
+    inner.append(K.Store("out", K.Ref("idx", dt.i32), result))
+    body.append(K.If(K.Bin("lt", K.Ref("idx", dt.i32), K.Ref("n", dt.i32)), tuple(inner)))
+    k = K.Kernel(name, tuple(params), tuple(body), (block, 1, 1))
+    verify_kernel(k)
+    return k
+
+
+def _round_bf16(e: K.Expr) -> K.Expr:
+    """Round an f32 to the nearest bfloat16 (ties to even), kept in f32."""
+    bits = K.Bitcast(e, dt.i32)
+    lsb = K.Bin("and", K.Bin("shr", bits, K.Const(16, dt.i32)), K.Const(1, dt.i32))
+    rounded = K.Bin("and", K.Bin("add", bits, K.Bin("add", K.Const(0x7FFF, dt.i32), lsb)), K.Const(-65536, dt.i32))
+    return K.Bitcast(rounded, dt.f32)
