@@ -73,7 +73,7 @@ def host_device() -> Device:
         compute_units=cores,
         max_workgroup_size=1024,  # a workgroup's threads run as a loop on one core
         shared_memory_bytes=_cache_bytes(2) or 256 * 1024,  # workgroup memory should stay in L2
-        subgroup_size=max(1, bits // 32),  # f32 lanes of one vector register
+        subgroup_size=1,  # a workgroup's threads run as a loop on one core; LLVM vectorises that loop
         memory_bytes=_memory_bytes(),
         vector_bits=bits,
         matrix_ops=frozenset(f for f in ("avx512bf16", "avx512vnni", "amx-tile", "i8mm", "bf16") if features.get(f)),
