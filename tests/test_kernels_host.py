@@ -323,3 +323,15 @@ def test_fused_elementwise_chains_match_the_oracle(ops, dims, seed):
         scalars.update({f"s{i}_{d}": st_[d] for d in range(MAX_RANK)})
     run_host(k, (-(-n // 64),), {**{f"in{i}": data[f"x{i}"] for i in range(len(shapes))}, "out": y}, scalars)
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("qtype", sorted(BODIES))
+def test_gemv_by_blocks_every_type(rng, qtype):
+    bs, bb, _ = BODIES[qtype]
+    m, n, k = 2, 23, bs * 5
+    raw, lut, q = _packed(rng, qtype, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    kern = linear.gemv_blocks.instantiate(QTYPE=qtype, BS=bs, BB=bb, ROWS=4, BLOCK=32)
+    run_host(kern, (-(-n // 4), m), {"x": x, "w": raw, "lut": lut, "y": y}, {"n": n, "k": k, "row_bytes": raw.shape[1]})
+    np.testing.assert_allclose(y, x.astype(np.float64) @ q.dequantize(raw).astype(np.float64).T, rtol=1e-4, atol=1e-4)

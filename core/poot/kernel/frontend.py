@@ -117,8 +117,6 @@ class _Translator:
         if isinstance(n, ast.Name):
             if n.id in c.consts:
                 return c.consts[n.id]
-            if n.id == "u8":  # a dtype name used as a value (shared(u8, n) handles its own)
-                raise c.err(n, "a dtype is not a value here")
             if n.id in c.scalars:
                 return ir.Ref(n.id, c.scalars[n.id])
             if n.id in c.locals:
@@ -215,8 +213,8 @@ class _Translator:
         if not isinstance(n.func, ast.Name):
             raise c.err(n, "only plain function calls are supported (no methods or attributes)")
         f = n.func.id
-        if f == "dequant":  # dequant(QTYPE, packed_buffer, row_byte_offset, k): quant.bodies
-            return self._dequant(n)
+        if f in ("dequant", "dequant_in_block"):  # quant.bodies: (QTYPE, packed buffer, byte offset, index)
+            return self._dequant(n, f)
         args = [self.expr(a) for a in n.args]
         if n.keywords:
             raise c.err(n, f"{f}() takes no keyword arguments in kernels")
@@ -266,8 +264,8 @@ class _Translator:
             return _half_to_f32(a if not isinstance(a, int) else _lit(a, dt.i32))
         raise c.err(n, f"'{f}' cannot be called in a kernel")
 
-    def _dequant(self, n: ast.Call) -> ir.Expr:
-        from ..quant.bodies import dequant_expr
+    def _dequant(self, n: ast.Call, f: str) -> ir.Expr:
+        from ..quant.bodies import dequant_expr, dequant_in_block
 
         c = self.c
         if len(n.args) != 4:
@@ -279,7 +277,8 @@ class _Translator:
         if c.buffers[buf].dtype != dt.u8:
             raise c.err(n, f"dequant reads packed bytes: '{buf}' must be In[u8]")
         try:
-            return dequant_expr(qtype, buf, self.index(n.args[2]), self.index(n.args[3]))
+            fn = dequant_expr if f == "dequant" else dequant_in_block
+            return fn(qtype, buf, self.index(n.args[2]), self.index(n.args[3]))
         except KeyError as e:
             raise c.err(n, str(e.args[0])) from None
 

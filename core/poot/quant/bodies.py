@@ -16,7 +16,7 @@ import numpy as np
 from ..graph import dtypes as dt
 from ..kernel import ir
 
-__all__ = ["dequant_expr", "BODIES", "LUTS", "block_layout"]
+__all__ = ["dequant_expr", "dequant_in_block", "BODIES", "LUTS", "block_layout"]
 
 E = ir.Expr
 
@@ -233,3 +233,11 @@ def dequant_expr(qtype: str, buf: str, row: E, k: E, lut: str = "lut") -> E:
         raise KeyError(f"no kernel body for packed type '{qtype}' (have: {', '.join(sorted(BODIES))})")
     bs, bb, body = BODIES[qtype]
     return body(buf, _add(row, _mul(_div(k, bs), _i(bb))), _rem(k, bs), lut)
+
+
+def dequant_in_block(qtype: str, buf: str, block: E, j: E, lut: str = "lut") -> E:
+    """Element ``j`` of the block starting at byte ``block``: in a loop over ``j`` the block's scales
+    are loop-invariant, so LLVM hoists their decoding out of the loop."""
+    if qtype not in BODIES:
+        raise KeyError(f"no kernel body for packed type '{qtype}' (have: {', '.join(sorted(BODIES))})")
+    return BODIES[qtype][2](buf, block, j, lut)

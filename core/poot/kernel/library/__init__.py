@@ -32,7 +32,9 @@ def catalogue() -> list[Kernel]:
         sampling.sample.instantiate(BLOCK=256),
     ]
     for q in sorted(BODIES):
+        bs, bb, _ = BODIES[q]
         ks.append(linear.gemv_packed.instantiate(QTYPE=q, BLOCK=128))
+        ks.append(linear.gemv_blocks.instantiate(QTYPE=q, BS=bs, BB=bb, ROWS=4, BLOCK=64))
         ks.append(gather.gather_packed.instantiate(QTYPE=q, BLOCK=128))
     ks.append(linear.gemm_packed.instantiate(QTYPE="q4_k"))
     return ks

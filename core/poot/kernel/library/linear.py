@@ -53,6 +53,38 @@ def gemv_packed(x: In[f32], w: In[u8], lut: In[f32], y: Out[f32], n: i32, k: i32
         y[m * n + j] = part[0]
 
 
+@kernel(workgroup=("BLOCK", 1, 1))
+def gemv_blocks(x: In[f32], w: In[u8], lut: In[f32], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1",
+                BS: Const = 32, BB: Const = 20, ROWS: Const = 4, BLOCK: Const = 64):
+    """GEMV by whole quant blocks: each thread takes blocks of ROWS output features, so a block's
+    scales are decoded once and x is read once per block for all ROWS rows; grid (ceil(n/ROWS), m)."""
+    j0 = group_id(0) * ROWS
+    m = group_id(1)
+    t = thread_id(0)
+    part = shared(f32, BLOCK * ROWS)
+    nb = k // BS
+    for r in static_range(ROWS):
+        part[r * BLOCK + t] = 0.0
+    for blk in range(t, nb, BLOCK):
+        for r in static_range(ROWS):
+            if j0 + r < n:
+                acc = 0.0
+                p = (j0 + r) * row_bytes + blk * BB
+                for jj in range(BS):
+                    acc += x[m * k + blk * BS + jj] * dequant_in_block(QTYPE, w, p, jj)
+                part[r * BLOCK + t] += acc
+    barrier()
+    s = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s:
+            for r in static_range(ROWS):
+                part[r * BLOCK + t] += part[r * BLOCK + t + s]
+        barrier()
+        s = s // 2
+    if t < ROWS and j0 + t < n:
+        y[m * n + j0 + t] = part[t * BLOCK]
+
+
 @kernel(workgroup=(16, 16, 1))
 def gemm_packed(a: In[f32], w: In[u8], lut: In[f32], c: Out[f32], m: i32, n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q8_0"):
     """c[i, j] = sum_k a[i, k] * dequant(w)[j, k]; 16x16 tiles, grid (ceil(n/16), ceil(m/16))."""
