@@ -10,7 +10,10 @@
 
 Parameters annotated ``In[T]``/``Out[T]`` are buffers, a dtype (``f32``, ``i32`` ...) a run-time
 scalar, ``Const`` a compile-time constant bound by ``.instantiate(NAME=value)``; ``if`` on constants
-and ``static_range`` are resolved at compile time, so templates specialise cleanly. Integer ``//``
+and ``static_range`` are resolved at compile time, so templates specialise cleanly. Statement
+helpers: ``barrier()``, ``atomic_add(buf, i, v)``, ``a, b, c, d = vload(buf, i)`` / ``vstore(buf, i,
+a, b, c, d)``, ``reduce_shared(arr, "add")`` (a barrier, then a tree reduction leaving the result in
+``arr[0]``), ``mma_tile(a, b, c)``; ``dequant(QTYPE, buf, row, k)`` reads packed weights. Integer ``//``
 and ``%`` truncate toward zero, as in C. Anything outside the subset is a ``KernelSyntaxError``
 naming the file and line.
 """
@@ -311,6 +314,8 @@ class _Translator:
                     name = self._memory(n.value.args[0])
                     vals = tuple(self._value_for(name, a) for a in n.value.args[2:])
                     return [ir.VecStore(name, self.index(n.value.args[1]), vals)]
+                if f == "reduce_shared" and len(n.value.args) == 2:
+                    return self._reduce_shared(n.value)
                 if f == "mma_tile" and len(n.value.args) == 3:
                     a, b, cc = (self._memory(x) for x in n.value.args)
                     return [ir.MmaTile(a, b, cc)]
@@ -381,6 +386,26 @@ class _Translator:
         if isinstance(n, ast.For):
             return self._for(n)
         raise c.err(n, f"{type(n).__name__} statements are not supported in kernels")
+
+    def _reduce_shared(self, call: ast.Call) -> list[ir.Stmt]:
+        """reduce_shared(arr, "add"|"max"|"min"): barrier, then a tree over the shared array (one
+        element per thread, power-of-two size); afterwards arr[0] holds the result for every thread."""
+        c = self.c
+        name = self._memory(call.args[0])
+        op = self.expr(call.args[1])
+        sh = c.shared.get(name)
+        if sh is None or sh.size & (sh.size - 1) or op not in ("add", "max", "min"):
+            raise c.err(call, "reduce_shared(shared_array, 'add'|'max'|'min') needs a shared array of power-of-two size")
+        tid = ir.Builtin("thread_id", 0)
+        out: list[ir.Stmt] = [ir.Barrier()]
+        step = sh.size // 2
+        while step:
+            a = ir.Load(name, tid, sh.dtype)
+            b = ir.Load(name, ir.Bin("add", tid, ir.Const(step, dt.i32)), sh.dtype)
+            out.append(ir.If(ir.Bin("lt", tid, ir.Const(step, dt.i32)), (ir.Store(name, tid, ir.Bin(op, a, b)),)))
+            out.append(ir.Barrier())
+            step //= 2
+        return out
 
     def _value_for(self, name: str, node: ast.expr) -> ir.Expr:
         mem = self.c.buffers.get(name) or self.c.shared[name]

@@ -20,13 +20,7 @@ def gemv_f32(x: In[f32], w: In[f32], y: Out[f32], n: i32, k: i32, BLOCK: Const =
     for kk in range(t, k, BLOCK):
         acc += x[m * k + kk] * w[j * k + kk]
     part[t] = acc
-    barrier()
-    s = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s:
-            part[t] += part[t + s]
-        barrier()
-        s = s // 2
+    reduce_shared(part, "add")
     if t == 0:
         y[m * n + j] = part[0]
 
@@ -42,13 +36,7 @@ def gemv_packed(x: In[f32], w: In[u8], lut: In[f32], y: Out[f32], n: i32, k: i32
     for kk in range(t, k, BLOCK):
         acc += x[m * k + kk] * dequant(QTYPE, w, j * row_bytes, kk)
     part[t] = acc
-    barrier()
-    s = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s:
-            part[t] += part[t + s]
-        barrier()
-        s = s // 2
+    reduce_shared(part, "add")
     if t == 0:
         y[m * n + j] = part[0]
 

@@ -18,13 +18,7 @@ def rms_norm(x: In[f32], w: In[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Co
         v = x[row * cols + c]
         acc += v * v
     part[t] = acc
-    barrier()
-    s = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s:
-            part[t] += part[t + s]
-        barrier()
-        s = s // 2
+    reduce_shared(part, "add")
     scale = rsqrt(part[0] / f32(cols) + eps)
     for c in range(t, cols, BLOCK):
         g = w[c] + 1.0 if UNIT_OFFSET else w[c]
@@ -41,13 +35,7 @@ def layer_norm(x: In[f32], w: In[f32], b: In[f32], y: Out[f32], cols: i32, eps: 
     for c in range(t, cols, BLOCK):
         acc += x[row * cols + c]
     part[t] = acc
-    barrier()
-    s = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s:
-            part[t] += part[t + s]
-        barrier()
-        s = s // 2
+    reduce_shared(part, "add")
     mean = part[0] / f32(cols)
     barrier()
     acc2 = 0.0
@@ -55,13 +43,7 @@ def layer_norm(x: In[f32], w: In[f32], b: In[f32], y: Out[f32], cols: i32, eps: 
         d = x[row * cols + c] - mean
         acc2 += d * d
     part[t] = acc2
-    barrier()
-    s2 = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s2:
-            part[t] += part[t + s2]
-        barrier()
-        s2 = s2 // 2
+    reduce_shared(part, "add")
     scale = rsqrt(part[0] / f32(cols) + eps)
     for c in range(t, cols, BLOCK):
         y[row * cols + c] = (x[row * cols + c] - mean) * scale * w[c] + b[c]
@@ -80,13 +62,7 @@ def softmax(x: In[f32], y: Out[f32], cols: i32, scale: f32, BLOCK: Const = 128, 
             v = tanh(v / SOFTCAP) * SOFTCAP
         m = max(m, v)
     part[t] = m
-    barrier()
-    s = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s:
-            part[t] = max(part[t], part[t + s])
-        barrier()
-        s = s // 2
+    reduce_shared(part, "max")
     rmax = part[0]
     barrier()
     acc = 0.0
@@ -98,13 +74,7 @@ def softmax(x: In[f32], y: Out[f32], cols: i32, scale: f32, BLOCK: Const = 128, 
         y[row * cols + c] = e
         acc += e
     part[t] = acc
-    barrier()
-    s2 = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s2:
-            part[t] += part[t + s2]
-        barrier()
-        s2 = s2 // 2
+    reduce_shared(part, "add")
     inv = 1.0 / part[0]
     for c in range(t, cols, BLOCK):
         y[row * cols + c] = y[row * cols + c] * inv

@@ -38,13 +38,7 @@ def sample(logits: In[f32], counts: In[i32], temperature: In[f32], top_k: In[i32
         work[base + i] = z
         m = max(m, z)
     red[t] = m
-    barrier()
-    s = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s:
-            red[t] = max(red[t], red[t + s])
-        barrier()
-        s = s // 2
+    reduce_shared(red, "max")
     zmax = red[0]
     barrier()
     # 2. top-k threshold: the largest key with at least k logits at or above it
@@ -61,13 +55,7 @@ def sample(logits: In[f32], counts: In[i32], temperature: In[f32], top_k: In[i32
                 if key >= mid:
                     n += 1
             cnt[t] = n
-            barrier()
-            s2 = BLOCK // 2
-            for _ in static_range(ilog2(BLOCK)):
-                if t < s2:
-                    cnt[t] += cnt[t + s2]
-                barrier()
-                s2 = s2 // 2
+            reduce_shared(cnt, "add")
             if cnt[0] >= k:
                 lo = mid
             else:
@@ -82,13 +70,7 @@ def sample(logits: In[f32], counts: In[i32], temperature: In[f32], top_k: In[i32
         if bits ^ ((bits >> 31) & 2147483647) >= kth:
             mass += exp(work[base + i] - zmax)
     red[t] = mass
-    barrier()
-    s3 = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s3:
-            red[t] += red[t + s3]
-        barrier()
-        s3 = s3 // 2
+    reduce_shared(red, "add")
     total = red[0]
     barrier()
     plo = kth
@@ -102,13 +84,7 @@ def sample(logits: In[f32], counts: In[i32], temperature: In[f32], top_k: In[i32
                 if bits ^ ((bits >> 31) & 2147483647) >= mid2:
                     acc += exp(work[base + i] - zmax)
             red[t] = acc
-            barrier()
-            s4 = BLOCK // 2
-            for _ in static_range(ilog2(BLOCK)):
-                if t < s4:
-                    red[t] += red[t + s4]
-                barrier()
-                s4 = s4 // 2
+            reduce_shared(red, "add")
             if red[0] >= p * total:
                 plo = mid2
             else:
