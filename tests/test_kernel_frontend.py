@@ -49,7 +49,7 @@ def test_user_kernel_runs_on_host_against_numpy(rng):
     np.testing.assert_allclose(y, s / np.abs(s).sum(1, keepdims=True), rtol=1e-5, atol=1e-8)
 
 
-@pytest.mark.parametrize("name", ["nvptx:sm_80", "nvptx:sm_90", "amdgcn:gfx942", "amdgcn:gfx1100"])
+@pytest.mark.parametrize("name", ["nvptx:sm_80", "nvptx:sm_90", "amdgcn:gfx942", "amdgcn:gfx1100", "spirv:vulkan1.3"])
 def test_user_kernel_compiles_for_gpu_targets(name):
     if name.startswith("amdgcn") and find_lld() is None:
         pytest.skip("no ld.lld from LLVM 20+ to link AMDGPU code objects (pip install ziglang)")

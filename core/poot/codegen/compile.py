@@ -26,7 +26,7 @@ from .targets import Target
 
 __all__ = ["CompileError", "Artifact", "compile_kernel", "compile_ir", "CODEGEN_VERSION"]
 
-CODEGEN_VERSION = "1"
+CODEGEN_VERSION = "2"
 
 
 class CompileError(PootError):
@@ -126,6 +126,22 @@ class _Worker:
             self._proc = subprocess.Popen([sys.executable, "-m", "poot.codegen.worker"], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         return self._proc
 
+    def retire(self) -> None:
+        """End the worker (the next compile starts a fresh one)."""
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        if proc.poll() is None and proc.stdin is not None:
+            proc.stdin.close()  # the worker returns at end of input
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
     def run(self, ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
         proc = self._start()
         msg = pickle.dumps((ir_text, tgt, name))
@@ -157,6 +173,14 @@ def _cache_dir() -> Path:
     return cache_dir() / "kernels"
 
 
+def _codegen_source_hash() -> str:
+    """Artifacts depend on the stages after LLVM IR too (post-passes): their source is in the key."""
+    h = hashlib.sha256()
+    for f in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
     """Lower, optimise and emit ``k`` for ``tgt``; a second compile of the same kernel is a cache hit."""
     import llvmlite
@@ -164,11 +188,18 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
     module = lower_kernel(k, tgt)
     ir_text = str(module)
     _dump(k.name, f"{tgt.name}.ll", ir_text)
-    key = hashlib.sha256("\n".join([CODEGEN_VERSION, llvmlite.__version__, tgt.key, tgt.triple, tgt.features, ir_text]).encode()).hexdigest()
+    key = hashlib.sha256("\n".join([CODEGEN_VERSION, _codegen_source_hash(), llvmlite.__version__, tgt.key, tgt.triple, tgt.features, ir_text]).encode()).hexdigest()
     path = _cache_dir() / key[:2] / f"{key}.{tgt.artifact}"
     if use_cache and path.exists():
         return Artifact(k.name, tgt.key, tgt.artifact, path.read_bytes(), cached=True)
-    data, opt_ir = _POOL.run(ir_text, tgt, k.name)
+    try:
+        data, opt_ir = _POOL.run(ir_text, tgt, k.name)
+    finally:
+        if tgt.name == "spirv":
+            # LLVM 22's SPIR-V backend keeps a block -> label-id table in process-wide state keyed by
+            # MachineFunction address; a later module can inherit earlier ids and come out with
+            # duplicate labels (about one compile in thirty). Each SPIR-V module gets a fresh worker.
+            _POOL.retire()
     _dump(k.name, f"{tgt.name}.opt.ll", opt_ir)
     _dump(k.name, f"{tgt.name}.{ {'ptx': 'ptx', 'object': 'o', 'code-object': 'hsaco', 'spirv': 'spv'}[tgt.artifact]}", data)
     if use_cache:

@@ -1,23 +1,49 @@
 """Vulkan SPIR-V: lowering differences from the other GPU targets, and the post-pass over the binary.
 
-A kernel becomes a logical-SPIR-V compute shader (Shader capability) with one entry point,
-``ENTRY``, whose workgroup size is the kernel's. Its interface is descriptor set 0:
+A kernel becomes a logical-SPIR-V compute shader (Shader capability, GLSL450 memory model) with one
+entry point, ``ENTRY``, whose workgroup size is the kernel's. Its interface is descriptor set 0
+(``bindings``):
 
-* binding ``i`` is the ``i``-th Buffer parameter (in parameter order), a storage buffer holding a
-  runtime array of the buffer's element type (NonWritable when the parameter is read-only);
-* binding ``len(buffers)`` (present only when the kernel has scalar parameters) is a read-only
+* binding ``i`` is the ``i``-th Buffer parameter (in parameter order): a storage buffer holding a
+  runtime array of the buffer's element type, NonWritable when the parameter is read-only;
+* binding ``len(buffers)``, present only when the kernel has scalar parameters, is a read-only
   storage buffer of 32-bit words, one per ScalarParam in parameter order (``scalar_words``).
 
-Scalars travel in a storage buffer rather than as push constants: it is the same mechanism as the
-other bindings (one descriptor set, nothing else to declare), and wgpu only offers push constants as
-a native-only feature, so the same module also runs through wgpu/naga.
+Scalars travel in a storage buffer rather than as push constants: it is the mechanism the other
+bindings use (one descriptor set, one pipeline layout, nothing else to declare), and wgpu offers push
+constants only as a native-only feature, so the same module also runs through wgpu/naga.
 
-llvmlite cannot spell LLVM's ``target("spirv.VulkanBuffer", ...)`` types, so each binding's handle
-gets an opaque placeholder struct type that ``SpirvModule.__str__`` replaces in the printed IR.
+llvmlite cannot spell LLVM's ``target("spirv.VulkanBuffer", ...)`` types, so each binding's handle has
+an opaque placeholder type that ``SpirvModule`` replaces when the module is printed.
 
-``post_pass`` fixes up what LLVM 22 emits (facts: shared/TARGETS.md): the barrier's memory semantics,
-the Int8 capability the binding-name strings pull in, and a Linkage capability, which means an
-unresolved call. ``for_wgpu`` makes a module acceptable to naga.
+LLVM 22's SPIR-V backend turns only some pointer shapes into logical-SPIR-V access chains, and the
+O3 pipeline canonicalises away the ones it needs (facts checked against llvmlite 0.50):
+
+* buffer elements are addressed by ``llvm.spv.resource.getpointer(handle, i)`` alone: the optimiser
+  cannot see through it, so there is no pointer arithmetic to legalise;
+* a shared array is a ``{ [N x T] }`` global addressed by ``gep {[N x T]}, @g, 0, 0, i``: InstCombine
+  rewrites a plain ``[N x T]`` global's ``gep 0, i`` into ``gep T, @g, i`` (the backend asserts on a
+  non-zero first index) and splits ``a[i + C]`` into an ``i8`` GEP (the backend aborts on it);
+  ``i`` goes through ``llvm.spv.sclamp`` to [0, N), which the optimiser cannot fold either, so a
+  constant or range-known index cannot become an ``i8`` GEP. It also keeps shared accesses in bounds;
+* bitcasts (float scalars from their words, ``as_f32``/``as_i32``) are ``llvm.spv.bitcast`` calls
+  marked readnone: InstCombine folds a plain bitcast of a loaded value into a load of the other type
+  through the same pointer, which the backend cannot legalise;
+* a barrier is ``fence release; llvm.spv.group.memory.barrier.with.group.sync; fence acquire``:
+  the intrinsic is declared ``nosync`` and shared arrays are internal globals that never escape, so
+  without fences alias analysis lets GVN forward a shared-memory load across the barrier.
+
+``post_pass`` then fixes the binary (shared/TARGETS.md), spirv-val checking the result: barrier memory
+semantics 0x148 (the fences' OpMemoryBarriers, which have no storage-class bits and which Vulkan
+rejects, are dropped: the barrier's own semantics cover them); 64-bit GEP indices narrowed to 32 bits,
+so the module needs no Int64; the Int8 capability of the binding-name strings removed after
+dead-code elimination; a Linkage capability (an unresolved call) reported as an error. It also
+repairs three defects of LLVM 22's output: block labels that now and then reuse module-level ids,
+merge instructions scheduled away from their branch, and OpConstantNull struct indices. Because the
+backend carries state from one module to the next within a process, lowering a kernel for this target
+retires the compile worker after every SPIR-V module (``compile.compile_kernel``).
+
+``for_wgpu`` makes a module acceptable to naga.
 """
 
 from __future__ import annotations
@@ -35,66 +61,66 @@ from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from ..kernel import ir as K
-from .lower import F32, I32, _Lowerer, llvm_type
+from .lower import F32, I32, _Lowerer, _mem_type, llvm_type
 
-__all__ = ["SpirvLowerer", "SpirvModule", "ENTRY", "post_pass", "for_wgpu", "validate", "scalar_words", "bindings", "BARRIER_SEMANTICS"]
+__all__ = ["SpirvLowerer", "SpirvModule", "ENTRY", "SCALARS", "bindings", "scalar_words", "post_pass", "for_wgpu", "validate",
+           "BARRIER_SEMANTICS"]
 
 ENTRY = "main"
+SCALARS = "poot.scalars"  # the name of the scalar-word binding
 STORAGE_AS = 11  # SPIR-V StorageBuffer storage class
-#: AcquireRelease | UniformMemory | WorkgroupMemory
-BARRIER_SEMANTICS = 0x148
-_TYPES = (dt.f32, dt.i32, dt.boolean)  # value types the module may compute with
-_MEMORY = (dt.f32, dt.i32)  # element types of buffers and shared arrays, and scalar parameter types
+BARRIER_SEMANTICS = 0x148  # AcquireRelease | UniformMemory | WorkgroupMemory
+_VALUE_TYPES = (dt.f32, dt.i32, dt.boolean)  # what a module may compute with
+_MEMORY_TYPES = (dt.f32, dt.i32)  # element types of buffers and shared arrays; scalar parameter types
+_MANGLE = {dt.f32: "f32", dt.i32: "i32"}
+_SPELL = {dt.f32: "float", dt.i32: "i32"}
 
-_OPTYPE = {dt.f32: "f32", dt.i32: "i32"}
-_TEXT = {dt.f32: "float", dt.i32: "i32"}
+
+def _suffix(t: L.Type) -> str:
+    return {"float": "f32", "i32": "i32"}[str(t)]
 
 
 def bindings(k: K.Kernel) -> list[tuple[int, str, DType, bool]]:
     """The kernel's descriptor-set-0 bindings: (binding, name, element type, writable). The scalar
-    word buffer, when present, comes last under the name ``SCALARS``."""
+    words, when the kernel has scalar parameters, come last under the name ``SCALARS``."""
     out = [(i, p.name, p.dtype, not p.readonly) for i, p in enumerate(k.buffers)]
     if k.scalars:
         out.append((len(out), SCALARS, dt.i32, False))
     return out
 
 
-SCALARS = "poot.scalars"
-
-
 def scalar_words(k: K.Kernel, values: dict[str, float | int]) -> np.ndarray:
-    """The scalar buffer's contents: one 32-bit word per ScalarParam, in parameter order."""
+    """The contents of the scalar binding: one 32-bit word per ScalarParam, in parameter order."""
     words = np.zeros(max(1, len(k.scalars)), np.uint32)
     for j, p in enumerate(k.scalars):
         if p.name not in values:
             raise KeyError(f"kernel {k.name}: scalar parameter '{p.name}' has no value")
-        np_t = np.float32 if p.dtype == dt.f32 else np.int32
-        words[j : j + 1].view(np_t)[0] = np_t(values[p.name])
+        np_type = np.float32 if p.dtype == dt.f32 else np.int32
+        words[j : j + 1].view(np_type)[0] = np_type(values[p.name])
     return words
 
 
 def _buffer_type(t: DType, writable: bool) -> str:
-    return f'target("spirv.VulkanBuffer", [0 x {_TEXT[t]}], 12, {int(writable)})'
+    return f'target("spirv.VulkanBuffer", [0 x {_SPELL[t]}], 12, {int(writable)})'
 
 
 def _mangled(t: DType, writable: bool) -> str:
-    return f"tspirv.VulkanBuffer_a0{_OPTYPE[t]}_12_{int(writable)}t"
+    return f"tspirv.VulkanBuffer_a0{_MANGLE[t]}_12_{int(writable)}t"
 
 
 class SpirvModule(L.Module):
-    """An llvmlite module whose text has the placeholder handle types replaced by SPIR-V buffer types."""
+    """An llvmlite module printed with its placeholder names replaced by SPIR-V buffer types and intrinsics."""
 
     def __init__(self, name: str) -> None:
         super().__init__(name=name)
-        self.placeholders: dict[str, str] = {}  # printed placeholder type -> target("spirv.VulkanBuffer", ...)
+        self.replace: dict[str, str] = {}  # printed placeholder -> replacement
 
     def __str__(self) -> str:
-        text = super().__repr__()
-        lines = [ln for ln in text.splitlines() if not any(ln.startswith(f"{ph} = type opaque") for ph in self.placeholders)]
-        text = "\n".join(lines) + "\n"
-        for ph, real in self.placeholders.items():
-            text = text.replace(ph, real)
-        # bindings of the same kind now declare the same intrinsic: keep one declaration
+        lines = super().__repr__().splitlines()
+        text = "\n".join(ln for ln in lines if not (ln.startswith('%"poot.spv.handle.') and ln.endswith("= type opaque")))
+        for old, new in self.replace.items():
+            text = text.replace(old, new)
+        # bindings of one kind now declare the same intrinsic: keep one declaration of each
         seen: set[str] = set()
         out = []
         for ln in text.splitlines():
@@ -108,260 +134,427 @@ class SpirvModule(L.Module):
     __repr__ = __str__
 
 
-def _walk_exprs(e: K.Expr):  # type: ignore[no-untyped-def]
+def _exprs(e: K.Expr):  # type: ignore[no-untyped-def]
     yield e
     for f in ("a", "b", "cond", "index", "lane"):
         sub = getattr(e, f, None)
         if sub is not None and not isinstance(sub, (str, int, float, bool)):
-            yield from _walk_exprs(sub)
+            yield from _exprs(sub)
 
 
-def _walk_stmts(body):  # type: ignore[no-untyped-def]
+def _stmts(body):  # type: ignore[no-untyped-def]
     for st in body:
         yield st
         for f in ("then", "orelse", "body"):
-            yield from _walk_stmts(getattr(st, f, ()))
+            yield from _stmts(getattr(st, f, ()))
 
 
 class SpirvLowerer(_Lowerer):
-    """Kernel IR -> a Vulkan compute shader module (see the module docstring for its interface)."""
+    """Kernel IR -> a Vulkan compute shader module (its interface: the module docstring)."""
 
     def __init__(self, k: K.Kernel, tgt) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(k, tgt)  # refuses subgroup operations, oversized workgroups and shared memory
+        super().__init__(k, tgt)  # refuses subgroup operations and oversized workgroups / shared memory
         self.m = SpirvModule(k.name)
         self.m.triple = tgt.triple
-        self._check(k)
         self._getptr: dict[str, L.Function] = {}
+        self._check()
 
-    def refuse(self, reason: str) -> Refusal:
+    def _refuse(self, reason: str) -> Refusal:
         return Refusal(f"kernel {self.k.name}", self.t.key, reason)
 
-    def _check(self, k: K.Kernel) -> None:
+    def _check(self) -> None:
+        k = self.k
         for p in k.params:
-            if p.dtype not in _MEMORY:
+            if p.dtype not in _MEMORY_TYPES:
                 kind = "buffer" if isinstance(p, K.Buffer) else "scalar parameter"
-                raise self.refuse(f"{kind} '{p.name}' is {p.dtype}; the Vulkan target handles f32 and i32 only "
-                                  "(8/16/64-bit types need device features it does not request)")
+                raise self._refuse(f"{kind} '{p.name}' is {p.dtype}; the Vulkan target handles f32 and i32 "
+                                   "(8-, 16- and 64-bit types need device features it does not request)")
         for sh in k.shared:
-            if sh.dtype not in _MEMORY:
-                raise self.refuse(f"shared array '{sh.name}' is {sh.dtype}; the Vulkan target handles f32 and i32 only")
-        for st in _walk_stmts(k.body):
+            if sh.dtype not in _MEMORY_TYPES:
+                raise self._refuse(f"shared array '{sh.name}' is {sh.dtype}; the Vulkan target handles f32 and i32")
+        for st in _stmts(k.body):
             if isinstance(st, K.AtomicAdd):
                 mem = k.param(st.buffer)
-                if mem is None or mem.dtype != dt.i32:
-                    raise self.refuse(f"atomic add on '{st.buffer}': only i32 atomics on buffers are lowered for Vulkan "
-                                      "(f32 atomics need VK_EXT_shader_atomic_float)")
-            for f in ("value", "index", "cond", "start", "stop"):
-                e = getattr(st, f, None)
-                if e is None:
-                    continue
-                for x in _walk_exprs(e):
+                if not isinstance(mem, K.Buffer) or mem.dtype != dt.i32:
+                    raise self._refuse(f"atomic add on '{st.buffer}': the Vulkan target lowers i32 atomics on buffers only "
+                                       "(f32 atomics need VK_EXT_shader_atomic_float)")
+            roots = [getattr(st, f) for f in ("value", "index", "cond", "start", "stop") if getattr(st, f, None) is not None]
+            for e in roots + list(getattr(st, "values", ())):
+                for x in _exprs(e):
                     t = getattr(x, "dtype", None)
-                    if t is not None and t not in _TYPES:
-                        raise self.refuse(f"{type(x).__name__} computes in {t}; the Vulkan target handles f32, i32 and bool only")
+                    if t is not None and t not in _VALUE_TYPES:
+                        raise self._refuse(f"{type(x).__name__} computes in {t}; the Vulkan target handles f32, i32 and bool")
                     if isinstance(x, K.Builtin) and x.kind in ("lane_id", "subgroup_size"):
-                        raise self.refuse(f"builtin {x.kind} (subgroups) is not lowered for SPIR-V")
+                        raise self._refuse(f"builtin {x.kind}(): subgroup operations are not lowered for SPIR-V yet")
 
-    # -- resources ----------------------------------------------------------------------------------
-    def _handle(self, binding: int, name: str, t: DType, writable: bool) -> tuple[L.Value, L.Function]:
-        """The binding's resource handle (created in the entry block) and its getpointer function."""
-        ph = self.m.context.get_identified_type(f"poot.spv.handle.{binding}")
-        self.m.placeholders[f'%"poot.spv.handle.{binding}"'] = _buffer_type(t, writable)
-        # one intrinsic declaration per binding: the placeholder types differ until they are patched,
-        # and the handle types of bindings of the same kind print identically afterwards
-        mangled = _mangled(t, writable)
-        make = L.Function(self.m, L.FunctionType(ph, [I32, I32, I32, I32, L.PointerType()]), f"poot.spv.bind.{binding}")
-        getp = L.Function(self.m, L.FunctionType(L.PointerType(llvm_type(t), STORAGE_AS), [ph, I32]), f"poot.spv.ptr.{binding}")
-        self.m.placeholders[f'@"poot.spv.bind.{binding}"'] = f"@llvm.spv.resource.handlefrombinding.{mangled}"
-        self.m.placeholders[f'@"poot.spv.ptr.{binding}"'] = f"@llvm.spv.resource.getpointer.p{STORAGE_AS}.{mangled}"
-        label = name.encode() + b"\0"
-        g = L.GlobalVariable(self.m, L.ArrayType(L.IntType(8), len(label)), f"poot.spv.name.{binding}")
-        g.linkage = "private"
-        g.global_constant = True
-        g.initializer = L.Constant(L.ArrayType(L.IntType(8), len(label)), bytearray(label))
-        c = lambda v: L.Constant(I32, v)  # noqa: E731
-        h = self.b.call(make, [c(0), c(binding), c(1), c(0), g.bitcast(L.PointerType())], name=f"h.{name}")
-        return h, getp
+    # -- module and entry point ---------------------------------------------------------------------
+    def lower(self) -> L.Module:
+        k = self.k
+        for sh in k.shared:
+            ty = L.LiteralStructType([L.ArrayType(_mem_type(sh.dtype), sh.size)])
+            g = L.GlobalVariable(self.m, ty, f"{k.name}.{sh.name}", addrspace=self.t.shared_as)
+            g.linkage = "internal"
+            g.initializer = L.Constant(ty, L.Undefined)
+            g.align = 16
+            self.mem[sh.name] = (g, sh.dtype, sh.size)
+        self._gpu_function([])
+        return self.m
 
     def _gpu_function(self, params: list[L.Type]) -> None:
         k = self.k
         fn = L.Function(self.m, L.FunctionType(L.VoidType(), []), ENTRY)
         x, y, z = k.workgroup
-        set.add(fn.attributes, f'"hlsl.numthreads"="{x},{y},{z}"')
+        set.add(fn.attributes, f'"hlsl.numthreads"="{x},{y},{z}"')  # string attributes go in raw
         set.add(fn.attributes, '"hlsl.shader"="compute"')
-        set.add(fn.attributes, "noinline")  # optnone needs it
-        set.add(fn.attributes, "optnone")  # see the module docstring
         self.b = L.IRBuilder(fn.append_basic_block("entry"))
         for binding, name, t, writable in bindings(k):
-            h, getp = self._handle(binding, name, t, writable)
+            h, getp = self._binding(binding, name, t, writable)
             if name != SCALARS:
                 self.mem[name] = (h, t, None)
                 self._getptr[name] = getp
                 continue
             for j, p in enumerate(k.scalars):
                 word = self.b.load(self.b.call(getp, [h, L.Constant(I32, j)]), name=p.name)
-                self.values[p.name] = self.b.bitcast(word, F32, name=p.name + ".f") if p.dtype == dt.f32 else word
+                self.values[p.name] = self.bitcast(word, F32) if p.dtype == dt.f32 else word
         self.block(k.body)
         self.b.ret_void()
 
+    def _binding(self, binding: int, name: str, t: DType, writable: bool) -> tuple[L.Value, L.Function]:
+        """The binding's resource handle, made in the entry block, and its getpointer function."""
+        m = self.m
+        ph = m.context.get_identified_type(f"poot.spv.handle.{binding}")
+        mangled = _mangled(t, writable)
+        make = L.Function(m, L.FunctionType(ph, [I32, I32, I32, I32, L.PointerType()]), f"poot.spv.bind.{binding}")
+        getp = L.Function(m, L.FunctionType(L.PointerType(llvm_type(t), STORAGE_AS), [ph, I32]), f"poot.spv.ptr.{binding}")
+        m.replace[f'%"poot.spv.handle.{binding}"'] = _buffer_type(t, writable)
+        m.replace[f'@"poot.spv.bind.{binding}"'] = f"@llvm.spv.resource.handlefrombinding.{mangled}"
+        m.replace[f'@"poot.spv.ptr.{binding}"'] = f"@llvm.spv.resource.getpointer.p{STORAGE_AS}.{mangled}"
+        label = name.encode() + b"\0"  # one distinct name string per binding
+        g = L.GlobalVariable(m, L.ArrayType(L.IntType(8), len(label)), f"poot.spv.name.{binding}")
+        g.linkage = "private"
+        g.global_constant = True
+        g.initializer = L.Constant(L.ArrayType(L.IntType(8), len(label)), bytearray(label))
+        args = [L.Constant(I32, v) for v in (0, binding, 1, 0)] + [g.bitcast(L.PointerType())]  # set, binding, range, index, name
+        return self.b.call(make, args, name=f"h.{name}"), getp
+
+    # -- expressions --------------------------------------------------------------------------------
+    def bitcast(self, v: L.Value, to: L.Type) -> L.Value:
+        """``llvm.spv.bitcast`` marked readnone at the call: InstCombine folds a plain bitcast of a
+        loaded value into a load of the other type, which the backend cannot legalise (it aborts)."""
+        fn = self.intrinsic(f"llvm.spv.bitcast.{_suffix(to)}.{_suffix(v.type)}", to, [v.type])
+        return self.b.call(fn, [v], attrs=("readnone",))
+
+    def expr(self, e: K.Expr) -> L.Value:
+        if isinstance(e, K.Bitcast):
+            return self.bitcast(self.expr(e.a), llvm_type(e.dtype))
+        return super().expr(e)
+
+    # -- memory and barriers ------------------------------------------------------------------------
     def address(self, name: str, index: K.Expr) -> tuple[L.Value, DType]:
         base, t, size = self.mem[name]
-        if size is not None:  # a shared array: gep [N x T], @global, 0, i (the form the backend needs)
-            return super().address(name, index)
-        return self.b.call(self._getptr[name], [base, self.expr(index)]), t
+        idx = self.expr(index)
+        if size is None:
+            return self.b.call(self._getptr[name], [base, idx]), t
+        clamp = self.intrinsic("llvm.spv.sclamp.i32", I32, [I32, I32, I32])
+        idx = self.b.call(clamp, [idx, L.Constant(I32, 0), L.Constant(I32, size - 1)])
+        return self.b.gep(base, [L.Constant(I32, 0), L.Constant(I32, 0), idx], inbounds=True), t
+
+    def stmt(self, st: K.Stmt) -> None:
+        if isinstance(st, K.AtomicAdd):  # device scope: Vulkan rejects LLVM's default (system: CrossDevice)
+            ptr, _ = self.address(st.buffer, st.index)
+            self.b.atomic_rmw("add", ptr, self.expr(st.value), 'syncscope("device") monotonic')
+        elif isinstance(st, K.VecLoad):  # element by element: the backend aborts on a vector load from an array element
+            for i, name in enumerate(st.names):
+                self.stmt(K.Let(name, K.Load(st.buffer, K.Bin("add", st.index, K.Const(i, dt.i32)), st.dtype)))
+        elif isinstance(st, K.VecStore):
+            for i, value in enumerate(st.values):
+                self.stmt(K.Store(st.buffer, K.Bin("add", st.index, K.Const(i, dt.i32)), value))
+        else:
+            super().stmt(st)
+
+    def barrier(self) -> None:
+        self.b.fence("release", "workgroup")
+        self.b.call(self.intrinsic("llvm.spv.group.memory.barrier.with.group.sync", L.VoidType(), []), [])
+        self.b.fence("acquire", "workgroup")
 
 
 # -- the binary post-pass ---------------------------------------------------------------------------
 
-_OP_CAPABILITY, _OP_DECORATE, _OP_CONSTANT, _OP_TYPE_INT = 17, 71, 43, 21
-_OP_LOAD, _OP_STORE, _OP_CONTROL_BARRIER = 61, 62, 224
-_CAP_LINKAGE, _CAP_INT8 = 5, 39
-_DEC_LINKAGE_ATTRIBUTES = 41
 _MAGIC = 0x07230203
-#: spirv-opt's performance recipe (it ends with dead-code elimination, which drops the name strings)
-OPT_PASSES = ("-O", "--eliminate-dead-code-aggressive")
+_OP_TYPE_INT, _OP_CONSTANT, _OP_FUNCTION, _OP_CAPABILITY, _OP_DECORATE = 21, 43, 54, 17, 71
+_OP_LOAD, _OP_STORE, _OP_UCONVERT, _OP_SCONVERT = 61, 62, 113, 114
+_OP_CONTROL_BARRIER, _OP_MEMORY_BARRIER = 224, 225
+_OP_LOOP_MERGE, _OP_SELECTION_MERGE = 246, 247
+_TERMINATORS = (249, 250, 251, 252, 253, 254, 255, 4416)  # OpBranch ... OpUnreachable, OpTerminateInvocation
+_ACCESS_CHAINS = (65, 66, 67, 70)  # OpAccessChain, OpInBoundsAccessChain, OpPtrAccessChain, OpInBoundsPtrAccessChain
+_CAP_LINKAGE, _CAP_INT64, _CAP_INT16, _CAP_INT8 = 5, 11, 22, 39
+_DEC_LINKAGE_ATTRIBUTES = 41
+_STORAGE_CLASS_SEMANTICS = 0x1FC0  # Uniform|Subgroup|Workgroup|CrossWorkgroup|AtomicCounter|Image|Output memory
 
 
 def _error(msg: str) -> Exception:
-    from .compile import CompileError
+    from .compile import CompileError  # compile imports this module's users: import late
 
     return CompileError(msg)
+
+
+class _Spv:
+    """A SPIR-V binary as its header and a list of [opcode, operand words]: enough for the rewrites here."""
+
+    def __init__(self, data: bytes, name: str) -> None:
+        if len(data) % 4 or len(data) < 20:
+            raise _error(f"kernel {name}: {len(data)} bytes are not a SPIR-V module")
+        words = list(struct.unpack(f"<{len(data) // 4}I", data))
+        if words[0] != _MAGIC:
+            raise _error(f"kernel {name}: no SPIR-V magic number")
+        self.header, self.insts = words[:5], []
+        i = 5
+        while i < len(words):
+            n = words[i] >> 16
+            if n == 0 or i + n > len(words):
+                raise _error(f"kernel {name}: malformed SPIR-V instruction at word {i}")
+            self.insts.append([words[i] & 0xFFFF, words[i + 1 : i + n]])
+            i += n
+
+    def to_bytes(self) -> bytes:
+        words = list(self.header)
+        for op, ops in self.insts:
+            words += [(len(ops) + 1) << 16 | op, *ops]
+        return struct.pack(f"<{len(words)}I", *words)
+
+    def of(self, *ops: int) -> list[list[int]]:
+        """The operands of every instruction with one of these opcodes (live lists: editable)."""
+        return [i[1] for i in self.insts if i[0] in ops]
+
+    def capabilities(self) -> set[int]:
+        return {ops[0] for ops in self.of(_OP_CAPABILITY)}
+
+    def int_types(self) -> dict[int, int]:
+        """id -> width of every OpTypeInt."""
+        return {ops[0]: ops[1] for ops in self.of(_OP_TYPE_INT)}
+
+    def constant(self, ty: int, value: int) -> int:
+        """The id of an OpConstant of 32-bit type ``ty`` and ``value``; declared if there is none."""
+        for ops in self.of(_OP_CONSTANT):
+            if ops[0] == ty and ops[2:] == [value]:
+                return ops[1]
+        new = self.header[3]
+        self.header[3] += 1  # the id bound
+        at = next(n for n, (op, _) in enumerate(self.insts) if op == _OP_FUNCTION)  # after every type
+        self.insts.insert(at, [_OP_CONSTANT, [ty, new, value]])
+        return new
+
+    def drop(self, pred) -> None:  # type: ignore[no-untyped-def]
+        self.insts = [i for i in self.insts if not pred(i[0], i[1])]
+
+
+def _string(operands: list[int]) -> str:
+    return struct.pack(f"<{len(operands)}I", *operands).split(b"\0", 1)[0].decode(errors="replace")
+
+
+def _check_linkage(m: _Spv, name: str) -> None:
+    if _CAP_LINKAGE not in m.capabilities():
+        return
+    linked = [_string(ops[2:-1]) for ops in m.of(_OP_DECORATE) if ops[1] == _DEC_LINKAGE_ATTRIBUTES]
+    raise _error(f"kernel {name}: the SPIR-V module needs linking (OpCapability Linkage): it imports or exports "
+                 f"{', '.join(linked) or 'an unresolved symbol'}; a Vulkan shader must be self-contained")
+
+
+_MODULE_TYPES = set(range(19, 39))  # OpTypeVoid ... OpTypePipe: the result id is the first operand
+_MODULE_VALUES = {1, 41, 42, 43, 44, 45, 46, 48, 49, 50, 51, 52, 59}  # OpUndef, constants, OpVariable: [type, id, ...]
+_OP_NAME, _OP_LABEL, _OP_PHI = 5, 248, 245
+_OP_BRANCH, _OP_BRANCH_CONDITIONAL, _OP_SWITCH = 249, 250, 251
+
+
+def _module_ids(m: _Spv) -> set[int]:
+    """The ids defined before the first function (types, constants, global variables, imports)."""
+    out: set[int] = set()
+    for op, ops in m.insts:
+        if op == _OP_FUNCTION:
+            break
+        if op in _MODULE_TYPES or op in (7, 11, 73):  # types, OpString, OpExtInstImport, OpDecorationGroup
+            out.add(ops[0])
+        elif op in _MODULE_VALUES:
+            out.add(ops[1])
+    return out
+
+
+def fix_label_ids(m: _Spv) -> int:
+    """Renumber the block labels that reuse a module-level id (see ``compile.compile_kernel`` for when
+    LLVM 22 emits them); a label is only used as a branch target, a merge block or a phi's parent, so
+    the references are unambiguous. Labels that reuse each other's ids cannot be told apart: a
+    ValueError. Returns the number renumbered."""
+    taken = _module_ids(m)
+    labels = [ops[0] for op, ops in m.insts if op == _OP_LABEL]
+    if len(set(labels)) < len(labels):
+        raise ValueError("two blocks have the same label id, so branches are ambiguous (LLVM's SPIR-V backend "
+                         "reused state from an earlier module in this process: compile in a fresh process)")
+    fresh: dict[int, int] = {}
+    for op, ops in m.insts:
+        if op == _OP_LABEL and ops[0] in taken and ops[0] not in fresh:
+            fresh[ops[0]] = m.header[3]
+            m.header[3] += 1
+    if not fresh:
+        return 0
+    label_operands = {_OP_LABEL: (0,), _OP_BRANCH: (0,), _OP_BRANCH_CONDITIONAL: (1, 2), _OP_SELECTION_MERGE: (0,), _OP_LOOP_MERGE: (0, 1)}
+    in_function = False
+    for op, ops in m.insts:
+        in_function = in_function or op == _OP_FUNCTION
+        if not in_function:
+            continue
+        if op == _OP_PHI:  # result type, result, (value, parent)...
+            positions: tuple[int, ...] = tuple(range(3, len(ops), 2))
+        elif op == _OP_SWITCH:  # selector, default, (32-bit literal, label)...
+            positions = (1, *range(3, len(ops), 2))
+        else:
+            positions = label_operands.get(op, ())
+        for n in positions:
+            ops[n] = fresh.get(ops[n], ops[n])
+    m.drop(lambda op, ops: op == _OP_NAME and ops[0] in fresh)  # which of the two it named is unknown
+    return len(fresh)
+
+
+def fix_barriers(m: _Spv) -> int:
+    """Give every OpControlBarrier the memory semantics BARRIER_SEMANTICS and drop the OpMemoryBarriers
+    without storage-class bits (the fences around barriers); returns the number of control barriers."""
+    consts = {ops[1]: ops for ops in m.of(_OP_CONSTANT) if len(ops) == 3}
+    barriers = m.of(_OP_CONTROL_BARRIER)
+    for ops in barriers:  # exec scope, memory scope, semantics: ids of constants
+        sem = consts.get(ops[2])
+        if sem is None:
+            raise ValueError(f"barrier memory semantics %{ops[2]} is not a 32-bit OpConstant")
+        ops[2] = m.constant(sem[0], BARRIER_SEMANTICS)
+    fences = {id(ops) for ops in m.of(_OP_MEMORY_BARRIER) if ops[1] in consts and not consts[ops[1]][2] & _STORAGE_CLASS_SEMANTICS}
+    m.drop(lambda op, ops: id(ops) in fences)
+    return len(barriers)
+
+
+def fix_merges(m: _Spv) -> int:
+    """Move each OpSelectionMerge / OpLoopMerge to just before its block's terminator, where SPIR-V
+    requires it: LLVM 22's backend sometimes schedules an instruction in between. Returns the number moved."""
+    moved = 0
+    n = 0
+    while n < len(m.insts):
+        op = m.insts[n][0]
+        if op in (_OP_SELECTION_MERGE, _OP_LOOP_MERGE) and m.insts[n + 1][0] not in _TERMINATORS:
+            end = next(j for j in range(n + 1, len(m.insts)) if m.insts[j][0] in _TERMINATORS)
+            m.insts.insert(end - 1, m.insts.pop(n))  # the block's other instructions do not branch
+            moved += 1
+            continue  # the instruction now at n has not been looked at
+        n += 1
+    return moved
+
+
+def fix_null_indices(m: _Spv) -> int:
+    """Replace OpConstantNull integer access-chain indices (LLVM 22 emits one for a constant index 0,
+    which is invalid where the index selects a struct member) by an OpConstant 0. Returns the count."""
+    ints = m.int_types()
+    nulls = {ops[1] for ops in m.of(46) if ops[0] in ints}  # OpConstantNull
+    u32 = _u32(m)
+    count = 0
+    for ops in m.of(*_ACCESS_CHAINS) if nulls and u32 is not None else ():
+        for n in range(3, len(ops)):
+            if ops[n] in nulls:
+                ops[n] = m.constant(u32, 0)
+                count += 1
+    return count
+
+
+def _u32(m: _Spv) -> int | None:
+    return next((ops[0] for ops in m.of(_OP_TYPE_INT) if ops[1:] == [32, 0]), None)
+
+
+def narrow_indices(m: _Spv) -> bool:
+    """Replace 64-bit access-chain indices (LLVM's sign-extended GEP indices and i64 constants) by their
+    32-bit values, so that the module needs no Int64; returns whether anything changed. Runs on a module
+    whose integer types are 32- and 64-bit only (then a conversion to 64 bits starts from 32 bits)."""
+    widths = m.int_types()
+    wide = {t for t, w in widths.items() if w == 64}
+    u32 = _u32(m)
+    if not wide or u32 is None or set(widths.values()) - {32, 64}:
+        return False
+    converted = {ops[1]: ops[2] for ops in m.of(_OP_SCONVERT, _OP_UCONVERT) if ops[0] in wide}
+    constants = {ops[1]: ops[2] for ops in m.of(_OP_CONSTANT) if ops[0] in wide and len(ops) == 4 and ops[3] == 0 and ops[2] < 2**31}
+    changed = False
+    for ops in m.of(*_ACCESS_CHAINS):  # result type, result, base, indices...
+        for n in range(3, len(ops)):
+            if ops[n] in converted:
+                ops[n] = converted[ops[n]]
+            elif ops[n] in constants:
+                ops[n] = m.constant(u32, constants[ops[n]])
+            else:
+                continue
+            changed = True
+    return changed
+
+
+def _drop_unused_int_capabilities(m: _Spv) -> None:
+    widths = set(m.int_types().values())
+    unused = {cap for cap, w in ((_CAP_INT8, 8), (_CAP_INT16, 16), (_CAP_INT64, 64)) if w not in widths}
+    m.drop(lambda op, ops: op == _OP_CAPABILITY and ops[0] in unused)
 
 
 def _tool(exe: str) -> str:
     path = shutil.which(exe)
     if path is None:
-        raise _error(f"{exe} is not installed; SPIR-V output needs SPIRV-Tools (apt install spirv-tools)")
+        raise _error(f"{exe} is not installed: compiling for Vulkan needs SPIRV-Tools (apt install spirv-tools)")
     return path
 
 
-def _words(spv: bytes, name: str) -> list[int]:
-    if len(spv) % 4 or len(spv) < 20:
-        raise _error(f"kernel {name}: the SPIR-V backend produced {len(spv)} bytes, not a SPIR-V module")
-    words = list(struct.unpack(f"<{len(spv) // 4}I", spv))
-    if words[0] != _MAGIC:
-        raise _error(f"kernel {name}: the SPIR-V backend's output has no SPIR-V magic number")
-    return words
-
-
-def _instructions(words: list[int]):  # type: ignore[no-untyped-def]
-    """(offset, opcode, operand words) of each instruction after the header."""
-    i = 5
-    while i < len(words):
-        n, op = words[i] >> 16, words[i] & 0xFFFF
-        if n == 0:
-            raise ValueError(f"malformed SPIR-V: zero-length instruction at word {i}")
-        yield i, op, words[i + 1 : i + n]
-        i += n
-
-
-def _string(operands: list[int]) -> str:
-    raw = struct.pack(f"<{len(operands)}I", *operands)
-    return raw.split(b"\0", 1)[0].decode(errors="replace")
-
-
-def _encode(op: int, operands: list[int]) -> list[int]:
-    return [(len(operands) + 1) << 16 | op] + operands
-
-
-def _check_linkage(words: list[int], name: str) -> None:
-    if not any(op == _OP_CAPABILITY and ops[0] == _CAP_LINKAGE for _, op, ops in _instructions(words)):
-        return
-    linked = [_string(ops[2:-1]) for _, op, ops in _instructions(words) if op == _OP_DECORATE and ops[1] == _DEC_LINKAGE_ATTRIBUTES]
-    raise _error(f"kernel {name}: the SPIR-V module needs linking (OpCapability Linkage): it calls or exports "
-                 f"{', '.join(linked) or 'an unresolved symbol'}, which the Vulkan target cannot provide")
-
-
-def fix_barriers(words: list[int]) -> list[int]:
-    """Point every OpControlBarrier's memory semantics at a constant BARRIER_SEMANTICS of the same type."""
-    words = list(words)
-    consts = {ops[1]: (off, ops[0], ops[2]) for off, op, ops in _instructions(words) if op == _OP_CONSTANT and len(ops) == 3}
-    barriers = [off for off, op, _ in _instructions(words) if op == _OP_CONTROL_BARRIER]
-    if not barriers:
-        return words
-    new_ids: dict[int, int] = {}  # constant type -> id of the BARRIER_SEMANTICS constant
-    for cid, (_, ty, value) in consts.items():
-        if value == BARRIER_SEMANTICS:
-            new_ids.setdefault(ty, cid)
-    inserts: list[tuple[int, list[int]]] = []
-    for off in barriers:
-        sem = words[off + 3]
-        if sem not in consts:
-            raise ValueError(f"barrier memory semantics %{sem} is not an OpConstant")
-        coff, ty, _ = consts[sem]
-        if ty not in new_ids:
-            new_ids[ty] = words[3]
-            words[3] += 1  # the id bound
-            inserts.append((coff + (words[coff] >> 16), _encode(_OP_CONSTANT, [ty, new_ids[ty], BARRIER_SEMANTICS])))
-        words[off + 3] = new_ids[ty]
-    for at, ins in sorted(inserts, reverse=True):
-        words[at:at] = ins
-    return words
-
-
-def _drop_capability(words: list[int], cap: int) -> list[int]:
-    out = words[:5]
-    for off, op, ops in _instructions(words):
-        if op == _OP_CAPABILITY and ops[0] == cap:
-            continue
-        out.extend(words[off : off + len(ops) + 1])
-    return out
-
-
-def _uses_int8(words: list[int]) -> bool:
-    return any(op == _OP_TYPE_INT and ops[1] == 8 for _, op, ops in _instructions(words))
-
-
-def _pack(words: list[int]) -> bytes:
-    return struct.pack(f"<{len(words)}I", *words)
-
-
-def _run(cmd: list[str], data: bytes, name: str, what: str) -> bytes:
+def _run_tool(args: list[str], spv: bytes, name: str, output: bool) -> bytes:
     with tempfile.TemporaryDirectory() as d:
         src, dst = Path(d) / "in.spv", Path(d) / "out.spv"
-        src.write_bytes(data)
-        r = subprocess.run(cmd + [str(src)] + (["-o", str(dst)] if what == "spirv-opt" else []), capture_output=True, text=True, timeout=120)
+        src.write_bytes(spv)
+        r = subprocess.run(args + [str(src)] + (["-o", str(dst)] if output else []), capture_output=True, text=True, timeout=120)
         if r.returncode:
-            msg = (r.stderr + r.stdout).strip()[-1500:]
-            raise _error(f"kernel {name}: {what} rejected the SPIR-V module: {msg}")
-        return dst.read_bytes() if what == "spirv-opt" else data
+            said = (r.stderr + r.stdout).strip()[-2000:]
+            raise _error(f"kernel {name}: {Path(args[0]).name} rejected the SPIR-V module: {said}")
+        return dst.read_bytes() if output else spv
+
+
+def _dce(spv: bytes, name: str) -> bytes:
+    return _run_tool([_tool("spirv-opt"), "--target-env=vulkan1.3", "--eliminate-dead-code-aggressive"], spv, name, output=True)
 
 
 def validate(spv: bytes, name: str) -> None:
-    """spirv-val for the Vulkan 1.3 environment; a CompileError quoting it on failure."""
-    _run([_tool("spirv-val"), "--target-env", "vulkan1.3"], spv, name, "spirv-val")
+    """spirv-val for the Vulkan 1.3 environment; a CompileError quoting it when the module is invalid."""
+    _run_tool([_tool("spirv-val"), "--target-env", "vulkan1.3"], spv, name, output=False)
 
 
 def post_pass(obj: bytes, name: str) -> bytes:
-    """LLVM's SPIR-V -> a module Vulkan drivers run correctly: barrier semantics 0x148, no Int8
-    capability, no Linkage; validated by spirv-val (vulkan1.3)."""
-    opt, _ = _tool("spirv-opt"), _tool("spirv-val")
-    words = _words(obj, name)
-    _check_linkage(words, name)
+    """LLVM's SPIR-V -> a module Vulkan drivers run correctly (see the module docstring), validated by
+    spirv-val for Vulkan 1.3."""
+    _tool("spirv-opt"), _tool("spirv-val")
+    m = _Spv(obj, name)
+    _check_linkage(m, name)
     try:
-        words = fix_barriers(words)
+        fix_label_ids(m)
+        fix_barriers(m)
     except ValueError as e:
-        raise _error(f"kernel {name}: cannot fix the barrier semantics: {e}") from None
-    spv = _run([opt, "--target-env=vulkan1.3", *OPT_PASSES], _pack(words), name, "spirv-opt")
-    words = _words(spv, name)
-    if not _uses_int8(words):
-        words = _drop_capability(words, _CAP_INT8)
-    spv = _pack(words)
+        raise _error(f"kernel {name}: cannot repair the SPIR-V module: {e}") from None
+    fix_merges(m)
+    fix_null_indices(m)
+    m = _Spv(_dce(m.to_bytes(), name), name)  # drops the binding-name strings (8-bit integers)
+    if narrow_indices(m):
+        m = _Spv(_dce(m.to_bytes(), name), name)  # drops the 64-bit conversions and constants
+    _drop_unused_int_capabilities(m)
+    spv = m.to_bytes()
     validate(spv, name)
     return spv
 
 
 def for_wgpu(spv: bytes) -> bytes:
-    """The module with the ``Aligned`` memory operands dropped from OpLoad/OpStore (naga rejects them)."""
-    words = _words(spv, "(wgpu)")
-    out = words[:5]
-    for off, op, ops in _instructions(words):
-        fixed = 2 if op == _OP_STORE else 3 if op == _OP_LOAD else None
-        if fixed is not None and len(ops) > fixed and ops[fixed] & 0x2:
-            mask = ops[fixed] & ~0x2
-            extra = ops[fixed + 2 :]  # Aligned's literal is the first mask operand (Volatile has none)
-            ops = ops[:fixed] + ([mask] + extra if mask else [])
-            out.extend(_encode(op, ops))
-        else:
-            out.extend(words[off : off + len(ops) + 1])
-    return _pack(out)
+    """The module without the ``Aligned`` memory operands of OpLoad/OpStore, which naga rejects."""
+    m = _Spv(spv, "(for wgpu)")
+    for op, ops in m.insts:
+        at = {_OP_LOAD: 3, _OP_STORE: 2}.get(op)
+        if at is None or len(ops) <= at:
+            continue
+        mask = ops[at]
+        rest = ops[at + 1 :]
+        if not mask & 0x2:
+            continue
+        rest = rest[1:]  # Aligned's literal comes first (Volatile, bit 0x1, has none)
+        mask &= ~0x2
+        ops[at:] = [mask, *rest] if mask else []
+    return m.to_bytes()

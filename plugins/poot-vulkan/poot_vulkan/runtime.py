@@ -1,0 +1,265 @@
+"""A minimal Vulkan compute runtime on the ``vulkan`` (cffi) package: a device, host-visible buffers
+mapped as numpy views, and one compute pipeline per kernel.
+
+    with VulkanDevice(0) as dev:
+        k = VulkanKernel(kernel, compile_kernel(kernel, target("spirv:vulkan1.3")).data, dev)
+        k.run((groups, 1, 1), {"x": x, "y": y}, {"n": len(x)})
+
+A kernel's descriptor set 0 follows ``poot.codegen.spirv.bindings``: one storage buffer per Buffer
+parameter, then one of scalar words. ``run`` copies every given array into its binding (so an output
+keeps the values a kernel does not write), dispatches, waits, and copies the writable buffers back.
+The command buffer is recorded once per grid and resubmitted while the grid and buffers stay the same.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
+from poot.errors import DeviceUnavailable
+from poot.kernel.ir import Kernel
+
+__all__ = ["VulkanDevice", "VulkanKernel", "HostBuffer", "WHOLE_SIZE"]
+
+WHOLE_SIZE = 2**64 - 1  # VK_WHOLE_SIZE as a uint64: the `vulkan` package defines it as -1
+_NUMPY = {"f32": np.float32, "i32": np.int32}
+_API = (1, 3)
+
+
+def _vk():  # type: ignore[no-untyped-def]
+    try:
+        import vulkan as vk
+    except (ModuleNotFoundError, OSError) as e:
+        raise DeviceUnavailable(f"vulkan: the Vulkan loader or its Python binding is missing ({e}); "
+                                "install libvulkan1 and a driver (e.g. mesa-vulkan-drivers), and pip install vulkan") from None
+    return vk
+
+
+class VulkanDevice:
+    """Instance, logical device and one compute queue on physical device ``index``. ``close()`` (or
+    leaving a ``with`` block) releases it and every kernel made on it."""
+
+    def __init__(self, index: int = 0) -> None:
+        vk = self.vk = _vk()
+        self.instance = self.device = None
+        self._kernels: list[VulkanKernel] = []
+        app = vk.VkApplicationInfo(pApplicationName="poot", apiVersion=vk.VK_MAKE_VERSION(*_API, 0))
+        try:
+            self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
+        except vk.VkError as e:
+            raise DeviceUnavailable(f"vulkan:{index}: vkCreateInstance failed ({type(e).__name__}): no Vulkan driver") from None
+        try:
+            phys = vk.vkEnumeratePhysicalDevices(self.instance)
+            if not 0 <= index < len(phys):
+                raise DeviceUnavailable(f"vulkan:{index}: the driver lists {len(phys)} physical device(s)")
+            self.physical = phys[index]
+            props = vk.vkGetPhysicalDeviceProperties(self.physical)
+            self.name = props.deviceName if isinstance(props.deviceName, str) else vk.ffi.string(props.deviceName).decode()
+            major, minor = props.apiVersion >> 22 & 0x7F, props.apiVersion >> 12 & 0x3FF
+            if (major, minor) < _API:
+                raise DeviceUnavailable(f"vulkan:{index} ({self.name}) offers Vulkan {major}.{minor}; poot's SPIR-V needs 1.3")
+            families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.physical)
+            self.family = next((i for i, f in enumerate(families) if f.queueFlags & vk.VK_QUEUE_COMPUTE_BIT), None)
+            if self.family is None:
+                raise DeviceUnavailable(f"vulkan:{index} ({self.name}) has no compute queue")
+            queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
+            self.device = vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(pQueueCreateInfos=[queue]), None)
+            self.queue = vk.vkGetDeviceQueue(self.device, self.family, 0)
+            self.memory = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
+        except BaseException:
+            self.close()
+            raise
+        self.index = index
+
+    def memory_type(self, bits: int) -> int:
+        """A host-visible, host-coherent memory type allowed by ``bits`` (a memoryTypeBits mask)."""
+        vk = self.vk
+        want = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+        for i in range(self.memory.memoryTypeCount):
+            if bits >> i & 1 and self.memory.memoryTypes[i].propertyFlags & want == want:
+                return i
+        raise DeviceUnavailable(f"vulkan:{self.index} ({self.name}) has no host-visible coherent memory for a storage buffer")
+
+    def close(self) -> None:
+        vk = self.vk
+        for k in list(reversed(self._kernels)):
+            k.close()
+        if self.device is not None:
+            vk.vkDeviceWaitIdle(self.device)
+            vk.vkDestroyDevice(self.device, None)
+            self.device = None
+        if self.instance is not None:
+            vk.vkDestroyInstance(self.instance, None)
+            self.instance = None
+
+    def __enter__(self) -> "VulkanDevice":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"VulkanDevice({self.index}, {self.name!r})"
+
+
+class HostBuffer:
+    """A storage buffer in host-visible coherent memory, mapped for its lifetime: ``view(dtype)`` is a
+    numpy array over the mapped bytes."""
+
+    def __init__(self, dev: VulkanDevice, nbytes: int) -> None:
+        vk = dev.vk
+        self.dev, self.nbytes = dev, max(16, nbytes)  # a Vulkan buffer is never empty
+        self.buffer = self.memory = None
+        try:
+            info = vk.VkBufferCreateInfo(size=self.nbytes, usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+            self.buffer = vk.vkCreateBuffer(dev.device, info, None)
+            req = vk.vkGetBufferMemoryRequirements(dev.device, self.buffer)
+            alloc = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=dev.memory_type(req.memoryTypeBits))
+            self.memory = vk.vkAllocateMemory(dev.device, alloc, None)
+            vk.vkBindBufferMemory(dev.device, self.buffer, self.memory, 0)
+            self._mapped = vk.vkMapMemory(dev.device, self.memory, 0, self.nbytes, 0)
+        except BaseException:
+            self.close()
+            raise
+
+    def view(self, dtype: type) -> np.ndarray:
+        return np.frombuffer(self._mapped, dtype=dtype)
+
+    def close(self) -> None:
+        vk, dev = self.dev.vk, self.dev.device
+        if self.memory is not None:
+            self._mapped = None
+            vk.vkUnmapMemory(dev, self.memory)
+            vk.vkFreeMemory(dev, self.memory, None)
+            self.memory = None
+        if self.buffer is not None:
+            vk.vkDestroyBuffer(dev, self.buffer, None)
+            self.buffer = None
+
+
+class VulkanKernel:
+    """A compute pipeline for ``kernel`` from its SPIR-V (poot's ``spirv:vulkan1.3`` artifact)."""
+
+    def __init__(self, kernel: Kernel, spirv: bytes, device: VulkanDevice) -> None:
+        vk = device.vk
+        self.kernel, self.dev, self._spirv = kernel, device, bytes(spirv)
+        self.bindings = bindings(kernel)
+        self.buffers: dict[str, HostBuffer] = {}
+        self._grid: tuple[int, int, int] | None = None  # the grid the command buffer holds
+        self.module = self.set_layout = self.layout = self.pipeline = self.pool = self.cmd_pool = self.fence = None
+        d = device.device
+        try:
+            self.module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(self._spirv), pCode=self._spirv), None)
+            slots = [vk.VkDescriptorSetLayoutBinding(binding=b, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+                                                     stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for b, *_ in self.bindings]
+            self.set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(pBindings=slots), None)
+            self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(pSetLayouts=[self.set_layout]), None)
+            stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=ENTRY)
+            info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
+            self.pipeline = vk.vkCreateComputePipelines(d, vk.VK_NULL_HANDLE, 1, [info], None)[0]
+            sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(1, len(self.bindings)))]
+            self.pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(maxSets=1, pPoolSizes=sizes), None)
+            alloc = vk.VkDescriptorSetAllocateInfo(descriptorPool=self.pool, pSetLayouts=[self.set_layout])
+            self.set = vk.vkAllocateDescriptorSets(d, alloc)[0]
+            pool = vk.VkCommandPoolCreateInfo(queueFamilyIndex=device.family, flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT)
+            self.cmd_pool = vk.vkCreateCommandPool(d, pool, None)
+            cmd = vk.VkCommandBufferAllocateInfo(commandPool=self.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1)
+            self.cmd = vk.vkAllocateCommandBuffers(d, cmd)[0]
+            self.fence = vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None)
+        except BaseException:
+            self.close()
+            raise
+        device._kernels.append(self)
+
+    # -- buffers and the command buffer -------------------------------------------------------------
+    def _bind(self, name: str, binding: int, nbytes: int) -> HostBuffer:
+        """The binding's buffer, (re)allocated and written into the descriptor set when too small."""
+        vk = self.dev.vk
+        buf = self.buffers.get(name)
+        if buf is not None and buf.nbytes >= nbytes:
+            return buf
+        if buf is not None:
+            buf.close()
+        buf = self.buffers[name] = HostBuffer(self.dev, nbytes)
+        info = vk.VkDescriptorBufferInfo(buffer=buf.buffer, offset=0, range=WHOLE_SIZE)
+        write = vk.VkWriteDescriptorSet(dstSet=self.set, dstBinding=binding, descriptorCount=1,
+                                        descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info])
+        vk.vkUpdateDescriptorSets(self.dev.device, 1, [write], 0, None)
+        self._grid = None  # the recorded command buffer refers to the old descriptor contents
+        return buf
+
+    def _record(self, grid: tuple[int, int, int]) -> None:
+        vk = self.dev.vk
+        vk.vkResetCommandBuffer(self.cmd, 0)
+        vk.vkBeginCommandBuffer(self.cmd, vk.VkCommandBufferBeginInfo())
+        vk.vkCmdBindPipeline(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipeline)
+        vk.vkCmdBindDescriptorSets(self.cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.layout, 0, 1, [self.set], 0, None)
+        vk.vkCmdDispatch(self.cmd, *grid)
+        barrier = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
+        vk.vkCmdPipelineBarrier(self.cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1, [barrier], 0, None, 0, None)
+        vk.vkEndCommandBuffer(self.cmd)
+        self._grid = grid
+
+    def run(self, grid: tuple[int, ...] | int, buffers: dict[str, np.ndarray], scalars: dict[str, float | int] | None = None) -> None:
+        """Dispatch ``grid`` workgroups with ``buffers`` (by parameter name) and ``scalars``; the writable
+        buffers' final contents are copied back into the given arrays."""
+        vk, k = self.dev.vk, self.kernel
+        if self.fence is None:
+            raise RuntimeError(f"kernel {k.name}: the Vulkan kernel is closed")
+        g = (grid,) if isinstance(grid, int) else tuple(grid)
+        g3 = (tuple(int(x) for x in g) + (1, 1, 1))[:3]
+        if len(g) > 3 or min(g3) < 1:
+            raise ValueError(f"kernel {k.name}: grid {grid} must be 1 to 3 positive workgroup counts")
+        names = {p.name for p in k.buffers}
+        if set(buffers) != names:
+            raise ValueError(f"kernel {k.name}: buffers {sorted(buffers)} do not match its buffer parameters {sorted(names)}")
+        arrays: dict[str, np.ndarray] = {}
+        for binding, name, t, writable in self.bindings:
+            if name == SCALARS:
+                data = scalar_words(k, scalars or {})
+            else:
+                a = buffers[name]
+                if not isinstance(a, np.ndarray) or a.dtype != _NUMPY[t.name]:
+                    raise TypeError(f"kernel {k.name}: buffer '{name}' must be a numpy {np.dtype(_NUMPY[t.name])} array, "
+                                    f"got {getattr(a, 'dtype', type(a).__name__)}")
+                if writable and not (a.flags.writeable and a.flags.c_contiguous):
+                    raise ValueError(f"kernel {k.name}: output buffer '{name}' must be a writable C-contiguous array")
+                data = arrays[name] = a
+            buf = self._bind(name, binding, data.nbytes)
+            buf.view(np.uint8)[: data.nbytes] = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if self._grid != g3:
+            self._record(g3)
+        vk.vkQueueSubmit(self.dev.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[self.cmd])], self.fence)
+        vk.vkWaitForFences(self.dev.device, 1, [self.fence], vk.VK_TRUE, WHOLE_SIZE)
+        vk.vkResetFences(self.dev.device, 1, [self.fence])
+        for _, name, t, writable in self.bindings:
+            if writable:
+                a = arrays[name]
+                a.reshape(-1)[:] = self.buffers[name].view(a.dtype)[: a.size]
+
+    # -- lifetime -----------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Release the pipeline, its buffers and every other Vulkan object of this kernel (idempotent)."""
+        vk, d = self.dev.vk, self.dev.device
+        if d is None:
+            return
+        if self.fence is not None:
+            vk.vkQueueWaitIdle(self.dev.queue)
+        for buf in self.buffers.values():
+            buf.close()
+        self.buffers.clear()
+        for attr, destroy in (("fence", vk.vkDestroyFence), ("cmd_pool", vk.vkDestroyCommandPool), ("pool", vk.vkDestroyDescriptorPool),
+                              ("pipeline", vk.vkDestroyPipeline), ("layout", vk.vkDestroyPipelineLayout),
+                              ("set_layout", vk.vkDestroyDescriptorSetLayout), ("module", vk.vkDestroyShaderModule)):
+            obj = getattr(self, attr)
+            if obj is not None:
+                destroy(d, obj, None)  # a command pool frees its command buffer, a descriptor pool its set
+                setattr(self, attr, None)
+        if self in self.dev._kernels:
+            self.dev._kernels.remove(self)
+
+    def __enter__(self) -> "VulkanKernel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
