@@ -5,7 +5,9 @@ entry point, ``ENTRY``, whose workgroup size is the kernel's. Its interface is d
 (``bindings``):
 
 * binding ``i`` is the ``i``-th Buffer parameter (in parameter order): a storage buffer holding a
-  runtime array of the buffer's element type, NonWritable when the parameter is read-only;
+  runtime array of the buffer's element type, NonWritable when the parameter is read-only; a
+  read-only u8 buffer (packed weights) is an array of 32-bit words whose bytes are read by shift and
+  mask, so no 8-bit storage feature is needed;
 * binding ``len(buffers)``, present only when the kernel has scalar parameters, is a read-only
   storage buffer of 32-bit words, one per ScalarParam in parameter order (``scalar_words``).
 
@@ -164,7 +166,10 @@ class SpirvLowerer(_Lowerer):
 
     def _check(self) -> None:
         k = self.k
+        self._words = {p.name for p in k.buffers if p.dtype == dt.u8 and p.readonly}
         for p in k.params:
+            if p.name in self._words:
+                continue  # packed bytes: bound as 32-bit words, each byte read by shift and mask
             if p.dtype not in _MEMORY_TYPES:
                 kind = "buffer" if isinstance(p, K.Buffer) else "scalar parameter"
                 raise self._refuse(f"{kind} '{p.name}' is {p.dtype}; the Vulkan target handles f32 and i32 "
@@ -180,7 +185,14 @@ class SpirvLowerer(_Lowerer):
                                        "(f32 atomics need VK_EXT_shader_atomic_float)")
             roots = [getattr(st, f) for f in ("value", "index", "cond", "start", "stop") if getattr(st, f, None) is not None]
             for e in roots + list(getattr(st, "values", ())):
+                bytes_ok = {id(x.a) for x in _exprs(e) if isinstance(x, K.Cast) and x.dtype == dt.i32 and isinstance(x.a, K.Load) and x.a.buffer in self._words}
                 for x in _exprs(e):
+                    if isinstance(x, K.Load) and x.buffer in self._words:
+                        if id(x) not in bytes_ok:
+                            raise self._refuse(f"bytes of '{x.buffer}' must be widened to i32 where they are read (i32(buf[i]))")
+                        continue
+                    if isinstance(x, K.Cast) and id(x.a) in bytes_ok:
+                        continue
                     t = getattr(x, "dtype", None)
                     if t is not None and t not in _VALUE_TYPES:
                         raise self._refuse(f"{type(x).__name__} computes in {t}; the Vulkan target handles f32, i32 and bool")
@@ -208,7 +220,7 @@ class SpirvLowerer(_Lowerer):
         set.add(fn.attributes, '"hlsl.shader"="compute"')
         self.b = L.IRBuilder(fn.append_basic_block("entry"))
         for binding, name, t, writable in bindings(k):
-            h, getp = self._binding(binding, name, t, writable)
+            h, getp = self._binding(binding, name, dt.i32 if name in self._words else t, writable)
             if name != SCALARS:
                 self.mem[name] = (h, t, None)
                 self._getptr[name] = getp
@@ -247,6 +259,14 @@ class SpirvLowerer(_Lowerer):
     def expr(self, e: K.Expr) -> L.Value:
         if isinstance(e, K.Bitcast):
             return self.bitcast(self.expr(e.a), llvm_type(e.dtype))
+        if isinstance(e, K.Cast) and isinstance(e.a, K.Load) and e.a.buffer in self._words:
+            # byte i of a word buffer: (word[i >> 2] >> 8 * (i & 3)) & 0xFF (little-endian words)
+            b = self.b
+            i = self.expr(e.a.index)
+            base, _, _ = self.mem[e.a.buffer]
+            word = b.load(b.call(self._getptr[e.a.buffer], [base, b.ashr(i, L.Constant(I32, 2))]))
+            shift = b.shl(b.and_(i, L.Constant(I32, 3)), L.Constant(I32, 3))
+            return b.and_(b.lshr(word, shift), L.Constant(I32, 0xFF))
         return super().expr(e)
 
     # -- memory and barriers ------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from poot.kernel.ir import Kernel
 __all__ = ["VulkanDevice", "VulkanKernel", "HostBuffer", "WHOLE_SIZE"]
 
 WHOLE_SIZE = 2**64 - 1  # VK_WHOLE_SIZE as a uint64: the `vulkan` package defines it as -1
-_NUMPY = {"f32": np.float32, "i32": np.int32}
+_NUMPY = {"f32": np.float32, "i32": np.int32, "u8": np.uint8}  # u8: read-only packed bytes, read as words
 _API = (1, 3)
 
 
@@ -180,7 +180,7 @@ class VulkanKernel:
             return buf
         if buf is not None:
             buf.close()
-        buf = self.buffers[name] = HostBuffer(self.dev, nbytes)
+        buf = self.buffers[name] = HostBuffer(self.dev, (nbytes + 3) // 4 * 4)  # whole 32-bit words
         info = vk.VkDescriptorBufferInfo(buffer=buf.buffer, offset=0, range=WHOLE_SIZE)
         write = vk.VkWriteDescriptorSet(dstSet=self.set, dstBinding=binding, descriptorCount=1,
                                         descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info])
