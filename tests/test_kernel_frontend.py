@@ -183,3 +183,18 @@ def test_matrix_tile_lowers_to_tensor_cores_or_refuses():
     for t in (host_target(), target("amdgcn:gfx942")):
         with pytest.raises(Refusal, match="no matrix multiply-accumulate"):
             compile_kernel(k, t)
+
+
+def test_poot_kernel_is_the_decorator():
+    import poot
+
+    @poot.kernel(workgroup=(8, 1, 1))
+    def double(x: In[f32], y: Out[f32], n: i32):
+        i = thread_id(0)
+        if i < n:
+            y[i] = x[i] * 2.0
+
+    k = double.instantiate()
+    y = poisoned((5,))
+    run_host(k, (1,), {"x": np.arange(5, dtype=np.float32), "y": y}, {"n": 5})
+    assert y.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0]

@@ -209,7 +209,16 @@ def _mxfp4(b: str, p: E, j: E, lut: str) -> E:
     return _mul(scale, _lut(lut, _nibble_in(b, _add(p, _i(1)), j, 16)))
 
 
+def _f16_body(b: str, p: E, j: E, lut: str) -> E:
+    return _f16(b, p)
+
+
+def _bf16_body(b: str, p: E, j: E, lut: str) -> E:
+    return ir.Bitcast(_shl(ir.Bin("or", _byte(b, p), _shl(_byte(b, _add(p, _i(1))), 8)), 16), dt.f32)
+
+
 BODIES: dict[str, tuple[int, int, Callable[[str, E, E, str], E]]] = {
+    "f16": (1, 2, _f16_body), "bf16": (1, 2, _bf16_body),
     "q8_0": (32, 34, _q8_0), "q4_0": (32, 18, _q4_0), "q4_1": (32, 20, _q4_1), "q5_0": (32, 22, _q5_0), "q5_1": (32, 24, _q5_1),
     "q2_k": (256, 84, _q2_k), "q3_k": (256, 110, _q3_k), "q4_k": (256, 144, _q4_k), "q5_k": (256, 176, _q5_k), "q6_k": (256, 210, _q6_k),
     "iq4_nl": (32, 18, _iq4_nl), "iq4_xs": (256, 136, _iq4_xs), "mxfp4": (32, 17, _mxfp4),
