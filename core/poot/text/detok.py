@@ -1,8 +1,10 @@
 """Streaming detokenization: token ids in, text out as soon as it is final.
 
 Each new piece is the difference between decoding a short window of recent tokens with and without
-the new ones, so leading-space conventions and byte-fallback tokens come out right; text that ends
-in an incomplete UTF-8 sequence (U+FFFD) is held back until the next token completes it.
+the new ones, so leading-space conventions come out right. Text that ends in an incomplete UTF-8
+sequence (U+FFFD) is held back until the next token completes it, and so is a run of byte-fallback
+tokens: such a run decodes as one group (an invalid run becomes one U+FFFD per byte, valid bytes
+included), so its text is final only when a token of another kind follows.
 """
 
 from __future__ import annotations
@@ -24,12 +26,15 @@ class StreamingDetokenizer:
         self._prefix = 0  # window start: decoding from here gives context for the next piece
         self._read = 0  # tokens up to here have been emitted
         self.text = ""  # everything emitted so far
+        self._byte_ids = tokenizer.byte_token_ids
 
     def _decode(self, ids: list[int]) -> str:
         return self.tok.decode(ids, skip_special_tokens=self.skip)
 
     def push(self, token_id: int) -> str:
         self.ids.append(token_id)
+        if token_id in self._byte_ids:
+            return ""
         before = self._decode(self.ids[self._prefix : self._read])
         after = self._decode(self.ids[self._prefix :])
         if len(after) > len(before) and not after.endswith(REPLACEMENT) and after.startswith(before):

@@ -201,6 +201,15 @@ class Tokenizer:
         return frozenset(i for i, t in self.backend.get_added_tokens_decoder().items() if t.special)
 
     @cached_property
+    def byte_token_ids(self) -> frozenset[int]:
+        """Byte-fallback tokens (``<0xNN>``): a run of them decodes as one group, so its text is not
+        final until a token of another kind follows."""
+        if self._spec.kind == "byte-level":
+            return frozenset()
+        vocab = self.backend.get_vocab(with_added_tokens=False)
+        return frozenset(i for t, i in vocab.items() if len(t) == 6 and t.startswith("<0x") and t.endswith(">"))
+
+    @cached_property
     def token_bytes(self) -> list[bytes]:
         """The bytes each token stands for (what it adds to the text), for streaming and constraints."""
         n = self.vocab_size
