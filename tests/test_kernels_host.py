@@ -340,3 +340,80 @@ def test_gemv_by_blocks_every_type(rng, qtype):
     kern = linear.gemv_blocks.instantiate(QTYPE=qtype, BS=bs, BB=bb, ROWS=4, BLOCK=32)
     run_host(kern, (-(-n // 4), m), {"x": x, "w": raw, "lut": lut, "y": y}, {"n": n, "k": k, "row_bytes": raw.shape[1]})
     np.testing.assert_allclose(y, x.astype(np.float64) @ q.dequantize(raw).astype(np.float64).T, rtol=1e-4, atol=1e-4)
+
+
+from poot.kernel.library import movement  # noqa: E402
+
+
+def _strides_of(shape):
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.insert(0, acc)
+        acc *= d
+    return out
+
+
+@pytest.mark.parametrize("case", ["transpose", "slice", "expand", "concat"])
+def test_strided_copies_match_the_oracle(rng, case):
+    k = movement.copy_strided.instantiate(BLOCK=64)
+    x = rng.standard_normal((3, 5, 7, 2)).astype(np.float32)
+    b = GraphBuilder()
+    bx = b.input("x", "f32", [3, 5, 7, 2])
+    if case == "transpose":
+        want = evaluate(b.build({"y": b.transpose(bx, [2, 0, 3, 1])}), {"x": x})["y"]
+        xs = _strides_of(x.shape)
+        box, src = list(want.shape), [xs[2], xs[0], xs[3], xs[1]]
+        out = poisoned(want.shape)
+        run_host(k, (-(-out.size // 64),), {"src": x, "dst": out}, dict(n=out.size, **{f"d{i}": v for i, v in enumerate(box)},
+                 **{f"s{i}": v for i, v in enumerate(src)}, src_offset=0, **{f"t{i}": v for i, v in enumerate(_strides_of(box))}, dst_offset=0))
+    elif case == "slice":
+        want = evaluate(b.build({"y": b.slice(bx, 2, 1, 7, 2)}), {"x": x})["y"]
+        xs = _strides_of(x.shape)
+        box = list(want.shape)
+        out = poisoned(want.shape)
+        run_host(k, (-(-out.size // 64),), {"src": x, "dst": out}, dict(n=out.size, **{f"d{i}": v for i, v in enumerate(box)},
+                 s0=xs[0], s1=xs[1], s2=2 * xs[2], s3=xs[3], src_offset=xs[2], **{f"t{i}": v for i, v in enumerate(_strides_of(box))}, dst_offset=0))
+    elif case == "expand":
+        col = rng.standard_normal((3, 1, 7, 1)).astype(np.float32)
+        b2 = GraphBuilder()
+        want = evaluate(b2.build({"y": b2.expand(b2.input("c", "f32", [3, 1, 7, 1]), [3, 5, 7, 2])}), {"c": col})["y"]
+        out = poisoned(want.shape)
+        cs = _strides_of(col.shape)
+        run_host(k, (-(-out.size // 64),), {"src": col, "dst": out}, dict(n=out.size, d0=3, d1=5, d2=7, d3=2, s0=cs[0], s1=0, s2=cs[2], s3=0,
+                 src_offset=0, **{f"t{i}": v for i, v in enumerate(_strides_of(want.shape))}, dst_offset=0))
+        x = col
+    else:
+        z = rng.standard_normal((3, 5, 4, 2)).astype(np.float32)
+        want = evaluate(b.build({"y": b.concat([bx, b.input("z", "f32", [3, 5, 4, 2])], axis=2)}), {"x": x, "z": z})["y"]
+        out = poisoned(want.shape)
+        ts = _strides_of(want.shape)
+        for part, off in ((x, 0), (z, 7)):
+            ps = _strides_of(part.shape)
+            run_host(k, (-(-part.size // 64),), {"src": part, "dst": out}, dict(n=part.size, **{f"d{i}": v for i, v in enumerate(part.shape)},
+                     **{f"s{i}": v for i, v in enumerate(ps)}, src_offset=0, **{f"t{i}": v for i, v in enumerate(ts)}, dst_offset=off * ts[2]))
+    np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+def test_row_reductions(rng, op):
+    rows, cols = 6, 333
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    y = poisoned((rows,))
+    run_host(movement.reduce_rows.instantiate(OP=op, BLOCK=64), (rows,), {"x": x, "y": y}, {"cols": cols})
+    b = GraphBuilder()
+    want = evaluate(b.build({"y": b.reduce(op, b.input("x", "f32", [rows, cols]), -1)}), {"x": x})["y"]
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+def test_cache_write_through_a_shuffled_slot_map(rng):
+    nb, bs, width, t = 6, 4, 24, 9
+    pool = rng.standard_normal((nb, bs, width)).astype(np.float32)
+    vals = rng.standard_normal((t, width)).astype(np.float32)
+    slots = rng.permutation(nb * bs)[:t].astype(np.int32)
+    slots[3] = -1
+    got = pool.copy()
+    run_host(movement.cache_write.instantiate(BLOCK=32), (t,), {"values": vals, "slots": slots, "pool": got}, {"width": width})
+    b = GraphBuilder()
+    want = evaluate(b.build({"y": b.cache_write(b.input("p", "f32", [nb, bs, width]), b.input("v", "f32", [t, width]), b.input("s", "i32", [t]))}),
+                    {"p": pool, "v": vals, "s": slots})["y"]
+    np.testing.assert_array_equal(got, want)

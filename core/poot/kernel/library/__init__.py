@@ -12,7 +12,7 @@ __all__ = ["catalogue"]
 
 def catalogue() -> list[Kernel]:
     from ...quant.bodies import BODIES
-    from . import attention, gather, linear, norms, rope, sampling
+    from . import attention, gather, linear, movement, norms, rope, sampling
 
     ks = [
         norms.rms_norm.instantiate(BLOCK=128),
@@ -30,6 +30,10 @@ def catalogue() -> list[Kernel]:
         attention.attention.instantiate(CAUSAL=True, SPLITS=4, BLOCK=128),
         attention.attention_merge.instantiate(SPLITS=4, BLOCK=128),
         sampling.sample.instantiate(BLOCK=256),
+        movement.copy_strided.instantiate(BLOCK=256),
+        movement.reduce_rows.instantiate(OP="mean", BLOCK=128),
+        movement.reduce_rows.instantiate(OP="max", BLOCK=128),
+        movement.cache_write.instantiate(BLOCK=128),
     ]
     for q in sorted(BODIES):
         bs, bb, _ = BODIES[q]
