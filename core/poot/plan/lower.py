@@ -1,0 +1,259 @@
+"""A first planner: every graph op becomes one synthesized kernel launch (or a view), with grids and
+scalar arguments computed from the run's symbol values. No fusion, scheduling or numerics choices
+yet: this is the baseline the real planner improves on, and what lets a whole model run compiled.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import Refusal
+from ..graph import dtypes as dt
+from ..graph.dims import Dim
+from ..graph.ir import Graph, Node, Value
+from ..graph.ops import OPS
+from ..kernel import ir as K
+from ..kernel.library import attention as attn_lib
+from ..kernel.library import gather as gather_lib
+from ..kernel.library import linear, movement
+from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
+from ..quant.bodies import BODIES, LUTS
+
+__all__ = ["Launch", "SimplePlan", "plan_graph"]
+
+Env = Mapping[str, int]
+
+
+def _key(v: Value) -> tuple[int, int]:
+    return (v.node.id, v.index)
+
+
+def _shape(v: Value, env: Env) -> tuple[int, ...]:
+    return tuple(Dim.evaluate(d, env) for d in v.shape)
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for d in reversed(shape):
+        out.insert(0, acc)
+        acc *= d
+    return out
+
+
+def _pad(xs: list[int], fill: int) -> list[int]:
+    return [fill] * (MAX_RANK - len(xs)) + xs
+
+
+@dataclass
+class Launch:
+    """One kernel launch: buffers by parameter name (graph values or fixed arrays), a grid and scalars
+    computed from the symbol environment."""
+
+    node: Node
+    kernel: K.Kernel
+    buffers: dict[str, tuple[int, int] | np.ndarray]
+    grid: Callable[[Env], tuple[int, ...]]
+    scalars: Callable[[Env], dict[str, float | int]]
+
+
+@dataclass
+class SimplePlan:
+    graph: Graph
+    launches: list[Launch]
+    views: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # value -> the value whose storage it shares
+    aliases: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # in-place outputs (cache_write)
+
+    def __str__(self) -> str:
+        return "\n".join(f"{i:4d} {l.node.op:12s} -> {l.kernel.name}" for i, l in enumerate(self.launches))
+
+
+def _elementwise(n: Node) -> Launch:
+    ins = list(n.inputs)
+    k = fuse_elementwise(f"ew_{n.op}", [n], ins, n.outputs[0], block=256)
+    out = n.outputs[0]
+
+    def scalars(env: Env) -> dict[str, int]:
+        oshape = _shape(out, env)
+        full = _pad(list(oshape), 1)
+        sc: dict[str, int] = {"n": int(np.prod(oshape)) if oshape else 1}
+        sc.update({f"d{d}": full[d] for d in range(MAX_RANK)})
+        for i, v in enumerate(ins):
+            ishape = _pad(list(_shape(v, env)), 1)
+            st = _pad(_strides(tuple(_shape(v, env))), 0)
+            for d in range(MAX_RANK):
+                sc[f"s{i}_{d}"] = 0 if ishape[d] == 1 and full[d] != 1 else st[d]
+        return sc
+
+    bufs: dict[str, Any] = {f"in{i}": _key(v) for i, v in enumerate(ins)}
+    bufs["out"] = _key(out)
+    return Launch(n, k, bufs, lambda env: (max(1, -(-int(np.prod(_shape(out, env))) // 256)),), scalars)
+
+
+def _matmul(n: Node) -> Launch:
+    x, w = n.inputs
+    if not n.attrs["transpose_b"] or w.rank != 2:
+        raise Refusal("matmul", "host", "the baseline planner runs x @ w^T with a 2-D weight only")
+    out = n.outputs[0]
+    nn, kk = w.shape[0].value, w.shape[1].value
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    if w.dtype.name in BODIES:
+        bs, bb, _ = BODIES[w.dtype.name]
+        k = linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=32)
+        lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
+        row_bytes = kk // bs * bb
+        return Launch(n, k, {"x": _key(x), "w": _key(w), "lut": lut, "y": _key(out)},
+                      lambda env: (-(-nn // 4), rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
+    if w.dtype != dt.f32:
+        raise Refusal("matmul", "host", f"weights of type {w.dtype} need a cast first")
+    k = linear.gemv_f32.instantiate(BLOCK=64)
+    return Launch(n, k, {"x": _key(x), "w": _key(w), "y": _key(out)}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk})
+
+
+def _gather(n: Node) -> Launch:
+    table, ids = n.inputs
+    out = n.outputs[0]
+    if n.attrs["axis"] != 0 or table.rank != 2:
+        raise Refusal("gather", "host", "the baseline planner gathers rows of a 2-D table")
+    cols = table.shape[1].value
+    tokens = lambda env: max(1, int(np.prod(_shape(ids, env))))  # noqa: E731
+    if table.dtype.name in BODIES:
+        bs, bb, _ = BODIES[table.dtype.name]
+        k = gather_lib.gather_packed.instantiate(QTYPE=table.dtype.name, BLOCK=128)
+        return Launch(n, k, {"table": _key(table), "lut": LUTS.get(table.dtype.name, np.zeros(1, np.float32)), "ids": _key(ids), "out": _key(out)},
+                      lambda env: (tokens(env),), lambda env: {"cols": cols, "row_bytes": cols // bs * bb})
+    k = gather_lib.gather_f32.instantiate(BLOCK=128)
+    return Launch(n, k, {"table": _key(table), "ids": _key(ids), "out": _key(out)}, lambda env: (tokens(env),), lambda env: {"cols": cols})
+
+
+def _reduce(n: Node) -> Launch:
+    (x,) = n.inputs
+    axes = [a % x.rank for a in n.attrs["axes"]]
+    if axes != [x.rank - 1]:
+        raise Refusal(n.op, "host", "the baseline planner reduces over the last axis only")
+    out = n.outputs[0]
+    k = movement.reduce_rows.instantiate(OP=n.op, BLOCK=128)
+    return Launch(n, k, {"x": _key(x), "y": _key(out)}, lambda env: (max(1, int(np.prod(_shape(x, env)[:-1]))),), lambda env: {"cols": _shape(x, env)[-1]})
+
+
+def _copy(n: Node, src: Value, dst: Value, src_off: Callable[[Env], int], src_strides: Callable[[Env], list[int]],
+          dst_off: Callable[[Env], int], box: Callable[[Env], tuple[int, ...]]) -> Launch:
+    k = movement.copy_strided.instantiate(BLOCK=256)
+
+    def scalars(env: Env) -> dict[str, int]:
+        b = list(box(env))
+        full = _pad(b, 1)
+        ss = _pad(src_strides(env), 0)
+        ts = _pad(_strides(_shape(dst, env))[-len(b):] if b else [], 0)
+        sc = {"n": int(np.prod(b)) if b else 1, "src_offset": src_off(env), "dst_offset": dst_off(env)}
+        sc.update({f"d{i}": full[i] for i in range(MAX_RANK)})
+        sc.update({f"s{i}": ss[i] for i in range(MAX_RANK)})
+        sc.update({f"t{i}": ts[i] for i in range(MAX_RANK)})
+        return sc
+
+    return Launch(n, k, {"src": _key(src), "dst": _key(dst)}, lambda env: (max(1, -(-int(np.prod(box(env))) // 256)),), scalars)
+
+
+def _movement(n: Node) -> list[Launch]:
+    out = n.outputs[0]
+    if n.op == "transpose":
+        (x,) = n.inputs
+        perm = n.attrs["perm"]
+        return [_copy(n, x, out, lambda env: 0, lambda env: [_strides(_shape(x, env))[p] for p in perm], lambda env: 0, lambda env: _shape(out, env))]
+    if n.op == "slice":
+        (x,) = n.inputs
+        ax = n.attrs["axis"] % x.rank
+
+        def sst(env: Env) -> list[int]:
+            s = _strides(_shape(x, env))
+            s[ax] *= n.attrs["step"]
+            return s
+
+        return [_copy(n, x, out, lambda env: n.attrs["start"] * _strides(_shape(x, env))[ax], sst, lambda env: 0, lambda env: _shape(out, env))]
+    if n.op == "expand":
+        (x,) = n.inputs
+
+        def est(env: Env) -> list[int]:
+            xs = list(_shape(x, env))
+            full = _shape(out, env)
+            xs = [1] * (len(full) - len(xs)) + xs
+            st = _strides(tuple(xs))
+            return [0 if xs[d] == 1 and full[d] != 1 else st[d] for d in range(len(full))]
+
+        return [_copy(n, x, out, lambda env: 0, est, lambda env: 0, lambda env: _shape(out, env))]
+    if n.op == "concat":
+        ax = n.attrs["axis"] % out.rank
+        launches, before = [], []
+        for part in n.inputs:
+            prev = list(before)
+            launches.append(_copy(n, part, out, lambda env: 0, lambda env, p=part: _strides(_shape(p, env)),
+                                  lambda env, prev=prev: sum(_shape(q, env)[ax] for q in prev) * _strides(_shape(out, env))[ax],
+                                  lambda env, p=part: _shape(p, env)))
+            before.append(part)
+        return launches
+    raise Refusal(n.op, "host", "not a data-movement op")
+
+
+def _attention(n: Node) -> Launch:
+    spec = n.attrs["spec"]
+    if not spec.paged:
+        raise Refusal("attention", "host", "the baseline planner runs paged attention only")
+    from ..graph.attention import attention_operand_names
+
+    ops = dict(zip(attention_operand_names(spec), n.inputs))
+    q, k, v = ops["q"], ops["k"], ops["v"]
+    hq, hkv, dk, dv, bs = q.shape[1].value, k.shape[2].value, k.shape[3].value, v.shape[3].value, k.shape[1].value
+    dr = ops["k_shared"].shape[2].value if spec.k_shared else 0
+    block = 64 if dv <= 64 else (128 if dv <= 128 else 256)
+    kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block)
+    scale = spec.scale if spec.scale is not None else 1.0 / float(np.sqrt(dk + dr))
+    out = n.outputs[0]
+    dummy = np.zeros(1, np.float32)
+    bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v), "ks_pool": _key(ops["k_shared"]) if spec.k_shared else dummy,
+                            "positions": _key(ops["positions"]), "seq_ids": _key(ops["seq_ids"]), "ctx_lens": _key(ops["ctx_lens"]),
+                            "block_tables": _key(ops["block_tables"]), "out": _key(out), "part_m": dummy, "part_l": dummy}
+
+    def scalars(env: Env) -> dict[str, float | int]:
+        return {"hq": hq, "hkv": hkv, "dk": dk, "dv": dv, "dr": dr, "bs": bs, "mb": _shape(ops["block_tables"], env)[1], "scale": scale,
+                "window": spec.window or 0, "softcap": spec.softcap or 0.0}
+
+    return Launch(n, kern, bufs, lambda env: (max(1, _shape(q, env)[0]), hq, 1), scalars)
+
+
+def _cache_write(n: Node) -> Launch:
+    pool, vals, slots = n.inputs
+    width = int(np.prod([d.value for d in pool.shape[2:]]))
+    k = movement.cache_write.instantiate(BLOCK=128)
+    return Launch(n, k, {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])}, lambda env: (max(1, _shape(slots, env)[0]),), lambda env: {"width": width})
+
+
+def plan_graph(graph: Graph) -> SimplePlan:
+    """Lower every node of ``graph`` to kernel launches for the host target (a Refusal names what cannot be run)."""
+    plan = SimplePlan(graph, [])
+    for n in graph.nodes:
+        cat = OPS[n.op].category
+        if n.op in ("input", "weight", "constant"):
+            continue
+        if n.op == "reshape":
+            plan.views[_key(n.outputs[0])] = plan.views.get(_key(n.inputs[0]), _key(n.inputs[0]))
+        elif n.op == "cache_write":
+            plan.aliases[_key(n.outputs[0])] = plan.aliases.get(_key(n.inputs[0]), _key(n.inputs[0]))
+            plan.launches.append(_cache_write(n))
+        elif cat == "elementwise":
+            plan.launches.append(_elementwise(n))
+        elif n.op == "matmul":
+            plan.launches.append(_matmul(n))
+        elif n.op == "gather":
+            plan.launches.append(_gather(n))
+        elif n.op in ("sum", "mean", "max", "min"):
+            plan.launches.append(_reduce(n))
+        elif n.op in ("transpose", "slice", "expand", "concat"):
+            plan.launches.extend(_movement(n))
+        elif n.op == "attention":
+            plan.launches.append(_attention(n))
+        else:
+            raise Refusal(n.op, "host", "the baseline planner has no kernel for this op yet")
+    return plan

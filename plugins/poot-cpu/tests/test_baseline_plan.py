@@ -1,0 +1,76 @@
+"""Whole models compiled for the host by the baseline planner (one kernel per op) and run by the CPU
+executor: logits equal the oracle's over a prefill step of two sequences of different lengths in one
+paged pool (shuffled blocks) and two decode steps."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from poot.errors import Refusal
+from poot.eval.model import PagedOracle, oracle_weights
+from poot.graph.passes import DEFAULT_PASSES, PassManager
+from poot.load import open_checkpoint
+from poot.models import StepShapes, family_for
+from poot.plan.lower import plan_graph
+from poot.testing.paged import PagedSequences
+from poot_cpu.executor import BaselineExecutor
+
+# f32 on both sides; reduction orders differ (tree sums in kernels, pairwise in numpy)
+ATOL = {"synthetic": 1e-4, "real": 5e-4}
+
+
+def run_both(ck, rng, prompts, steps=2, block=16):
+    fam = family_for(ck.architecture)
+    cfg = fam.parse_config(ck)
+    g = PassManager(DEFAULT_PASSES).run(fam.trace(cfg, ck.weights, StepShapes(block_size=block)))
+    ex = BaselineExecutor(plan_graph(g))
+    w = oracle_weights(ck.weights)
+    oracle = PagedOracle(g, w, num_blocks=24)
+    pools = {k: np.zeros_like(v) for k, v in oracle.pools.items()}
+    pages = PagedSequences(24, block, rng)
+    for _ in prompts:
+        pages.add()
+    chunks = [list(p) for p in prompts]
+    worst = 0.0
+    for step in range(steps + 1):
+        batch = pages.step(chunks, all_logits=step == 0)
+        got = ex.run({**batch.as_inputs(), **pools}, w)["logits"]
+        want = oracle.step(batch)
+        assert got.shape == want.shape and np.isfinite(got).all()
+        assert (got.argmax(-1) == want.argmax(-1)).all()
+        worst = max(worst, float(np.abs(got - want).max()))
+        last = [np.nonzero(batch.seq_ids[batch.logit_rows] == s)[0][-1] for s in range(len(prompts))]
+        chunks = [[int(want[r].argmax())] for r in last]  # greedy continuation, one token per sequence
+    return worst
+
+
+@pytest.mark.parametrize("name", ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
+def test_synthetic_dense_families_match_the_oracle(name, tmp_path, rng):
+    from poot.testing.synthetic import build_synthetic
+
+    ck = open_checkpoint(build_synthetic(name, tmp_path / name, int(rng.integers(0, 2**31))))
+    worst = run_both(ck, rng, [rng.integers(0, 97, 11).tolist(), rng.integers(0, 97, 4).tolist()], block=4)
+    print(f"{name}: max |dlogit| {worst:.2g}")
+    assert worst < ATOL["synthetic"]
+
+
+@pytest.mark.slow
+def test_smollm2_compiled_matches_the_oracle(smollm2_path, rng):
+    from poot.text import Tokenizer
+
+    ck = open_checkpoint(smollm2_path)
+    tok = Tokenizer.from_gguf(ck.metadata)
+    worst = run_both(ck, rng, [tok.encode("The capital of France is"), tok.encode("def add(a, b):\n    return")])
+    print(f"SmolLM2: max |dlogit| {worst:.2g}")
+    assert worst < ATOL["real"]
+
+
+def test_moe_is_refused_by_name(tmp_path, rng):
+    from poot.testing.synthetic import build_synthetic
+
+    ck = open_checkpoint(build_synthetic("mixtral", tmp_path / "m", 0))
+    fam = family_for(ck.architecture)
+    g = fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4))
+    with pytest.raises(Refusal, match="topk|matmul|iota"):
+        plan_graph(PassManager(DEFAULT_PASSES).run(g))
