@@ -144,6 +144,25 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_run(args: argparse.Namespace) -> int:
+    import time
+
+    from .llm import SimpleGenerator
+
+    t0 = time.perf_counter()
+    print(f"poot: loading {args.model} and compiling its step for {args.device or 'the default device'} ...", file=sys.stderr, flush=True)
+    gen = SimpleGenerator(args.model, args.device, max_context=args.context)
+    ids = gen.prompt(args.prompt, raw=args.raw)
+    print(f"poot: ready in {time.perf_counter() - t0:.1f} s on {gen.device.name}; prompt of {len(ids)} tokens", file=sys.stderr, flush=True)
+    t1, n = time.perf_counter(), 0
+    for piece in gen.generate(ids, args.max_tokens):
+        n += 1
+        print(piece, end="", flush=True)
+    print()
+    print(f"poot: {time.perf_counter() - t1:.1f} s of generation (greedy, baseline kernels)", file=sys.stderr)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="poot", description="Compile and run language models on any installed device.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -158,6 +177,14 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--no-tensors", action="store_true", help="leave out the tensor table")
     ins.add_argument("--no-metadata", action="store_true", help="leave out the metadata")
     ins.set_defaults(func=cmd_inspect)
+    run = sub.add_parser("run", help="generate text from a prompt (greedy; chat template applied unless --raw)")
+    run.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
+    run.add_argument("prompt")
+    run.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
+    run.add_argument("--max-tokens", type=int, default=32)
+    run.add_argument("--context", type=int, default=512, help="KV cache size in tokens")
+    run.add_argument("--raw", action="store_true", help="plain completion: no chat template")
+    run.set_defaults(func=cmd_run)
     return p
 
 

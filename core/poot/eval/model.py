@@ -6,11 +6,11 @@ Test-side, like the rest of eval/: device checks and tests compare executors aga
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 from ..graph.ir import Graph
+from ..models.decoder import StepBatch
 from ..load.roles import WeightMap
 from .oracle import Oracle
 
@@ -31,22 +31,6 @@ def oracle_weights(wm: WeightMap, names: Sequence[str] | None = None) -> dict[st
         else:
             out[t.name] = t.raw()
     return out
-
-
-@dataclass
-class StepBatch:
-    """The per-step inputs of a traced decoder (see ``poot.models.STEP_INPUTS``)."""
-
-    tokens: np.ndarray
-    positions: np.ndarray
-    seq_ids: np.ndarray
-    slots: np.ndarray
-    ctx_lens: np.ndarray
-    block_tables: np.ndarray
-    logit_rows: np.ndarray
-
-    def as_inputs(self) -> dict[str, np.ndarray]:
-        return {k: np.ascontiguousarray(v, dtype=np.int32) for k, v in self.__dict__.items()}
 
 
 class PagedOracle:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ..graph import dtypes as dt
 from ..graph.builder import GraphBuilder
 from ..graph.compose import (
@@ -31,10 +33,26 @@ from ..load.roles import Role, WeightMap
 from ..load.tensor import LazyTensor
 from .config import ConfigError, DecoderConfig
 
-__all__ = ["StepShapes", "trace_decoder", "cache_names", "STEP_INPUTS"]
+__all__ = ["StepShapes", "StepBatch", "trace_decoder", "cache_names", "STEP_INPUTS"]
 
 T, B, MB, NB, R = sym("tokens"), sym("batch"), sym("max_blocks"), sym("blocks"), sym("rows")
 STEP_INPUTS = ("tokens", "positions", "seq_ids", "slots", "ctx_lens", "block_tables", "logit_rows")
+
+
+@dataclass
+class StepBatch:
+    """The per-step inputs of a traced decoder (see ``poot.models.STEP_INPUTS``)."""
+
+    tokens: np.ndarray
+    positions: np.ndarray
+    seq_ids: np.ndarray
+    slots: np.ndarray
+    ctx_lens: np.ndarray
+    block_tables: np.ndarray
+    logit_rows: np.ndarray
+
+    def as_inputs(self) -> dict[str, np.ndarray]:
+        return {k: np.ascontiguousarray(v, dtype=np.int32) for k, v in self.__dict__.items()}
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,6 @@
-"""Entry point of poot-cpu: registers the host device."""
+"""Entry point of poot-cpu: registers the host device and its executor."""
+
+from typing import Any
 
 from poot import hookimpl
 from poot.runtime import Device
@@ -9,3 +11,12 @@ from .device import host_device
 @hookimpl
 def poot_devices() -> list[Device]:
     return [host_device()]
+
+
+@hookimpl
+def poot_executor(device: Device) -> Any:
+    if device.kind != "cpu":
+        return None
+    from .executor import BaselineExecutor
+
+    return BaselineExecutor

@@ -6,6 +6,9 @@ support is too limited for poot's kernels.
 
 from __future__ import annotations
 
+import contextlib
+import os
+
 from poot.runtime import Capabilities, Device, Unavailable
 
 __all__ = ["wgpu_devices", "COMPUTE_BACKENDS"]
@@ -27,6 +30,23 @@ def _restrict_backends() -> None:
         pass
 
 
+@contextlib.contextmanager
+def _quiet_stderr():  # type: ignore[no-untyped-def]
+    """Silence C-level writes to stderr (fd 2) for the duration; Python-level errors still raise."""
+    try:
+        saved = os.dup(2)
+    except OSError:
+        yield
+        return
+    try:
+        with open(os.devnull, "wb") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def wgpu_devices() -> list[Device]:
     try:
         import wgpu
@@ -34,7 +54,8 @@ def wgpu_devices() -> list[Device]:
         return _placeholder("no-binding", f"wgpu is not importable ({e}); pip install wgpu")
     _restrict_backends()
     try:
-        adapters = wgpu.gpu.enumerate_adapters_sync()
+        with _quiet_stderr():  # Mesa's WSI layer complains about XDG_RUNTIME_DIR while probing
+            adapters = wgpu.gpu.enumerate_adapters_sync()
     except Exception as e:  # noqa: BLE001 - wgpu-native missing or failing to start
         return _placeholder("no-driver", f"wgpu-native could not enumerate adapters ({type(e).__name__}: {e})")
     adapters = [a for a in adapters if a.info.get("backend_type") in COMPUTE_BACKENDS]
