@@ -71,9 +71,22 @@ class SimplePlan:
         return "\n".join(f"{i:4d} {l.node.op:12s} -> {l.kernel.name}" for i, l in enumerate(self.launches))
 
 
-def _elementwise(n: Node) -> Launch:
-    ins = list(n.inputs)
-    k = fuse_elementwise(f"ew_{n.op}", [n], ins, n.outputs[0], block=256)
+def _elementwise(n: Node, members: list[Node] | None = None) -> Launch:
+    """One kernel for ``members`` (an elementwise DAG whose only escaping value is ``n``'s output)."""
+    members = members or [n]
+    inside = {_key(v) for m in members for v in m.outputs}
+    ins: list[Value] = []
+    consts: list[Node] = []
+    for m in members:
+        for v in m.inputs:
+            if _key(v) in inside or any(_key(v) == _key(x) for x in ins):
+                continue
+            if v.node.op == "constant" and v.node.attrs["value"].array.size == 1:
+                if v.node not in consts:
+                    consts.append(v.node)  # scalars are inlined into the kernel
+                continue
+            ins.append(v)
+    k = fuse_elementwise(f"ew_{'_'.join(m.op for m in members)[:40]}", consts + members, ins, n.outputs[0], block=256)
     out = n.outputs[0]
 
     def scalars(env: Env) -> dict[str, int]:
@@ -230,9 +243,32 @@ def _cache_write(n: Node) -> Launch:
     return Launch(n, k, {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])}, lambda env: (max(1, _shape(slots, env)[0]),), lambda env: {"width": width})
 
 
-def plan_graph(graph: Graph) -> SimplePlan:
-    """Lower every node of ``graph`` to kernel launches for the host target (a Refusal names what cannot be run)."""
+def _elementwise_groups(graph: Graph) -> dict[int, list[Node]]:
+    """Fuse elementwise chains: a node joins its consumer's kernel when that consumer is elementwise
+    and its only user, and its value is not a graph output. Returns root node id -> members in order."""
+    users = graph.users()
+    outputs = {_key(v) for v in graph.outputs.values()}
+    root: dict[int, int] = {}
+    for n in reversed(graph.nodes):
+        if OPS[n.op].category != "elementwise":
+            continue
+        us = users[n.id]
+        if len(us) == 1 and OPS[us[0].op].category == "elementwise" and _key(n.outputs[0]) not in outputs and len(n.outputs) == 1:
+            root[n.id] = root.get(us[0].id, us[0].id)
+        else:
+            root[n.id] = n.id
+    groups: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        if n.id in root:
+            groups.setdefault(root[n.id], []).append(n)
+    return groups
+
+
+def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
+    """Lower every node of ``graph`` to kernel launches for the host target (a Refusal names what
+    cannot be run). With ``fuse``, chains of elementwise ops become one kernel each."""
     plan = SimplePlan(graph, [])
+    groups = _elementwise_groups(graph) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant"):
@@ -243,7 +279,8 @@ def plan_graph(graph: Graph) -> SimplePlan:
             plan.aliases[_key(n.outputs[0])] = plan.aliases.get(_key(n.inputs[0]), _key(n.inputs[0]))
             plan.launches.append(_cache_write(n))
         elif cat == "elementwise":
-            plan.launches.append(_elementwise(n))
+            if n.id in groups:  # the group's root: its escaping value is computed here
+                plan.launches.append(_elementwise(n, groups[n.id]))
         elif n.op == "matmul":
             plan.launches.append(_matmul(n))
         elif n.op == "gather":
