@@ -3,7 +3,6 @@ files written by gguf's GGUFWriter; v2, split files, laziness, and typed errors 
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path

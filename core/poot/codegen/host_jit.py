@@ -18,7 +18,7 @@ from ..graph import dtypes as dt
 from ..kernel.ir import Buffer, Kernel
 from .compile import Artifact
 
-__all__ = ["HostKernel", "load_host_kernel"]
+__all__ = ["HostKernel"]
 
 _CTYPES = {"f32": ctypes.c_float, "f64": ctypes.c_double, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "i8": ctypes.c_int8, "u8": ctypes.c_uint8}
 
@@ -66,6 +66,3 @@ class HostKernel:
         with ThreadPoolExecutor(threads) as ex:
             list(ex.map(lambda s: self._fn(*args, gx, gy, gz, s, min(total, s + step)), range(0, total, step)))
 
-
-def load_host_kernel(kernel: Kernel, artifact: Artifact) -> HostKernel:
-    return HostKernel(kernel, artifact)

@@ -18,9 +18,8 @@ from ..kernel import ir as K
 from ..kernel.verify import uses_barriers, uses_subgroups, verify_kernel
 from .targets import Target
 
-__all__ = ["lower_kernel", "llvm_type", "HOST_EXTRA_ARGS"]
+__all__ = ["lower_kernel", "llvm_type"]
 
-HOST_EXTRA_ARGS = ("num_groups_x", "num_groups_y", "num_groups_z", "group_start", "group_stop")
 I1, I8, I32, I64 = L.IntType(1), L.IntType(8), L.IntType(32), L.IntType(64)
 F32 = L.FloatType()
 LOG2E = 1.4426950408889634
@@ -215,7 +214,7 @@ class _Lowerer:
         b = self.b
         if isinstance(st, K.Let):
             v = self.expr(st.value)
-            t = _dtype_of(st.value)
+            t = st.value.dtype  # type: ignore[union-attr]
             if self.host and self.barriers:
                 store = self.entry_alloca(L.ArrayType(llvm_type(t), self.k.threads), st.name)
                 self.vars[st.name] = ("thread", store, t)
@@ -540,10 +539,6 @@ class _PrivateAlloca(L.instructions.AllocaInstr):
 
 def _suffix(ty: L.Type) -> str:
     return {"float": "f32", "double": "f64", "half": "f16", "bfloat": "bf16"}[str(ty)]
-
-
-def _dtype_of(e: K.Expr) -> DType:
-    return e.dtype  # type: ignore[union-attr]
 
 
 def lower_kernel(k: K.Kernel, tgt: Target) -> L.Module:

@@ -27,7 +27,6 @@ __all__ = [
     "fold_constants",
     "Rewriter",
     "DEFAULT_PASSES",
-    "run_default_passes",
 ]
 
 Pass = Callable[[Graph], Graph]
@@ -199,7 +198,3 @@ DEFAULT_PASSES: tuple[tuple[str, Pass], ...] = (
     ("cse", eliminate_common_subexpressions),
     ("dce", eliminate_dead_code),
 )
-
-
-def run_default_passes(graph: Graph, extra: Mapping[str, Pass] | None = None) -> Graph:
-    return PassManager(list(DEFAULT_PASSES) + list((extra or {}).items())).run(graph)

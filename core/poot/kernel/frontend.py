@@ -24,7 +24,7 @@ import ast
 import inspect
 import math
 import textwrap
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 

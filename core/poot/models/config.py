@@ -14,7 +14,7 @@ from ..errors import PootError
 from ..graph.compose import MoeConfig
 from ..graph.rope import LinearScaling, Llama3Scaling, RopeConfig, YarnScaling
 
-__all__ = ["ConfigError", "LayerConfig", "MlaConfig", "DecoderConfig", "hf_rope", "need"]
+__all__ = ["ConfigError", "LayerConfig", "MlaConfig", "DecoderConfig", "hf_rope"]
 
 
 class ConfigError(PootError):
@@ -79,13 +79,6 @@ class DecoderConfig:
         if self.mla is not None:
             return self.heads, self.mla.nope_dim, self.mla.v_dim
         return self.kv_heads, self.head_dim, self.head_dim
-
-
-def need(cfg: Mapping[str, Any], key: str, where: str) -> Any:
-    """A required config value, or a ConfigError naming it."""
-    if key not in cfg or cfg[key] is None:
-        raise ConfigError(f"{where}: missing '{key}'")
-    return cfg[key]
 
 
 def hf_rope(cfg: Mapping[str, Any], dim: int, layout: str = "neox", layer_type: str | None = None) -> RopeConfig:

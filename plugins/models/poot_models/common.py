@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
-from poot.graph.compose import MoeConfig
 from poot.graph.rope import RopeConfig
 from poot.models import ConfigError, LayerConfig
 
@@ -66,11 +64,3 @@ def layers_uniform(n: int, rope: RopeConfig | None, window: int | None = None, m
 def check_heads(heads: int, kv_heads: int, where: str) -> None:
     if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
         raise ConfigError(f"{where}: {heads} attention heads are not a multiple of {kv_heads} KV heads")
-
-
-def softmax_moe(experts: int, top_k: int, normalize: bool) -> MoeConfig:
-    return MoeConfig(experts, top_k, "softmax", normalize)
-
-
-def is_nan(x: float) -> bool:
-    return isinstance(x, float) and math.isnan(x)
