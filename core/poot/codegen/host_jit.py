@@ -40,6 +40,7 @@ class HostKernel:
         addr = self._engine.get_function_address(kernel.name)
         if not addr:
             raise PootError(f"kernel {kernel.name}: the object file has no entry point")
+        self.packed_address = self._engine.get_function_address(f"{kernel.name}_packed")  # for native launch chains
         argtypes = [ctypes.c_void_p if isinstance(p, Buffer) else _CTYPES[p.dtype.name] for p in kernel.params] + [ctypes.c_int32] * 5
         self._fn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
 

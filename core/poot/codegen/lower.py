@@ -56,6 +56,7 @@ class _Lowerer:
         self.vars: dict[str, tuple[str, L.Value, DType]] = {}  # name -> (kind, storage, type)
         self.values: dict[str, L.Value] = {}  # scalar params
         self.mem: dict[str, tuple[L.Value, DType, int | None]] = {}  # name -> (base, element type, shared size)
+        self.in_index = False
         self._intr: dict[str, L.Function] = {}
 
     # -- helpers ------------------------------------------------------------------------------------
@@ -131,26 +132,60 @@ class _Lowerer:
         else:
             self.thread_loop(lambda: self.block(k.body))
         self.b.ret_void()
-        # grid entry: run workgroups [start, stop) of the linearised grid
+        # grid entry: run workgroups [start, stop) of the linearised grid (x fastest); the group id
+        # is split once and then stepped, so no division runs per workgroup
         grid = L.Function(self.m, L.FunctionType(L.VoidType(), params + [I32] * 5), k.name)
         args = list(grid.args)
         nx, ny, nz, start, stop = args[len(params) :]
         b = L.IRBuilder(grid.append_basic_block("entry"))
         loop, body, done = grid.append_basic_block("loop"), grid.append_basic_block("body"), grid.append_basic_block("done")
-        i = b.alloca(I32, name="g")
-        b.store(start, i)
+        slots = {nm: b.alloca(I32, name=nm) for nm in ("g", "gx", "gy", "gz")}
+        b.store(start, slots["g"])
+        b.store(b.srem(start, nx), slots["gx"])
+        b.store(b.srem(b.sdiv(start, nx), ny), slots["gy"])
+        b.store(b.sdiv(start, b.mul(nx, ny)), slots["gz"])
         b.branch(loop)
         b.position_at_end(loop)
-        cur = b.load(i)
+        cur = b.load(slots["g"])
         b.cbranch(b.icmp_signed("<", cur, stop), body, done)
         b.position_at_end(body)
-        gx = b.srem(cur, nx)
-        gy = b.srem(b.sdiv(cur, nx), ny)
-        gz = b.sdiv(cur, b.mul(nx, ny))
+        gx, gy, gz = (b.load(slots[nm]) for nm in ("gx", "gy", "gz"))
         b.call(fn, args[: len(params)] + [gx, gy, gz, nx, ny, nz])
-        b.store(b.add(cur, L.Constant(I32, 1)), i)
+        one, zero = L.Constant(I32, 1), L.Constant(I32, 0)
+        gx1 = b.add(gx, one)
+        wrap_x = b.icmp_signed(">=", gx1, nx)
+        gy1 = b.select(wrap_x, b.add(gy, one), gy)
+        wrap_y = b.icmp_signed(">=", gy1, ny)
+        b.store(b.select(wrap_x, zero, gx1), slots["gx"])
+        b.store(b.select(wrap_y, zero, gy1), slots["gy"])
+        b.store(b.select(wrap_y, b.add(gz, one), gz), slots["gz"])
+        b.store(b.add(cur, one), slots["g"])
         b.branch(loop)
         b.position_at_end(done)
+        b.ret_void()
+        self._packed_entry(grid, params)
+
+    def _packed_entry(self, grid: L.Function, params: list[L.Type]) -> None:
+        """``<name>_packed(i64* args, i32 start, i32 stop)``: one signature for every kernel, so a
+        native dispatcher can run a recorded chain of launches. ``args`` holds one 64-bit slot per
+        parameter (a pointer, an integer sign-extended, a float's bits in the low half) and then
+        the grid's x, y and z."""
+        I64 = L.IntType(64)
+        fn = L.Function(self.m, L.FunctionType(L.VoidType(), [L.PointerType(I64), I32, I32]), f"{self.k.name}_packed")
+        slots, start, stop = fn.args
+        b = L.IRBuilder(fn.append_basic_block("entry"))
+        vals: list[L.Value] = []
+        for i, ty in enumerate(params + [I32] * 3):
+            raw = b.load(b.gep(slots, [L.Constant(I32, i)]))
+            if isinstance(ty, L.PointerType):
+                vals.append(b.inttoptr(raw, ty))
+            elif isinstance(ty, L.IntType):
+                vals.append(raw if ty.width == 64 else b.trunc(raw, ty))
+            elif isinstance(ty, L.DoubleType):
+                vals.append(b.bitcast(raw, ty))
+            else:
+                vals.append(b.bitcast(b.trunc(raw, I32), ty))
+        b.call(grid, vals + [start, stop])
         b.ret_void()
 
     def thread_loop(self, emit) -> None:  # type: ignore[no-untyped-def]
@@ -289,7 +324,7 @@ class _Lowerer:
         if uniform:
             b.store(L.Constant(I32, 0), self.tid)
         ptr, _ = self._var_ptr(st.var)
-        b.store(b.add(b.load(ptr), L.Constant(I32, st.step)), ptr)
+        b.store(b.add(b.load(ptr), L.Constant(I32, st.step), flags=("nsw",)), ptr)  # loop counters never wrap
         b.branch(head)
         b.position_at_end(done)
         del self.vars[st.var]
@@ -327,7 +362,11 @@ class _Lowerer:
     # -- expressions --------------------------------------------------------------------------------
     def address(self, name: str, index: K.Expr) -> tuple[L.Value, DType]:
         base, t, size = self.mem[name]
-        idx = self.expr(index)
+        self.in_index = True  # index arithmetic is in bounds: it cannot wrap (nsw lets LLVM see strides)
+        try:
+            idx = self.expr(index)
+        finally:
+            self.in_index = False
         if size is None:  # a buffer argument
             return self.b.gep(base, [idx], inbounds=True), t
         return self.b.gep(base, [L.Constant(I32, 0), idx], inbounds=True), t
@@ -393,6 +432,8 @@ class _Lowerer:
             return self.cast(self.expr(e.a), e.a.dtype, e.dtype)
         if isinstance(e, K.Bitcast):
             return b.bitcast(self.expr(e.a), llvm_type(e.dtype))
+        if isinstance(e, K.HalfToF32):
+            return b.fpext(b.bitcast(b.trunc(self.expr(e.a), L.IntType(16)), L.HalfType()), llvm_type(dt.f32))
         if isinstance(e, K.Select):
             return b.select(self.expr(e.cond), self.expr(e.a), self.expr(e.b))
         if isinstance(e, K.Load):
@@ -430,6 +471,8 @@ class _Lowerer:
             return b.select(b.icmp_signed("<", a, c), a, c)
         if op == "max":
             return b.select(b.icmp_signed(">", a, c), a, c)
+        if op in ("add", "sub", "mul") and self.in_index:
+            return {"add": b.add, "sub": b.sub, "mul": b.mul}[op](a, c, flags=("nsw",))
         return {"add": b.add, "sub": b.sub, "mul": b.mul, "div": b.sdiv, "rem": b.srem, "and": b.and_, "or": b.or_, "xor": b.xor,
                 "shl": b.shl, "shr": b.ashr}[op](a, c)
 

@@ -257,6 +257,10 @@ class SpirvLowerer(_Lowerer):
         return self.b.call(fn, [v], attrs=("readnone",))
 
     def expr(self, e: K.Expr) -> L.Value:
+        if isinstance(e, K.HalfToF32):  # no f16 values here: integer operations
+            from ..kernel.frontend import expand_half_to_f32
+
+            return self.expr(expand_half_to_f32(e.a))
         if isinstance(e, K.Bitcast):
             return self.bitcast(self.expr(e.a), llvm_type(e.dtype))
         if isinstance(e, K.Cast) and isinstance(e.a, K.Load) and e.a.buffer in self._words:

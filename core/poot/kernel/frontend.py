@@ -264,7 +264,7 @@ class _Translator:
             return ir.Bitcast(a, dt.f32 if f == "as_f32" else dt.i32)
         if f == "half_to_f32":  # IEEE half bits (in an i32) -> f32, subnormals included
             (a,) = args
-            return _half_to_f32(a if not isinstance(a, int) else _lit(a, dt.i32))
+            return ir.HalfToF32(a if not isinstance(a, int) else _lit(a, dt.i32))
         raise c.err(n, f"'{f}' cannot be called in a kernel")
 
     def _dequant(self, n: ast.Call, f: str) -> ir.Expr:
@@ -455,7 +455,7 @@ class _Translator:
         return [ir.For(var, _lit(start, dt.i32) if isinstance(start, int) else start, _lit(stop, dt.i32) if isinstance(stop, int) else stop, body, step)]
 
 
-def _half_to_f32(h: ir.Expr) -> ir.Expr:
+def expand_half_to_f32(h: ir.Expr) -> ir.Expr:
     """f32 from the 16 bits of an IEEE half: exponent rebias for normals, inf/nan kept, and
     subnormals as mantissa * 2^-24 (exact in f32)."""
     i = lambda v: ir.Const(v, dt.i32)  # noqa: E731

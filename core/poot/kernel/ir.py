@@ -17,7 +17,7 @@ from ..graph.dtypes import DType
 
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
-    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "Select", "Load", "SubgroupReduce", "SubgroupShuffle",
+    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle",
     "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "const", "i32",
 ]
@@ -128,6 +128,18 @@ class Bitcast:
 
 
 @dataclass(frozen=True)
+class HalfToF32:
+    """The IEEE half in the low 16 bits of the i32 ``a``, as f32 (exact: subnormals, inf and NaN
+    kept). Targets with a half type convert in hardware; others expand it to integer operations."""
+
+    a: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return dt.f32
+
+
+@dataclass(frozen=True)
 class Select:
     cond: "Expr"
     a: "Expr"
@@ -172,7 +184,7 @@ class SubgroupShuffle:
         return self.a.dtype
 
 
-Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, Select, Load, SubgroupReduce, SubgroupShuffle]
+Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, HalfToF32, Select, Load, SubgroupReduce, SubgroupShuffle]
 
 
 def const(value: float | int | bool, dtype: DType | str = i32) -> Const:

@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from ..errors import PootError
 from ..graph import dtypes as dt
 from .ir import (
-    BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, Builtin, Cast, Const, Expr, For, If, Kernel,
+    BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
     Let, Load, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Un, VecLoad, VecStore,
 )
 
@@ -82,6 +82,11 @@ def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
         if {t, e.dtype} != {dt.i32, dt.f32}:
             raise s.fail(where, f"bitcast is i32 <-> f32 only, got {t} -> {e.dtype}")
         return e.dtype, v
+    if isinstance(e, HalfToF32):
+        t, v = _expr(s, e.a, where)
+        if t != dt.i32:
+            raise s.fail(where, f"half_to_f32 reads the low 16 bits of an i32, got {t}")
+        return dt.f32, v
     if isinstance(e, Select):
         tc, vc = _expr(s, e.cond, where)
         ta, va = _expr(s, e.a, where)

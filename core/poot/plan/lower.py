@@ -19,11 +19,11 @@ from ..graph.ops import OPS
 from ..kernel import ir as K
 from ..kernel.library import attention as attn_lib
 from ..kernel.library import gather as gather_lib
-from ..kernel.library import linear, movement
+from ..kernel.library import linear, linear_host, movement
 from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
 from ..quant.bodies import BODIES, LUTS
 
-__all__ = ["Launch", "SimplePlan", "plan_graph"]
+__all__ = ["Launch", "SimplePlan", "When", "plan_graph"]
 
 Env = Mapping[str, int]
 
@@ -58,6 +58,7 @@ class Launch:
     buffers: dict[str, tuple[int, int] | np.ndarray]
     grid: Callable[[Env], tuple[int, ...]]
     scalars: Callable[[Env], dict[str, float | int]]
+    when: Callable[[Env], bool] | None = None  # a schedule for some shapes only: exactly one of a node's launches runs
 
 
 @dataclass
@@ -68,7 +69,8 @@ class SimplePlan:
     aliases: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # in-place outputs (cache_write)
 
     def __str__(self) -> str:
-        return "\n".join(f"{i:4d} {l.node.op:12s} -> {l.kernel.name}" for i, l in enumerate(self.launches))
+        return "\n".join(f"{i:4d} {l.node.op:12s} -> {l.kernel.name}{'' if l.when is None else '  (' + getattr(l.when, 'doc', 'some shapes') + ')'}"
+                         for i, l in enumerate(self.launches))
 
 
 def _elementwise(n: Node, members: list[Node] | None = None) -> Launch:
@@ -106,24 +108,60 @@ def _elementwise(n: Node, members: list[Node] | None = None) -> Launch:
     return Launch(n, k, bufs, lambda env: (max(1, -(-int(np.prod(_shape(out, env))) // 256)),), scalars)
 
 
-def _matmul(n: Node) -> Launch:
+@dataclass(frozen=True)
+class When:
+    """A launch's condition on the symbol values, with a readable description."""
+
+    doc: str
+    test: Callable[[Env], bool]
+
+    def __call__(self, env: Env) -> bool:
+        return self.test(env)
+
+
+def _matmul(n: Node) -> list[Launch]:
+    """x @ w^T against a 2-D weight. Host schedules: a lane GEMV while few rows come (decode), and a
+    row-block GEMM that dequantizes weight rows once for every token (prefill); the generic
+    baseline kernels where those do not apply."""
     x, w = n.inputs
     if not n.attrs["transpose_b"] or w.rank != 2:
         raise Refusal("matmul", "host", "the baseline planner runs x @ w^T with a 2-D weight only")
     out = n.outputs[0]
     nn, kk = w.shape[0].value, w.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
-    if w.dtype.name in BODIES:
-        bs, bb, _ = BODIES[w.dtype.name]
-        k = linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=32)
-        lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
-        row_bytes = kk // bs * bb
-        return Launch(n, k, {"x": _key(x), "w": _key(w), "lut": lut, "y": _key(out)},
-                      lambda env: (-(-nn // 4), rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
-    if w.dtype != dt.f32:
+    few = When("rows <= 2", lambda env: rows(env) <= 2)
+    many = When("rows > 2", lambda env: rows(env) > 2)
+    packed = w.dtype.name in BODIES
+    if not packed and w.dtype != dt.f32:
         raise Refusal("matmul", "host", f"weights of type {w.dtype} need a cast first")
-    k = linear.gemv_f32.instantiate(BLOCK=64)
-    return Launch(n, k, {"x": _key(x), "w": _key(w), "y": _key(out)}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk})
+    xk, wk, ok = _key(x), _key(w), _key(out)
+    launches: list[Launch] = []
+    if packed:
+        bs, bb, _ = BODIES[w.dtype.name]
+        row_bytes = kk // bs * bb
+        if w.dtype.name in linear_host.LANE_TYPES and kk % 32 == 0:
+            k = linear_host.gemv_lanes.instantiate(QTYPE=w.dtype.name)
+            gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
+        else:
+            k = linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=32)
+            lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
+            gemv = Launch(n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (-(-nn // 4), rows(env)),
+                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
+        if kk % 16 or kk % bs:
+            return [gemv]
+        k = linear_host.gemm_rows.instantiate(QTYPE=w.dtype.name, K=kk, BS=bs, BB=bb, NR=4, TM=4)
+        lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
+        gemm = Launch(n, k, {"a": xk, "w": wk, "lut": lut, "c": ok}, lambda env: (-(-nn // 4),),
+                      lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, many)
+    else:
+        k = linear_host.gemv_lanes_f32.instantiate()
+        gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk})
+        if kk % 16:
+            return [gemv]
+        k = linear_host.gemm_rows_f32.instantiate(K=kk, NR=4, TM=4)
+        gemm = Launch(n, k, {"a": xk, "w": wk, "c": ok}, lambda env: (-(-nn // 4),), lambda env: {"m": rows(env), "n": nn}, many)
+    gemv.when = few
+    return [gemv, gemm]
 
 
 def _gather(n: Node) -> Launch:
@@ -220,20 +258,18 @@ def _attention(n: Node) -> Launch:
     q, k, v = ops["q"], ops["k"], ops["v"]
     hq, hkv, dk, dv, bs = q.shape[1].value, k.shape[2].value, k.shape[3].value, v.shape[3].value, k.shape[1].value
     dr = ops["k_shared"].shape[2].value if spec.k_shared else 0
-    block = 64 if dv <= 64 else (128 if dv <= 128 else 256)
-    kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block)
     scale = spec.scale if spec.scale is not None else 1.0 / float(np.sqrt(dk + dr))
     out = n.outputs[0]
     dummy = np.zeros(1, np.float32)
     bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v), "ks_pool": _key(ops["k_shared"]) if spec.k_shared else dummy,
                             "positions": _key(ops["positions"]), "seq_ids": _key(ops["seq_ids"]), "ctx_lens": _key(ops["ctx_lens"]),
-                            "block_tables": _key(ops["block_tables"]), "out": _key(out), "part_m": dummy, "part_l": dummy}
+                            "block_tables": _key(ops["block_tables"]), "out": _key(out)}
+    kern = attn_lib.attention_lanes.instantiate(HQ=hq, HKV=hkv, DK=dk, DV=dv, DR=dr, BS=bs, CAUSAL=spec.causal, TILE=16)
 
     def scalars(env: Env) -> dict[str, float | int]:
-        return {"hq": hq, "hkv": hkv, "dk": dk, "dv": dv, "dr": dr, "bs": bs, "mb": _shape(ops["block_tables"], env)[1], "scale": scale,
-                "window": spec.window or 0, "softcap": spec.softcap or 0.0}
+        return {"mb": _shape(ops["block_tables"], env)[1], "scale": scale, "window": spec.window or 0, "softcap": spec.softcap or 0.0}
 
-    return Launch(n, kern, bufs, lambda env: (max(1, _shape(q, env)[0]), hq, 1), scalars)
+    return Launch(n, kern, bufs, lambda env: (max(1, _shape(q, env)[0]), hq), scalars)
 
 
 def _cache_write(n: Node) -> Launch:
@@ -282,7 +318,7 @@ def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
             if n.id in groups:  # the group's root: its escaping value is computed here
                 plan.launches.append(_elementwise(n, groups[n.id]))
         elif n.op == "matmul":
-            plan.launches.append(_matmul(n))
+            plan.launches.extend(_matmul(n))
         elif n.op == "gather":
             plan.launches.append(_gather(n))
         elif n.op in ("sum", "mean", "max", "min"):

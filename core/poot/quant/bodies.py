@@ -72,9 +72,7 @@ def _sbyte(buf: str, at: E) -> E:
 
 
 def _f16(buf: str, at: E) -> E:
-    from ..kernel.frontend import _half_to_f32
-
-    return _half_to_f32(ir.Bin("or", _byte(buf, at), _shl(_byte(buf, _add(at, _i(1))), 8)))
+    return ir.HalfToF32(ir.Bin("or", _byte(buf, at), _shl(_byte(buf, _add(at, _i(1))), 8)))
 
 
 def _u32(buf: str, at: E) -> E:

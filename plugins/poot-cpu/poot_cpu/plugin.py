@@ -17,6 +17,6 @@ def poot_devices() -> list[Device]:
 def poot_executor(device: Device) -> Any:
     if device.kind != "cpu":
         return None
-    from .executor import BaselineExecutor
+    from .executor import HostExecutor
 
-    return BaselineExecutor
+    return HostExecutor

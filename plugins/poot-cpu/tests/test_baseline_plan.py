@@ -14,7 +14,7 @@ from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan.lower import plan_graph
 from poot.testing.paged import PagedSequences
-from poot_cpu.executor import BaselineExecutor
+from poot_cpu.executor import HostExecutor
 
 # f32 on both sides; reduction orders differ (tree sums in kernels, pairwise in numpy)
 ATOL = {"synthetic": 1e-4, "real": 5e-4}
@@ -24,7 +24,7 @@ def run_both(ck, rng, prompts, steps=2, block=16):
     fam = family_for(ck.architecture)
     cfg = fam.parse_config(ck)
     g = PassManager(DEFAULT_PASSES).run(fam.trace(cfg, ck.weights, StepShapes(block_size=block)))
-    ex = BaselineExecutor(plan_graph(g))
+    ex = HostExecutor(plan_graph(g), threads=2)
     w = oracle_weights(ck.weights)
     oracle = PagedOracle(g, w, num_blocks=24)
     pools = {k: np.zeros_like(v) for k, v in oracle.pools.items()}

@@ -105,3 +105,74 @@ def attention_merge(part_acc: In[f32], part_m: In[f32], part_l: In[f32], out: Ou
             l += part_l[r * SPLITS + i] * w
             acc += part_acc[(r * SPLITS + i) * dv + d] * w
         out[r * dv + d] = acc / l if l > 0.0 else 0.0
+
+
+@kernel(workgroup=(1, 1, 1))
+def attention_lanes(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
+                    block_tables: In[i32], out: Out[f32], mb: i32, scale: f32, window: i32, softcap: f32,
+                    HQ: Const = 8, HKV: Const = 8, DK: Const = 64, DV: Const = 64, DR: Const = 0, BS: Const = 16, CAUSAL: Const = True, TILE: Const = 16):
+    """The same attention scheduled for a CPU core: one workgroup per (query token, query head), head
+    dimensions static, so dot products and the value accumulation run as 16-lane vectors; the
+    context is scored TILE positions at a time (one rescale per tile). Grid (tokens, HQ)."""
+    t = group_id(0)
+    h = group_id(1)
+    acc = shared(f32, DV)
+    lanes = shared(f32, 16)
+    sc = shared(f32, TILE)
+    g = h // (HQ // HKV)
+    s = seq_ids[t]
+    pos = positions[t]
+    end = ctx_lens[s]
+    if CAUSAL:
+        end = min(end, pos + 1)
+    start = 0
+    if window > 0:
+        start = max(0, pos - window + 1)
+    qb = (t * HQ + h) * (DK + DR)
+    for d in range(DV):
+        acc[d] = 0.0
+    m = -3.0e38
+    l = 0.0
+    for j0 in range(start, end, TILE):
+        n = min(TILE, end - j0)
+        tmax = -3.0e38
+        for jj in range(n):
+            j = j0 + jj
+            slot = block_tables[s * mb + j // BS] * BS + j % BS
+            kb = (slot * HKV + g) * DK
+            for i in range(16):
+                lanes[i] = 0.0
+            for c in static_range(DK // 16):
+                for i in range(16):
+                    lanes[i] += q[qb + c * 16 + i] * k_pool[kb + c * 16 + i]
+            for d in range(DK // 16 * 16, DK):
+                lanes[0] += q[qb + d] * k_pool[kb + d]
+            for d in range(DR):
+                lanes[0] += q[qb + DK + d] * ks_pool[slot * DR + d]
+            for w in static_range(4):
+                for i in range(8 >> w):
+                    lanes[i] += lanes[i + (8 >> w)]
+            x = lanes[0] * scale
+            if softcap > 0.0:
+                x = tanh(x / softcap) * softcap
+            sc[jj] = x
+            tmax = max(tmax, x)
+        m_new = max(m, tmax)
+        corr = exp(m - m_new)
+        l = l * corr
+        for d in range(DV):
+            acc[d] = acc[d] * corr
+        for jj in range(n):
+            p = exp(sc[jj] - m_new)
+            l += p
+            j = j0 + jj
+            vb = ((block_tables[s * mb + j // BS] * BS + j % BS) * HKV + g) * DV
+            for d in range(DV):
+                acc[d] += p * v_pool[vb + d]
+        m = m_new
+    ob = (t * HQ + h) * DV
+    for d in range(DV):
+        if l > 0.0:
+            out[ob + d] = acc[d] / l
+        else:
+            out[ob + d] = 0.0

@@ -1,0 +1,136 @@
+"""Matrix products scheduled for a CPU core: a workgroup is one thread of work, and the inner loops
+are 16 independent lanes that LLVM turns into one SIMD register each (AVX-512: one zmm; narrower
+units take several), with the accumulators held in registers across the K loop.
+
+- ``gemv_lanes``: decode, one output feature per workgroup. The quant types whose byte ``i`` of a
+  block holds elements ``i`` and ``i + 16`` (q4_0, q4_1) or element ``i`` (q8_0) are read 16 bytes
+  at a time; scales are converted by the hardware (F16C).
+- ``gemv_lanes_f32``: the same for f32 weights.
+- ``gemm_rows``: prefill, ``NR`` output features per workgroup for every token: the rows are
+  dequantized once into workgroup memory (any packed type), then tiles of ``TM`` tokens x ``NR``
+  features accumulate in ``TM * NR`` lane vectors.
+
+Lane sums are added in a fixed order, so results do not depend on the thread count.
+"""
+
+from __future__ import annotations
+
+from ...graph.dtypes import f32, i32, u8
+from ..frontend import Const, In, Out, kernel
+
+LANE_TYPES = ("q4_0", "q4_1", "q8_0")
+
+
+@kernel(workgroup=(1, 1, 1))
+def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1"):
+    """y[m, j] = sum_k x[m, k] * dequant(w)[j, k] for q4_0 / q4_1 / q8_0; grid (n, m)."""
+    j = group_id(0)
+    m = group_id(1)
+    acc = shared(f32, 32)
+    for i in range(32):
+        acc[i] = 0.0
+    nb = k // 32
+    for blk in range(nb):
+        xb = m * k + blk * 32
+        if QTYPE == "q8_0":
+            p = j * row_bytes + blk * 34
+            d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+            for i in range(32):
+                q = i32(w[p + 2 + i])
+                acc[i] += d * (f32(q - ((q >> 7) << 8)) * x[xb + i])
+        else:
+            if QTYPE == "q4_1":
+                p = j * row_bytes + blk * 20
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                mn = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                q0 = p + 4
+            else:
+                p = j * row_bytes + blk * 18
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                mn = -8.0 * d
+                q0 = p + 2
+            for i in range(16):
+                b = i32(w[q0 + i])
+                lo = x[xb + i]
+                hi = x[xb + 16 + i]
+                acc[i] += d * (f32(b & 15) * lo + f32(b >> 4) * hi) + mn * (lo + hi)
+    s = 0.0
+    for i in range(32):
+        s += acc[i]
+    y[m * n + j] = s
+
+
+@kernel(workgroup=(1, 1, 1))
+def gemv_lanes_f32(x: In[f32], w: In[f32], y: Out[f32], n: i32, k: i32):
+    """y[m, j] = sum_k x[m, k] * w[j, k]; grid (n, m). Any k (a scalar tail after the lanes)."""
+    j = group_id(0)
+    m = group_id(1)
+    acc = shared(f32, 16)
+    for i in range(16):
+        acc[i] = 0.0
+    k16 = k // 16 * 16
+    for c in range(0, k16, 16):
+        for i in range(16):
+            acc[i] += x[m * k + c + i] * w[j * k + c + i]
+    s = 0.0
+    for i in range(16):
+        s += acc[i]
+    for c in range(k16, k):
+        s += x[m * k + c] * w[j * k + c]
+    y[m * n + j] = s
+
+
+@kernel(workgroup=(1, 1, 1))
+def gemm_rows(a: In[f32], w: In[u8], lut: In[f32], c: Out[f32], m: i32, n: i32, row_bytes: i32,
+              QTYPE: Const = "q4_1", K: Const = 64, BS: Const = 32, BB: Const = 20, NR: Const = 4, TM: Const = 4):
+    """c[t, j] = sum_k a[t, k] * dequant(w)[j, k] for all m tokens; grid (ceil(n / NR),).
+    K (a multiple of 16 and of the block size) is the weight's static row length."""
+    j0 = group_id(0) * NR
+    wt = shared(f32, NR * K)
+    acc = shared(f32, TM * NR * 16)
+    for r in static_range(NR):
+        jr = min(j0 + r, n - 1)
+        for blk in range(K // BS):
+            p = jr * row_bytes + blk * BB
+            for jj in range(BS):
+                wt[r * K + blk * BS + jj] = dequant_in_block(QTYPE, w, p, jj)
+    for t0 in range(0, m, TM):
+        for i in range(TM * NR * 16):
+            acc[i] = 0.0
+        for kc in range(0, K, 16):
+            for t in static_range(TM):
+                tt = min(t0 + t, m - 1)
+                for r in static_range(NR):
+                    for i in range(16):
+                        acc[(t * NR + r) * 16 + i] += a[tt * K + kc + i] * wt[r * K + kc + i]
+        for t in static_range(TM):
+            for r in static_range(NR):
+                s = 0.0
+                for i in range(16):
+                    s += acc[(t * NR + r) * 16 + i]
+                if t0 + t < m and j0 + r < n:
+                    c[(t0 + t) * n + j0 + r] = s
+
+
+@kernel(workgroup=(1, 1, 1))
+def gemm_rows_f32(a: In[f32], w: In[f32], c: Out[f32], m: i32, n: i32, K: Const = 64, NR: Const = 4, TM: Const = 4):
+    """c[t, j] = sum_k a[t, k] * w[j, k] for all m tokens; grid (ceil(n / NR),); K a multiple of 16."""
+    j0 = group_id(0) * NR
+    acc = shared(f32, TM * NR * 16)
+    for t0 in range(0, m, TM):
+        for i in range(TM * NR * 16):
+            acc[i] = 0.0
+        for kc in range(0, K, 16):
+            for t in static_range(TM):
+                tt = min(t0 + t, m - 1)
+                for r in static_range(NR):
+                    jr = min(j0 + r, n - 1)
+                    for i in range(16):
+                        acc[(t * NR + r) * 16 + i] += a[tt * K + kc + i] * w[jr * K + kc + i]
+        for t in static_range(TM):
+            for r in static_range(NR):
+                s = 0.0
+                for i in range(16):
+                    s += acc[(t * NR + r) * 16 + i]
+                if t0 + t < m and j0 + r < n:
+                    c[(t0 + t) * n + j0 + r] = s

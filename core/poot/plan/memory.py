@@ -1,0 +1,93 @@
+"""Where every value of a plan lives for one set of symbol values (token count, batch, block-table
+width): weights and KV pools are bound by the caller and persist; step inputs get buffers of their
+own (they are written before each replay); every value a launch produces gets a slot in one
+activation arena, slots reused by lifetime. The arena's size is the planned peak, which is all an
+executor allocates for activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..graph import dtypes as dt
+from ..graph.dims import Dim
+from ..graph.ir import Value
+from .lower import Launch, SimplePlan
+from .storage import Lifetime, live_peak, plan_arena
+
+__all__ = ["storage_dtype", "StoragePlan", "plan_storage"]
+
+Key = tuple[int, int]
+
+
+def storage_dtype(t: dt.DType) -> np.dtype:
+    """How a value of type ``t`` is stored by kernels: packed types as bytes, bool as a byte, bf16
+    activations widened to f32."""
+    if t.is_packed:
+        return np.dtype(np.uint8)
+    if t == dt.boolean:
+        return np.dtype(np.uint8)
+    return np.dtype(np.float32) if t == dt.bf16 else np.dtype(t.numpy)
+
+
+@dataclass(frozen=True)
+class StoragePlan:
+    env: dict[str, int]
+    launches: list[Launch]  # the launches active for ``env``, in order
+    roots: dict[Key, Key]  # every value -> the value whose storage it uses (views and in-place writes)
+    shapes: dict[Key, tuple[int, ...]]
+    inputs: dict[str, Key]  # step inputs (not pools): name -> value
+    pools: dict[str, Key]  # inputs written in place (KV pools): name -> value
+    arena_offsets: dict[Key, int]  # activation root -> byte offset in the arena
+    arena_bytes: int  # the planned peak: the arena's size
+    live_bytes: int  # the most activation bytes alive at once (a lower bound on any arena)
+
+    def nbytes(self, key: Key, dtype: dt.DType) -> int:
+        return int(np.prod(self.shapes[key], dtype=np.int64)) * storage_dtype(dtype).itemsize
+
+
+def _value_shape(v: Value, env: Mapping[str, int]) -> tuple[int, ...]:
+    return tuple(Dim.evaluate(d, env) for d in v.shape)
+
+
+def plan_storage(plan: SimplePlan, env: Mapping[str, int], alignment: int = 64) -> StoragePlan:
+    g = plan.graph
+    env = dict(env)
+    launches = [l for l in plan.launches if l.when is None or l.when(env)]
+    roots: dict[Key, Key] = {}
+    shapes: dict[Key, tuple[int, ...]] = {}
+    values: dict[Key, Value] = {}
+    for n in g.nodes:
+        for v in n.outputs:
+            k = (n.id, v.index)
+            values[k] = v
+            shapes[k] = _value_shape(v, env)
+            src = plan.views.get(k) or plan.aliases.get(k)
+            roots[k] = roots.get(src, src) if src is not None else k
+    pool_roots = {roots[k] for k in plan.aliases}
+    inputs: dict[str, Key] = {}
+    pools: dict[str, Key] = {}
+    for name, v in g.inputs().items():
+        k = (v.node.id, v.index)
+        (pools if k in pool_roots else inputs)[name] = k
+    fixed = {roots[(n.id, 0)] for n in g.nodes if n.op in ("input", "weight", "constant")}
+    first: dict[Key, int] = {}
+    last: dict[Key, int] = {}
+    for i, l in enumerate(launches):
+        for ref in l.buffers.values():
+            if isinstance(ref, tuple):
+                r = roots[ref]
+                if r not in fixed:
+                    first.setdefault(r, i)
+                    last[r] = i
+    for v in g.outputs.values():
+        r = roots[(v.node.id, v.index)]
+        if r in first:
+            last[r] = len(launches)  # read back after the step
+    lifetimes = [Lifetime(r, max(1, int(np.prod(shapes[r], dtype=np.int64))) * storage_dtype(values[r].dtype).itemsize, first[r], last[r])
+                 for r in first]
+    arena = plan_arena(lifetimes, alignment)
+    return StoragePlan(env, launches, roots, shapes, inputs, pools, arena.offsets, arena.size, live_peak(lifetimes, alignment))

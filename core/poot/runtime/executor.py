@@ -1,0 +1,87 @@
+"""The executor contract: how a device runs a plan.
+
+An executor is built for one plan on one device (``load``: kernels compiled and loaded once). Then:
+
+- ``bind(weights, pools)``: persistent buffers: the checkpoint's weights (zero-copy where the device
+  can read host memory) and the KV pools, which steps update in place.
+- ``capture(env)``: record one step for the symbol values ``env`` (token count, sequences, block-table
+  width, logit rows): storage is planned, every buffer address, grid and scalar is fixed, and the step
+  becomes something the device replays as a whole (a chain of native calls on the host, a CUDA graph
+  on NVIDIA). Whatever changes between steps (token ids, positions, slots, block tables, context
+  lengths) lives in the step's input buffers, so a captured step replays unchanged.
+- ``replay(step, inputs)``: write the inputs into the step's buffers and run it.
+- ``read(step, name)``: a graph output, copied back to the host.
+
+``run(inputs, weights)`` does all of it for callers that hold plain arrays: it binds what changed,
+captures a step the first time a shape is seen, and replays it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import PootError
+from ..plan.lower import SimplePlan
+
+__all__ = ["Executor", "step_env"]
+
+
+def step_env(plan: SimplePlan, inputs: Mapping[str, Any]) -> dict[str, int]:
+    """Symbol values from the shapes of the step's inputs (a dimension that is a bare symbol binds it)."""
+    env: dict[str, int] = {}
+    for name, v in plan.graph.inputs().items():
+        if name not in inputs:
+            raise PootError(f"missing input '{name}' ({v.type})")
+        shape = np.shape(inputs[name])
+        if len(shape) != v.rank:
+            raise PootError(f"input '{name}' has shape {shape}, the graph wants {v.type}")
+        for d, size in zip(v.shape, shape):
+            if len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1:
+                sym = d.terms[0][0][0]
+                if env.setdefault(sym, size) != size:
+                    raise PootError(f"input '{name}': dimension {sym} is {size} here but {env[sym]} elsewhere")
+    return env
+
+
+class Executor(ABC):
+    """Runs one plan on one device."""
+
+    def __init__(self, plan: SimplePlan) -> None:
+        self.plan = plan
+
+    @abstractmethod
+    def bind(self, weights: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray] | None = None) -> None:
+        """Make weights and KV pools the buffers every captured step reads and writes."""
+
+    @abstractmethod
+    def capture(self, env: Mapping[str, int]) -> Any:
+        """Record a step for these symbol values."""
+
+    @abstractmethod
+    def replay(self, step: Any, inputs: Mapping[str, np.ndarray]) -> None:
+        """Write ``inputs`` into the step's buffers and run it."""
+
+    @abstractmethod
+    def read(self, step: Any, name: str) -> np.ndarray:
+        """A graph output of the last replay of ``step``."""
+
+    def close(self) -> None:
+        """Release threads and device memory (the executor is unusable afterwards)."""
+
+    def pool_names(self) -> list[str]:
+        """Inputs that are written in place (KV pools): they are bound, not passed per step."""
+        roots = set(self.plan.aliases.values())
+        return [name for name, v in self.plan.graph.inputs().items() if (v.node.id, v.index) in roots]
+
+    def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Bind, capture (once per shape) and replay; returns every graph output."""
+        pools = {n: inputs[n] for n in self.pool_names() if n in inputs}
+        self.bind(weights, pools)
+        env = step_env(self.plan, inputs)
+        step = self.capture(env)
+        self.replay(step, {n: a for n, a in inputs.items() if n not in pools})
+        return {name: self.read(step, name) for name in self.plan.graph.outputs}
