@@ -124,42 +124,57 @@ def _matmul(n: Node) -> list[Launch]:
     row-block GEMM that dequantizes weight rows once for every token (prefill); the generic
     baseline kernels where those do not apply."""
     x, w = n.inputs
-    if not n.attrs["transpose_b"] or w.rank != 2:
-        raise Refusal("matmul", "host", "the baseline planner runs x @ w^T with a 2-D weight only")
+    if not n.attrs["transpose_b"] or w.rank not in (2, 3) or (w.rank == 3 and x.rank != 3):
+        raise Refusal("matmul", "host", "the planner runs x @ w^T with a 2-D weight, or [B, T, K] x [E, N, K] per expert")
     out = n.outputs[0]
-    nn, kk = w.shape[0].value, w.shape[1].value
-    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    nn, kk = w.shape[-2].value, w.shape[-1].value
+    batch = w.shape[0].value if w.rank == 3 else 1
+    shared_x = w.rank == 2 or x.shape[0] == 1
+    if not shared_x and x.shape[0] != w.shape[0]:
+        raise Refusal("matmul", "host", f"batch of x {x.shape[0]} matches neither 1 nor the weight's {w.shape[0]}")
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1])) // (1 if shared_x else batch)  # noqa: E731
     few = When("rows <= 2", lambda env: rows(env) <= 2)
     many = When("rows > 2", lambda env: rows(env) > 2)
     packed = w.dtype.name in BODIES
     if not packed and w.dtype != dt.f32:
         raise Refusal("matmul", "host", f"weights of type {w.dtype} need a cast first")
     xk, wk, ok = _key(x), _key(w), _key(out)
+    row_bytes = kk // BODIES[w.dtype.name][0] * BODIES[w.dtype.name][1] if packed else kk
+
+    def strides(env: Env) -> dict[str, int]:  # per expert: x (0 when shared), w and y
+        return {"xs": 0 if shared_x else rows(env) * kk, "ws": nn * row_bytes if batch > 1 else 0, "ys": rows(env) * nn}
+
     launches: list[Launch] = []
     if packed:
         bs, bb, _ = BODIES[w.dtype.name]
-        row_bytes = kk // bs * bb
+        lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
         if w.dtype.name in linear_host.LANE_TYPES and kk % 32 == 0:
             k = linear_host.gemv_lanes.instantiate(QTYPE=w.dtype.name)
-            gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
-        else:
+            gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env), batch),
+                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)})
+        elif batch == 1:
             k = linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=32)
-            lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
             gemv = Launch(n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (-(-nn // 4), rows(env)),
                           lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
+        else:
+            gemv = None
         if kk % 16 or kk % bs:
+            if gemv is None:
+                raise Refusal("matmul", "host", f"per-expert {w.dtype} weights with rows of {kk} values have no host schedule")
             return [gemv]
         k = linear_host.gemm_rows.instantiate(QTYPE=w.dtype.name, K=kk, BS=bs, BB=bb, NR=4, TM=4)
-        lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
-        gemm = Launch(n, k, {"a": xk, "w": wk, "lut": lut, "c": ok}, lambda env: (-(-nn // 4),),
-                      lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, many)
+        gemm = Launch(n, k, {"a": xk, "w": wk, "lut": lut, "c": ok}, lambda env: (-(-nn // 4), batch),
+                      lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes, **strides(env)}, many)
+        if gemv is None:
+            gemm.when = None
+            return [gemm]
     else:
         k = linear_host.gemv_lanes_f32.instantiate()
-        gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk})
+        gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env), batch), lambda env: {"n": nn, "k": kk, **strides(env)})
         if kk % 16:
             return [gemv]
         k = linear_host.gemm_rows_f32.instantiate(K=kk, NR=4, TM=4)
-        gemm = Launch(n, k, {"a": xk, "w": wk, "c": ok}, lambda env: (-(-nn // 4),), lambda env: {"m": rows(env), "n": nn}, many)
+        gemm = Launch(n, k, {"a": xk, "w": wk, "c": ok}, lambda env: (-(-nn // 4), batch), lambda env: {"m": rows(env), "n": nn, **strides(env)}, many)
     gemv.when = few
     return [gemv, gemm]
 
@@ -181,13 +196,34 @@ def _gather(n: Node) -> Launch:
 
 
 def _reduce(n: Node) -> Launch:
+    """Over the last axis: a row reduction; over other adjacent axes: x viewed as [outer, length, inner]."""
     (x,) = n.inputs
-    axes = [a % x.rank for a in n.attrs["axes"]]
-    if axes != [x.rank - 1]:
-        raise Refusal(n.op, "host", "the baseline planner reduces over the last axis only")
+    axes = sorted({a % x.rank for a in n.attrs["axes"]})
+    if axes != list(range(axes[0], axes[-1] + 1)):
+        raise Refusal(n.op, "host", f"reduces over adjacent axes only, got {n.attrs['axes']}")
     out = n.outputs[0]
-    k = movement.reduce_rows.instantiate(OP=n.op, BLOCK=128)
-    return Launch(n, k, {"x": _key(x), "y": _key(out)}, lambda env: (max(1, int(np.prod(_shape(x, env)[:-1]))),), lambda env: {"cols": _shape(x, env)[-1]})
+    if axes == [x.rank - 1]:
+        k = movement.reduce_rows.instantiate(OP=n.op, BLOCK=128)
+        return Launch(n, k, {"x": _key(x), "y": _key(out)}, lambda env: (max(1, int(np.prod(_shape(x, env)[:-1]))),), lambda env: {"cols": _shape(x, env)[-1]})
+    lo, hi = axes[0], axes[-1] + 1
+
+    def split(env: Env) -> tuple[int, int, int]:
+        s = _shape(x, env)
+        return int(np.prod(s[:lo])), int(np.prod(s[lo:hi])), int(np.prod(s[hi:]))
+
+    k = movement.reduce_axis.instantiate(OP=n.op)
+    return Launch(n, k, {"x": _key(x), "y": _key(out)}, lambda env: (max(1, split(env)[0]), max(1, -(-split(env)[2] // 16))),
+                  lambda env: dict(zip(("outer", "length", "inner"), split(env))))
+
+
+def _topk(n: Node) -> Launch:
+    (x,) = n.inputs
+    if n.attrs["axis"] % x.rank != x.rank - 1:
+        raise Refusal("topk", "host", "selects along the last axis only")
+    vals, idx = n.outputs
+    k = movement.topk_rows.instantiate(K=n.attrs["k"])
+    return Launch(n, k, {"x": _key(x), "values": _key(vals), "indices": _key(idx)},
+                  lambda env: (max(1, int(np.prod(_shape(x, env)[:-1]))),), lambda env: {"cols": _shape(x, env)[-1]})
 
 
 def _copy(n: Node, src: Value, dst: Value, src_off: Callable[[Env], int], src_strides: Callable[[Env], list[int]],
@@ -327,6 +363,8 @@ def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
             plan.launches.extend(_movement(n))
         elif n.op == "attention":
             plan.launches.append(_attention(n))
+        elif n.op == "topk":
+            plan.launches.append(_topk(n))
         else:
             raise Refusal(n.op, "host", "the baseline planner has no kernel for this op yet")
     return plan

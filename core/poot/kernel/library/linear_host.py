@@ -22,30 +22,33 @@ LANE_TYPES = ("q4_0", "q4_1", "q8_0")
 
 
 @kernel(workgroup=(1, 1, 1))
-def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1"):
-    """y[m, j] = sum_k x[m, k] * dequant(w)[j, k] for q4_0 / q4_1 / q8_0; grid (n, m)."""
+def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32, QTYPE: Const = "q4_1"):
+    """y[e, m, j] = sum_k x[e, m, k] * dequant(w)[e, j, k] for q4_0 / q4_1 / q8_0; grid (n, m, batch),
+    with batch strides xs (elements, 0 to share x), ws (bytes) and ys (elements)."""
     j = group_id(0)
-    m = group_id(1)
+    e = group_id(2)
+    xm = group_id(1) * k + e * xs
+    wj = j * row_bytes + e * ws
     acc = shared(f32, 32)
     for i in range(32):
         acc[i] = 0.0
     nb = k // 32
     for blk in range(nb):
-        xb = m * k + blk * 32
+        xb = xm + blk * 32
         if QTYPE == "q8_0":
-            p = j * row_bytes + blk * 34
+            p = wj + blk * 34
             d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
             for i in range(32):
                 q = i32(w[p + 2 + i])
                 acc[i] += d * (f32(q - ((q >> 7) << 8)) * x[xb + i])
         else:
             if QTYPE == "q4_1":
-                p = j * row_bytes + blk * 20
+                p = wj + blk * 20
                 d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
                 mn = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
                 q0 = p + 4
             else:
-                p = j * row_bytes + blk * 18
+                p = wj + blk * 18
                 d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
                 mn = -8.0 * d
                 q0 = p + 2
@@ -57,41 +60,46 @@ def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i3
     s = 0.0
     for i in range(32):
         s += acc[i]
-    y[m * n + j] = s
+    y[e * ys + group_id(1) * n + j] = s
 
 
 @kernel(workgroup=(1, 1, 1))
-def gemv_lanes_f32(x: In[f32], w: In[f32], y: Out[f32], n: i32, k: i32):
-    """y[m, j] = sum_k x[m, k] * w[j, k]; grid (n, m). Any k (a scalar tail after the lanes)."""
+def gemv_lanes_f32(x: In[f32], w: In[f32], y: Out[f32], n: i32, k: i32, xs: i32, ws: i32, ys: i32):
+    """y[e, m, j] = sum_k x[e, m, k] * w[e, j, k]; grid (n, m, batch). Any k (a scalar tail after the lanes)."""
     j = group_id(0)
-    m = group_id(1)
+    e = group_id(2)
+    xm = group_id(1) * k + e * xs
+    wj = j * k + e * ws
     acc = shared(f32, 16)
     for i in range(16):
         acc[i] = 0.0
     k16 = k // 16 * 16
     for c in range(0, k16, 16):
         for i in range(16):
-            acc[i] += x[m * k + c + i] * w[j * k + c + i]
+            acc[i] += x[xm + c + i] * w[wj + c + i]
     s = 0.0
     for i in range(16):
         s += acc[i]
     for c in range(k16, k):
-        s += x[m * k + c] * w[j * k + c]
-    y[m * n + j] = s
+        s += x[xm + c] * w[wj + c]
+    y[e * ys + group_id(1) * n + j] = s
 
 
 @kernel(workgroup=(1, 1, 1))
-def gemm_rows(a: In[f32], w: In[u8], lut: In[f32], c: Out[f32], m: i32, n: i32, row_bytes: i32,
+def gemm_rows(a: In[f32], w: In[u8], lut: In[f32], c: Out[f32], m: i32, n: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32,
               QTYPE: Const = "q4_1", K: Const = 64, BS: Const = 32, BB: Const = 20, NR: Const = 4, TM: Const = 4):
-    """c[t, j] = sum_k a[t, k] * dequant(w)[j, k] for all m tokens; grid (ceil(n / NR),).
+    """c[e, t, j] = sum_k a[e, t, k] * dequant(w)[e, j, k] for all m tokens; grid (ceil(n / NR), batch).
     K (a multiple of 16 and of the block size) is the weight's static row length."""
     j0 = group_id(0) * NR
+    e = group_id(1)
+    ab = e * xs
+    cb = e * ys
     wt = shared(f32, NR * K)
     acc = shared(f32, TM * NR * 16)
     for r in static_range(NR):
         jr = min(j0 + r, n - 1)
         for blk in range(K // BS):
-            p = jr * row_bytes + blk * BB
+            p = e * ws + jr * row_bytes + blk * BB
             for jj in range(BS):
                 wt[r * K + blk * BS + jj] = dequant_in_block(QTYPE, w, p, jj)
     for t0 in range(0, m, TM):
@@ -102,20 +110,23 @@ def gemm_rows(a: In[f32], w: In[u8], lut: In[f32], c: Out[f32], m: i32, n: i32, 
                 tt = min(t0 + t, m - 1)
                 for r in static_range(NR):
                     for i in range(16):
-                        acc[(t * NR + r) * 16 + i] += a[tt * K + kc + i] * wt[r * K + kc + i]
+                        acc[(t * NR + r) * 16 + i] += a[ab + tt * K + kc + i] * wt[r * K + kc + i]
         for t in static_range(TM):
             for r in static_range(NR):
                 s = 0.0
                 for i in range(16):
                     s += acc[(t * NR + r) * 16 + i]
                 if t0 + t < m and j0 + r < n:
-                    c[(t0 + t) * n + j0 + r] = s
+                    c[cb + (t0 + t) * n + j0 + r] = s
 
 
 @kernel(workgroup=(1, 1, 1))
-def gemm_rows_f32(a: In[f32], w: In[f32], c: Out[f32], m: i32, n: i32, K: Const = 64, NR: Const = 4, TM: Const = 4):
-    """c[t, j] = sum_k a[t, k] * w[j, k] for all m tokens; grid (ceil(n / NR),); K a multiple of 16."""
+def gemm_rows_f32(a: In[f32], w: In[f32], c: Out[f32], m: i32, n: i32, xs: i32, ws: i32, ys: i32, K: Const = 64, NR: Const = 4, TM: Const = 4):
+    """c[e, t, j] = sum_k a[e, t, k] * w[e, j, k] for all m tokens; grid (ceil(n / NR), batch); K a multiple of 16."""
     j0 = group_id(0) * NR
+    e = group_id(1)
+    ab = e * xs
+    cb = e * ys
     acc = shared(f32, TM * NR * 16)
     for t0 in range(0, m, TM):
         for i in range(TM * NR * 16):
@@ -126,11 +137,11 @@ def gemm_rows_f32(a: In[f32], w: In[f32], c: Out[f32], m: i32, n: i32, K: Const 
                 for r in static_range(NR):
                     jr = min(j0 + r, n - 1)
                     for i in range(16):
-                        acc[(t * NR + r) * 16 + i] += a[tt * K + kc + i] * w[jr * K + kc + i]
+                        acc[(t * NR + r) * 16 + i] += a[ab + tt * K + kc + i] * w[e * ws + jr * K + kc + i]
         for t in static_range(TM):
             for r in static_range(NR):
                 s = 0.0
                 for i in range(16):
                     s += acc[(t * NR + r) * 16 + i]
                 if t0 + t < m and j0 + r < n:
-                    c[(t0 + t) * n + j0 + r] = s
+                    c[cb + (t0 + t) * n + j0 + r] = s

@@ -53,3 +53,49 @@ def cache_write(values: In[f32], slots: In[i32], pool: Out[f32], width: i32, BLO
     if s >= 0:
         for c in range(thread_id(0), width, BLOCK):
             pool[s * width + c] = values[t * width + c]
+
+
+@kernel(workgroup=(1, 1, 1))
+def reduce_axis(x: In[f32], y: Out[f32], outer: i32, length: i32, inner: i32, OP: Const = "sum"):
+    """y[o, i] = sum / mean / max / min over r of x[o, r, i] (x viewed as [outer, length, inner]):
+    any single axis, or adjacent axes merged; grid (outer, ceil(inner / 16)), 16 lanes of i each."""
+    o = group_id(0)
+    i0 = group_id(1) * 16
+    acc = shared(f32, 16)
+    for i in range(16):
+        acc[i] = 0.0 if OP == "sum" or OP == "mean" else (-3.0e38 if OP == "max" else 3.0e38)
+    n = min(16, inner - i0)
+    for r in range(length):
+        base = (o * length + r) * inner + i0
+        for i in range(n):
+            v = x[base + i]
+            if OP == "sum" or OP == "mean":
+                acc[i] += v
+            elif OP == "max":
+                acc[i] = max(acc[i], v)
+            else:
+                acc[i] = min(acc[i], v)
+    for i in range(n):
+        y[o * inner + i0 + i] = acc[i] / f32(length) if OP == "mean" else acc[i]
+
+
+@kernel(workgroup=(1, 1, 1))
+def topk_rows(x: In[f32], values: Out[f32], indices: Out[i32], cols: i32, K: Const = 2):
+    """The K largest of each row of x, largest first, ties to the lower index (a stable descending
+    sort's first K); grid (rows,). Each pick is the best (value, -index) strictly below the last."""
+    row = group_id(0)
+    pv = 0.0
+    pi = -1
+    for r in static_range(K):
+        bv = 0.0
+        bi = -1
+        for c in range(cols):
+            v = x[row * cols + c]
+            below = pi < 0 or v < pv or (v == pv and c > pi)
+            if below and (bi < 0 or v > bv):
+                bv = v
+                bi = c
+        values[row * K + r] = bv
+        indices[row * K + r] = bi
+        pv = bv
+        pi = bi

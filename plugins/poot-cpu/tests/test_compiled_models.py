@@ -1,6 +1,7 @@
-"""Whole models compiled for the host by the baseline planner (one kernel per op) and run by the CPU
-executor: logits equal the oracle's over a prefill step of two sequences of different lengths in one
-paged pool (shuffled blocks) and two decode steps."""
+"""Whole models compiled for the host and run by the CPU executor as captured steps (two threads):
+logits equal the oracle's over a prefill step of two sequences of different lengths in one paged pool
+(shuffled blocks) and decode steps that replay one captured step with new inputs. Every synthetic
+family (dense, MoE, MLA) and both real checkpoints."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan.lower import plan_graph
 from poot.testing.paged import PagedSequences
+from poot.testing.synthetic import SYNTHETIC
 from poot_cpu.executor import HostExecutor
 
-# f32 on both sides; reduction orders differ (tree sums in kernels, pairwise in numpy)
+# f32 on both sides; reduction orders differ (lane sums in kernels, pairwise in numpy), and the real
+# models' logits are ~20 in magnitude after 30 layers: bounds are ~10x the worst seen
 ATOL = {"synthetic": 1e-4, "real": 5e-4}
 
 
@@ -45,8 +48,8 @@ def run_both(ck, rng, prompts, steps=2, block=16):
     return worst
 
 
-@pytest.mark.parametrize("name", ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
-def test_synthetic_dense_families_match_the_oracle(name, tmp_path, rng):
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_synthetic_families_match_the_oracle(name, tmp_path, rng):
     from poot.testing.synthetic import build_synthetic
 
     ck = open_checkpoint(build_synthetic(name, tmp_path / name, int(rng.integers(0, 2**31))))
@@ -66,11 +69,12 @@ def test_smollm2_compiled_matches_the_oracle(smollm2_path, rng):
     assert worst < ATOL["real"]
 
 
-def test_moe_is_refused_by_name(tmp_path, rng):
-    from poot.testing.synthetic import build_synthetic
+@pytest.mark.slow
+def test_gemma3_compiled_matches_the_oracle(gemma3_path, rng):
+    from poot.text import Tokenizer
 
-    ck = open_checkpoint(build_synthetic("mixtral", tmp_path / "m", 0))
-    fam = family_for(ck.architecture)
-    g = fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4))
-    with pytest.raises(Refusal, match="topk|matmul|iota"):
-        plan_graph(PassManager(DEFAULT_PASSES).run(g))
+    ck = open_checkpoint(gemma3_path)
+    tok = Tokenizer.from_gguf(ck.metadata)
+    worst = run_both(ck, rng, [tok.encode("The capital of France is"), tok.encode("Once upon a time")], steps=2)
+    print(f"Gemma 3: max |dlogit| {worst:.2g}")
+    assert worst < ATOL["real"]
