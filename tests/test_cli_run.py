@@ -1,4 +1,4 @@
-"""`poot run`: text from a real model compiled for the CPU device (greedy, baseline kernels)."""
+"""`poot run`: text from a real model compiled for the CPU device (greedy)."""
 
 from __future__ import annotations
 

@@ -188,22 +188,30 @@ def _paged_case(rng, v, bs=4):
     return data, bs, MB
 
 
-@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("splits", [1, 3, "lanes"])
 @pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
 @pytest.mark.parametrize("variant", sorted(ATTN))
 def test_paged_attention(rng, variant, mask, splits):
+    """The GPU-style kernel (one pass, or split context + merge) and the host's lane schedule."""
     v = ATTN[variant]
     data, bs, mb = _paged_case(rng, v)
     T = len(data["seq_ids"])
     causal, window, softcap, scale = mask != "full", 9 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
-    block = 64 if v["dv"] <= 64 else 128
-    k = attn_lib.attention.instantiate(CAUSAL=causal, SPLITS=splits, BLOCK=block)
-    out = poisoned((T, v["hq"], splits * v["dv"]) if splits > 1 else (T, v["hq"], v["dv"]))
-    pm, pl = poisoned((T * v["hq"] * splits,)), poisoned((T * v["hq"] * splits,))
     bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": data["ks"], "positions": data["positions"], "seq_ids": data["seq_ids"],
-            "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out, "part_m": pm, "part_l": pl}
-    sc = {"hq": v["hq"], "hkv": v["hkv"], "dk": v["dk"], "dv": v["dv"], "dr": v["dr"], "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
-    run_host(k, (T, v["hq"], splits), bufs, sc)
+            "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"]}
+    if splits == "lanes":
+        k = attn_lib.attention_lanes.instantiate(HQ=v["hq"], HKV=v["hkv"], DK=v["dk"], DV=v["dv"], DR=v["dr"], BS=bs, CAUSAL=causal, TILE=16)
+        out = bufs["out"] = poisoned((T, v["hq"], v["dv"]))
+        run_host(k, (T, v["hq"]), bufs, {"mb": mb, "scale": scale, "window": window, "softcap": softcap})
+        splits = 1
+    else:
+        block = 64 if v["dv"] <= 64 else 128
+        k = attn_lib.attention.instantiate(CAUSAL=causal, SPLITS=splits, BLOCK=block)
+        out = poisoned((T, v["hq"], splits * v["dv"]) if splits > 1 else (T, v["hq"], v["dv"]))
+        pm, pl = poisoned((T * v["hq"] * splits,)), poisoned((T * v["hq"] * splits,))
+        bufs.update(out=out, part_m=pm, part_l=pl)
+        sc = {"hq": v["hq"], "hkv": v["hkv"], "dk": v["dk"], "dv": v["dv"], "dr": v["dr"], "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
+        run_host(k, (T, v["hq"], splits), bufs, sc)
     if splits > 1:
         final = poisoned((T, v["hq"], v["dv"]))
         run_host(attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=32), (T * v["hq"],), {"part_acc": out, "part_m": pm, "part_l": pl, "out": final}, {"dv": v["dv"]})

@@ -159,7 +159,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         n += 1
         print(piece, end="", flush=True)
     print()
-    print(f"poot: {time.perf_counter() - t1:.1f} s of generation (greedy, baseline kernels)", file=sys.stderr)
+    st = gen.stats
+    print(f"poot: {time.perf_counter() - t1:.1f} s of generation (greedy): prompt {st['prompt_tokens']} tokens at "
+          f"{st['prompt_tokens'] / max(st['prefill_s'], 1e-9):.0f} tok/s, {st['new_tokens']} new at {st['new_tokens'] / max(st['decode_s'], 1e-9):.0f} tok/s",
+          file=sys.stderr)
     return 0
 
 

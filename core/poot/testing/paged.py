@@ -32,9 +32,10 @@ class PagedSequences:
             self.tables[seq].append(self.free.pop())
         return self.tables[seq][blk] * self.block_size + off
 
-    def step(self, new_tokens: Sequence[Sequence[int]], all_logits: bool = False) -> StepBatch:
+    def step(self, new_tokens: Sequence[Sequence[int]], all_logits: bool = False, width: int | None = None) -> StepBatch:
         """Append ``new_tokens[s]`` to sequence ``s`` (empty: not in this step); logits for every new
-        token, or for each sequence's last one."""
+        token, or for each sequence's last one. ``width`` fixes the block tables' width (as a captured
+        step needs); by default it is one more than the longest table."""
         tokens, positions, seq_ids, slots, rows = [], [], [], [], []
         for s, toks in enumerate(new_tokens):
             for t in toks:
@@ -48,7 +49,7 @@ class PagedSequences:
                     rows.append(len(tokens) - 1)
             if toks and not all_logits:
                 rows.append(len(tokens) - 1)
-        width = max(len(t) for t in self.tables) + 1
+        width = width or max(len(t) for t in self.tables) + 1
         tables = np.full((len(self.tables), width), -1, np.int32)
         for s, t in enumerate(self.tables):
             tables[s, : len(t)] = t

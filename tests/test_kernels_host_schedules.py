@@ -1,0 +1,95 @@
+"""The CPU schedules (one workgroup per core-sized task, 16-lane inner loops) against numpy and the
+CPU oracle: every packed type, batched per-expert weights, ragged sizes, poisoned outputs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from poot.kernel.library import linear_host, movement
+from poot.quant import quantization
+from poot.quant.bodies import BODIES, LUTS
+from poot.testing.kernels import poisoned, run_host
+
+
+def _weights(rng, qtype, shape):
+    q = quantization(qtype)
+    w = rng.standard_normal(shape).astype(np.float32)
+    raw = q.quantize(w.reshape(-1, shape[-1])).reshape(shape[:-1] + (-1,))
+    return raw, q.dequantize(raw.reshape(-1, raw.shape[-1])).reshape(shape)
+
+
+def _close(got, want):
+    assert np.isfinite(got).all(), "an output element was never written"
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=2e-5 * np.abs(want).max() * np.sqrt(want.size))
+
+
+@pytest.mark.parametrize("qtype", linear_host.LANE_TYPES)
+@pytest.mark.parametrize("experts,shared_x", [(1, True), (3, True), (3, False)])
+def test_gemv_lanes(rng, qtype, experts, shared_x):
+    m, n, k = 2, 23, 32 * 5
+    raw, deq = _weights(rng, qtype, (experts, n, k))
+    x = rng.standard_normal((1 if shared_x else experts, m, k)).astype(np.float32)
+    y = poisoned((experts, m, n))
+    sc = {"n": n, "k": k, "row_bytes": raw.shape[-1], "xs": 0 if shared_x else m * k, "ws": n * raw.shape[-1], "ys": m * n}
+    run_host(linear_host.gemv_lanes.instantiate(QTYPE=qtype), (n, m, experts), {"x": x, "w": raw, "y": y}, sc)
+    _close(y, np.matmul(x, np.swapaxes(deq, 1, 2)))
+
+
+@pytest.mark.parametrize("k", [16, 37, 200])
+def test_gemv_lanes_f32(rng, k):
+    m, n, e = 3, 11, 2
+    w = rng.standard_normal((e, n, k)).astype(np.float32)
+    x = rng.standard_normal((e, m, k)).astype(np.float32)
+    y = poisoned((e, m, n))
+    run_host(linear_host.gemv_lanes_f32.instantiate(), (n, m, e), {"x": x, "w": w, "y": y}, {"n": n, "k": k, "xs": m * k, "ws": n * k, "ys": m * n})
+    _close(y, np.matmul(x, np.swapaxes(w, 1, 2)))
+
+
+@pytest.mark.parametrize("qtype", sorted(BODIES))
+def test_gemm_rows_every_type(rng, qtype):
+    bs, bb, _ = BODIES[qtype]
+    k = bs * 2 if bs % 16 == 0 else 64
+    if k % bs:
+        pytest.skip(f"{qtype}: block of {bs}")
+    m, n, e = 7, 10, 2  # ragged: 7 tokens in tiles of 4, 10 rows in groups of 4
+    raw, deq = _weights(rng, qtype, (e, n, k))
+    a = rng.standard_normal((1, m, k)).astype(np.float32)
+    c = poisoned((e, m, n))
+    kern = linear_host.gemm_rows.instantiate(QTYPE=qtype, K=k, BS=bs, BB=bb, NR=4, TM=4)
+    sc = {"m": m, "n": n, "row_bytes": raw.shape[-1], "xs": 0, "ws": n * raw.shape[-1], "ys": m * n}
+    run_host(kern, (-(-n // 4), e), {"a": a, "w": raw, "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "c": c}, sc)
+    _close(c, np.matmul(a, np.swapaxes(deq, 1, 2)))
+
+
+def test_gemm_rows_f32(rng):
+    m, n, k = 9, 13, 48
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    c = poisoned((m, n))
+    run_host(linear_host.gemm_rows_f32.instantiate(K=k, NR=4, TM=4), (-(-n // 4), 1), {"a": a, "w": w, "c": c}, {"m": m, "n": n, "xs": 0, "ws": 0, "ys": m * n})
+    _close(c, a @ w.T)
+
+
+@pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
+@pytest.mark.parametrize("shape,axes", [((5, 7, 33), (0,)), ((4, 6, 3), (1,)), ((3, 4, 5, 2), (1, 2)), ((6, 40), (0,))])
+def test_reduce_axis(rng, op, shape, axes):
+    x = rng.standard_normal(shape).astype(np.float32)
+    lo, hi = axes[0], axes[-1] + 1
+    outer, length, inner = int(np.prod(shape[:lo])), int(np.prod(shape[lo:hi])), int(np.prod(shape[hi:]))
+    y = poisoned((outer, inner))
+    run_host(movement.reduce_axis.instantiate(OP=op), (outer, -(-inner // 16)), {"x": x, "y": y}, {"outer": outer, "length": length, "inner": inner})
+    want = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}[op](x, axis=axes).reshape(outer, inner)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("k", [1, 2, 6])
+def test_topk_rows_is_a_stable_descending_sort(rng, k):
+    rows, cols = 9, 13
+    x = rng.integers(-3, 4, (rows, cols)).astype(np.float32)  # many ties
+    x[0, :4] = -np.inf
+    vals, idx = poisoned((rows, k)), poisoned((rows, k), np.int32)
+    run_host(movement.topk_rows.instantiate(K=k), (rows,), {"x": x, "values": vals, "indices": idx}, {"cols": cols})
+    order = np.argsort(-x, axis=1, kind="stable")[:, :k]
+    np.testing.assert_array_equal(idx, order)
+    np.testing.assert_array_equal(vals, np.take_along_axis(x, order, 1))
