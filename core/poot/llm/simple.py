@@ -1,5 +1,5 @@
 """A first generation loop: load a model, compile its step for a device, and decode greedily one
-and decode greedily one sequence at a time, streaming text. (Batching, sampling on the device, prefix
+sequence at a time, streaming text. (Batching, sampling on the device, prefix
 sharing and the rest of the driver come with the generation work.)"""
 
 from __future__ import annotations
