@@ -461,6 +461,8 @@ class _Lowerer:
                 return self.unary("exp2", b.fmul(c, self.unary("log2", a, t)), t)
             fn = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv, "rem": b.frem}.get(op)
             if fn is not None:
+                if self.host and op in ("add", "sub", "mul"):
+                    return fn(a, c, flags=("contract",))  # numerics policy: the host fuses a * b + c into one FMA
                 return fn(a, c)
             return self.fcall("llvm.minnum" if op == "min" else "llvm.maxnum", a, c)
         if op in K.CMP_OPS:

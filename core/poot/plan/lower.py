@@ -19,7 +19,7 @@ from ..graph.ops import OPS
 from ..kernel import ir as K
 from ..kernel.library import attention as attn_lib
 from ..kernel.library import gather as gather_lib
-from ..kernel.library import linear, linear_host, movement
+from ..kernel.library import linear, linear_host, movement, norms
 from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
 from ..quant.bodies import BODIES, LUTS
 
@@ -315,17 +315,92 @@ def _cache_write(n: Node) -> Launch:
     return Launch(n, k, {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])}, lambda env: (max(1, _shape(slots, env)[0]),), lambda env: {"width": width})
 
 
-def _elementwise_groups(graph: Graph) -> dict[int, list[Node]]:
+@dataclass(frozen=True)
+class _RmsNorm:
+    x: Value
+    weight: Value
+    unit_offset: bool
+    eps: float
+    out: Value
+    nodes: frozenset[int]
+
+
+def _scalar_const(v: Value) -> float | None:
+    if v.node.op == "constant" and v.node.attrs["value"].array.size == 1:
+        return float(v.node.attrs["value"].array.reshape(()))
+    return None
+
+
+def _recognise_rms_norms(graph: Graph) -> dict[int, _RmsNorm]:
+    """RMSNorm as the compositions trace it: mean(x * x, -1) + eps -> rsqrt -> * x -> * w (or
+    * (w + 1)). Keyed by the id of the node whose output is the normalised value; every matched
+    node but that output is used only inside the pattern."""
+    users = graph.users()
+    outputs = {_key(v) for v in graph.outputs.values()}
+
+    def only_user(n: Node) -> Node | None:
+        us = users[n.id]
+        return us[0] if len(us) == 1 and _key(n.outputs[0]) not in outputs else None
+
+    def other(n: Node, v: Value) -> Value | None:
+        a, b = n.inputs
+        return b if _key(a) == _key(v) else (a if _key(b) == _key(v) else None)
+
+    found: dict[int, _RmsNorm] = {}
+    for m in graph.nodes:
+        if m.op != "mean" or not m.attrs["keepdims"]:
+            continue
+        sq = m.inputs[0]
+        if [a % sq.rank for a in m.attrs["axes"]] != [sq.rank - 1] or sq.node.op != "mul" or _key(sq.node.inputs[0]) != _key(sq.node.inputs[1]):
+            continue
+        x = sq.node.inputs[0]
+        if x.dtype != dt.f32 or only_user(sq.node) is not m:
+            continue
+        add = only_user(m)
+        if add is None or add.op != "add" or (eps := _scalar_const(other(add, m.outputs[0]) or add.inputs[0])) is None:
+            continue
+        rs = only_user(add)
+        if rs is None or rs.op != "rsqrt":
+            continue
+        ym = only_user(rs)
+        if ym is None or ym.op != "mul" or other(ym, rs.outputs[0]) is None or _key(other(ym, rs.outputs[0])) != _key(x):
+            continue
+        wm = only_user(ym)
+        if wm is None or wm.op != "mul":
+            continue
+        w = other(wm, ym.outputs[0])
+        cols = x.shape[-1]
+        if w is None or w.rank != 1 or w.shape[0] != cols or not cols.is_static:
+            continue
+        nodes = {sq.node.id, m.id, add.id, rs.id, ym.id}
+        unit = False
+        if w.node.op == "add" and (one := _scalar_const(w.node.inputs[1])) == 1.0 and only_user(w.node) is wm and w.node.inputs[0].dtype == dt.f32:
+            nodes.add(w.node.id)
+            w, unit = w.node.inputs[0], True
+        if w.dtype != dt.f32:
+            continue
+        found[wm.id] = _RmsNorm(x, w, unit, eps, wm.outputs[0], frozenset(nodes))
+    return found
+
+
+def _rms_norm(n: Node, r: _RmsNorm) -> Launch:
+    k = norms.rms_norm_lanes.instantiate(UNIT_OFFSET=r.unit_offset)
+    cols = r.x.shape[-1].value
+    return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
+                  lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps})
+
+
+def _elementwise_groups(graph: Graph, skip: set[int] = frozenset()) -> dict[int, list[Node]]:  # type: ignore[assignment]
     """Fuse elementwise chains: a node joins its consumer's kernel when that consumer is elementwise
     and its only user, and its value is not a graph output. Returns root node id -> members in order."""
     users = graph.users()
     outputs = {_key(v) for v in graph.outputs.values()}
     root: dict[int, int] = {}
     for n in reversed(graph.nodes):
-        if OPS[n.op].category != "elementwise":
+        if OPS[n.op].category != "elementwise" or n.id in skip:
             continue
         us = users[n.id]
-        if len(us) == 1 and OPS[us[0].op].category == "elementwise" and _key(n.outputs[0]) not in outputs and len(n.outputs) == 1:
+        if len(us) == 1 and OPS[us[0].op].category == "elementwise" and us[0].id not in skip and _key(n.outputs[0]) not in outputs and len(n.outputs) == 1:
             root[n.id] = root.get(us[0].id, us[0].id)
         else:
             root[n.id] = n.id
@@ -340,10 +415,17 @@ def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
     """Lower every node of ``graph`` to kernel launches for the host target (a Refusal names what
     cannot be run). With ``fuse``, chains of elementwise ops become one kernel each."""
     plan = SimplePlan(graph, [])
-    groups = _elementwise_groups(graph) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
+    norms_at = _recognise_rms_norms(graph) if fuse else {}
+    inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
+    groups = _elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant"):
+            continue
+        if n.id in norms_at:
+            plan.launches.append(_rms_norm(n, norms_at[n.id]))
+            continue
+        if n.id in inside:
             continue
         if n.op == "reshape":
             plan.views[_key(n.outputs[0])] = plan.views.get(_key(n.inputs[0]), _key(n.inputs[0]))

@@ -109,3 +109,29 @@ def argmax(x: In[f32], out: Out[i32], cols: i32, BLOCK: Const = 128):
         s = s // 2
     if t == 0:
         out[row] = best_i[0]
+
+
+@kernel(workgroup=(1, 1, 1))
+def rms_norm_lanes(x: In[f32], w: In[f32], y: Out[f32], cols: i32, eps: f32, UNIT_OFFSET: Const = False):
+    """RMSNorm scheduled for a CPU core: one workgroup per row, the sum of squares in 16 lanes (then a
+    fixed tree), the scaling vectorised; grid (rows,)."""
+    row = group_id(0)
+    base = row * cols
+    lanes = shared(f32, 16)
+    for i in range(16):
+        lanes[i] = 0.0
+    c16 = cols // 16 * 16
+    for c in range(0, c16, 16):
+        for i in range(16):
+            v = x[base + c + i]
+            lanes[i] += v * v
+    for c in range(c16, cols):
+        v = x[base + c]
+        lanes[0] += v * v
+    for s in static_range(4):
+        for i in range(8 >> s):
+            lanes[i] += lanes[i + (8 >> s)]
+    scale = rsqrt(lanes[0] / f32(cols) + eps)
+    for c in range(cols):
+        g = w[c] + 1.0 if UNIT_OFFSET else w[c]
+        y[base + c] = x[base + c] * scale * g
