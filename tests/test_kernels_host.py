@@ -328,9 +328,11 @@ def test_fused_elementwise_chains_match_the_oracle(ops, dims, seed):
     k = fuse_elementwise("chain", nodes, used_inputs, out, block=64)
     n = int(np.prod(full))
     y = poisoned(full)
-    scalars = {"n": n}
-    _, padded = _strides(full, full)
+    scalars = {"n": n, "o_out": 0}
+    contiguous, padded = _strides(full, full)
     scalars.update({f"d{d}": padded[d] for d in range(MAX_RANK)})
+    scalars.update({f"ot{d}": contiguous[d] for d in range(MAX_RANK)})
+    scalars.update({f"o{i}": 0 for i in range(len(shapes))})
     for i, s in enumerate(shapes):
         st_, _ = _strides(s, full)
         scalars.update({f"s{i}_{d}": st_[d] for d in range(MAX_RANK)})

@@ -73,9 +73,81 @@ class SimplePlan:
                          for i, l in enumerate(self.launches))
 
 
-def _elementwise(n: Node, members: list[Node] | None = None) -> Launch:
-    """One kernel for ``members`` (an elementwise DAG whose only escaping value is ``n``'s output)."""
-    members = members or [n]
+@dataclass(frozen=True)
+class _View:
+    """How a kernel reads a value through another's storage: element offset and strides (per env)."""
+
+    base: Value
+    offset: Callable[[Env], int]
+    strides: Callable[[Env], list[int]]
+
+
+def _view(v: Value, virtual: set[int]) -> _View:
+    """Follow slices, transposes and expands that are not materialised (``virtual``) to the value
+    whose storage they read."""
+    n = v.node
+    if n.id not in virtual:
+        return _View(v, lambda env: 0, lambda env: _strides(_shape(v, env)))
+    x = n.inputs[0]
+    src = _view(x, virtual)
+    if n.op == "slice":
+        ax, start, step = n.attrs["axis"] % x.rank, n.attrs["start"], n.attrs["step"]
+        return _View(src.base, lambda env: src.offset(env) + start * src.strides(env)[ax],
+                     lambda env: [st * step if i == ax else st for i, st in enumerate(src.strides(env))])
+    if n.op == "transpose":
+        perm = n.attrs["perm"]
+        return _View(src.base, src.offset, lambda env: [src.strides(env)[p] for p in perm])
+    if n.op == "expand":
+        def est(env: Env) -> list[int]:
+            full = _shape(v, env)
+            xs = [1] * (len(full) - x.rank) + list(_shape(x, env))
+            st = [0] * (len(full) - x.rank) + src.strides(env)
+            return [0 if xs[d] == 1 and full[d] != 1 else st[d] for d in range(len(full))]
+
+        return _View(src.base, src.offset, est)
+    raise AssertionError(n.op)
+
+
+def _virtual_views(graph: Graph, skip: set[int]) -> set[int]:
+    """Slices, transposes and expands that no launch materialises: every user is an elementwise op
+    (which reads through the view with strides) or another such view."""
+    users = graph.users()
+    outputs = {_key(v) for v in graph.outputs.values()}
+    virtual: set[int] = set()
+    for n in reversed(graph.nodes):
+        if n.op not in ("slice", "transpose", "expand") or _key(n.outputs[0]) in outputs or n.inputs[0].rank > MAX_RANK or n.outputs[0].rank > MAX_RANK:
+            continue
+        us = users[n.id]
+        if us and all((OPS[u.op].category == "elementwise" and u.id not in skip) or u.id in virtual for u in us):
+            virtual.add(n.id)
+    return virtual
+
+
+@dataclass(frozen=True)
+class _Into:
+    """An elementwise result written straight into part ``index`` of a concat's output."""
+
+    concat: Node
+    index: int
+
+
+def _concat_parts(graph: Graph, roots: set[int]) -> dict[tuple[int, int], _Into]:
+    users = graph.users()
+    outputs = {_key(v) for v in graph.outputs.values()}
+    into: dict[tuple[int, int], _Into] = {}
+    for c in graph.nodes:
+        if c.op != "concat" or c.outputs[0].rank > MAX_RANK:
+            continue
+        for i, part in enumerate(c.inputs):
+            p = part.node
+            if p.id in roots and len(users[p.id]) == 1 and _key(part) not in outputs and sum(_key(q) == _key(part) for q in c.inputs) == 1:
+                into[_key(part)] = _Into(c, i)
+    return into
+
+
+def _elementwise(n: Node, members: list[Node], virtual: set[int], into: _Into | None) -> Launch:
+    """One kernel for ``members`` (an elementwise DAG whose only escaping value is ``n``'s output),
+    reading inputs through views and writing into a concat's part in place when ``into`` says so."""
     inside = {_key(v) for m in members for v in m.outputs}
     ins: list[Value] = []
     consts: list[Node] = []
@@ -90,21 +162,32 @@ def _elementwise(n: Node, members: list[Node] | None = None) -> Launch:
             ins.append(v)
     k = fuse_elementwise(f"ew_{'_'.join(m.op for m in members)[:40]}", consts + members, ins, n.outputs[0], block=256)
     out = n.outputs[0]
+    views = [_view(v, virtual) for v in ins]
+    dest = into.concat.outputs[0] if into else out
 
     def scalars(env: Env) -> dict[str, int]:
         oshape = _shape(out, env)
         full = _pad(list(oshape), 1)
         sc: dict[str, int] = {"n": int(np.prod(oshape)) if oshape else 1}
         sc.update({f"d{d}": full[d] for d in range(MAX_RANK)})
-        for i, v in enumerate(ins):
+        for i, (v, vw) in enumerate(zip(ins, views)):
             ishape = _pad(list(_shape(v, env)), 1)
-            st = _pad(_strides(tuple(_shape(v, env))), 0)
+            st = _pad(vw.strides(env), 0)
             for d in range(MAX_RANK):
                 sc[f"s{i}_{d}"] = 0 if ishape[d] == 1 and full[d] != 1 else st[d]
+            sc[f"o{i}"] = vw.offset(env)
+        dst = _strides(_shape(dest, env))
+        if into is None:
+            sc["o_out"] = 0
+        else:
+            ax = into.concat.attrs["axis"] % dest.rank
+            sc["o_out"] = sum(_shape(q, env)[ax] for q in into.concat.inputs[: into.index]) * dst[ax]
+        tp = _pad(dst, 0)
+        sc.update({f"ot{d}": tp[d] for d in range(MAX_RANK)})
         return sc
 
-    bufs: dict[str, Any] = {f"in{i}": _key(v) for i, v in enumerate(ins)}
-    bufs["out"] = _key(out)
+    bufs: dict[str, Any] = {f"in{i}": _key(vw.base) for i, vw in enumerate(views)}
+    bufs["out"] = _key(dest)
     return Launch(n, k, bufs, lambda env: (max(1, -(-int(np.prod(_shape(out, env))) // 256)),), scalars)
 
 
@@ -244,7 +327,7 @@ def _copy(n: Node, src: Value, dst: Value, src_off: Callable[[Env], int], src_st
     return Launch(n, k, {"src": _key(src), "dst": _key(dst)}, lambda env: (max(1, -(-int(np.prod(box(env))) // 256)),), scalars)
 
 
-def _movement(n: Node) -> list[Launch]:
+def _movement(n: Node, in_place: Mapping[tuple[int, int], _Into]) -> list[Launch]:
     out = n.outputs[0]
     if n.op == "transpose":
         (x,) = n.inputs
@@ -276,10 +359,12 @@ def _movement(n: Node) -> list[Launch]:
         launches, before = [], []
         for part in n.inputs:
             prev = list(before)
+            before.append(part)
+            if _key(part) in in_place:
+                continue  # its producer writes it into place
             launches.append(_copy(n, part, out, lambda env: 0, lambda env, p=part: _strides(_shape(p, env)),
                                   lambda env, prev=prev: sum(_shape(q, env)[ax] for q in prev) * _strides(_shape(out, env))[ax],
                                   lambda env, p=part: _shape(p, env)))
-            before.append(part)
         return launches
     raise Refusal(n.op, "host", "not a data-movement op")
 
@@ -418,9 +503,11 @@ def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
     norms_at = _recognise_rms_norms(graph) if fuse else {}
     inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
     groups = _elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
+    virtual = _virtual_views(graph, inside) if fuse else set()
+    in_place = _concat_parts(graph, set(groups)) if fuse else {}
     for n in graph.nodes:
         cat = OPS[n.op].category
-        if n.op in ("input", "weight", "constant"):
+        if n.op in ("input", "weight", "constant") or n.id in virtual:
             continue
         if n.id in norms_at:
             plan.launches.append(_rms_norm(n, norms_at[n.id]))
@@ -434,7 +521,7 @@ def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
             plan.launches.append(_cache_write(n))
         elif cat == "elementwise":
             if n.id in groups:  # the group's root: its escaping value is computed here
-                plan.launches.append(_elementwise(n, groups[n.id]))
+                plan.launches.append(_elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0]))))
         elif n.op == "matmul":
             plan.launches.extend(_matmul(n))
         elif n.op == "gather":
@@ -442,7 +529,7 @@ def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
         elif n.op in ("sum", "mean", "max", "min"):
             plan.launches.append(_reduce(n))
         elif n.op in ("transpose", "slice", "expand", "concat"):
-            plan.launches.extend(_movement(n))
+            plan.launches.extend(_movement(n, in_place))
         elif n.op == "attention":
             plan.launches.append(_attention(n))
         elif n.op == "topk":

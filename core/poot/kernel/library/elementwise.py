@@ -37,8 +37,9 @@ def fuse_elementwise(name: str, nodes: Sequence[Node], inputs: Sequence[Value], 
     """A kernel computing ``output`` from ``inputs`` through ``nodes`` (elementwise ops, in order).
 
     Buffers: ``in0..`` then ``out``; scalars: ``n`` (elements), ``d0..d3`` (output dims, outermost
-    first, padded with 1) and ``s{i}_{d}`` (input i's element stride along d, 0 to broadcast).
-    Grid: ``ceil(n / block)`` workgroups.
+    first, padded with 1), ``s{i}_{d}`` (input i's element stride along d, 0 to broadcast) and ``o{i}``
+    (its first element), ``ot{d}`` and ``o_out`` (where the output element goes: a slice of a bigger
+    buffer, such as a part of a concat, is written in place). Grid: ``ceil(n / block)`` workgroups.
     """
     params: list[K.Param] = []
     for i, v in enumerate(inputs):
@@ -47,6 +48,8 @@ def fuse_elementwise(name: str, nodes: Sequence[Node], inputs: Sequence[Value], 
     params.append(K.ScalarParam("n", dt.i32))
     params += [K.ScalarParam(f"d{d}", dt.i32) for d in range(MAX_RANK)]
     params += [K.ScalarParam(f"s{i}_{d}", dt.i32) for i in range(len(inputs)) for d in range(MAX_RANK)]
+    params += [K.ScalarParam(f"o{i}", dt.i32) for i in range(len(inputs))]
+    params += [K.ScalarParam(f"ot{d}", dt.i32) for d in range(MAX_RANK)] + [K.ScalarParam("o_out", dt.i32)]
     i32 = lambda x: K.Const(x, dt.i32)  # noqa: E731
     idx = K.Bin("add", K.Bin("mul", K.Builtin("group_id", 0), i32(block)), K.Builtin("thread_id", 0))
     body: list[K.Stmt] = [K.Let("idx", idx)]
@@ -61,7 +64,7 @@ def fuse_elementwise(name: str, nodes: Sequence[Node], inputs: Sequence[Value], 
         rest = K.Ref(f"r{d}", dt.i32)
     env: dict[tuple[int, int], K.Expr] = {}
     for i, v in enumerate(inputs):
-        off: K.Expr = i32(0)
+        off: K.Expr = K.Ref(f"o{i}", dt.i32)
         for d in range(MAX_RANK):
             off = K.Bin("add", off, K.Bin("mul", coords[d], K.Ref(f"s{i}_{d}", dt.i32)))
         load: K.Expr = K.Load(f"in{i}", off, params[i].dtype)
@@ -104,7 +107,10 @@ def fuse_elementwise(name: str, nodes: Sequence[Node], inputs: Sequence[Value], 
     out_t = params[len(inputs)].dtype
     if result.dtype != out_t:
         result = K.Cast(result, out_t)
-    inner.append(K.Store("out", K.Ref("idx", dt.i32), result))
+    dst: K.Expr = K.Ref("o_out", dt.i32)
+    for d in range(MAX_RANK):
+        dst = K.Bin("add", dst, K.Bin("mul", coords[d], K.Ref(f"ot{d}", dt.i32)))
+    inner.append(K.Store("out", dst, result))
     body.append(K.If(K.Bin("lt", K.Ref("idx", dt.i32), K.Ref("n", dt.i32)), tuple(inner)))
     k = K.Kernel(name, tuple(params), tuple(body), (block, 1, 1))
     verify_kernel(k)
