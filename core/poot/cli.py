@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import textwrap
@@ -166,6 +167,39 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plan(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from .graph.passes import DEFAULT_PASSES, PassManager
+    from .load import open_model
+    from .models import StepShapes, family_for
+    from .models.decoder import StepBatch
+    from .plan import compile_plan, plan_storage
+    from .runtime import get_device
+    from .runtime.executor import step_env
+
+    if args.tokens < 1 or args.context < args.tokens:
+        raise PootError(f"--tokens must be at least 1 and at most --context ({args.tokens}, {args.context})")
+    device = get_device(args.device)
+    ck = open_model(args.model)
+    fam = family_for(ck.architecture)
+    bs = 16
+    graph = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=bs)))
+    plan = compile_plan(graph, device)
+    n, blocks = args.tokens, -(-args.context // bs)
+    pos = np.arange(args.context - n, args.context)
+    batch = StepBatch(np.zeros(n), pos, np.zeros(n), pos, np.array([args.context]), np.arange(blocks).reshape(1, -1), np.array([n - 1]))
+    shapes = {name: np.empty((blocks,) + tuple(d.value for d in v.shape[1:]), np.float32) for name, v in graph.inputs().items() if name not in batch.as_inputs()}
+    env = step_env(plan, {**batch.as_inputs(), **shapes})
+    print(plan.describe(env))
+    sp = plan_storage(plan, env)
+    weights = sum(t.info.nbytes for t in ck.weights.tensors.values())
+    print(f"\nstorage: activation arena {_fmt_bytes(sp.arena_bytes)} (values alive at once at most {_fmt_bytes(sp.live_bytes)}), "
+          f"step inputs {_fmt_bytes(sum(sp.nbytes(k, graph.inputs()[nm].dtype) for nm, k in sp.inputs.items()))}, "
+          f"KV pools {_fmt_bytes(sum(a.nbytes for a in shapes.values()))} for {args.context} positions, weights {_fmt_bytes(weights)} (bound in place)")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="poot", description="Compile and run language models on any installed device.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -180,6 +214,12 @@ def build_parser() -> argparse.ArgumentParser:
     ins.add_argument("--no-tensors", action="store_true", help="leave out the tensor table")
     ins.add_argument("--no-metadata", action="store_true", help="leave out the metadata")
     ins.set_defaults(func=cmd_inspect)
+    pn = sub.add_parser("plan", help="the compiled plan of one step: launches, kernels, grids, storage")
+    pn.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
+    pn.add_argument("--tokens", type=int, default=1, help="tokens in the step (1: a decode step)")
+    pn.add_argument("--context", type=int, default=512, help="context the step sees, in tokens")
+    pn.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
+    pn.set_defaults(func=cmd_plan)
     run = sub.add_parser("run", help="generate text from a prompt (greedy; chat template applied unless --raw)")
     run.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
     run.add_argument("prompt")
@@ -199,6 +239,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except BrokenPipeError:  # output piped into head and the like
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - keeps interpreter shutdown quiet
+        return 0
     except PootError as e:
         print(f"poot: error: {e}", file=sys.stderr)
         return 1

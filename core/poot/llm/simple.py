@@ -14,7 +14,7 @@ from ..graph.passes import DEFAULT_PASSES, PassManager
 from ..load import open_model
 from ..models import StepShapes, family_for
 from ..models.decoder import StepBatch
-from ..plan.lower import plan_graph
+from ..plan import compile_plan
 from ..plugins import host
 from ..runtime import get_device
 from ..runtime.executor import step_env
@@ -40,7 +40,7 @@ class SimpleGenerator:
         self.stats: dict[str, float] = {}
         self.blocks = -(-max_context // block_size)
         graph = PassManager(DEFAULT_PASSES).run(self.family.trace(cfg, ck.weights, StepShapes(block_size=block_size)))
-        self.executor = factory(plan_graph(graph))
+        self.executor = factory(compile_plan(graph, self.device))
         # weights stay as stored: zero-copy views of the mapped file (bf16, which kernels read as f32 here, excepted)
         self.weights = {t.name: (t.dequantize() if t.storage == "bf16" else t.raw()) for t in ck.weights.tensors.values()}
         self._pools = {}

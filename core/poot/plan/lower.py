@@ -1,151 +1,37 @@
-"""A first planner: every graph op becomes one synthesized kernel launch (or a view), with grids and
-scalar arguments computed from the run's symbol values. No fusion, scheduling or numerics choices
-yet: this is the baseline the real planner improves on, and what lets a whole model run compiled.
-"""
+"""The planner: every graph op becomes a synthesized kernel launch with a schedule for the device
+(or a view, or nothing when fusion absorbed it), grids and scalar arguments computed from the run's
+symbol values, so one plan serves every token count and context length."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..errors import Refusal
 from ..graph import dtypes as dt
-from ..graph.dims import Dim
 from ..graph.ir import Graph, Node, Value
 from ..graph.ops import OPS
-from ..kernel import ir as K
 from ..kernel.library import attention as attn_lib
 from ..kernel.library import gather as gather_lib
 from ..kernel.library import linear, linear_host, movement, norms
 from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
 from ..quant.bodies import BODIES, LUTS
+from .common import Env
+from .common import key as _key
+from .common import pad as _pad
+from .common import shape as _shape
+from .common import strides as _strides
+from .fusion import Into, RmsNorm, concat_parts, elementwise_groups, recognise_rms_norms, view_of, virtual_views
+from .plan import Launch, Plan, When
+from ..runtime.device import Device
 
-__all__ = ["Launch", "SimplePlan", "When", "plan_graph"]
-
-Env = Mapping[str, int]
-
-
-def _key(v: Value) -> tuple[int, int]:
-    return (v.node.id, v.index)
-
-
-def _shape(v: Value, env: Env) -> tuple[int, ...]:
-    return tuple(Dim.evaluate(d, env) for d in v.shape)
+__all__ = ["Launch", "Limits", "Plan", "When", "compile_plan", "plan_graph"]
 
 
-def _strides(shape: tuple[int, ...]) -> list[int]:
-    out, acc = [], 1
-    for d in reversed(shape):
-        out.insert(0, acc)
-        acc *= d
-    return out
-
-
-def _pad(xs: list[int], fill: int) -> list[int]:
-    return [fill] * (MAX_RANK - len(xs)) + xs
-
-
-@dataclass
-class Launch:
-    """One kernel launch: buffers by parameter name (graph values or fixed arrays), a grid and scalars
-    computed from the symbol environment."""
-
-    node: Node
-    kernel: K.Kernel
-    buffers: dict[str, tuple[int, int] | np.ndarray]
-    grid: Callable[[Env], tuple[int, ...]]
-    scalars: Callable[[Env], dict[str, float | int]]
-    when: Callable[[Env], bool] | None = None  # a schedule for some shapes only: exactly one of a node's launches runs
-
-
-@dataclass
-class SimplePlan:
-    graph: Graph
-    launches: list[Launch]
-    views: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # value -> the value whose storage it shares
-    aliases: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # in-place outputs (cache_write)
-
-    def __str__(self) -> str:
-        return "\n".join(f"{i:4d} {l.node.op:12s} -> {l.kernel.name}{'' if l.when is None else '  (' + getattr(l.when, 'doc', 'some shapes') + ')'}"
-                         for i, l in enumerate(self.launches))
-
-
-@dataclass(frozen=True)
-class _View:
-    """How a kernel reads a value through another's storage: element offset and strides (per env)."""
-
-    base: Value
-    offset: Callable[[Env], int]
-    strides: Callable[[Env], list[int]]
-
-
-def _view(v: Value, virtual: set[int]) -> _View:
-    """Follow slices, transposes and expands that are not materialised (``virtual``) to the value
-    whose storage they read."""
-    n = v.node
-    if n.id not in virtual:
-        return _View(v, lambda env: 0, lambda env: _strides(_shape(v, env)))
-    x = n.inputs[0]
-    src = _view(x, virtual)
-    if n.op == "slice":
-        ax, start, step = n.attrs["axis"] % x.rank, n.attrs["start"], n.attrs["step"]
-        return _View(src.base, lambda env: src.offset(env) + start * src.strides(env)[ax],
-                     lambda env: [st * step if i == ax else st for i, st in enumerate(src.strides(env))])
-    if n.op == "transpose":
-        perm = n.attrs["perm"]
-        return _View(src.base, src.offset, lambda env: [src.strides(env)[p] for p in perm])
-    if n.op == "expand":
-        def est(env: Env) -> list[int]:
-            full = _shape(v, env)
-            xs = [1] * (len(full) - x.rank) + list(_shape(x, env))
-            st = [0] * (len(full) - x.rank) + src.strides(env)
-            return [0 if xs[d] == 1 and full[d] != 1 else st[d] for d in range(len(full))]
-
-        return _View(src.base, src.offset, est)
-    raise AssertionError(n.op)
-
-
-def _virtual_views(graph: Graph, skip: set[int]) -> set[int]:
-    """Slices, transposes and expands that no launch materialises: every user is an elementwise op
-    (which reads through the view with strides) or another such view."""
-    users = graph.users()
-    outputs = {_key(v) for v in graph.outputs.values()}
-    virtual: set[int] = set()
-    for n in reversed(graph.nodes):
-        if n.op not in ("slice", "transpose", "expand") or _key(n.outputs[0]) in outputs or n.inputs[0].rank > MAX_RANK or n.outputs[0].rank > MAX_RANK:
-            continue
-        us = users[n.id]
-        if us and all((OPS[u.op].category == "elementwise" and u.id not in skip) or u.id in virtual for u in us):
-            virtual.add(n.id)
-    return virtual
-
-
-@dataclass(frozen=True)
-class _Into:
-    """An elementwise result written straight into part ``index`` of a concat's output."""
-
-    concat: Node
-    index: int
-
-
-def _concat_parts(graph: Graph, roots: set[int]) -> dict[tuple[int, int], _Into]:
-    users = graph.users()
-    outputs = {_key(v) for v in graph.outputs.values()}
-    into: dict[tuple[int, int], _Into] = {}
-    for c in graph.nodes:
-        if c.op != "concat" or c.outputs[0].rank > MAX_RANK:
-            continue
-        for i, part in enumerate(c.inputs):
-            p = part.node
-            if p.id in roots and len(users[p.id]) == 1 and _key(part) not in outputs and sum(_key(q) == _key(part) for q in c.inputs) == 1:
-                into[_key(part)] = _Into(c, i)
-    return into
-
-
-def _elementwise(n: Node, members: list[Node], virtual: set[int], into: _Into | None) -> Launch:
+def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | None) -> Launch:
     """One kernel for ``members`` (an elementwise DAG whose only escaping value is ``n``'s output),
     reading inputs through views and writing into a concat's part in place when ``into`` says so."""
     inside = {_key(v) for m in members for v in m.outputs}
@@ -162,7 +48,7 @@ def _elementwise(n: Node, members: list[Node], virtual: set[int], into: _Into | 
             ins.append(v)
     k = fuse_elementwise(f"ew_{'_'.join(m.op for m in members)[:40]}", consts + members, ins, n.outputs[0], block=256)
     out = n.outputs[0]
-    views = [_view(v, virtual) for v in ins]
+    views = [view_of(v, virtual) for v in ins]
     dest = into.concat.outputs[0] if into else out
 
     def scalars(env: Env) -> dict[str, int]:
@@ -191,21 +77,10 @@ def _elementwise(n: Node, members: list[Node], virtual: set[int], into: _Into | 
     return Launch(n, k, bufs, lambda env: (max(1, -(-int(np.prod(_shape(out, env))) // 256)),), scalars)
 
 
-@dataclass(frozen=True)
-class When:
-    """A launch's condition on the symbol values, with a readable description."""
-
-    doc: str
-    test: Callable[[Env], bool]
-
-    def __call__(self, env: Env) -> bool:
-        return self.test(env)
-
-
-def _matmul(n: Node) -> list[Launch]:
+def _matmul(n: Node, shared_bytes: int) -> list[Launch]:
     """x @ w^T against a 2-D weight. Host schedules: a lane GEMV while few rows come (decode), and a
     row-block GEMM that dequantizes weight rows once for every token (prefill); the generic
-    baseline kernels where those do not apply."""
+    GPU-style kernels where those do not apply."""
     x, w = n.inputs
     if not n.attrs["transpose_b"] or w.rank not in (2, 3) or (w.rank == 3 and x.rank != 3):
         raise Refusal("matmul", "host", "the planner runs x @ w^T with a 2-D weight, or [B, T, K] x [E, N, K] per expert")
@@ -227,7 +102,6 @@ def _matmul(n: Node) -> list[Launch]:
     def strides(env: Env) -> dict[str, int]:  # per expert: x (0 when shared), w and y
         return {"xs": 0 if shared_x else rows(env) * kk, "ws": nn * row_bytes if batch > 1 else 0, "ys": rows(env) * nn}
 
-    launches: list[Launch] = []
     if packed:
         bs, bb, _ = BODIES[w.dtype.name]
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
@@ -241,7 +115,7 @@ def _matmul(n: Node) -> list[Launch]:
                           lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
         else:
             gemv = None
-        if kk % 16 or kk % bs:
+        if kk % 16 or kk % bs or (4 * kk + 256) * 4 > shared_bytes:  # gemm_rows holds 4 dequantized rows
             if gemv is None:
                 raise Refusal("matmul", "host", f"per-expert {w.dtype} weights with rows of {kk} values have no host schedule")
             return [gemv]
@@ -266,7 +140,7 @@ def _gather(n: Node) -> Launch:
     table, ids = n.inputs
     out = n.outputs[0]
     if n.attrs["axis"] != 0 or table.rank != 2:
-        raise Refusal("gather", "host", "the baseline planner gathers rows of a 2-D table")
+        raise Refusal("gather", "host", "the planner gathers rows of a 2-D table only")
     cols = table.shape[1].value
     tokens = lambda env: max(1, int(np.prod(_shape(ids, env))))  # noqa: E731
     if table.dtype.name in BODIES:
@@ -327,7 +201,7 @@ def _copy(n: Node, src: Value, dst: Value, src_off: Callable[[Env], int], src_st
     return Launch(n, k, {"src": _key(src), "dst": _key(dst)}, lambda env: (max(1, -(-int(np.prod(box(env))) // 256)),), scalars)
 
 
-def _movement(n: Node, in_place: Mapping[tuple[int, int], _Into]) -> list[Launch]:
+def _movement(n: Node, in_place: Mapping[tuple[int, int], Into]) -> list[Launch]:
     out = n.outputs[0]
     if n.op == "transpose":
         (x,) = n.inputs
@@ -372,7 +246,7 @@ def _movement(n: Node, in_place: Mapping[tuple[int, int], _Into]) -> list[Launch
 def _attention(n: Node) -> Launch:
     spec = n.attrs["spec"]
     if not spec.paged:
-        raise Refusal("attention", "host", "the baseline planner runs paged attention only")
+        raise Refusal("attention", "host", "the planner runs paged attention only")
     from ..graph.attention import attention_operand_names
 
     ops = dict(zip(attention_operand_names(spec), n.inputs))
@@ -400,111 +274,67 @@ def _cache_write(n: Node) -> Launch:
     return Launch(n, k, {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])}, lambda env: (max(1, _shape(slots, env)[0]),), lambda env: {"width": width})
 
 
-@dataclass(frozen=True)
-class _RmsNorm:
-    x: Value
-    weight: Value
-    unit_offset: bool
-    eps: float
-    out: Value
-    nodes: frozenset[int]
-
-
-def _scalar_const(v: Value) -> float | None:
-    if v.node.op == "constant" and v.node.attrs["value"].array.size == 1:
-        return float(v.node.attrs["value"].array.reshape(()))
-    return None
-
-
-def _recognise_rms_norms(graph: Graph) -> dict[int, _RmsNorm]:
-    """RMSNorm as the compositions trace it: mean(x * x, -1) + eps -> rsqrt -> * x -> * w (or
-    * (w + 1)). Keyed by the id of the node whose output is the normalised value; every matched
-    node but that output is used only inside the pattern."""
-    users = graph.users()
-    outputs = {_key(v) for v in graph.outputs.values()}
-
-    def only_user(n: Node) -> Node | None:
-        us = users[n.id]
-        return us[0] if len(us) == 1 and _key(n.outputs[0]) not in outputs else None
-
-    def other(n: Node, v: Value) -> Value | None:
-        a, b = n.inputs
-        return b if _key(a) == _key(v) else (a if _key(b) == _key(v) else None)
-
-    found: dict[int, _RmsNorm] = {}
-    for m in graph.nodes:
-        if m.op != "mean" or not m.attrs["keepdims"]:
-            continue
-        sq = m.inputs[0]
-        if [a % sq.rank for a in m.attrs["axes"]] != [sq.rank - 1] or sq.node.op != "mul" or _key(sq.node.inputs[0]) != _key(sq.node.inputs[1]):
-            continue
-        x = sq.node.inputs[0]
-        if x.dtype != dt.f32 or only_user(sq.node) is not m:
-            continue
-        add = only_user(m)
-        if add is None or add.op != "add" or (eps := _scalar_const(other(add, m.outputs[0]) or add.inputs[0])) is None:
-            continue
-        rs = only_user(add)
-        if rs is None or rs.op != "rsqrt":
-            continue
-        ym = only_user(rs)
-        if ym is None or ym.op != "mul" or other(ym, rs.outputs[0]) is None or _key(other(ym, rs.outputs[0])) != _key(x):
-            continue
-        wm = only_user(ym)
-        if wm is None or wm.op != "mul":
-            continue
-        w = other(wm, ym.outputs[0])
-        cols = x.shape[-1]
-        if w is None or w.rank != 1 or w.shape[0] != cols or not cols.is_static:
-            continue
-        nodes = {sq.node.id, m.id, add.id, rs.id, ym.id}
-        unit = False
-        if w.node.op == "add" and (one := _scalar_const(w.node.inputs[1])) == 1.0 and only_user(w.node) is wm and w.node.inputs[0].dtype == dt.f32:
-            nodes.add(w.node.id)
-            w, unit = w.node.inputs[0], True
-        if w.dtype != dt.f32:
-            continue
-        found[wm.id] = _RmsNorm(x, w, unit, eps, wm.outputs[0], frozenset(nodes))
-    return found
-
-
-def _rms_norm(n: Node, r: _RmsNorm) -> Launch:
+def _rms_norm(n: Node, r: RmsNorm) -> Launch:
     k = norms.rms_norm_lanes.instantiate(UNIT_OFFSET=r.unit_offset)
     cols = r.x.shape[-1].value
     return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
-                  lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps})
+                  lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps}, label="rms_norm")
 
 
-def _elementwise_groups(graph: Graph, skip: set[int] = frozenset()) -> dict[int, list[Node]]:  # type: ignore[assignment]
-    """Fuse elementwise chains: a node joins its consumer's kernel when that consumer is elementwise
-    and its only user, and its value is not a graph output. Returns root node id -> members in order."""
-    users = graph.users()
-    outputs = {_key(v) for v in graph.outputs.values()}
-    root: dict[int, int] = {}
-    for n in reversed(graph.nodes):
-        if OPS[n.op].category != "elementwise" or n.id in skip:
-            continue
-        us = users[n.id]
-        if len(us) == 1 and OPS[us[0].op].category == "elementwise" and us[0].id not in skip and _key(n.outputs[0]) not in outputs and len(n.outputs) == 1:
-            root[n.id] = root.get(us[0].id, us[0].id)
-        else:
-            root[n.id] = n.id
-    groups: dict[int, list[Node]] = {}
-    for n in graph.nodes:
-        if n.id in root:
-            groups.setdefault(root[n.id], []).append(n)
-    return groups
+@dataclass(frozen=True)
+class Limits:
+    """What a plan's kernels may use on a device (from its ``Capabilities``)."""
+
+    max_workgroup: int = 1024
+    shared_bytes: int = 1 << 20
+    dtypes: frozenset[str] = frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"})
 
 
-def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
-    """Lower every node of ``graph`` to kernel launches for the host target (a Refusal names what
-    cannot be run). With ``fuse``, chains of elementwise ops become one kernel each."""
-    plan = SimplePlan(graph, [])
-    norms_at = _recognise_rms_norms(graph) if fuse else {}
+def compile_plan(graph: Graph, device: Device) -> Plan:
+    """Plan ``graph`` for ``device``: schedules chosen from its capabilities; a ``Refusal`` names
+    the op, the device and the reason when something cannot run there."""
+    if device.unavailable is not None:
+        raise Refusal("plan", device.name, f"the device is unavailable ({device.unavailable})")
+    if device.target != "host" or device.capabilities is None:
+        raise Refusal("plan", device.name, f"the planner has schedules for the host CPU only; target '{device.target}' gets them with its backend")
+    caps = device.capabilities
+    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, caps.shared_memory_bytes, caps.dtypes))
+
+
+def _check(plan: Plan, limits: Limits) -> None:
+    for n in plan.graph.nodes:
+        for v in n.outputs:
+            if not v.dtype.is_packed and v.dtype.name not in limits.dtypes:
+                raise Refusal(n.op, plan.device, f"{v.dtype} values are not supported (the device has {', '.join(sorted(limits.dtypes))})")
+    for l in plan.launches:
+        k = l.kernel
+        if k.threads > limits.max_workgroup:
+            raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs workgroups of {k.threads} threads; the device allows {limits.max_workgroup}")
+        shared = sum(sh.size * max(1, sh.dtype.bits // 8) for sh in k.shared)
+        if shared > limits.shared_bytes:
+            raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs {shared} bytes of workgroup memory; the device has {limits.shared_bytes}")
+
+
+def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Limits | None = None) -> Plan:
+    """Lower every node of ``graph`` to kernel launches with host schedules (a ``Refusal`` names
+    what cannot be run). With ``fuse`` (the default), elementwise chains, norms and views are fused."""
+    limits = limits or Limits()
+    try:
+        plan = _plan(graph, fuse, limits)
+    except Refusal as e:
+        raise Refusal(e.op, device, e.reason) from None
+    plan.device = device
+    _check(plan, limits)
+    return plan
+
+
+def _plan(graph: Graph, fuse: bool, limits: Limits) -> Plan:
+    plan = Plan(graph, [])
+    norms_at = recognise_rms_norms(graph) if fuse else {}
     inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
-    groups = _elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
-    virtual = _virtual_views(graph, inside) if fuse else set()
-    in_place = _concat_parts(graph, set(groups)) if fuse else {}
+    groups = elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
+    virtual = virtual_views(graph, inside) if fuse else set()
+    in_place = concat_parts(graph, set(groups)) if fuse else {}
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant") or n.id in virtual:
@@ -523,7 +353,7 @@ def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
             if n.id in groups:  # the group's root: its escaping value is computed here
                 plan.launches.append(_elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0]))))
         elif n.op == "matmul":
-            plan.launches.extend(_matmul(n))
+            plan.launches.extend(_matmul(n, limits.shared_bytes))
         elif n.op == "gather":
             plan.launches.append(_gather(n))
         elif n.op in ("sum", "mean", "max", "min"):
@@ -535,5 +365,5 @@ def plan_graph(graph: Graph, fuse: bool = True) -> SimplePlan:
         elif n.op == "topk":
             plan.launches.append(_topk(n))
         else:
-            raise Refusal(n.op, "host", "the baseline planner has no kernel for this op yet")
+            raise Refusal(n.op, "host", "the planner has no kernel for this op yet")
     return plan

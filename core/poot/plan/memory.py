@@ -15,7 +15,7 @@ import numpy as np
 from ..graph import dtypes as dt
 from ..graph.dims import Dim
 from ..graph.ir import Value
-from .lower import Launch, SimplePlan
+from .plan import Launch, Plan
 from .storage import Lifetime, live_peak, plan_arena
 
 __all__ = ["storage_dtype", "StoragePlan", "plan_storage"]
@@ -53,7 +53,7 @@ def _value_shape(v: Value, env: Mapping[str, int]) -> tuple[int, ...]:
     return tuple(Dim.evaluate(d, env) for d in v.shape)
 
 
-def plan_storage(plan: SimplePlan, env: Mapping[str, int], alignment: int = 64) -> StoragePlan:
+def plan_storage(plan: Plan, env: Mapping[str, int], alignment: int = 64) -> StoragePlan:
     g = plan.graph
     env = dict(env)
     launches = [l for l in plan.launches if l.when is None or l.when(env)]

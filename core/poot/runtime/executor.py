@@ -25,12 +25,12 @@ from typing import Any
 import numpy as np
 
 from ..errors import PootError
-from ..plan.lower import SimplePlan
+from ..plan.plan import Plan
 
 __all__ = ["Executor", "step_env"]
 
 
-def step_env(plan: SimplePlan, inputs: Mapping[str, Any]) -> dict[str, int]:
+def step_env(plan: Plan, inputs: Mapping[str, Any]) -> dict[str, int]:
     """Symbol values from the shapes of the step's inputs (a dimension that is a bare symbol binds it)."""
     env: dict[str, int] = {}
     for name, v in plan.graph.inputs().items():
@@ -50,7 +50,7 @@ def step_env(plan: SimplePlan, inputs: Mapping[str, Any]) -> dict[str, int]:
 class Executor(ABC):
     """Runs one plan on one device."""
 
-    def __init__(self, plan: SimplePlan) -> None:
+    def __init__(self, plan: Plan) -> None:
         self.plan = plan
 
     @abstractmethod

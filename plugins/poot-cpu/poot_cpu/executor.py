@@ -16,7 +16,7 @@ from poot.codegen import compile_kernel, host_target
 from poot.codegen.host_jit import HostKernel
 from poot.errors import PootError
 from poot.kernel.ir import Buffer
-from poot.plan.lower import SimplePlan
+from poot.plan.plan import Plan
 from poot.quant import quantization
 from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.runtime.executor import Executor
@@ -82,7 +82,7 @@ class HostStep:
 class HostExecutor(Executor):
     """Runs a plan on the host CPU with ``threads`` threads (default: ``default_threads()``)."""
 
-    def __init__(self, plan: SimplePlan, threads: int | None = None) -> None:
+    def __init__(self, plan: Plan, threads: int | None = None) -> None:
         super().__init__(plan)
         target = host_target()
         self._kernels: dict[str, HostKernel] = {}

@@ -1,0 +1,90 @@
+"""A plan: the launches that run a graph's step on a device, the values that share storage, and a
+readable listing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..graph.ir import Graph, Node
+from ..kernel import ir as K
+from .common import Env
+
+__all__ = ["Launch", "Plan", "When"]
+
+
+@dataclass(frozen=True)
+class When:
+    """A launch's condition on the symbol values, with a readable description."""
+
+    doc: str
+    test: Callable[[Env], bool]
+
+    def __call__(self, env: Env) -> bool:
+        return self.test(env)
+
+
+@dataclass
+class Launch:
+    """One kernel launch: buffers by parameter name (graph values or fixed arrays), a grid and scalars
+    computed from the symbol environment."""
+
+    node: Node
+    kernel: K.Kernel
+    buffers: dict[str, tuple[int, int] | np.ndarray]
+    grid: Callable[[Env], tuple[int, ...]]
+    scalars: Callable[[Env], dict[str, float | int]]
+    when: Callable[[Env], bool] | None = None  # a schedule for some shapes only: exactly one of a node's launches runs
+    label: str = ""  # what the launch computes when it is more than its node's op (a recognised pattern)
+
+
+def _name(graph_names: Mapping[tuple[int, int], str], key: tuple[int, int], v_type: object) -> str:
+    return f"{graph_names.get(key, f'%{key[0]}' + (f'.{key[1]}' if key[1] else ''))}:{v_type}"
+
+
+@dataclass
+class Plan:
+    """Launches in order (a node may have several, each for some shapes: see ``Launch.when``), and
+    the values that share storage. The device it was made for is ``device``."""
+
+    graph: Graph
+    launches: list[Launch]
+    views: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # value -> the value whose storage it shares
+    aliases: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # in-place outputs (cache_write)
+    device: str = "host"
+
+    def describe(self, env: Mapping[str, int] | None = None) -> str:
+        """A listing: one line per launch with its kernel, schedule condition, grid (evaluated when
+        ``env`` gives the symbol values) and the values it reads and writes."""
+        g = self.graph
+        names: dict[tuple[int, int], str] = {}
+        for n in g.nodes:
+            if n.op in ("input", "weight"):
+                names[(n.id, 0)] = n.attrs["name"]
+        for name, v in g.outputs.items():
+            names.setdefault((v.node.id, v.index), name)
+        types = {(n.id, v.index): v.type for n in g.nodes for v in n.outputs}
+        active = [l for l in self.launches if env is None or l.when is None or l.when(env)]
+        kernels = {l.kernel.name for l in active}
+        head = f"plan for {self.device}: {len(active)} launches of {len(kernels)} kernels ({len(g.nodes)} graph nodes)"
+        if env is not None:
+            head += " with " + ", ".join(f"{k}={v}" for k, v in sorted(env.items()))
+        lines = [head]
+        for i, l in enumerate(active):
+            reads, writes = [], []
+            for p in l.kernel.params:
+                ref = l.buffers.get(p.name) if isinstance(p, K.Buffer) else None
+                if ref is None or not isinstance(ref, tuple):
+                    continue
+                (reads if p.readonly else writes).append(_name(names, ref, types[ref]))
+            grid = "x".join(str(d) for d in l.grid(env)) if env is not None else "by shape"
+            cond = f" [{getattr(l.when, 'doc', 'some shapes')}]" if l.when is not None and env is None else ""
+            lines.append(f"{i:4d} {l.label or l.node.op:11s} {l.kernel.name}{cond}  grid {grid}\n       {', '.join(reads)} -> {', '.join(writes)}")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.describe()
+
+

@@ -1,0 +1,86 @@
+"""The planner's decisions and contract: fusion (norms, views, concat parts), schedules chosen by
+shape, typed refusals naming op, device and reason, readable plans, and `poot plan`."""
+
+from __future__ import annotations
+
+import collections
+import subprocess
+import sys
+
+import pytest
+
+from poot.errors import Refusal
+from poot.graph import GraphBuilder
+from poot.graph.dims import sym
+from poot.graph.passes import DEFAULT_PASSES, PassManager
+from poot.plan import Limits, compile_plan, plan_graph
+from poot.runtime import Capabilities, Device, Unavailable
+
+
+def _mlp_graph():
+    b = GraphBuilder()
+    x = b.input("x", "f32", [sym("tokens"), 64])
+    w = b.weight("w", "f32", [64])
+    up = b.weight("up", "q4_1", [96, 64])
+    from poot.graph.compose import rms_norm
+
+    h = rms_norm(b, x, w, 1e-6)
+    y = b.linear(h, up)
+    half = b.slice(y, -1, 0, 48)
+    rest = b.slice(y, -1, 48, 96)
+    out = b.concat([b.mul(half, 2.0), b.add(rest, half)], axis=-1)
+    return PassManager(DEFAULT_PASSES).run(b.build({"y": out}))
+
+
+def test_fusion_decisions():
+    plan = plan_graph(_mlp_graph())
+    ops = collections.Counter(l.label or l.node.op for l in plan.launches)
+    assert ops["rms_norm"] == 1  # mean, rsqrt and three multiplies: one kernel
+    assert "slice" not in ops and "concat" not in ops  # read through views, written in place
+    assert ops["matmul"] == 2  # a GEMV for few rows, a GEMM for many: one runs per shape
+    assert sorted(str(l.when.doc) for l in plan.launches if l.when is not None) == ["rows <= 2", "rows > 2"]
+
+
+def test_plan_description_names_values_and_kernels():
+    plan = plan_graph(_mlp_graph())
+    text = plan.describe({"tokens": 5})
+    assert "tokens=5" in text and "up:q4_1[96, 64]" in text and "gemm_rows" in text and "gemv_lanes" not in text
+    assert "rows <= 2" in str(plan)  # without symbol values every schedule is listed with its condition
+
+
+def _device(**caps):
+    base = dict(dtypes=frozenset({"f32", "i32", "u8", "bool"}), compute_units=2, max_workgroup_size=1024, shared_memory_bytes=1 << 20,
+                subgroup_size=1, memory_bytes=1 << 30)
+    base.update(caps)
+    return Device("cpu", None, "test host", target="host", capabilities=Capabilities(**base))
+
+
+def test_refusals_name_op_device_and_reason():
+    g = _mlp_graph()
+    with pytest.raises(Refusal) as e:
+        compile_plan(g, _device(max_workgroup_size=64))
+    assert e.value.device == "cpu" and "256 threads" in e.value.reason
+    b = GraphBuilder()
+    x = b.input("x", "f32", [sym("tokens"), 8])
+    h = b.cast(b.cast(x, "f16"), "f32")
+    with pytest.raises(Refusal, match="f16 values are not supported") as e:
+        compile_plan(PassManager(DEFAULT_PASSES).run(b.build({"y": b.mul(h, h)})), _device())
+    assert e.value.op == "cast"
+    gone = Device("cuda", 0, "no driver", target="nvptx:sm_90", unavailable=Unavailable("no-driver", "libcuda.so.1 is missing"))
+    with pytest.raises(Refusal, match="unavailable.*libcuda"):
+        compile_plan(g, gone)
+
+
+def test_small_workgroup_memory_falls_back_to_the_gemv_schedule():
+    plan = plan_graph(_mlp_graph(), limits=Limits(shared_bytes=512))
+    mm = [l for l in plan.launches if l.node.op == "matmul"]
+    assert len(mm) == 1 and mm[0].when is None and mm[0].kernel.name.startswith("gemv_lanes")
+
+
+def test_poot_plan_prints_the_step(smollm2_path):
+    r = subprocess.run([sys.executable, "-m", "poot.cli", "plan", "SmolLM2", "--tokens", "3", "--context", "64"], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "tokens=3" in r.stdout and "attention_lanes" in r.stdout and "activation arena" in r.stdout
+    bad = subprocess.run([sys.executable, "-m", "poot.cli", "plan", "SmolLM2", "--tokens", "0"], capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 1 and "--tokens" in bad.stderr
+    assert r.stdout.count("\n") > 100  # a line or two per launch
