@@ -79,3 +79,14 @@ def test_stop_holds_back_a_possible_start():
     m2 = StopMatcher(["</answer>"])
     m2.feed("x</an")
     assert m2.feed("d more").text == "</and more"
+
+
+def test_a_skipped_special_token_does_not_end_a_byte_run(tok):
+    by_byte = {tok.token_bytes[i]: i for i in tok.byte_token_ids}
+    if b"\x80" not in by_byte or not tok.special_ids:
+        pytest.skip("this vocabulary has no byte-fallback tokens")
+    special = min(tok.special_ids)
+    ids = [by_byte[b"\x00"], special, by_byte[b"\x80"], by_byte[b"\x00"]]
+    d = StreamingDetokenizer(tok, skip_special_tokens=True)
+    pieces = [d.push(i) for i in ids] + [d.finish()]
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=True)
