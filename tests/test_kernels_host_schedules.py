@@ -93,3 +93,38 @@ def test_topk_rows_is_a_stable_descending_sort(rng, k):
     order = np.argsort(-x, axis=1, kind="stable")[:, :k]
     np.testing.assert_array_equal(idx, order)
     np.testing.assert_array_equal(vals, np.take_along_axis(x, order, 1))
+
+
+@pytest.mark.parametrize("qtype", sorted(q for q in BODIES if BODIES[q][0] % 16 == 0))
+def test_gemv_and_gemm_give_a_row_the_same_bits(rng, qtype):
+    """Batch invariance: a row computed alone (GEMV) equals the same row inside a prefill (GEMM)."""
+    bs, bb, _ = BODIES[qtype]
+    k, n, m = bs * (2 if bs > 32 else 6), 9, 5
+    raw, _ = _weights(rng, qtype, (1, n, k))
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    lut = LUTS.get(qtype, np.zeros(1, np.float32))
+    c = poisoned((m, n))
+    sc = {"xs": 0, "ws": 0, "ys": m * n}
+    run_host(linear_host.gemm_rows.instantiate(QTYPE=qtype, K=k, BS=bs, BB=bb, NR=4, TM=4), (-(-n // 4), 1), {"a": a, "w": raw, "lut": lut, "c": c},
+             {"m": m, "n": n, "row_bytes": raw.shape[-1], **sc})
+    for r in range(m):
+        y = poisoned((1, n))
+        x = a[r : r + 1].copy()
+        if qtype in linear_host.LANE_TYPES:
+            run_host(linear_host.gemv_lanes.instantiate(QTYPE=qtype), (n, 1, 1), {"x": x, "w": raw, "y": y}, {"n": n, "k": k, "row_bytes": raw.shape[-1], **sc})
+        else:
+            run_host(linear_host.gemv_lanes_any.instantiate(QTYPE=qtype, BS=bs, BB=bb), (n, 1, 1), {"x": x, "w": raw, "lut": lut, "y": y},
+                     {"n": n, "k": k, "row_bytes": raw.shape[-1], **sc})
+        np.testing.assert_array_equal(y[0], c[r])
+
+
+def test_gemv_and_gemm_f32_give_a_row_the_same_bits(rng):
+    k, n, m = 96, 7, 6
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    c = poisoned((m, n))
+    run_host(linear_host.gemm_rows_f32.instantiate(K=k, NR=4, TM=4), (2, 1), {"a": a, "w": w, "c": c}, {"m": m, "n": n, "xs": 0, "ws": 0, "ys": m * n})
+    for r in range(m):
+        y = poisoned((1, n))
+        run_host(linear_host.gemv_lanes_f32.instantiate(), (n, 1, 1), {"x": a[r : r + 1].copy(), "w": w, "y": y}, {"n": n, "k": k, "xs": 0, "ws": 0, "ys": n})
+        np.testing.assert_array_equal(y[0], c[r])

@@ -109,6 +109,10 @@ def _matmul(n: Node, shared_bytes: int) -> list[Launch]:
             k = linear_host.gemv_lanes.instantiate(QTYPE=w.dtype.name)
             gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env), batch),
                           lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)})
+        elif bs % 16 == 0 and kk % bs == 0:
+            k = linear_host.gemv_lanes_any.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb)
+            gemv = Launch(n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (nn, rows(env), batch),
+                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)})
         elif batch == 1:
             k = linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=32)
             gemv = Launch(n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (-(-nn // 4), rows(env)),

@@ -4,13 +4,16 @@ units take several), with the accumulators held in registers across the K loop.
 
 - ``gemv_lanes``: decode, one output feature per workgroup. The quant types whose byte ``i`` of a
   block holds elements ``i`` and ``i + 16`` (q4_0, q4_1) or element ``i`` (q8_0) are read 16 bytes
-  at a time; scales are converted by the hardware (F16C).
+  at a time; scales are converted by the hardware (F16C). ``gemv_lanes_any`` takes every other
+  packed type through its kernel body.
 - ``gemv_lanes_f32``: the same for f32 weights.
 - ``gemm_rows``: prefill, ``NR`` output features per workgroup for every token: the rows are
   dequantized once into workgroup memory (any packed type), then tiles of ``TM`` tokens x ``NR``
   features accumulate in ``TM * NR`` lane vectors.
 
-Lane sums are added in a fixed order, so results do not depend on the thread count.
+Lane i accumulates the elements k = i (mod 16) in increasing k, each weight dequantized with the
+oracle's arithmetic, and the 16 lanes are added in order: every schedule gives a row the same bits,
+whatever the thread count, the batch it came in or the GEMV/GEMM choice (tested).
 """
 
 from __future__ import annotations
@@ -24,13 +27,16 @@ LANE_TYPES = ("q4_0", "q4_1", "q8_0")
 @kernel(workgroup=(1, 1, 1))
 def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32, QTYPE: Const = "q4_1"):
     """y[e, m, j] = sum_k x[e, m, k] * dequant(w)[e, j, k] for q4_0 / q4_1 / q8_0; grid (n, m, batch),
-    with batch strides xs (elements, 0 to share x), ws (bytes) and ys (elements)."""
+    with batch strides xs (elements, 0 to share x), ws (bytes) and ys (elements). Lane i adds the
+    elements k = i (mod 16) in order, each weight dequantized as the oracle does: the same
+    arithmetic, in the same order, as ``gemm_rows``, so a row's result does not depend on the
+    schedule (nor on the batch it came in)."""
     j = group_id(0)
     e = group_id(2)
     xm = group_id(1) * k + e * xs
     wj = j * row_bytes + e * ws
-    acc = shared(f32, 32)
-    for i in range(32):
+    acc = shared(f32, 16)
+    for i in range(16):
         acc[i] = 0.0
     nb = k // 32
     for blk in range(nb):
@@ -38,27 +44,52 @@ def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i3
         if QTYPE == "q8_0":
             p = wj + blk * 34
             d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-            for i in range(32):
-                q = i32(w[p + 2 + i])
-                acc[i] += d * (f32(q - ((q >> 7) << 8)) * x[xb + i])
-        else:
-            if QTYPE == "q4_1":
-                p = wj + blk * 20
-                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                mn = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
-                q0 = p + 4
-            else:
-                p = wj + blk * 18
-                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                mn = -8.0 * d
-                q0 = p + 2
             for i in range(16):
-                b = i32(w[q0 + i])
-                lo = x[xb + i]
-                hi = x[xb + 16 + i]
-                acc[i] += d * (f32(b & 15) * lo + f32(b >> 4) * hi) + mn * (lo + hi)
+                q = i32(w[p + 2 + i])
+                acc[i] += x[xb + i] * (d * f32(q - ((q >> 7) << 8)))
+            for i in range(16):
+                q = i32(w[p + 18 + i])
+                acc[i] += x[xb + 16 + i] * (d * f32(q - ((q >> 7) << 8)))
+        elif QTYPE == "q4_1":
+            p = wj + blk * 20
+            d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+            mn = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+            for i in range(16):
+                acc[i] += x[xb + i] * (d * f32(i32(w[p + 4 + i]) & 15) + mn)
+            for i in range(16):
+                acc[i] += x[xb + 16 + i] * (d * f32(i32(w[p + 4 + i]) >> 4) + mn)
+        else:
+            p = wj + blk * 18
+            d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+            for i in range(16):
+                acc[i] += x[xb + i] * (d * f32((i32(w[p + 2 + i]) & 15) - 8))
+            for i in range(16):
+                acc[i] += x[xb + 16 + i] * (d * f32((i32(w[p + 2 + i]) >> 4) - 8))
     s = 0.0
-    for i in range(32):
+    for i in range(16):
+        s += acc[i]
+    y[e * ys + group_id(1) * n + j] = s
+
+
+@kernel(workgroup=(1, 1, 1))
+def gemv_lanes_any(x: In[f32], w: In[u8], lut: In[f32], y: Out[f32], n: i32, k: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32,
+                   QTYPE: Const = "q4_k", BS: Const = 256, BB: Const = 144):
+    """The same GEMV for any packed type (block size a multiple of 16), each element through the
+    type's kernel body: slower than ``gemv_lanes``, bit-identical to ``gemm_rows``. Grid (n, m, batch)."""
+    j = group_id(0)
+    e = group_id(2)
+    xm = group_id(1) * k + e * xs
+    wj = j * row_bytes + e * ws
+    acc = shared(f32, 16)
+    for i in range(16):
+        acc[i] = 0.0
+    for blk in range(k // BS):
+        p = wj + blk * BB
+        for c in static_range(BS // 16):
+            for i in range(16):
+                acc[i] += x[xm + blk * BS + c * 16 + i] * dequant_in_block(QTYPE, w, p, c * 16 + i)
+    s = 0.0
+    for i in range(16):
         s += acc[i]
     y[e * ys + group_id(1) * n + j] = s
 
