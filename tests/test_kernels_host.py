@@ -225,7 +225,7 @@ def test_paged_attention(rng, variant, mask, splits):
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
 
-from poot.eval.sampling import gumbel_uniform, sample_reference  # noqa: E402
+from poot.eval.sampling import gumbel_uniform, logprobs_reference, sample_reference  # noqa: E402
 from poot.kernel.library import sampling as sampling_lib  # noqa: E402
 
 
@@ -246,14 +246,42 @@ def _sampling_case(rng, rows, vocab):
     return p
 
 
+def _device_args(p, rng, rows, vocab, guided=False, nbias=0):
+    """The kernel's operands for a case: a counts pool addressed by row (some rows without history),
+    a mask (all allowed unless ``guided``) and ``nbias`` logit-bias pairs per row."""
+    words = (vocab + 31) // 32
+    count_rows = rng.permutation(rows).astype(np.int32)
+    count_rows[rng.random(rows) < 0.2] = -1
+    pool = np.zeros_like(p["counts"])
+    pool[count_rows[count_rows >= 0]] = p["counts"][count_rows >= 0]
+    per_row = np.where(count_rows[:, None] >= 0, pool[np.maximum(count_rows, 0)], 0).astype(np.int32)
+    mask = np.full((rows, words), -1, np.int32)
+    if guided:
+        bits = rng.random((rows, words * 32)) < 0.3
+        bits[:, 0] = True  # something stays allowed
+        mask = np.packbits(bits.reshape(rows, words, 4, 8)[:, :, :, ::-1], axis=-1).reshape(rows, words, 4)[:, :, ::-1].copy().view(np.int32).reshape(rows, words)
+    bias_ids = rng.integers(-1, vocab, (rows, max(nbias, 1))).astype(np.int32)
+    bias_vals = rng.normal(0, 3, (rows, max(nbias, 1))).astype(np.float32)
+    if nbias == 0:
+        bias_ids[:] = -1
+    args = {**p, "counts": pool, "count_rows": count_rows, "mask": mask, "bias_ids": bias_ids, "bias_vals": bias_vals}
+    ref = {**p, "counts": per_row, "mask": mask, "bias_ids": bias_ids, "bias_vals": bias_vals}
+    return args, ref, {"vocab": vocab, "mask_words": words, "nbias": max(nbias, 1)}
+
+
+@pytest.mark.parametrize("guided,nbias", [(False, 0), (True, 3)])
 @pytest.mark.parametrize("vocab", [37, 1000, 4099])
-def test_sampling_kernel_matches_the_oracle(rng, vocab):
+def test_sampling_kernel_matches_the_oracle(rng, vocab, guided, nbias):
     rows = 16
     p = _sampling_case(rng, rows, vocab)
+    args, ref, sc = _device_args(p, rng, rows, vocab, guided, nbias)
     tokens = poisoned((rows,), np.int32)
     work = poisoned((rows, vocab))
-    run_host(sampling_lib.sample.instantiate(BLOCK=64), (rows,), {**p, "work": work, "tokens": tokens}, {"vocab": vocab})
-    np.testing.assert_array_equal(tokens, sample_reference(**p))
+    run_host(sampling_lib.sample.instantiate(BLOCK=64), (rows,), {**args, "work": work, "tokens": tokens}, sc)
+    np.testing.assert_array_equal(tokens, sample_reference(**ref))
+    if guided:  # every sampled token is allowed by its row's mask
+        words = ref["mask"].view(np.uint32)
+        assert all((words[r, t >> 5] >> (t & 31)) & 1 for r, t in enumerate(tokens.tolist()))
 
 
 def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):
@@ -263,10 +291,11 @@ def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):
     p.update(logits=logits, counts=np.zeros((rows, vocab), np.int32), temperature=np.ones(rows, np.float32), top_k=np.zeros(rows, np.int32),
              top_p=np.ones(rows, np.float32), min_p=np.zeros(rows, np.float32), repetition=np.ones(rows, np.float32),
              presence=np.zeros(rows, np.float32), frequency=np.zeros(rows, np.float32), seeds=np.full(rows, 1234, np.int32), steps=np.arange(rows, dtype=np.int32))
+    args, _, sc = _device_args(p, rng, rows, vocab)
     k = sampling_lib.sample.instantiate(BLOCK=64)
     a, b = poisoned((rows,), np.int32), poisoned((rows,), np.int32)
-    run_host(k, (rows,), {**p, "work": poisoned((rows, vocab)), "tokens": a}, {"vocab": vocab})
-    run_host(k, (rows,), {**p, "work": poisoned((rows, vocab)), "tokens": b}, {"vocab": vocab})
+    run_host(k, (rows,), {**args, "work": poisoned((rows, vocab)), "tokens": a}, sc)
+    run_host(k, (rows,), {**args, "work": poisoned((rows, vocab)), "tokens": b}, sc)
     np.testing.assert_array_equal(a, b)
     freq = np.bincount(a, minlength=vocab) / rows
     probs = np.exp(logits[0] - logits[0].max())
@@ -274,6 +303,36 @@ def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):
     assert np.abs(freq - probs).max() < 0.03  # 4,000 draws: a few sigma of binomial noise
     u = gumbel_uniform(1234, 7, np.arange(100_000))
     assert 0 < u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
+
+
+@pytest.mark.parametrize("n", [1, 5])
+def test_logprobs_kernel(rng, n):
+    rows, vocab = 6, 777
+    logits = (rng.standard_normal((rows, vocab)) * 4).astype(np.float32)
+    logits[0, 10:14] = logits[0].max() + 1  # ties at the top
+    tokens = rng.integers(0, vocab, rows).astype(np.int32)
+    chosen, ids, vals = poisoned((rows,)), poisoned((rows, n), np.int32), poisoned((rows, n))
+    run_host(sampling_lib.logprobs.instantiate(N=n, BLOCK=64), (rows,), {"logits": logits, "tokens": tokens, "chosen": chosen, "top_ids": ids, "top_vals": vals},
+             {"vocab": vocab})
+    want_c, want_ids, want_vals = logprobs_reference(logits, tokens, n)
+    np.testing.assert_array_equal(ids, want_ids)
+    np.testing.assert_allclose(chosen, want_c, atol=2e-5)
+    np.testing.assert_allclose(vals, want_vals, atol=2e-5)
+
+
+def test_count_tokens_counts_each_new_token_of_its_sequence(rng):
+    vocab, slots = 30, 5
+    counts = rng.integers(0, 3, (slots, vocab)).astype(np.int32)
+    tokens = rng.integers(0, vocab, 40).astype(np.int32)
+    seq_ids = rng.integers(0, 3, 40).astype(np.int32)
+    count_rows = np.array([4, -1, 1], np.int32)
+    want = counts.copy()
+    for t, s in zip(tokens, seq_ids):
+        if count_rows[s] >= 0:
+            want[count_rows[s], t] += 1
+    run_host(sampling_lib.count_tokens.instantiate(), (1,), {"tokens": tokens, "seq_ids": seq_ids, "count_rows": count_rows, "counts": counts},
+             {"ntokens": 40, "vocab": vocab})
+    np.testing.assert_array_equal(counts, want)
 
 
 from hypothesis import HealthCheck, given, settings  # noqa: E402

@@ -265,7 +265,51 @@ class Oracle:
             return [out]
         if op == "attention":
             return [self._attention(node, args, out_t.dtype)]
+        if op == "count_tokens":
+            counts, tokens, seq_ids, rows = args
+            out = counts.copy()
+            for tok, s in zip(tokens.tolist(), seq_ids.tolist()):
+                r = int(rows[s])
+                if r >= 0 and 0 <= tok < out.shape[1]:
+                    out[r, tok] += 1
+            return [out]
+        if op == "sample":
+            from ..graph.ops import SAMPLE_OPERANDS
+            from .sampling import sample_reference
+
+            o = dict(zip(SAMPLE_OPERANDS, args))
+            rows = o.pop("count_rows")
+            pool = o.pop("counts")
+            o["counts"] = np.where(rows[:, None] >= 0, pool[np.maximum(rows, 0)], 0).astype(np.int32)
+            tokens = sample_reference(**o)
+            return [tokens, self._processed_logits(o)]
+        if op == "logprobs":
+            from .sampling import logprobs_reference
+
+            return list(logprobs_reference(args[0], args[1], a["n"]))
         raise EvalError(f"the oracle has no rule for op '{op}'")
+
+    @staticmethod
+    def _processed_logits(o: dict[str, np.ndarray]) -> np.ndarray:
+        """The sample op's second output: logits after bias, penalties, temperature and mask."""
+        from .sampling import MASKED
+
+        z = o["logits"].astype(np.float32).copy()
+        rows, vocab = z.shape
+        for r in range(rows):
+            for bid, bv in zip(o["bias_ids"][r].tolist(), o["bias_vals"][r]):
+                if 0 <= bid < vocab:
+                    z[r, bid] = z[r, bid] + np.float32(bv)
+            c = o["counts"][r]
+            seen = c > 0
+            rep = np.float32(o["repetition"][r])
+            z[r, seen] = np.where(z[r, seen] > 0, z[r, seen] / rep, z[r, seen] * rep)
+            z[r, seen] = z[r, seen] - np.float32(o["presence"][r]) - np.float32(o["frequency"][r]) * c[seen].astype(np.float32)
+            if o["temperature"][r] > 0:
+                z[r] = z[r] / np.float32(o["temperature"][r])
+            bits = (o["mask"][r].view(np.uint32)[np.arange(vocab) >> 5] >> (np.arange(vocab) & 31).astype(np.uint32)) & 1
+            z[r, bits == 0] = MASKED
+        return z
 
     def _attention(self, node: Node, args: list[np.ndarray], dtype: DType) -> np.ndarray:
         from ..graph.attention import attention_operand_names

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["sample_reference", "gumbel_uniform"]
+__all__ = ["sample_reference", "gumbel_uniform", "logprobs_reference", "MASKED"]
 
 
 def gumbel_uniform(seed: int, step: int, tokens: np.ndarray) -> np.ndarray:
@@ -26,12 +26,22 @@ def gumbel_uniform(seed: int, step: int, tokens: np.ndarray) -> np.ndarray:
     return (((h >> np.uint32(8)) & np.uint32(0xFFFFFF)).astype(np.float32) + np.float32(0.5)) / np.float32(16777216.0)
 
 
+MASKED = np.float32(-3.0e38)  # a disallowed token's logit after the mask
+
+
 def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
-                     repetition: np.ndarray, presence: np.ndarray, frequency: np.ndarray, seeds: np.ndarray, steps: np.ndarray) -> np.ndarray:
+                     repetition: np.ndarray, presence: np.ndarray, frequency: np.ndarray, seeds: np.ndarray, steps: np.ndarray,
+                     mask: np.ndarray | None = None, bias_ids: np.ndarray | None = None, bias_vals: np.ndarray | None = None) -> np.ndarray:
+    """``counts`` is [rows, vocab] (each row's history); ``mask`` [rows, ceil(vocab / 32)] int32 words,
+    bit set = allowed; ``bias_ids`` / ``bias_vals`` [rows, n] (id < 0 unused), added first."""
     rows, vocab = logits.shape
     out = np.empty(rows, np.int32)
     for r in range(rows):
         z = logits[r].astype(np.float32).copy()
+        if bias_ids is not None:
+            for bid, bv in zip(bias_ids[r].tolist(), bias_vals[r]):
+                if 0 <= bid < vocab:
+                    z[bid] = z[bid] + np.float32(bv)
         c = counts[r]
         seen = c > 0
         z[seen] = np.where(z[seen] > 0, z[seen] / np.float32(repetition[r]), z[seen] * np.float32(repetition[r]))
@@ -39,6 +49,9 @@ def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.nda
         temp = np.float32(temperature[r])
         if temp > 0:
             z = z / temp
+        if mask is not None:
+            bits = (mask[r].view(np.uint32)[np.arange(vocab) >> 5] >> (np.arange(vocab) & 31).astype(np.uint32)) & 1
+            z[bits == 0] = MASKED
         keep = np.ones(vocab, bool)
         if temp > 0:
             if 0 < top_k[r] < vocab:
@@ -55,7 +68,19 @@ def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.nda
         score = z.astype(np.float64)
         if temp > 0:
             u = gumbel_uniform(int(seeds[r]), int(steps[r]), np.arange(vocab)).astype(np.float64)
-            score = score - np.log(-np.log(u))
+            with np.errstate(divide="ignore"):  # u rounds to 1 once in 2^24 draws: that token wins, as on the device
+                score = score - np.log(-np.log(u))
         score[~keep] = -np.inf
         out[r] = int(np.argmax(score))
     return out
+
+
+def logprobs_reference(logits: np.ndarray, tokens: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """log_softmax of each row (f64, rounded to f32): the chosen token's, and the n largest
+    (ids largest first, ties to the lower id)."""
+    z = logits.astype(np.float64)
+    lse = z.max(-1, keepdims=True) + np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    lp = z - lse
+    order = np.argsort(-logits, axis=-1, kind="stable")[:, :n]
+    chosen = np.take_along_axis(lp, tokens.reshape(-1, 1).astype(np.int64), -1)[:, 0]
+    return chosen.astype(np.float32), order.astype(np.int32), np.take_along_axis(lp, order, -1).astype(np.float32)

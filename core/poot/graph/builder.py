@@ -206,6 +206,29 @@ class GraphBuilder:
         a negative slot skips the row. Returns the updated pool."""
         return self._one("cache_write", [pool, values, slots])
 
+    def count_tokens(self, counts: Value, tokens: Value, seq_ids: Value, count_rows: Value) -> Value:
+        """counts[count_rows[seq_ids[t]], tokens[t]] += 1 for each token (a row < 0 is not counted):
+        the token history the sampling penalties read. Returns the updated counts."""
+        return self._one("count_tokens", [counts, tokens, seq_ids, count_rows])
+
+    def sample(self, **operands: Value) -> tuple[Value, Value]:
+        """Sample one token per row: operands by name (``poot.graph.ops.SAMPLE_OPERANDS``): logit
+        bias, penalties from the history counts, temperature (0: greedy), allowed-token mask, top-k,
+        top-p, min-p, and a counter-based Gumbel draw from (seed, step). Returns (tokens, the
+        processed logits)."""
+        from .ops import SAMPLE_OPERANDS
+
+        missing = [n for n in SAMPLE_OPERANDS if n not in operands]
+        if missing or len(operands) != len(SAMPLE_OPERANDS):
+            raise GraphError(f"sample: operands {missing or sorted(set(operands) - set(SAMPLE_OPERANDS))} missing or unknown")
+        n = self.node("sample", [operands[k] for k in SAMPLE_OPERANDS])
+        return n.outputs[0], n.outputs[1]
+
+    def logprobs(self, logits: Value, tokens: Value, n: int) -> tuple[Value, Value, Value]:
+        """log_softmax of each row: the chosen token's, and the ``n`` largest (ids, values)."""
+        node = self.node("logprobs", [logits, tokens], n=n)
+        return node.outputs[0], node.outputs[1], node.outputs[2]
+
     def attention(
         self,
         q: Value,

@@ -334,6 +334,61 @@ def _attention(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType
     return [TensorType(q.dtype, (q.shape[0], hq, v.shape[3]))]
 
 
+SAMPLE_OPERANDS = ("logits", "counts", "count_rows", "temperature", "top_k", "top_p", "min_p", "repetition", "presence", "frequency",
+                   "seeds", "steps", "mask", "bias_ids", "bias_vals")
+_SAMPLE_INT = {"counts", "count_rows", "top_k", "seeds", "steps", "mask", "bias_ids"}
+
+
+def _count_tokens(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
+    counts, tokens, seq_ids, count_rows = t
+    if counts.rank != 2 or counts.dtype != dt.i32:
+        raise _fail("count_tokens", f"counts must be i32 [rows, vocab], got {counts}")
+    for name, v in (("tokens", tokens), ("seq_ids", seq_ids), ("count_rows", count_rows)):
+        if v.rank != 1 or not v.dtype.is_int:
+            raise _fail("count_tokens", f"{name} must be a 1-D int tensor, got {v}")
+    if tokens.shape[0] != seq_ids.shape[0]:
+        raise _fail("count_tokens", f"tokens {tokens} and seq_ids {seq_ids} differ in length")
+    return [counts]
+
+
+def _sample(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
+    if len(t) != len(SAMPLE_OPERANDS):
+        raise _fail("sample", f"takes {len(SAMPLE_OPERANDS)} operands ({', '.join(SAMPLE_OPERANDS)}), got {len(t)}")
+    ops = dict(zip(SAMPLE_OPERANDS, t))
+    logits = ops["logits"]
+    if logits.rank != 2 or logits.dtype != dt.f32:
+        raise _fail("sample", f"logits must be f32 [rows, vocab], got {logits}")
+    rows, vocab = logits.shape
+    for name, v in ops.items():
+        want = dt.i32 if name in _SAMPLE_INT else dt.f32
+        if v.dtype != want:
+            raise _fail("sample", f"{name} must be {want}, got {v}")
+        if name in ("mask", "bias_ids", "bias_vals"):
+            if v.rank != 2 or v.shape[0] != rows:
+                raise _fail("sample", f"{name} must be [rows, n], got {v}")
+        elif name == "counts":
+            if v.rank != 2 or v.shape[1] != vocab:
+                raise _fail("sample", f"counts must be [history rows, vocab], got {v}")
+        elif name != "logits" and (v.rank != 1 or v.shape[0] != rows):
+            raise _fail("sample", f"{name} must be [rows], got {v}")
+    if ops["bias_ids"].shape != ops["bias_vals"].shape:
+        raise _fail("sample", f"bias_ids {ops['bias_ids']} and bias_vals {ops['bias_vals']} differ")
+    if vocab.is_static and ops["mask"].shape[1].is_static and ops["mask"].shape[1].value * 32 < vocab.value:
+        raise _fail("sample", f"mask {ops['mask']} has fewer than vocab / 32 words")
+    return [TensorType(dt.i32, (rows,)), TensorType(dt.f32, (rows, vocab))]
+
+
+def _logprobs(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
+    logits, tokens = t
+    n = a["n"]
+    if logits.rank != 2 or logits.dtype != dt.f32 or tokens.rank != 1 or tokens.dtype != dt.i32 or tokens.shape[0] != logits.shape[0]:
+        raise _fail("logprobs", f"wants f32 [rows, vocab] logits and i32 [rows] tokens, got {logits} and {tokens}")
+    if n < 1 or (logits.shape[1].is_static and n > logits.shape[1].value):
+        raise _fail("logprobs", f"n={n} out of range")
+    rows = logits.shape[0]
+    return [TensorType(dt.f32, (rows,)), TensorType(dt.i32, (rows, as_dim(n))), TensorType(dt.f32, (rows, as_dim(n)))]
+
+
 OPS: dict[str, OpDef] = {}
 
 
@@ -364,6 +419,9 @@ _def("expand", "data", _expand)
 _def("iota", "source", _iota)
 _def("cache_write", "cache", _cache_write)
 _def("attention", "attention", _attention)
+_def("count_tokens", "cache", _count_tokens)
+_def("sample", "sampling", _sample)
+_def("logprobs", "sampling", _logprobs)
 
 
 def infer(op: str, types: Sequence[TensorType], attrs: Mapping[str, Any]) -> list[TensorType]:

@@ -36,6 +36,7 @@ from .config import ConfigError, DecoderConfig
 __all__ = ["StepShapes", "StepBatch", "trace_decoder", "cache_names", "STEP_INPUTS"]
 
 T, B, MB, NB, R = sym("tokens"), sym("batch"), sym("max_blocks"), sym("blocks"), sym("rows")
+HR, NBIAS = sym("history_rows"), sym("bias_width")  # token-count rows (one per sequence slot), logit-bias pairs per row
 STEP_INPUTS = ("tokens", "positions", "seq_ids", "slots", "ctx_lens", "block_tables", "logit_rows")
 
 
@@ -61,6 +62,8 @@ class StepShapes:
 
     block_size: int = 16
     cache_dtype: str = "f32"
+    sample: bool = False  # end the step with sampling: a "tokens" output, one id per logit row
+    logprobs: int = 0  # with sampling: also the log-probabilities of the chosen and the top-N tokens
 
 
 def cache_names(layer: int, mla: bool) -> tuple[str, ...]:
@@ -148,7 +151,31 @@ class _Tracer:
         if cfg.final_softcap is not None:
             logits = b.mul(b.tanh(b.mul(logits, 1.0 / cfg.final_softcap)), cfg.final_softcap)
         outputs = {"logits": logits, **outputs}
+        if self.shapes.sample:
+            outputs.update(self.sampling(logits, ins))
         return b.build(outputs)
+
+    def sampling(self, logits: Value, ins: dict[str, Value]) -> dict[str, Value]:
+        """The step's suffix: count the new tokens into each sequence's history, then sample one
+        token per logit row (and, when asked, log-probabilities). Only these leave the device."""
+        b = self.b
+        vocab = logits.shape[1]
+        counts = b.input("token_counts", "i32", [HR, vocab])
+        count_rows = b.input("count_rows", "i32", [B])
+        counts = b.count_tokens(counts, ins["tokens"], ins["seq_ids"], count_rows)
+        f32 = lambda name: b.input(name, "f32", [R])  # noqa: E731
+        i32 = lambda name: b.input(name, "i32", [R])  # noqa: E731
+        row_counts = i32("row_count_rows")
+        words = -(-vocab.value // 32)
+        tokens, _ = b.sample(logits=logits, counts=counts, count_rows=row_counts, temperature=f32("temperature"), top_k=i32("top_k"),
+                             top_p=f32("top_p"), min_p=f32("min_p"), repetition=f32("repetition"), presence=f32("presence"),
+                             frequency=f32("frequency"), seeds=i32("seeds"), steps=i32("steps"), mask=b.input("mask", "i32", [R, words]),
+                             bias_ids=b.input("bias_ids", "i32", [R, NBIAS]), bias_vals=b.input("bias_vals", "f32", [R, NBIAS]))
+        out = {"tokens": tokens, "token_counts": counts}
+        if self.shapes.logprobs:
+            chosen, ids, vals = b.logprobs(logits, tokens, self.shapes.logprobs)
+            out.update({"logprob": chosen, "top_ids": ids, "top_logprobs": vals})
+        return out
 
     def _cache_shapes(self) -> list[list]:
         bs, cfg = self.shapes.block_size, self.cfg

@@ -13,10 +13,11 @@ import numpy as np
 from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
-from ..graph.ops import OPS
 from ..kernel.library import attention as attn_lib
 from ..kernel.library import gather as gather_lib
+from ..graph.ops import OPS, SAMPLE_OPERANDS
 from ..kernel.library import linear, linear_host, movement, norms
+from ..kernel.library import sampling as sampling_lib
 from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
 from ..quant.bodies import BODIES, LUTS
 from .common import Env
@@ -278,6 +279,34 @@ def _cache_write(n: Node) -> Launch:
     return Launch(n, k, {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])}, lambda env: (max(1, _shape(slots, env)[0]),), lambda env: {"width": width})
 
 
+def _count_tokens(n: Node) -> Launch:
+    counts, tokens, seq_ids, rows = n.inputs
+    vocab = counts.shape[1].value
+    k = sampling_lib.count_tokens.instantiate()
+    return Launch(n, k, {"tokens": _key(tokens), "seq_ids": _key(seq_ids), "count_rows": _key(rows), "counts": _key(n.outputs[0])},
+                  lambda env: (1,), lambda env: {"ntokens": _shape(tokens, env)[0], "vocab": vocab})
+
+
+def _sample(n: Node) -> Launch:
+    ops = dict(zip(SAMPLE_OPERANDS, n.inputs))
+    logits = ops["logits"]
+    vocab = logits.shape[1].value
+    k = sampling_lib.sample.instantiate(BLOCK=256)
+    bufs: dict[str, Any] = {name: _key(v) for name, v in ops.items()}
+    bufs.update(tokens=_key(n.outputs[0]), work=_key(n.outputs[1]))
+    return Launch(n, k, bufs, lambda env: (_shape(logits, env)[0],),
+                  lambda env: {"vocab": vocab, "mask_words": _shape(ops["mask"], env)[1], "nbias": _shape(ops["bias_ids"], env)[1]})
+
+
+def _logprobs(n: Node) -> Launch:
+    logits, tokens = n.inputs
+    vocab = logits.shape[1].value
+    k = sampling_lib.logprobs.instantiate(N=n.attrs["n"], BLOCK=256)
+    chosen, ids, vals = n.outputs
+    return Launch(n, k, {"logits": _key(logits), "tokens": _key(tokens), "chosen": _key(chosen), "top_ids": _key(ids), "top_vals": _key(vals)},
+                  lambda env: (_shape(logits, env)[0],), lambda env: {"vocab": vocab})
+
+
 def _rms_norm(n: Node, r: RmsNorm) -> Launch:
     k = norms.rms_norm_lanes.instantiate(UNIT_OFFSET=r.unit_offset)
     cols = r.x.shape[-1].value
@@ -350,9 +379,13 @@ def _plan(graph: Graph, fuse: bool, limits: Limits) -> Plan:
             continue
         if n.op == "reshape":
             plan.views[_key(n.outputs[0])] = plan.views.get(_key(n.inputs[0]), _key(n.inputs[0]))
-        elif n.op == "cache_write":
+        elif n.op in ("cache_write", "count_tokens"):  # pools updated in place
             plan.aliases[_key(n.outputs[0])] = plan.aliases.get(_key(n.inputs[0]), _key(n.inputs[0]))
-            plan.launches.append(_cache_write(n))
+            plan.launches.append(_cache_write(n) if n.op == "cache_write" else _count_tokens(n))
+        elif n.op == "sample":
+            plan.launches.append(_sample(n))
+        elif n.op == "logprobs":
+            plan.launches.append(_logprobs(n))
         elif cat == "elementwise":
             if n.id in groups:  # the group's root: its escaping value is computed here
                 plan.launches.append(_elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0]))))

@@ -1,5 +1,6 @@
-"""Sampling on the device: penalties, temperature, top-k, top-p, min-p, and a counter-based draw, one
-workgroup per row; only the token id leaves the device.
+"""Sampling on the device: logit bias, penalties, temperature, an allowed-token mask (guided
+decoding), top-k, top-p, min-p, and a counter-based draw, one workgroup per row; only the token id
+leaves the device. Log-probabilities of the chosen and the top-N tokens come from ``logprobs``.
 
 Filtering keeps every token whose logit reaches a threshold, so ties at the boundary are kept. Top-k
 and top-p thresholds are found exactly by bisection over the order-preserving integer image of the
@@ -15,26 +16,43 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def sample(logits: In[f32], counts: In[i32], temperature: In[f32], top_k: In[i32], top_p: In[f32], min_p: In[f32],
-           repetition: In[f32], presence: In[f32], frequency: In[f32], seeds: In[i32], steps: In[i32], work: Out[f32], tokens: Out[i32],
-           vocab: i32, BLOCK: Const = 256):
-    """tokens[r] = a sample from row r of ``logits``; ``work`` is a [rows, vocab] scratch buffer."""
+def sample(logits: In[f32], counts: In[i32], count_rows: In[i32], temperature: In[f32], top_k: In[i32], top_p: In[f32], min_p: In[f32],
+           repetition: In[f32], presence: In[f32], frequency: In[f32], seeds: In[i32], steps: In[i32], mask: In[i32], bias_ids: In[i32],
+           bias_vals: In[f32], work: Out[f32], tokens: Out[i32], vocab: i32, mask_words: i32, nbias: i32, BLOCK: Const = 256):
+    """tokens[r] = a sample from row r of ``logits``; ``work`` receives the processed row. Per row:
+    logit bias (``nbias`` (id, value) pairs, id < 0 unused), penalties from ``counts[count_rows[r]]``
+    (a row < 0: no history), temperature, then the allowed-token bitmask (bit clear: the logit becomes
+    -3e38). Grid (rows,)."""
     r = group_id(0)
     t = thread_id(0)
     base = r * vocab
     red = shared(f32, BLOCK)
     cnt = shared(i32, BLOCK)
     temp = temperature[r]
-    # 1. penalties and temperature into the scratch row; the row max
+    for i in range(t, vocab, BLOCK):
+        work[base + i] = logits[base + i]
+    barrier()
+    if t == 0:
+        for j in range(nbias):
+            bid = bias_ids[r * nbias + j]
+            if bid >= 0 and bid < vocab:
+                work[base + bid] = work[base + bid] + bias_vals[r * nbias + j]
+    barrier()
+    # 1. penalties, temperature and the mask into the scratch row; the row max
+    crow = count_rows[r]
     m = -3.0e38
     for i in range(t, vocab, BLOCK):
-        z = logits[base + i]
-        c = counts[base + i]
+        z = work[base + i]
+        c = 0
+        if crow >= 0:
+            c = counts[crow * vocab + i]
         if c > 0:
             z = z / repetition[r] if z > 0.0 else z * repetition[r]
             z = z - presence[r] - frequency[r] * f32(c)
         if temp > 0.0:
             z = z / temp
+        if ((mask[r * mask_words + (i >> 5)] >> (i & 31)) & 1) == 0:
+            z = -3.0e38
         work[base + i] = z
         m = max(m, z)
     red[t] = m
@@ -126,3 +144,69 @@ def sample(logits: In[f32], counts: In[i32], temperature: In[f32], top_k: In[i32
         s5 = s5 // 2
     if t == 0:
         tokens[r] = cnt[0]
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def logprobs(logits: In[f32], tokens: In[i32], chosen: Out[f32], top_ids: Out[i32], top_vals: Out[f32], vocab: i32,
+             N: Const = 1, BLOCK: Const = 256):
+    """log_softmax of each row of the model's logits: the sampled token's, and the N largest (ids
+    and values, largest first, ties to the lower id). Grid (rows,)."""
+    r = group_id(0)
+    t = thread_id(0)
+    base = r * vocab
+    red = shared(f32, BLOCK)
+    idx = shared(i32, BLOCK)
+    m = -3.0e38
+    for i in range(t, vocab, BLOCK):
+        m = max(m, logits[base + i])
+    red[t] = m
+    reduce_shared(red, "max")
+    zmax = red[0]
+    barrier()
+    acc = 0.0
+    for i in range(t, vocab, BLOCK):
+        acc += exp(logits[base + i] - zmax)
+    red[t] = acc
+    reduce_shared(red, "add")
+    lse = zmax + log(red[0])
+    barrier()
+    if t == 0:
+        chosen[r] = logits[base + tokens[r]] - lse
+    pv = 0.0
+    pi = -1
+    for n in static_range(N):
+        bv = -3.4e38
+        bi = vocab
+        for i in range(t, vocab, BLOCK):
+            v = logits[base + i]
+            if (pi < 0 or v < pv or (v == pv and i > pi)) and (v > bv or (v == bv and i < bi)):
+                bv = v
+                bi = i
+        red[t] = bv
+        idx[t] = bi
+        barrier()
+        s = BLOCK // 2
+        for _ in static_range(ilog2(BLOCK)):
+            if t < s:
+                if red[t + s] > red[t] or (red[t + s] == red[t] and idx[t + s] < idx[t]):
+                    red[t] = red[t + s]
+                    idx[t] = idx[t + s]
+            barrier()
+            s = s // 2
+        pv = red[0]
+        pi = idx[0]
+        if t == 0:
+            top_ids[r * N + n] = pi
+            top_vals[r * N + n] = pv - lse
+        barrier()
+
+
+@kernel(workgroup=(1, 1, 1))
+def count_tokens(tokens: In[i32], seq_ids: In[i32], count_rows: In[i32], counts: Out[i32], ntokens: i32, vocab: i32):
+    """counts[count_rows[seq_ids[t]], tokens[t]] += 1 for each token of the step (a row < 0: not
+    counted): the history the penalties read. One workgroup, tokens in order. Grid (1,)."""
+    for t in range(ntokens):
+        row = count_rows[seq_ids[t]]
+        tok = tokens[t]
+        if row >= 0 and tok >= 0 and tok < vocab:
+            counts[row * vocab + tok] = counts[row * vocab + tok] + 1
