@@ -5,4 +5,13 @@ from .hookspecs import hookimpl
 from . import kernel  # noqa: E402  - ``@poot.kernel`` (the package is callable as the decorator)
 
 __version__ = "0.1.0"
-__all__ = ["kernel", "hookimpl", "PootError", "Refusal", "UnknownDevice", "DeviceUnavailable", "__version__"]
+
+
+def __getattr__(name: str):  # type: ignore[no-untyped-def]
+    """``poot.load(model, device=...)`` without importing the loaders at ``import poot``."""
+    if name in ("load", "llm"):
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module 'poot' has no attribute {name!r}")
+__all__ = ["kernel", "load", "hookimpl", "PootError", "Refusal", "UnknownDevice", "DeviceUnavailable", "__version__"]

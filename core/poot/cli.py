@@ -9,6 +9,8 @@ import shutil
 import sys
 import textwrap
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from .errors import PootError
 
@@ -145,25 +147,125 @@ def cmd_inspect(args: argparse.Namespace) -> int:
     return 0
 
 
+def _sampling(args: argparse.Namespace, max_tokens: int | None = None) -> Any:
+    from .llm import ParameterError, SamplingParams
+
+    schema = None
+    if getattr(args, "json_schema", None):
+        try:
+            schema = json.loads(Path(args.json_schema).read_text())
+        except (OSError, ValueError) as e:
+            raise ParameterError("--json-schema", f"{args.json_schema}: {e}") from None
+    bias = {}
+    for item in args.logit_bias or []:
+        tid, _, val = item.partition("=")
+        try:
+            bias[int(tid)] = float(val)
+        except ValueError:
+            raise ParameterError("--logit-bias", f"'{item}' is not TOKEN_ID=BIAS") from None
+    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
+                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=bias, seed=args.seed,
+                          max_tokens=max_tokens or args.max_tokens, stop=args.stop or (), json_schema=schema, regex=args.regex)
+
+
+def _load(args: argparse.Namespace, **options: Any) -> Any:
+    from .llm import load
+
+    kw = {"kv_memory": args.kv_memory, "max_context": args.context, "progress": True, **options}
+    return load(args.model, args.device, **{k: v for k, v in kw.items() if v is not None})
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import time
 
-    from .llm import SimpleGenerator
-
-    t0 = time.perf_counter()
-    print(f"poot: loading {args.model} and compiling its step for {args.device or 'the default device'} ...", file=sys.stderr, flush=True)
-    gen = SimpleGenerator(args.model, args.device, max_context=args.context)
-    ids = gen.prompt(args.prompt, raw=args.raw)
-    print(f"poot: ready in {time.perf_counter() - t0:.1f} s on {gen.device.name}; prompt of {len(ids)} tokens", file=sys.stderr, flush=True)
-    t1, n = time.perf_counter(), 0
-    for piece in gen.generate(ids, args.max_tokens):
-        n += 1
-        print(piece, end="", flush=True)
+    params = _sampling(args)
+    m = _load(args, max_seqs=1)
+    ids = m.encode(args.prompt, raw=args.raw)
+    t1 = time.perf_counter()
+    first: float | None = None
+    n = 0
+    reason = ""
+    for ev in m.generate(ids, params):
+        if first is None:
+            first = time.perf_counter() - t1
+        n += ev.token is not None
+        print(ev.text, end="", flush=True)
+        reason = ev.finished or reason
     print()
-    st = gen.stats
-    print(f"poot: {time.perf_counter() - t1:.1f} s of generation (greedy): prompt {st['prompt_tokens']} tokens at "
-          f"{st['prompt_tokens'] / max(st['prefill_s'], 1e-9):.0f} tok/s, {st['new_tokens']} new at {st['new_tokens'] / max(st['decode_s'], 1e-9):.0f} tok/s",
-          file=sys.stderr)
+    total = time.perf_counter() - t1
+    decode = n - 1
+    print(f"poot: {len(ids)} prompt tokens in {first or 0:.2f} s ({len(ids) / max(first or 1e-9, 1e-9):.0f} tok/s), {n} new "
+          f"({decode / max(total - (first or 0), 1e-9):.0f} tok/s), finished: {reason}", file=sys.stderr)
+    m.close()
+    return 0
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    params = _sampling(args)
+    m = _load(args, max_seqs=1)
+    if m.template is None:
+        raise PootError(f"{args.model} has no chat template: use `poot run --raw` for plain completion")
+    messages: list[dict[str, str]] = []
+    if args.system:
+        messages.append({"role": "system", "content": args.system})
+    print("poot: chat with the model; an empty line or Ctrl-D ends, /reset starts over", file=sys.stderr)
+    while True:
+        try:
+            line = input("> ")
+        except EOFError:
+            print()
+            break
+        if not line.strip():
+            break
+        if line.strip() == "/reset":
+            messages = messages[:1] if args.system else []
+            continue
+        messages.append({"role": "user", "content": line})
+        answer = ""
+        for ev in m.generate(messages, params):
+            answer += ev.text
+            print(ev.text, end="", flush=True)
+        print()
+        messages.append({"role": "assistant", "content": answer})
+    m.close()
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    import time
+
+    import numpy as np
+
+    from .llm import SamplingParams
+
+    batches = sorted(set(args.batch))
+    m = _load(args, max_seqs=max(batches), max_step_tokens=max(args.prompt_tokens, max(batches)))
+    rng = np.random.default_rng(0)
+    rows = []
+    for b in batches:
+        params = SamplingParams(temperature=0, max_tokens=args.decode_tokens, ignore_eos=True)
+        prompts = [rng.integers(100, min(m.vocab, 30000), args.prompt_tokens).tolist() for _ in range(b)]
+        eng = m.engine
+        for warm in (True, False):
+            sids = [eng.add(p, params) for p in prompts]
+            t0 = time.perf_counter()
+            t_pre = None
+            done = 0
+            while done < b:
+                evs = eng.step()
+                if t_pre is None and evs:
+                    t_pre = time.perf_counter() - t0
+                done += sum(ev.finished is not None for ev in evs)
+            total = time.perf_counter() - t0
+            if not warm:
+                pre = b * args.prompt_tokens / (t_pre or 1e-9)
+                dec = b * (args.decode_tokens - 1) / max(total - (t_pre or 0), 1e-9)
+                rows.append((b, pre, dec))
+            del sids
+    print(f"{'batch':>5}  {'prefill tok/s':>14}  {'decode tok/s':>13}   ({args.prompt_tokens}-token prompts, {args.decode_tokens} new tokens, {m.device.name})")
+    for b, pre, dec in rows:
+        print(f"{b:5d}  {pre:14.1f}  {dec:13.1f}")
+    m.close()
     return 0
 
 
@@ -220,14 +322,46 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--context", type=int, default=512, help="context the step sees, in tokens")
     pn.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
     pn.set_defaults(func=cmd_plan)
-    run = sub.add_parser("run", help="generate text from a prompt (greedy; chat template applied unless --raw)")
-    run.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
+    def model_args(q: argparse.ArgumentParser) -> None:
+        q.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
+        q.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
+        q.add_argument("--context", type=int, default=2048, help="longest sequence, in tokens")
+        q.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512M or 2G (default: what the sequences need, at most a quarter of free memory)")
+
+    def sampling_args(q: argparse.ArgumentParser, temperature: float) -> None:
+        g = q.add_argument_group("sampling")
+        g.add_argument("--max-tokens", type=int, default=256)
+        g.add_argument("--temperature", type=float, default=temperature, help=f"0 is greedy (default {temperature})")
+        g.add_argument("--top-k", type=int, default=0)
+        g.add_argument("--top-p", type=float, default=1.0)
+        g.add_argument("--min-p", type=float, default=0.0)
+        g.add_argument("--repetition-penalty", type=float, default=1.0)
+        g.add_argument("--presence-penalty", type=float, default=0.0)
+        g.add_argument("--frequency-penalty", type=float, default=0.0)
+        g.add_argument("--logit-bias", action="append", metavar="ID=BIAS", help="add BIAS to token ID's logit (repeatable)")
+        g.add_argument("--seed", type=int, default=None, help="the same seed gives the same tokens")
+        g.add_argument("--stop", action="append", help="stop string (repeatable)")
+        c = g.add_mutually_exclusive_group()
+        c.add_argument("--json-schema", metavar="FILE", help="constrain the output to JSON valid under this schema")
+        c.add_argument("--regex", help="constrain the output to this regular expression")
+
+    run = sub.add_parser("run", help="generate text from a prompt, streamed (chat template applied unless --raw)")
+    model_args(run)
     run.add_argument("prompt")
-    run.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
-    run.add_argument("--max-tokens", type=int, default=32)
-    run.add_argument("--context", type=int, default=512, help="KV cache size in tokens")
     run.add_argument("--raw", action="store_true", help="plain completion: no chat template")
+    sampling_args(run, 0.0)
     run.set_defaults(func=cmd_run)
+    chat = sub.add_parser("chat", help="an interactive chat")
+    model_args(chat)
+    chat.add_argument("--system", help="a system message")
+    sampling_args(chat, 0.7)
+    chat.set_defaults(func=cmd_chat)
+    bench = sub.add_parser("bench", help="prefill and decode tokens/s for a few batch sizes")
+    model_args(bench)
+    bench.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
+    bench.add_argument("--prompt-tokens", type=int, default=128)
+    bench.add_argument("--decode-tokens", type=int, default=32)
+    bench.set_defaults(func=cmd_bench)
     return p
 
 

@@ -8,6 +8,7 @@ stage's output can be dumped with ``POOT_DUMP=dir``.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -173,6 +174,7 @@ def _cache_dir() -> Path:
     return cache_dir() / "kernels"
 
 
+@functools.cache
 def _codegen_source_hash() -> str:
     """Artifacts depend on the stages after LLVM IR too (post-passes): their source is in the key."""
     h = hashlib.sha256()
@@ -185,13 +187,20 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
     """Lower, optimise and emit ``k`` for ``tgt``; a second compile of the same kernel is a cache hit."""
     import llvmlite
 
+    stamp = [CODEGEN_VERSION, _codegen_source_hash(), llvmlite.__version__, tgt.key, tgt.triple, tgt.features]
+    # by the kernel itself first (Kernel IR is a deterministic value): a hit skips lowering too
+    fast = _cache_dir() / "by-kernel" / (hashlib.sha256("\n".join(stamp + [repr(k)]).encode()).hexdigest() + f".{tgt.artifact}")
+    if use_cache and not os.environ.get("POOT_DUMP") and fast.exists():
+        return Artifact(k.name, tgt.key, tgt.artifact, fast.read_bytes(), cached=True)
     module = lower_kernel(k, tgt)
     ir_text = str(module)
     _dump(k.name, f"{tgt.name}.ll", ir_text)
-    key = hashlib.sha256("\n".join([CODEGEN_VERSION, _codegen_source_hash(), llvmlite.__version__, tgt.key, tgt.triple, tgt.features, ir_text]).encode()).hexdigest()
+    key = hashlib.sha256("\n".join(stamp + [ir_text]).encode()).hexdigest()
     path = _cache_dir() / key[:2] / f"{key}.{tgt.artifact}"
     if use_cache and path.exists():
-        return Artifact(k.name, tgt.key, tgt.artifact, path.read_bytes(), cached=True)
+        data = path.read_bytes()
+        _store(fast, data)
+        return Artifact(k.name, tgt.key, tgt.artifact, data, cached=True)
     try:
         data, opt_ir = _POOL.run(ir_text, tgt, k.name)
     finally:
@@ -203,8 +212,13 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
     _dump(k.name, f"{tgt.name}.opt.ll", opt_ir)
     _dump(k.name, f"{tgt.name}.{ {'ptx': 'ptx', 'object': 'o', 'code-object': 'hsaco', 'spirv': 'spv'}[tgt.artifact]}", data)
     if use_cache:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-        tmp.write_bytes(data)
-        os.replace(tmp, path)
+        _store(path, data)
+        _store(fast, data)
     return Artifact(k.name, tgt.key, tgt.artifact, data)
+
+
+def _store(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    tmp.write_bytes(data)
+    os.replace(tmp, path)

@@ -474,6 +474,7 @@ class KernelTemplate:
 
     def __init__(self, fn: Callable[..., Any], workgroup: tuple[int | str, int | str, int | str], name: str | None) -> None:
         self.fn, self.workgroup = fn, workgroup
+        self._instances: dict[tuple[tuple[str, str], ...], ir.Kernel] = {}
         self.name = name or fn.__name__
         try:
             src = inspect.getsource(fn)
@@ -496,6 +497,14 @@ class KernelTemplate:
             self.params.append((p.name, ann, p.default))
 
     def instantiate(self, **constants: Any) -> ir.Kernel:
+        """Kernel IR for these compile-time constants (the same constants give the same, cached, kernel)."""
+        key = tuple(sorted((k, repr(v)) for k, v in constants.items()))
+        done = self._instances.get(key)
+        if done is None:
+            done = self._instances[key] = self._instantiate(**constants)
+        return done
+
+    def _instantiate(self, **constants: Any) -> ir.Kernel:
         consts: dict[str, Any] = {}
         buffers: dict[str, ir.Buffer] = {}
         scalars: dict[str, DType] = {}

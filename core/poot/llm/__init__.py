@@ -1,5 +1,10 @@
-"""Generation: a model loaded onto a device and a token loop over its compiled step."""
+"""Generation: a model loaded onto a device (``ModelHandle``, ``poot.load``), the driver's step over
+many sequences (``Engine``), paged KV slots with prefix sharing, and sampling parameters."""
 
-from .simple import SimpleGenerator
+from .engine import Engine, Event
+from .handle import Completion, ModelHandle, load, parse_bytes
+from .kv import BlockPool, BlockTable, OutOfBlocks
+from .params import MAX_LOGPROBS, ParameterError, SamplingParams
 
-__all__ = ["SimpleGenerator"]
+__all__ = ["BlockPool", "BlockTable", "Completion", "Engine", "Event", "MAX_LOGPROBS", "ModelHandle", "OutOfBlocks", "ParameterError",
+           "SamplingParams", "load", "parse_bytes"]

@@ -82,14 +82,21 @@ class HostStep:
 class HostExecutor(Executor):
     """Runs a plan on the host CPU with ``threads`` threads (default: ``default_threads()``)."""
 
-    def __init__(self, plan: Plan, threads: int | None = None) -> None:
+    def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
         super().__init__(plan)
         target = host_target()
-        self._kernels: dict[str, HostKernel] = {}
-        for launch in plan.launches:
-            key = repr(launch.kernel)
-            if key not in self._kernels:
-                self._kernels[key] = HostKernel(launch.kernel, compile_kernel(launch.kernel, target))
+        from tqdm import tqdm
+
+        by_value: dict[str, list[int]] = {}  # equal kernels (by value) share one compiled copy
+        for k in {id(l.kernel): l.kernel for l in plan.launches}.values():
+            by_value.setdefault(repr(k), []).append(id(k))
+        objects = {id(l.kernel): l.kernel for l in plan.launches}
+        self._kernels: dict[int, HostKernel] = {}  # by id of the plan's kernel objects (the plan keeps them alive)
+        for ids in tqdm(by_value.values(), desc="poot: compiling kernels", unit="kernel", disable=not progress, leave=False):
+            kernel = objects[ids[0]]
+            hk = HostKernel(kernel, compile_kernel(kernel, target))
+            for i in ids:
+                self._kernels[i] = hk
         self.threads = threads or default_threads()
         self._team = ThreadTeam(NativeChain(), self.threads)
         g = plan.graph
@@ -186,7 +193,7 @@ class HostExecutor(Executor):
             return any(a < d and c < b for a, b in rs for c, d in others)
 
         for launch in sp.launches:
-            hk = self._kernels[repr(launch.kernel)]
+            hk = self._kernels[id(launch.kernel)]
             scalars = launch.scalars(env)
             grid = (list(launch.grid(env)) + [1, 1])[:3]
             slots: list[int] = []

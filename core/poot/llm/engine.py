@@ -1,0 +1,327 @@
+"""The driver: one ``step()`` advances every running sequence, with prefill chunks and decode tokens
+mixed in one batch, and returns what each produced.
+
+Per step: decode tokens first (one per running sequence), then prefill chunks within the token budget;
+a sequence whose known tokens are all in after this step gets a logit row and a sampled token. The
+batch is padded to a few bucketed shapes (tokens, sequences, rows), so the executor captures each
+shape once and replays it; padding tokens write no KV and count no history. Only the sampled ids
+(and log-probabilities when asked) come back from the device.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import PootError
+from ..models.decoder import StepBatch
+from ..runtime.executor import Executor, step_env
+from ..text.detok import StreamingDetokenizer
+from ..text.guided import Constraint, ConstraintCompiler
+from ..text.stop import StopMatcher
+from ..text.tokenizer import Tokenizer
+from .kv import BlockPool, BlockTable, OutOfBlocks
+from .params import ParameterError, SamplingParams
+
+__all__ = ["Engine", "Event", "SequenceState"]
+
+BIAS_WIDTHS = (1, 8, 64, 512)
+
+
+def _bucket_tokens(n: int) -> int:
+    if n <= 8:
+        return 1 << max(0, (n - 1).bit_length())
+    return -(-n // 32) * 32
+
+
+def _pow2(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+@dataclass
+class Event:
+    """What a sequence produced in a step: a token (``None`` when it only finished), the text that
+    became final, and why it finished, if it did ("stop", "length", "cancelled", "error")."""
+
+    seq_id: int
+    token: int | None
+    text: str
+    finished: str | None = None
+    logprob: float | None = None
+    top_logprobs: list[tuple[int, float]] | None = None
+    error: str | None = None
+
+
+@dataclass
+class SequenceState:
+    id: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int
+    table: BlockTable | None = None
+    count_row: int = -1
+    tokens: list[int] = field(default_factory=list)
+    computed: int = 0  # positions whose KV is written
+    generated: list[int] = field(default_factory=list)
+    constraint: Constraint | None = None
+    detok: StreamingDetokenizer | None = None
+    stop: StopMatcher | None = None
+    finished: str | None = None
+
+    @property
+    def pending(self) -> int:
+        return len(self.tokens) - self.computed
+
+
+class Engine:
+    """Sequences over one compiled step. ``executors(logprobs)`` gives the executor of the plan with
+    (or without) the log-probability suffix; ``pools`` are the KV pools and the token-count pool,
+    bound to both."""
+
+    def __init__(self, executors: Callable[[bool], Executor], pools: dict[str, np.ndarray], tokenizer: Tokenizer, vocab: int,
+                 block_pool: BlockPool, max_blocks_per_seq: int, max_seqs: int, max_step_tokens: int = 512,
+                 constraints: Callable[[], ConstraintCompiler] | None = None, logprobs_n: int = 20) -> None:
+        self._executors, self.pools, self.tok, self.vocab = executors, pools, tokenizer, vocab
+        self.blocks, self.max_blocks, self.max_seqs, self.max_step_tokens = block_pool, max_blocks_per_seq, max_seqs, max_step_tokens
+        self._constraints, self.logprobs_n = constraints, logprobs_n
+        self._words = -(-vocab // 32)
+        self._free_rows = list(range(max_seqs - 1, -1, -1))
+        self.waiting: list[SequenceState] = []
+        self.running: list[SequenceState] = []
+        self._next_id = 0
+        self.stats = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "padded_tokens": 0}
+
+    # -- requests -----------------------------------------------------------------------------------
+    def add(self, prompt: Sequence[int], params: SamplingParams | None = None) -> int:
+        params = params or SamplingParams()
+        prompt = [int(t) for t in prompt]
+        if not prompt:
+            raise ParameterError("prompt", "needs at least one token")
+        bad = [t for t in prompt if not 0 <= t < self.vocab]
+        if bad:
+            raise ParameterError("prompt", f"token ids {bad[:5]} are outside the vocabulary of {self.vocab}")
+        cap = self.max_blocks * self.blocks.block_size
+        if len(prompt) + params.max_tokens > cap:
+            raise ParameterError("max_tokens", f"prompt of {len(prompt)} tokens + max_tokens {params.max_tokens} exceed the context of {cap} positions")
+        need = -(-(len(prompt) + params.max_tokens) // self.blocks.block_size)
+        if need > self.blocks.num_blocks:
+            raise ParameterError("max_tokens", f"the sequence would need {need} KV blocks; the pool has {self.blocks.num_blocks} (raise --kv-memory)")
+        bad_bias = [t for t in params.logit_bias if t >= self.vocab]
+        if bad_bias:
+            raise ParameterError("logit_bias", f"token ids {bad_bias[:5]} are outside the vocabulary of {self.vocab}")
+        constraint = self._constraint(params)
+        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little", signed=True)
+        s = SequenceState(self._next_id, prompt, params, seed, constraint=constraint)
+        s.detok = StreamingDetokenizer(self.tok, skip_special_tokens=True)
+        s.stop = StopMatcher(list(params.stop))
+        self._next_id += 1
+        self.waiting.append(s)
+        return s.id
+
+    def _constraint(self, p: SamplingParams) -> Constraint | None:
+        if not p.constrained:
+            return None
+        if self._constraints is None:
+            raise ParameterError("json_schema", "guided decoding is not available for this model")
+        cc = self._constraints()
+        if p.json_schema is not None:
+            return cc.json_schema(p.json_schema)
+        if p.regex is not None:
+            return cc.regex(p.regex)
+        if p.grammar is not None:
+            return cc.grammar(p.grammar)
+        return cc.choice(list(p.choice or ()))
+
+    def cancel(self, seq_id: int) -> bool:
+        for lst in (self.waiting, self.running):
+            for s in lst:
+                if s.id == seq_id:
+                    lst.remove(s)
+                    self._release(s, "cancelled")
+                    return True
+        return False
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def _release(self, s: SequenceState, why: str) -> None:
+        s.finished = s.finished or why
+        if s.table is not None:
+            self.blocks.close(s.table)
+        if s.count_row >= 0:
+            self._free_rows.append(s.count_row)
+            s.count_row = -1
+
+    def _admit(self) -> None:
+        while self.waiting and self._free_rows:
+            s = self.waiting[0]
+            table = self.blocks.open(s.prompt)
+            try:
+                self.blocks.ensure(table, len(s.prompt) + s.params.max_tokens)
+            except OutOfBlocks:
+                self.blocks.close(table)
+                if not self.running:
+                    raise PootError("the KV pool cannot hold even one waiting sequence") from None
+                return  # wait for running sequences to finish
+            self.waiting.pop(0)
+            s.table = table
+            s.tokens = list(s.prompt)
+            s.computed = table.shared_tokens
+            s.count_row = self._free_rows.pop()
+            counts = self.pools["token_counts"]
+            counts[s.count_row] = 0
+            if s.computed:  # tokens taken over from a shared prefix still count as history
+                np.add.at(counts[s.count_row], np.array(s.prompt[: s.computed]), 1)
+            self.running.append(s)
+
+    # -- the step -----------------------------------------------------------------------------------
+    def step(self) -> list[Event]:
+        """Advance every running sequence by one step; returns their events (may be empty)."""
+        self._admit()
+        if not self.running:
+            return []
+        budget = self.max_step_tokens
+        plan: list[tuple[SequenceState, int]] = []  # (sequence, tokens this step)
+        for s in self.running:
+            if s.pending == 1 and s.computed >= len(s.prompt):
+                plan.append((s, 1))
+                budget -= 1
+        for s in self.running:
+            if budget <= 0:
+                break
+            if not (s.pending == 1 and s.computed >= len(s.prompt)) and s.pending > 0:
+                n = min(s.pending, budget)
+                plan.append((s, n))
+                budget -= n
+        plan.sort(key=lambda x: x[0].id)
+        events = self._run(plan)
+        self.running = [s for s in self.running if s.finished is None]
+        return events
+
+    def _run(self, plan: list[tuple[SequenceState, int]]) -> list[Event]:
+        toks, pos, sid, slots = [], [], [], []
+        ctx, tables, rows, row_seqs = [], [], [], []
+        for b, (s, n) in enumerate(plan):
+            for p in range(s.computed, s.computed + n):
+                toks.append(s.tokens[p])
+                pos.append(p)
+                sid.append(b)
+                slots.append(self.blocks.slot(s.table, p))  # type: ignore[arg-type]
+            ctx.append(s.computed + n)
+            tables.append(s.table.blocks)  # type: ignore[union-attr]
+            if s.computed + n == len(s.tokens):
+                rows.append(len(toks) - 1)
+                row_seqs.append(s)
+        T, B, R = len(toks), len(plan), len(rows)
+        Tb, Rb = _bucket_tokens(T), _pow2(max(R, 1))
+        pad = Tb > T or Rb > R
+        Bb = _pow2(B + (1 if pad else 0))
+        tok_a = np.zeros(Tb, np.int32)
+        tok_a[:T] = toks
+        pos_a = np.zeros(Tb, np.int32)
+        pos_a[:T] = pos
+        sid_a = np.full(Tb, B, np.int32)  # padding tokens belong to an empty batch entry
+        sid_a[:T] = sid
+        slot_a = np.full(Tb, -1, np.int32)
+        slot_a[:T] = slots
+        ctx_a = np.zeros(Bb, np.int32)
+        ctx_a[:B] = ctx
+        bt = np.zeros((Bb, self.max_blocks), np.int32)
+        for b, t in enumerate(tables):
+            bt[b, : len(t)] = t
+        row_a = np.zeros(Rb, np.int32)
+        row_a[:R] = rows
+        batch = StepBatch(tok_a, pos_a, sid_a, slot_a, ctx_a, bt, row_a).as_inputs()
+        count_rows = np.full(Bb, -1, np.int32)
+        count_rows[:B] = [s.count_row for s, _ in plan]
+        want_lp = any(s.params.logprobs is not None for s in row_seqs)
+        sampling = self._sampling_inputs(row_seqs, Rb)
+        sampling["count_rows"] = count_rows
+        ex = self._executors(want_lp)
+        inputs = {**batch, **sampling}
+        step = ex.capture(step_env(ex.plan, {**inputs, **self.pools}))
+        ex.replay(step, inputs)
+        out_tokens = ex.read(step, "tokens")
+        lp = (ex.read(step, "logprob"), ex.read(step, "top_ids"), ex.read(step, "top_logprobs")) if want_lp else None
+        self.stats["steps"] += 1
+        self.stats["padded_tokens"] += Tb - T
+        for s, n in plan:
+            if s.computed < len(s.prompt):
+                self.stats["prefill_tokens"] += n
+            else:
+                self.stats["decode_tokens"] += n
+            s.computed += n
+            self.blocks.computed(s.table, s.computed)  # type: ignore[arg-type]
+        events = []
+        for r, s in enumerate(row_seqs):
+            events.append(self._accept(s, int(out_tokens[r]), None if lp is None else (r, lp)))
+        return events
+
+    def _sampling_inputs(self, seqs: list[SequenceState], rows: int) -> dict[str, np.ndarray]:
+        f = lambda: np.zeros(rows, np.float32)  # noqa: E731
+        i = lambda: np.zeros(rows, np.int32)  # noqa: E731
+        d: dict[str, Any] = {"temperature": f(), "top_k": i(), "top_p": np.ones(rows, np.float32), "min_p": f(), "repetition": np.ones(rows, np.float32),
+                             "presence": f(), "frequency": f(), "seeds": i(), "steps": i(), "row_count_rows": np.full(rows, -1, np.int32),
+                             "mask": np.full((rows, self._words), -1, np.int32)}
+        width = next((w for w in BIAS_WIDTHS if w >= max((len(s.params.logit_bias) for s in seqs), default=0)), None)
+        if width is None:
+            width = max(len(s.params.logit_bias) for s in seqs)
+        bias_ids = np.full((rows, width), -1, np.int32)
+        bias_vals = np.zeros((rows, width), np.float32)
+        for r, s in enumerate(seqs):
+            p = s.params
+            d["temperature"][r] = p.temperature
+            d["top_k"][r] = p.top_k
+            d["top_p"][r] = p.top_p
+            d["min_p"][r] = p.min_p
+            d["repetition"][r] = p.repetition_penalty
+            d["presence"][r] = p.presence_penalty
+            d["frequency"][r] = p.frequency_penalty
+            d["seeds"][r] = s.seed
+            d["steps"][r] = len(s.generated)
+            d["row_count_rows"][r] = s.count_row
+            for j, (tid, val) in enumerate(p.logit_bias.items()):
+                bias_ids[r, j] = tid
+                bias_vals[r, j] = val
+            if s.constraint is not None:
+                m = s.constraint.bitmask()
+                d["mask"][r] = 0
+                d["mask"][r, : min(len(m), self._words)] = m[: self._words]
+        d["bias_ids"], d["bias_vals"] = bias_ids, bias_vals
+        return d
+
+    def _accept(self, s: SequenceState, token: int, lp: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None) -> Event:
+        p = s.params
+        ev = Event(s.id, token, "")
+        if lp is not None and p.logprobs is not None:
+            r, (chosen, ids, vals) = lp
+            ev.logprob = float(chosen[r])
+            ev.top_logprobs = [(int(ids[r, j]), float(vals[r, j])) for j in range(p.logprobs)]
+        s.generated.append(token)
+        s.tokens.append(token)
+        if s.constraint is not None:
+            try:
+                s.constraint.advance(token)
+            except PootError as e:
+                ev.finished, ev.error = "error", str(e)
+                self._release(s, "error")
+                return ev
+        end = (token in self.tok.stop_ids and not p.ignore_eos) or token in p.stop_token_ids or (s.constraint is not None and s.constraint.is_finished())
+        if not end:
+            res = s.stop.feed(s.detok.push(token))  # type: ignore[union-attr]
+            ev.text = res.text
+            if res.stopped:
+                ev.finished = "stop"
+        else:
+            ev.finished = "stop"
+        if ev.finished is None and len(s.generated) >= p.max_tokens:
+            ev.finished = "length"
+        if ev.finished is not None:
+            if ev.finished == "length" or (end and not s.stop.done):  # type: ignore[union-attr]
+                ev.text += s.stop.feed(s.detok.finish()).text + s.stop.flush()  # type: ignore[union-attr]
+            self._release(s, ev.finished)
+        return ev

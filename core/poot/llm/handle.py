@@ -1,0 +1,218 @@
+"""A model loaded onto a device: ``poot.load(model, device=...)``.
+
+Resolves the source, picks the family, traces the step (with sampling as its suffix), compiles the
+plan for the device, binds the weights (zero-copy on the CPU), builds the tokenizer and chat
+template, and sizes the KV pool from a memory budget. ``generate`` streams one answer;
+``engine`` runs many sequences together.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..errors import PootError
+from ..graph.passes import DEFAULT_PASSES, PassManager
+from ..load import open_model
+from ..models import StepShapes, family_for
+from ..plan import compile_plan
+from ..plugins import host
+from ..runtime import get_device
+from ..runtime.executor import Executor
+from ..text import Tokenizer
+from ..text.chat import chat_template_for
+from .engine import Engine, Event
+from .kv import BlockPool
+from .params import MAX_LOGPROBS, ParameterError, SamplingParams
+
+__all__ = ["ModelHandle", "Completion", "load", "parse_bytes"]
+
+
+def parse_bytes(text: str | int) -> int:
+    """'512M', '2G', '1.5GiB', '1000000' -> bytes."""
+    if isinstance(text, int):
+        return text
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", str(text))
+    if not m:
+        raise ParameterError("kv_memory", f"'{text}' is not a size (examples: 512M, 2G, 1073741824)")
+    mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
+    return int(float(m.group(1)) * mult)
+
+
+def _available_memory() -> int:
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 2**31
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    logprobs: list[tuple[float | None, list[tuple[int, float]] | None]] = field(default_factory=list)
+
+
+class ModelHandle:
+    """A model ready to generate on a device."""
+
+    def __init__(self, model: str, device: str | None = None, *, kv_memory: str | int | None = None, max_seqs: int = 16,
+                 max_context: int | None = None, block_size: int = 16, max_step_tokens: int = 512, threads: int | None = None,
+                 progress: bool | None = None) -> None:
+        self.progress = sys.stderr.isatty() if progress is None else progress
+        t0 = time.perf_counter()
+        self.device = get_device(device)
+        factory = host().hook.poot_executor(device=self.device)
+        if factory is None:
+            raise PootError(f"no installed plugin can run plans on {self.device.name}")
+        self._say(f"loading {model}")
+        ck = open_model(model)
+        self.checkpoint = ck
+        self.family = family_for(ck.architecture)
+        self.config = self.family.parse_config(ck)
+        self.tokenizer = Tokenizer.from_gguf(ck.metadata) if ck.format == "gguf" else Tokenizer.from_hf(ck.path)
+        self.template = chat_template_for(ck.chat_template or self.family.default_chat_template, ck.architecture, self.tokenizer.special_tokens)
+        self._say(f"tracing and planning its step for {self.device.name}")
+        self._shapes = lambda lp: StepShapes(block_size=block_size, sample=True, logprobs=MAX_LOGPROBS if lp else 0)  # noqa: E731
+        self._graphs: dict[bool, Any] = {}
+        self._plans: dict[bool, Any] = {}
+        g = self._graph(False)
+        self.vocab = g.outputs["logits"].shape[1].value
+        self._factory, self._threads = factory, threads
+        self.weights = {t.name: (t.dequantize() if t.storage == "bf16" else t.raw()) for t in ck.weights.tensors.values()}
+        # KV pool: a memory budget in blocks
+        self.block_size = block_size
+        ctx = max_context or min(int(self.config.max_context or 4096), 4096)
+        self.max_context = ctx
+        per_block = 0
+        cache_inputs = {n: v for n, v in g.inputs().items() if "_cache." in n}
+        for v in cache_inputs.values():
+            per_block += int(np.prod([d.value for d in v.shape[1:]])) * 4
+        want = max_seqs * -(-ctx // block_size)
+        budget = parse_bytes(kv_memory) if kv_memory is not None else min(want * per_block, _available_memory() // 4)
+        blocks = budget // per_block
+        if blocks < 1:
+            raise ParameterError("kv_memory", f"{budget} bytes hold no KV block (one block is {per_block} bytes)")
+        self.num_blocks = int(min(blocks, 1 << 20))
+        self.pools = {n: np.zeros((self.num_blocks,) + tuple(d.value for d in v.shape[1:]), np.float32) for n, v in cache_inputs.items()}
+        self.pools["token_counts"] = np.zeros((max_seqs, self.vocab), np.int32)
+        self._executors: dict[bool, Executor] = {}
+        self._executor(False)  # compile now; the log-probability variant when first asked
+        self._constraint_compiler: Any = None
+        self.engine = Engine(self._executor, self.pools, self.tokenizer, self.vocab, BlockPool(self.num_blocks, block_size),
+                             -(-ctx // block_size), max_seqs, max_step_tokens, self._constraints, MAX_LOGPROBS)
+        self.load_seconds = time.perf_counter() - t0
+        self._say(f"ready in {self.load_seconds:.1f} s: {self.num_blocks} KV blocks of {block_size} ({self.num_blocks * per_block / 2**20:.0f} MiB), "
+                  f"context {ctx}, {max_seqs} sequences at once")
+
+    def _say(self, msg: str) -> None:
+        if self.progress:
+            print(f"poot: {msg}", file=sys.stderr, flush=True)
+
+    def _graph(self, logprobs: bool) -> Any:
+        """The step's graph: the log-probability variant is traced when first asked for."""
+        if logprobs not in self._graphs:
+            traced = self.family.trace(self.config, self.checkpoint.weights, self._shapes(logprobs))
+            self._graphs[logprobs] = PassManager(DEFAULT_PASSES).run(traced)
+            self._plans[logprobs] = compile_plan(self._graphs[logprobs], self.device)
+        return self._graphs[logprobs]
+
+    def _executor(self, logprobs: bool) -> Executor:
+        ex = self._executors.get(logprobs)
+        if ex is None:
+            self._graph(logprobs)
+            kw: dict[str, Any] = {"threads": self._threads}
+            try:
+                ex = self._factory(self._plans[logprobs], progress=self.progress, **kw)
+            except TypeError:  # an executor without the optional arguments
+                ex = self._factory(self._plans[logprobs])
+            ex.bind(self.weights, {n: self.pools[n] for n in ex.pool_names()})
+            self._executors[logprobs] = ex
+        return ex
+
+    def _constraints(self) -> Any:
+        if self._constraint_compiler is None:
+            from ..text.guided import ConstraintCompiler
+
+            self._constraint_compiler = ConstraintCompiler(self.tokenizer)
+        return self._constraint_compiler
+
+    # -- prompts ------------------------------------------------------------------------------------
+    def encode(self, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], raw: bool = False) -> list[int]:
+        """Token ids for a prompt: ids as given, a string (through the chat template unless ``raw``
+        or the model has none), or a list of chat messages."""
+        if isinstance(prompt, str):
+            if raw or self.template is None:
+                return self.tokenizer.encode(prompt)
+            prompt = [{"role": "user", "content": prompt}]
+        prompt = list(prompt)
+        if prompt and isinstance(prompt[0], Mapping):
+            if self.template is None:
+                raise ParameterError("messages", "this model has no chat template: give a plain prompt")
+            text = self.template.render(prompt, add_generation_prompt=True)  # type: ignore[arg-type]
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return [int(t) for t in prompt]  # type: ignore[arg-type]
+
+    # -- generation ---------------------------------------------------------------------------------
+    def generate(self, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], params: SamplingParams | None = None,
+                 raw: bool = False) -> Iterator[Event]:
+        """Stream one sequence's events (other sequences added to ``engine`` advance alongside)."""
+        sid = self.engine.add(self.encode(prompt, raw), params)
+        try:
+            while True:
+                for ev in self.engine.step():
+                    if ev.seq_id == sid:
+                        yield ev
+                        if ev.finished is not None:
+                            return
+        finally:
+            self.engine.cancel(sid)
+
+    def complete(self, prompts: Sequence[str | Sequence[int] | Sequence[Mapping[str, Any]]], params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 raw: bool = False) -> list[Completion]:
+        """Run several prompts to the end together; one ``Completion`` each, in order."""
+        plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        if len(plist) != len(prompts):
+            raise ParameterError("params", f"{len(plist)} parameter sets for {len(prompts)} prompts")
+        ids = [self.encode(p, raw) for p in prompts]
+        sids = [self.engine.add(x, p) for x, p in zip(ids, plist)]
+        out = {s: Completion("", [], "", len(x)) for s, x in zip(sids, ids)}
+        left = set(sids)
+        while left:
+            for ev in self.engine.step():
+                c = out.get(ev.seq_id)
+                if c is None:
+                    continue
+                if ev.token is not None:
+                    c.tokens.append(ev.token)
+                    c.logprobs.append((ev.logprob, ev.top_logprobs))
+                c.text += ev.text
+                if ev.finished is not None:
+                    c.finish_reason = ev.finished if ev.error is None else f"error: {ev.error}"
+                    left.discard(ev.seq_id)
+            if not self.engine.has_work() and left:
+                raise PootError(f"sequences {sorted(left)} ended without finishing")
+        return [out[s] for s in sids]
+
+    def close(self) -> None:
+        for ex in self._executors.values():
+            ex.close()
+        self._executors.clear()
+
+
+def load(model: str, device: str | None = None, **options: Any) -> ModelHandle:
+    """Load ``model`` (a .gguf file, a safetensors directory or a catalog name) onto ``device``
+    (default: ``POOT_DEVICE`` or the CPU). Options: ``kv_memory`` ('2G'), ``max_seqs``,
+    ``max_context``, ``block_size``, ``max_step_tokens``, ``threads``, ``progress``."""
+    return ModelHandle(model, device, **options)

@@ -1,0 +1,82 @@
+"""Per-request sampling parameters, checked on construction: a bad value is a ``ParameterError``
+naming the parameter."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import PootError
+
+__all__ = ["SamplingParams", "ParameterError", "MAX_LOGPROBS"]
+
+MAX_LOGPROBS = 20  # top-N log-probabilities per token at most (OpenAI's limit)
+
+
+class ParameterError(PootError):
+    """A sampling or request parameter out of range; ``name`` says which."""
+
+    def __init__(self, name: str, message: str) -> None:
+        self.name = name
+        super().__init__(f"{name}: {message}")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one sequence is sampled and when it ends.
+
+    ``temperature`` 0 is greedy. Penalties read the sequence's history (prompt and generated tokens):
+    ``repetition_penalty`` divides positive logits of seen tokens and multiplies negative ones;
+    ``presence_penalty`` and ``frequency_penalty`` subtract once per seen token and per occurrence.
+    ``logit_bias`` adds to logits first. ``seed`` makes draws repeatable (the same seed gives the same
+    tokens); without one the engine picks a seed per request. ``logprobs``: the sampled token's
+    log-probability and the top-N alternatives. Exactly one of ``json_schema``, ``regex``,
+    ``grammar`` (Lark) or ``choice`` constrains the output.
+    """
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    logit_bias: Mapping[int, float] = field(default_factory=dict)
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: Sequence[str] = ()
+    stop_token_ids: Sequence[int] = ()
+    ignore_eos: bool = False
+    logprobs: int | None = None
+    json_schema: Mapping[str, Any] | str | bool | None = None
+    regex: str | None = None
+    grammar: str | None = None
+    choice: Sequence[str] | None = None
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, name: str, msg: str) -> None:
+            if not ok:
+                raise ParameterError(name, msg)
+
+        check(self.temperature >= 0 and self.temperature == self.temperature, "temperature", f"must be >= 0, got {self.temperature}")
+        check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an integer >= 0 (0: off), got {self.top_k!r}")
+        check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
+        check(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
+        check(self.repetition_penalty > 0, "repetition_penalty", f"must be > 0, got {self.repetition_penalty}")
+        check(-2 <= self.presence_penalty <= 2, "presence_penalty", f"must be in [-2, 2], got {self.presence_penalty}")
+        check(-2 <= self.frequency_penalty <= 2, "frequency_penalty", f"must be in [-2, 2], got {self.frequency_penalty}")
+        check(isinstance(self.max_tokens, int) and self.max_tokens >= 1, "max_tokens", f"must be an integer >= 1, got {self.max_tokens!r}")
+        check(self.logprobs is None or (isinstance(self.logprobs, int) and 0 <= self.logprobs <= MAX_LOGPROBS),
+              "logprobs", f"must be an integer in [0, {MAX_LOGPROBS}], got {self.logprobs!r}")
+        check(self.seed is None or isinstance(self.seed, int), "seed", f"must be an integer, got {self.seed!r}")
+        for k, v in self.logit_bias.items():
+            check(isinstance(k, int) and k >= 0, "logit_bias", f"keys are token ids, got {k!r}")
+            check(-100 <= float(v) <= 100, "logit_bias", f"values must be in [-100, 100], got {v} for token {k}")
+        check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
+        given = [n for n in ("json_schema", "regex", "grammar", "choice") if getattr(self, n) is not None]
+        check(len(given) <= 1, given[-1] if given else "json_schema", f"give one constraint, not {', '.join(given)}")
+
+    @property
+    def constrained(self) -> bool:
+        return any(getattr(self, n) is not None for n in ("json_schema", "regex", "grammar", "choice"))
