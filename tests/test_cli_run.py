@@ -1,47 +1,53 @@
-"""`poot run`: text from a real model compiled for the CPU device (greedy)."""
+"""The CLI on a real model: `poot run` (greedy answer, constrained output, bad flags), `poot bench`
+and `poot chat` driven through a pipe."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 
+def _poot(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "poot.cli", *args], capture_output=True, text=True, timeout=600, input=stdin)
+
+
 @pytest.mark.slow
 def test_poot_run_answers_with_smollm2(smollm2_path):
-    r = subprocess.run([sys.executable, "-m", "poot.cli", "run", "SmolLM2", "What is the capital of France?", "--max-tokens", "8"],
-                       capture_output=True, text=True, timeout=600)
+    r = _poot("run", "SmolLM2", "What is the capital of France?", "--max-tokens", "8")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
-    assert "ready in" in r.stderr and "on cpu" in r.stderr
+    assert "ready in" in r.stderr and "prompt tokens" in r.stderr and "tok/s" in r.stderr
 
 
-def test_generator_matches_the_oracle_greedy_tokens(smollm2_path):
-    import numpy as np
+def test_poot_run_with_a_json_schema(smollm2_path, tmp_path):
+    schema = {"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}}, "required": ["answer"], "additionalProperties": False}
+    f = tmp_path / "schema.json"
+    f.write_text(json.dumps(schema))
+    r = _poot("run", "SmolLM2", "Is the sky blue? Answer in JSON.", "--json-schema", str(f), "--max-tokens", "20", "--temperature", "0.7", "--seed", "3")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["answer"] in ("yes", "no")
 
-    from poot.eval.model import PagedOracle, oracle_weights
-    from poot.llm import SimpleGenerator
-    from poot.testing.paged import PagedSequences
 
-    gen = SimpleGenerator("SmolLM2", "cpu", max_context=64)
-    ids = gen.prompt("Name a color.")
-    text = "".join(gen.generate(ids, 6))
-    # the same greedy tokens from the oracle, step by step
-    from poot.graph.passes import DEFAULT_PASSES, PassManager
-    from poot.load import open_model
-    from poot.models import StepShapes
+def test_bad_flags_are_errors_that_name_the_flag(smollm2_path, tmp_path):
+    r = _poot("run", "SmolLM2", "hi", "--top-p", "1.5")
+    assert r.returncode == 1 and "top_p" in r.stderr and "Traceback" not in r.stderr
+    r = _poot("run", "SmolLM2", "hi", "--json-schema", str(tmp_path / "missing.json"))
+    assert r.returncode == 1 and "--json-schema" in r.stderr
+    r = _poot("run", "SmolLM2", "hi", "--kv-memory", "lots")
+    assert r.returncode == 1 and "kv_memory" in r.stderr
 
-    ck = open_model("SmolLM2")
-    g = PassManager(DEFAULT_PASSES).run(gen.family.trace(gen.family.parse_config(ck), ck.weights, StepShapes(block_size=16)))
-    oracle = PagedOracle(g, oracle_weights(ck.weights), num_blocks=8)
-    pages = PagedSequences(8, 16, np.random.default_rng(0))
-    pages.add()
-    chunk, out = ids, []
-    for _ in range(6):
-        tok = int(oracle.step(pages.step([chunk]))[0].argmax())
-        if tok in gen.tokenizer.stop_ids:
-            break
-        out.append(tok)
-        chunk = [tok]
-    assert text == gen.tokenizer.decode(out, skip_special_tokens=True)
+
+def test_poot_bench_prints_a_table(smollm2_path):
+    r = _poot("bench", "SmolLM2", "--batch", "1", "2", "--prompt-tokens", "16", "--decode-tokens", "4")
+    assert r.returncode == 0, r.stderr
+    lines = [l.split() for l in r.stdout.splitlines()[1:]]
+    assert [l[0] for l in lines] == ["1", "2"] and all(float(l[1]) > 0 and float(l[2]) > 0 for l in lines)
+
+
+def test_poot_chat_through_a_pipe(smollm2_path):
+    r = _poot("chat", "SmolLM2", "--temperature", "0", "--max-tokens", "12", stdin="What is the capital of France?\n\n")
+    assert r.returncode == 0, r.stderr
+    assert "Paris" in r.stdout
