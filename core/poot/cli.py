@@ -232,40 +232,30 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    import time
-
     import numpy as np
 
-    from .llm import SamplingParams
+    from .llm.bench import llamacpp_python, measure_engine, measure_llamacpp
+    from .load import resolve_model
 
     batches = sorted(set(args.batch))
-    m = _load(args, max_seqs=max(batches), max_step_tokens=max(args.prompt_tokens, max(batches)))
+    m = _load(args, max_seqs=max(batches), max_step_tokens=max(512, args.prompt_tokens * max(batches)), threads=args.threads)
     rng = np.random.default_rng(0)
-    rows = []
+    prompts = [rng.integers(100, min(m.vocab, 30000), args.prompt_tokens).tolist() for _ in range(max(batches))]
+    threads = getattr(m._executor(False), "threads", None)
+    print(f"{args.model} on {m.device.name}" + (f", {threads} threads" if threads else "") +
+          f": {args.prompt_tokens}-token prompts, {args.decode_tokens} new tokens each, greedy, medians of {args.rounds}")
+    print(f"{'':12s} {'batch':>5}  {'prefill tok/s':>14}  {'decode tok/s':>13}")
+    ours = {}
     for b in batches:
-        params = SamplingParams(temperature=0, max_tokens=args.decode_tokens, ignore_eos=True)
-        prompts = [rng.integers(100, min(m.vocab, 30000), args.prompt_tokens).tolist() for _ in range(b)]
-        eng = m.engine
-        for warm in (True, False):
-            sids = [eng.add(p, params) for p in prompts]
-            t0 = time.perf_counter()
-            t_pre = None
-            done = 0
-            while done < b:
-                evs = eng.step()
-                if t_pre is None and evs:
-                    t_pre = time.perf_counter() - t0
-                done += sum(ev.finished is not None for ev in evs)
-            total = time.perf_counter() - t0
-            if not warm:
-                pre = b * args.prompt_tokens / (t_pre or 1e-9)
-                dec = b * (args.decode_tokens - 1) / max(total - (t_pre or 0), 1e-9)
-                rows.append((b, pre, dec))
-            del sids
-    print(f"{'batch':>5}  {'prefill tok/s':>14}  {'decode tok/s':>13}   ({args.prompt_tokens}-token prompts, {args.decode_tokens} new tokens, {m.device.name})")
-    for b, pre, dec in rows:
-        print(f"{b:5d}  {pre:14.1f}  {dec:13.1f}")
+        t = measure_engine(m, prompts[:b], args.decode_tokens, args.rounds)
+        ours[b] = t
+        print(f"{'poot':12s} {b:5d}  {t.prefill_tok_s:14.1f}  {t.decode_tok_s:13.1f}")
     m.close()
+    if args.vs_llamacpp:
+        peer = measure_llamacpp(llamacpp_python(args.peer_python), str(resolve_model(args.model)), threads or 1, prompts[0], args.decode_tokens, args.rounds)
+        print(f"{'llama.cpp':12s} {1:5d}  {peer['prefill']:14.1f}  {peer['decode']:13.1f}   (llama-cpp-python {peer['version']})")
+        if 1 in ours:
+            print(f"{'ratio':12s} {1:5d}  {ours[1].prefill_tok_s / peer['prefill']:14.2f}  {ours[1].decode_tok_s / peer['decode']:13.2f}   (poot / llama.cpp)")
     return 0
 
 
@@ -361,6 +351,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
     bench.add_argument("--prompt-tokens", type=int, default=128)
     bench.add_argument("--decode-tokens", type=int, default=32)
+    bench.add_argument("--rounds", type=int, default=3)
+    bench.add_argument("--threads", type=int, default=None, help="CPU threads (default: POOT_THREADS or every core)")
+    bench.add_argument("--vs-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the same prompt, batch 1, same threads")
+    bench.add_argument("--peer-python", help="an interpreter that has llama_cpp (default: this one, installing llama-cpp-python if needed)")
     bench.set_defaults(func=cmd_bench)
     return p
 

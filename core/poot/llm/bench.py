@@ -1,0 +1,95 @@
+"""Throughput measurements: poot's engine (the path generation takes: bucketed steps, sampling on
+the device) and, as the peer, llama.cpp through llama-cpp-python in a subprocess, fed the same token
+ids. Medians over rounds after a warm-up round."""
+
+from __future__ import annotations
+
+import json
+import statistics
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..errors import PootError
+from .params import SamplingParams
+
+__all__ = ["Throughput", "measure_engine", "measure_llamacpp", "llamacpp_python"]
+
+
+@dataclass(frozen=True)
+class Throughput:
+    batch: int
+    prefill_tok_s: float  # prompt tokens per second, all sequences together
+    decode_tok_s: float  # new tokens per second after the first, all sequences together
+
+
+def measure_engine(handle, prompts: Sequence[Sequence[int]], decode: int, rounds: int = 3) -> Throughput:  # type: ignore[no-untyped-def]
+    """Prefill every prompt (one step when they fit the token budget), then ``decode`` greedy tokens
+    each, ignoring end tokens."""
+    eng = handle.engine
+    params = SamplingParams(temperature=0, max_tokens=decode, ignore_eos=True)
+    pre, dec = [], []
+    for _ in range(rounds + 1):
+        sids = [eng.add(p, params) for p in prompts]
+        t0 = time.perf_counter()
+        first: float | None = None
+        done = 0
+        while done < len(sids):
+            evs = eng.step()
+            if first is None and sum(ev.token is not None for ev in evs) >= 1:
+                first = time.perf_counter() - t0
+            done += sum(ev.finished is not None for ev in evs)
+        total = time.perf_counter() - t0
+        pre.append(sum(map(len, prompts)) / (first or 1e-9))
+        dec.append(len(prompts) * (decode - 1) / max(total - (first or 0.0), 1e-9))
+    return Throughput(len(prompts), statistics.median(pre[1:]), statistics.median(dec[1:]))
+
+
+_PEER = textwrap.dedent(
+    """
+    import json, statistics, sys, time
+    from llama_cpp import Llama
+    path, threads, prompt, decode, rounds = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512, n_ubatch=512, verbose=False)
+    pre, dec = [], []
+    for _ in range(rounds + 1):
+        llm.reset()
+        t = time.perf_counter(); llm.eval(prompt); p = time.perf_counter() - t
+        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        t = time.perf_counter()
+        for i in range(decode - 1):
+            llm.eval([tok])
+            tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        d = time.perf_counter() - t
+        pre.append(len(prompt) / p); dec.append((decode - 1) / d)
+    print(json.dumps({"prefill": statistics.median(pre[1:]), "decode": statistics.median(dec[1:]), "version": __import__("llama_cpp").__version__}))
+    """
+)
+
+
+def llamacpp_python(given: str | None = None, install: bool = True) -> str:
+    """An interpreter that can import llama_cpp: ``given``, or this one (installing llama-cpp-python,
+    a source build of several minutes, when ``install``)."""
+    if given:
+        return given
+    import importlib.util
+
+    if importlib.util.find_spec("llama_cpp") is None:
+        if not install:
+            raise PootError("llama-cpp-python is not installed: pip install llama-cpp-python (or pass the interpreter that has it)") from None
+        print("poot: installing llama-cpp-python (builds llama.cpp from source; several minutes) ...", file=sys.stderr, flush=True)
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "llama-cpp-python"])
+    return sys.executable
+
+
+def measure_llamacpp(python: str, model_path: str, threads: int, prompt: Sequence[int], decode: int, rounds: int = 3) -> dict:
+    """llama.cpp on one sequence: prefill of ``prompt``, then ``decode`` greedy tokens (its own argmax
+    over the logits it returns, as poot's engine samples greedily on its device)."""
+    out = subprocess.run([python, "-c", _PEER, model_path, str(threads), json.dumps(list(prompt)), str(decode), str(rounds)],
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise PootError(f"llama.cpp run failed: {out.stderr.strip()[-500:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
