@@ -259,6 +259,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    from .serve import serve
+
+    serve(args.model, args.device, args.host, args.port, args.api_key, args.max_batch, args.max_queue, args.kv_memory, args.context, args.name)
+    return 0
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -346,6 +353,15 @@ def build_parser() -> argparse.ArgumentParser:
     chat.add_argument("--system", help="a system message")
     sampling_args(chat, 0.7)
     chat.set_defaults(func=cmd_chat)
+    srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs pip install 'poot[serve]')")
+    model_args(srv)
+    srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
+    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
+    srv.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
+    srv.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond that get 429")
+    srv.add_argument("--name", default=None, help="the model id clients use (default: MODEL as given)")
+    srv.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="prefill and decode tokens/s for a few batch sizes")
     model_args(bench)
     bench.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])

@@ -1,0 +1,32 @@
+"""Serving: an OpenAI-compatible HTTP API (``poot serve``) over one scheduling loop that owns the
+engine. Needs the ``serve`` extra: ``pip install 'poot[serve]'`` (FastAPI, uvicorn)."""
+
+__all__ = ["create_app", "serve"]
+
+
+def create_app(*args, **kwargs):  # type: ignore[no-untyped-def]
+    from .app import create_app as make
+
+    return make(*args, **kwargs)
+
+
+def serve(model: str, device: str | None = None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, max_batch: int = 16,
+          max_queue: int = 256, kv_memory: str | None = None, context: int | None = None, name: str | None = None) -> None:
+    """Load ``model`` and serve it until interrupted."""
+    try:
+        import uvicorn
+    except ImportError:
+        from ..errors import PootError
+
+        raise PootError("serving needs FastAPI and uvicorn: pip install 'poot[serve]'") from None
+    from ..llm import load
+
+    opts = {"max_seqs": max_batch, "max_step_tokens": 256, "progress": True}
+    if kv_memory is not None:
+        opts["kv_memory"] = kv_memory
+    if context is not None:
+        opts["max_context"] = context
+    handle = load(model, device, **opts)
+    app = create_app(handle, name or model, api_key, max_queue)
+    print(f"poot: serving {name or model} on http://{host}:{port}/v1 ({handle.device.name})", flush=True)
+    uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -1,0 +1,382 @@
+"""The OpenAI-compatible HTTP API over one scheduling loop (FastAPI on uvicorn).
+
+Handlers turn a request into token ids and sampling parameters, queue its sequences with the
+scheduler, and relay events: as server-sent events when streaming, as one JSON body otherwise.
+Every error leaves in OpenAI's shape with a 4xx status; a client that disconnects mid-stream has its
+sequences cancelled (their KV blocks freed) at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+
+from ..errors import PootError
+from ..llm.engine import Event
+from ..llm.handle import ModelHandle
+from ..llm.params import ParameterError, SamplingParams
+from ..text.chat import ChatTemplateError
+from .protocol import ApiError, ChatRequest, CompletionRequest, error_body
+from .scheduler import QueueFull, Scheduler
+from .tools import check_tools, forced_call_schema, parse_tool_calls, tool_system_prompt
+
+__all__ = ["create_app"]
+
+
+def _params(req: Any, max_tokens: int, logprobs: int | None, **constraint: Any) -> SamplingParams:
+    stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    bias = {}
+    for k, v in (req.logit_bias or {}).items():
+        try:
+            bias[int(k)] = float(v)
+        except ValueError:
+            raise ApiError(400, f"logit_bias keys are token ids, got {k!r}", param="logit_bias") from None
+    try:
+        return SamplingParams(temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p or 1.0, top_k=req.top_k or 0,
+                              min_p=req.min_p or 0.0, repetition_penalty=req.repetition_penalty or 1.0, presence_penalty=req.presence_penalty or 0.0,
+                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=bias, seed=req.seed, max_tokens=max_tokens, stop=stop,
+                              logprobs=logprobs, **constraint)
+    except ParameterError as e:
+        raise ApiError(400, str(e), param=e.name) from None
+
+
+class _Api:
+    def __init__(self, handle: ModelHandle, model_id: str, scheduler: Scheduler, api_key: str | None) -> None:
+        self.m, self.model_id, self.sched, self.api_key = handle, model_id, scheduler, api_key
+        self.context = handle.max_context
+        self.created = int(time.time())
+
+    # -- common -------------------------------------------------------------------------------------
+    def check_model(self, name: str) -> None:
+        if name != self.model_id:
+            raise ApiError(404, f"the model '{name}' does not exist; this server serves '{self.model_id}'", param="model", code="model_not_found")
+
+    def budget(self, prompt_len: int, asked: int | None) -> int:
+        room = self.context - prompt_len
+        if room < 1:
+            raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len}", param="messages", code="context_length_exceeded")
+        if asked is not None and asked > room:
+            raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len} and {asked} more were asked for "
+                                f"({prompt_len + asked} in all)", param="max_tokens", code="context_length_exceeded")
+        return asked if asked is not None else room
+
+    def token_text(self, tid: int) -> str:
+        return self.m.tokenizer.token_bytes[tid].decode("utf-8", errors="replace") if 0 <= tid < len(self.m.tokenizer.token_bytes) else ""
+
+    async def run(self, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[int], asyncio.Queue]:
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        try:
+            fut = self.sched.submit(prompts, params, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
+        except QueueFull as e:
+            raise ApiError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
+        try:
+            ids = await asyncio.wrap_future(fut)
+        except ParameterError as e:
+            raise ApiError(400, str(e), param=e.name) from None
+        except PootError as e:
+            raise ApiError(400, str(e)) from None
+        return ids, q
+
+    @staticmethod
+    async def events(ids: list[int], q: asyncio.Queue) -> AsyncIterator[tuple[int, Event]]:
+        """(choice index, event) until every sequence finished."""
+        index = {s: i for i, s in enumerate(ids)}
+        left = set(ids)
+        while left:
+            ev: Event = await q.get()
+            if ev.seq_id in index:
+                if ev.finished is not None:
+                    left.discard(ev.seq_id)
+                yield index[ev.seq_id], ev
+
+    # -- chat -----------------------------------------------------------------------------------------
+    def chat_prompt(self, req: ChatRequest) -> tuple[list[int], dict[str, Any], Mapping[str, Any] | None]:
+        tpl = self.m.template
+        if tpl is None:
+            raise ApiError(400, f"'{self.model_id}' has no chat template: use /v1/completions", param="messages")
+        messages = []
+        for i, msg in enumerate(req.messages):
+            if not isinstance(msg.get("role"), str):
+                raise ApiError(400, f"messages[{i}] needs a 'role'", param=f"messages[{i}].role")
+            msg = dict(msg)
+            content = msg.get("content")
+            if isinstance(content, list):  # content parts: text only
+                texts = []
+                for part in content:
+                    if not isinstance(part, Mapping) or part.get("type") != "text":
+                        raise ApiError(400, f"messages[{i}]: only text content parts are supported", param=f"messages[{i}].content")
+                    texts.append(str(part.get("text", "")))
+                msg["content"] = "".join(texts)
+            messages.append(msg)
+        constraint: dict[str, Any] = {}
+        functions = None
+        tools = req.tools if req.tools and req.tool_choice != "none" else None
+        if tools:
+            functions = check_tools(tools)
+            choice = req.tool_choice or "auto"
+            forced: str | None = None
+            if isinstance(choice, Mapping):
+                forced = (choice.get("function") or {}).get("name")
+                if forced not in functions:
+                    raise ApiError(400, f"tool_choice names '{forced}', which is not among the tools", param="tool_choice")
+            elif choice not in ("auto", "required"):
+                raise ApiError(400, f"tool_choice must be 'none', 'auto', 'required' or a named function, got {choice!r}", param="tool_choice")
+            if forced is not None or choice == "required":
+                constraint["json_schema"] = forced_call_schema(functions, forced)
+            if "tools" not in tpl.source:
+                sys_msg = tool_system_prompt(tools)
+                if messages and messages[0].get("role") == "system":
+                    messages[0] = {**messages[0], "content": f"{messages[0].get('content') or ''}\n\n{sys_msg}"}
+                else:
+                    messages.insert(0, {"role": "system", "content": sys_msg})
+        rf = req.response_format
+        if rf is not None and rf.type != "text":
+            if constraint:
+                raise ApiError(400, "response_format cannot be combined with a required tool call", param="response_format")
+            if rf.type == "json_object":
+                constraint["json_schema"] = {"type": "object"}
+            else:
+                if rf.json_schema is None or rf.json_schema.schema_ is None:
+                    raise ApiError(400, "response_format json_schema needs json_schema.schema", param="response_format.json_schema")
+                constraint["json_schema"] = rf.json_schema.schema_
+        try:
+            text = tpl.render(messages, add_generation_prompt=True, tools=tools if "tools" in tpl.source else None)
+        except ChatTemplateError as e:
+            raise ApiError(400, f"the chat template refused these messages: {e}", param="messages") from None
+        return self.m.tokenizer.encode(text, add_special_tokens=False), constraint, functions
+
+    def chat_logprobs(self, ev: Event) -> dict[str, Any] | None:
+        if ev.token is None or ev.logprob is None:
+            return None
+
+        def entry(tid: int, lp: float) -> dict[str, Any]:
+            t = self.token_text(tid)
+            return {"token": t, "logprob": lp, "bytes": list(self.m.tokenizer.token_bytes[tid]) if 0 <= tid < len(self.m.tokenizer.token_bytes) else []}
+
+        return {**entry(ev.token, ev.logprob), "top_logprobs": [entry(t, lp) for t, lp in (ev.top_logprobs or [])]}
+
+    async def chat(self, req: ChatRequest, request: Request) -> Any:
+        self.check_model(req.model)
+        prompt, constraint, functions = self.chat_prompt(req)
+        max_tokens = self.budget(len(prompt), req.max_completion_tokens or req.max_tokens)
+        lp = (req.top_logprobs or 0) if req.logprobs else None
+        base = _params(req, max_tokens, lp, **constraint)
+        params = [base if base.seed is None or i == 0 else SamplingParams(**{**base.__dict__, "seed": base.seed + i}) for i in range(req.n)]
+        ids, q = await self.run([prompt] * req.n, params)
+        rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_id, "system_fingerprint": "poot"}
+        if req.stream:
+            return StreamingResponse(self.chat_stream(req, ids, q, head, len(prompt), functions, constraint), media_type="text/event-stream")
+        texts, reasons, lps, ntok = [""] * req.n, [""] * req.n, [[] for _ in range(req.n)], 0
+        try:
+            async for i, ev in self.events(ids, q):
+                texts[i] += ev.text
+                ntok += ev.token is not None
+                if lp is not None and (e := self.chat_logprobs(ev)) is not None:
+                    lps[i].append(e)
+                if ev.finished is not None:
+                    reasons[i] = ev.finished
+        finally:
+            self.sched.cancel(ids)
+        choices = []
+        for i in range(req.n):
+            msg: dict[str, Any] = {"role": "assistant", "content": texts[i]}
+            reason = "length" if reasons[i] == "length" else "stop"
+            if functions:
+                content, calls = parse_tool_calls(texts[i], functions)
+                if calls:
+                    msg = {"role": "assistant", "content": content, "tool_calls": calls}
+                    reason = "tool_calls"
+            choices.append({"index": i, "message": msg, "logprobs": {"content": lps[i]} if lp is not None else None, "finish_reason": reason})
+        return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_id, "system_fingerprint": "poot", "choices": choices,
+                "usage": {"prompt_tokens": len(prompt), "completion_tokens": ntok, "total_tokens": len(prompt) + ntok}}
+
+    async def chat_stream(self, req: ChatRequest, ids: list[int], q: asyncio.Queue, head: dict[str, Any], prompt_len: int,
+                          functions: Mapping[str, Any] | None, constraint: dict[str, Any]) -> AsyncIterator[str]:
+        def sse(obj: Any) -> str:
+            return f"data: {json.dumps(obj)}\n\n"
+
+        hold = bool(functions)  # tool calls are parsed from the whole answer: content is sent at the end
+        texts = [""] * req.n
+        ntok = 0
+        try:
+            for i in range(req.n):
+                yield sse({**head, "choices": [{"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]})
+            async for i, ev in self.events(ids, q):
+                ntok += ev.token is not None
+                texts[i] += ev.text
+                lp = self.chat_logprobs(ev) if req.logprobs else None
+                if not hold and (ev.text or lp):
+                    yield sse({**head, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": {"content": [lp]} if lp else None,
+                                                    "finish_reason": None}]})
+                if ev.finished is not None:
+                    reason = "length" if ev.finished == "length" else "stop"
+                    delta: dict[str, Any] = {}
+                    if hold:
+                        content, calls = parse_tool_calls(texts[i], functions or {})
+                        if calls:
+                            delta = {"tool_calls": [{"index": k, **c} for k, c in enumerate(calls)]}
+                            reason = "tool_calls"
+                        else:
+                            delta = {"content": content}
+                    yield sse({**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}]})
+            if req.stream_options is not None and req.stream_options.include_usage:
+                yield sse({**head, "choices": [], "usage": {"prompt_tokens": prompt_len, "completion_tokens": ntok, "total_tokens": prompt_len + ntok}})
+            yield "data: [DONE]\n\n"
+        finally:  # finished, or the client went away: nothing of this request stays in the engine
+            self.sched.cancel(ids)
+
+    # -- completions ----------------------------------------------------------------------------------
+    def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
+        p = req.prompt
+        if isinstance(p, str):
+            return [self.m.tokenizer.encode(p)]
+        if not p:
+            raise ApiError(400, "prompt is empty", param="prompt")
+        if all(isinstance(x, str) for x in p):
+            return [self.m.tokenizer.encode(x) for x in p]  # type: ignore[arg-type]
+        if all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return [list(x) for x in p]  # type: ignore[arg-type]
+
+    async def completions(self, req: CompletionRequest) -> Any:
+        self.check_model(req.model)
+        if req.suffix:
+            raise ApiError(400, "suffix is not supported", param="suffix")
+        prompts = self.completion_prompts(req)
+        prompts = [p for p in prompts for _ in range(req.n)]
+        for p in prompts:
+            if not p:
+                raise ApiError(400, "a prompt is empty", param="prompt")
+        budgets = [self.budget(len(p), req.max_tokens if req.max_tokens is not None else 16) for p in prompts]
+        base = [_params(req, b, req.logprobs) for b in budgets]
+        params = [b if b.seed is None else SamplingParams(**{**b.__dict__, "seed": b.seed + (i % req.n)}) for i, b in enumerate(base)]
+        ids, q = await self.run(prompts, params)
+        rid, created = f"cmpl-{uuid.uuid4().hex}", int(time.time())
+        head = {"id": rid, "object": "text_completion", "created": created, "model": self.model_id, "system_fingerprint": "poot"}
+        plen = sum(len(p) for p in prompts[:: req.n])
+
+        def logprobs(ev: Event, offset: int) -> dict[str, Any] | None:
+            if req.logprobs is None or ev.token is None or ev.logprob is None:
+                return None
+            return {"tokens": [self.token_text(ev.token)], "token_logprobs": [ev.logprob],
+                    "top_logprobs": [{self.token_text(t): v for t, v in (ev.top_logprobs or [])}], "text_offset": [offset]}
+
+        if req.stream:
+            async def gen() -> AsyncIterator[str]:
+                ntok, offsets = 0, [0] * len(ids)
+                try:
+                    async for i, ev in self.events(ids, q):
+                        ntok += ev.token is not None
+                        lp = logprobs(ev, offsets[i])
+                        offsets[i] += len(ev.text)
+                        if ev.text or lp or ev.finished is not None:
+                            reason = None if ev.finished is None else ("length" if ev.finished == "length" else "stop")
+                            yield f"data: {json.dumps({**head, 'choices': [{'index': i, 'text': ev.text, 'logprobs': lp, 'finish_reason': reason}]})}\n\n"
+                    if req.stream_options is not None and req.stream_options.include_usage:
+                        usage = {"prompt_tokens": plen, "completion_tokens": ntok, "total_tokens": plen + ntok}
+                        yield f"data: {json.dumps({**head, 'choices': [], 'usage': usage})}\n\n"
+                    yield "data: [DONE]\n\n"
+                finally:
+                    self.sched.cancel(ids)
+
+            return StreamingResponse(gen(), media_type="text/event-stream")
+        texts, reasons, ntok = [""] * len(ids), [""] * len(ids), 0
+        lps: list[dict[str, list[Any]]] = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for _ in ids]
+        try:
+            async for i, ev in self.events(ids, q):
+                lp = logprobs(ev, len(texts[i]))
+                if lp:
+                    for k in lps[i]:
+                        lps[i][k] += lp[k]
+                texts[i] += ev.text
+                ntok += ev.token is not None
+                if ev.finished is not None:
+                    reasons[i] = "length" if ev.finished == "length" else "stop"
+        finally:
+            self.sched.cancel(ids)
+        choices = [{"index": i, "text": texts[i], "logprobs": lps[i] if req.logprobs is not None else None, "finish_reason": reasons[i]} for i in range(len(ids))]
+        return {**head, "choices": choices, "usage": {"prompt_tokens": plen, "completion_tokens": ntok, "total_tokens": plen + ntok}}
+
+    def metrics(self) -> str:
+        s = self.sched.stats()
+        lines = [
+            "# HELP poot_queue_depth Requests waiting to be admitted.", "# TYPE poot_queue_depth gauge", f"poot_queue_depth {s.queue_depth}",
+            "# HELP poot_running_sequences Sequences in the running batch.", "# TYPE poot_running_sequences gauge", f"poot_running_sequences {s.running}",
+            "# HELP poot_kv_blocks_used KV cache blocks held by sequences.", "# TYPE poot_kv_blocks_used gauge", f"poot_kv_blocks_used {s.kv_blocks_used}",
+            "# HELP poot_kv_blocks_total KV cache blocks in the pool.", "# TYPE poot_kv_blocks_total gauge", f"poot_kv_blocks_total {s.kv_blocks_total}",
+            "# HELP poot_tokens_per_second Tokens sampled per second over the last 10 s.", "# TYPE poot_tokens_per_second gauge",
+            f"poot_tokens_per_second {s.tokens_per_second:.3f}",
+            "# HELP poot_time_to_first_token_seconds Time from admission request to first token.", "# TYPE poot_time_to_first_token_seconds summary",
+            *[f'poot_time_to_first_token_seconds{{quantile="{q}"}} {v:.6f}' for q, v in s.ttft_quantiles.items()],
+            f"poot_time_to_first_token_seconds_sum {s.ttft_sum:.6f}", f"poot_time_to_first_token_seconds_count {s.ttft_count}",
+            "# HELP poot_requests_total Requests accepted.", "# TYPE poot_requests_total counter", f"poot_requests_total {s.requests_total}",
+            "# HELP poot_generated_tokens_total Tokens generated.", "# TYPE poot_generated_tokens_total counter", f"poot_generated_tokens_total {s.tokens_total}",
+        ]
+        return "\n".join(lines) + "\n"
+
+
+def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, max_queue: int = 256) -> FastAPI:
+    scheduler = Scheduler(handle.engine, max_queue)
+    api = _Api(handle, model_id, scheduler, api_key)
+    app = FastAPI(title="poot", version="0.1.0")
+    app.state.api = api
+
+    @app.exception_handler(ApiError)
+    async def _api_error(request: Request, e: ApiError) -> JSONResponse:
+        return JSONResponse(error_body(e), status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
+        errs = e.errors()
+        first = errs[0] if errs else {}
+        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        msg = "the body is not valid JSON" if first.get("type") == "json_invalid" else f"{where or 'body'}: {first.get('msg', 'invalid')}"
+        return JSONResponse(error_body(ApiError(400, msg, param=where or None)), status_code=400)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, e: Exception) -> JSONResponse:  # a bug: still the OpenAI shape, and the loop goes on
+        return JSONResponse(error_body(ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")), status_code=500)
+
+    @app.middleware("http")
+    async def _auth(request: Request, call_next: Any) -> Any:
+        if api.api_key is not None and request.url.path.startswith("/v1/"):
+            if request.headers.get("authorization", "") != f"Bearer {api.api_key}":
+                return JSONResponse(error_body(ApiError(401, "invalid API key: send 'Authorization: Bearer <key>'", type="authentication_error",
+                                                        code="invalid_api_key")), status_code=401)
+        return await call_next(request)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok" if scheduler.error is None else f"degraded: {scheduler.error}"}
+
+    @app.get("/metrics")
+    async def metrics() -> PlainTextResponse:
+        return PlainTextResponse(api.metrics(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": api.created, "owned_by": "poot"}]}
+
+    @app.post("/v1/chat/completions")
+    async def chat(req: ChatRequest, request: Request) -> Any:
+        return await api.chat(req, request)
+
+    @app.post("/v1/completions")
+    async def completions(req: CompletionRequest) -> Any:
+        return await api.completions(req)
+
+    @app.on_event("shutdown")
+    async def _shutdown() -> None:
+        scheduler.close()
+
+    return app

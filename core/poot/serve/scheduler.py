@@ -1,0 +1,163 @@
+"""The one scheduling loop: a thread that owns the engine. Requests and cancellations arrive through
+an inbox; between steps the loop admits new sequences (continuous batching: the engine fits them
+into the next step, prompts in chunks, decode tokens first), steps, and hands each event to its
+request's callback. A sequence's KV blocks are released the moment it finishes or is cancelled
+(a client that disconnects cancels). Nothing a request does can stop the loop: errors go back to
+that request only.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from ..errors import PootError
+from ..llm.engine import Engine, Event
+from ..llm.params import SamplingParams
+
+__all__ = ["Scheduler", "QueueFull", "Stats"]
+
+
+class QueueFull(PootError):
+    """More requests are waiting than the server accepts (--max-queue)."""
+
+
+@dataclass
+class Stats:
+    queue_depth: int
+    running: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    tokens_per_second: float
+    ttft_count: int
+    ttft_sum: float
+    ttft_quantiles: dict[float, float]
+    requests_total: int
+    tokens_total: int
+
+
+class Scheduler:
+    def __init__(self, engine: Engine, max_queue: int = 256) -> None:
+        self.engine, self.max_queue = engine, max_queue
+        self._inbox: queue.Queue[tuple] = queue.Queue()
+        self._subs: dict[int, tuple[Callable[[Event], None], float, list[bool]]] = {}
+        self._pending = 0  # accepted, not yet admitted into the engine
+        self._lock = threading.Lock()
+        self._window: collections.deque[tuple[float, int]] = collections.deque()
+        self._ttft: collections.deque[float] = collections.deque(maxlen=2048)
+        self._ttft_sum, self._ttft_count, self._requests, self._tokens = 0.0, 0, 0, 0
+        self._stop = threading.Event()
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="poot-scheduler", daemon=True)
+        self._thread.start()
+
+    # -- called from request handlers ---------------------------------------------------------------
+    def submit(self, prompts: Sequence[list[int]], params: Sequence[SamplingParams], on_event: Callable[[Event], None]) -> Future:
+        """Queue sequences; the future gives their ids (or the ``ParameterError`` that refused
+        them). ``on_event`` runs on the loop thread: it must only hand the event over."""
+        with self._lock:
+            if self._pending + len(self.engine.waiting) + len(prompts) > self.max_queue:
+                raise QueueFull(f"{self.max_queue} requests are already waiting; try again later")
+            self._pending += len(prompts)
+        fut: Future = Future()
+        self._inbox.put(("add", list(prompts), list(params), on_event, fut))
+        return fut
+
+    def cancel(self, seq_ids: Sequence[int]) -> None:
+        self._inbox.put(("cancel", list(seq_ids)))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._inbox.put(("stop",))
+        self._thread.join(timeout=10)
+
+    # -- the loop -----------------------------------------------------------------------------------
+    def _handle(self, cmd: tuple) -> None:
+        if cmd[0] == "add":
+            _, prompts, params, cb, fut = cmd
+            ids: list[int] = []
+            try:
+                for p, sp in zip(prompts, params):
+                    ids.append(self.engine.add(p, sp))
+            except Exception as e:  # noqa: BLE001 - the request is refused, the loop goes on
+                for i in ids:
+                    self.engine.cancel(i)
+                fut.set_exception(e)
+            else:
+                now = time.perf_counter()
+                for i in ids:
+                    self._subs[i] = (cb, now, [False])
+                self._requests += 1
+                fut.set_result(ids)
+            finally:
+                with self._lock:
+                    self._pending -= len(prompts)
+        elif cmd[0] == "cancel":
+            for i in cmd[1]:
+                if self.engine.cancel(i):
+                    self._subs.pop(i, None)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                block = not self.engine.has_work()
+                cmd = self._inbox.get(timeout=0.5) if block else self._inbox.get_nowait()
+                self._handle(cmd)
+                while True:  # everything that arrived meanwhile, before the next step
+                    self._handle(self._inbox.get_nowait())
+            except queue.Empty:
+                pass
+            if self._stop.is_set() or not self.engine.has_work():
+                continue
+            try:
+                events = self.engine.step()
+            except Exception as e:  # noqa: BLE001 - a failed step ends its sequences, not the server
+                self.error = e
+                for s in list(self.engine.running) + list(self.engine.waiting):
+                    cb = self._subs.pop(s.id, None)
+                    self.engine.cancel(s.id)
+                    if cb is not None:
+                        cb[0](Event(s.id, None, "", "error", error=f"the step failed: {e}"))
+                continue
+            now = time.perf_counter()
+            n = 0
+            for ev in events:
+                sub = self._subs.get(ev.seq_id)
+                if sub is None:
+                    continue
+                cb, t0, first = sub
+                if ev.token is not None:
+                    n += 1
+                    if not first[0]:
+                        first[0] = True
+                        self._ttft.append(now - t0)
+                        self._ttft_sum += now - t0
+                        self._ttft_count += 1
+                if ev.finished is not None:
+                    del self._subs[ev.seq_id]
+                try:
+                    cb(ev)
+                except Exception:  # noqa: BLE001 - a broken subscriber loses its events only
+                    self._subs.pop(ev.seq_id, None)
+                    self.engine.cancel(ev.seq_id)
+            self._tokens += n
+            self._window.append((now, n))
+            while self._window and now - self._window[0][0] > 10.0:
+                self._window.popleft()
+
+    # -- metrics ------------------------------------------------------------------------------------
+    def stats(self) -> Stats:
+        now = time.perf_counter()
+        window = [(t, n) for t, n in list(self._window) if now - t <= 10.0]
+        span = (now - window[0][0]) if window else 0.0
+        tps = sum(n for _, n in window) / span if span > 0 else 0.0
+        ttft = sorted(self._ttft)
+        q = {p: (ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else 0.0) for p in (0.5, 0.9, 0.99)}
+        blocks = self.engine.blocks
+        return Stats(self._pending + len(self.engine.waiting), len(self.engine.running), blocks.num_blocks - blocks.free_blocks, blocks.num_blocks,
+                     tps, self._ttft_count, self._ttft_sum, q, self._requests, self._tokens)

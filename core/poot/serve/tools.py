@@ -1,0 +1,82 @@
+"""Tool calls: telling the model about tools, constraining its output when a call is required, and
+parsing calls out of its text.
+
+A chat template that renders ``tools`` gets them as they are; for one that does not, the tools and
+the call format (``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``, the Hermes / Qwen
+convention) go into a system message. ``tool_choice`` "required" or a named function constrains the
+output with guided decoding to a JSON call, so the call always parses.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .protocol import ApiError
+
+__all__ = ["check_tools", "tool_system_prompt", "forced_call_schema", "parse_tool_calls"]
+
+_CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
+
+
+def check_tools(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+    """Function name -> its parameters schema; a malformed tool is a 400 naming it."""
+    out: dict[str, Mapping[str, Any]] = {}
+    for i, t in enumerate(tools):
+        fn = t.get("function") if isinstance(t, Mapping) else None
+        if not isinstance(t, Mapping) or t.get("type") != "function" or not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise ApiError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}", param=f"tools[{i}]")
+        params = fn.get("parameters", {"type": "object", "properties": {}})
+        if not isinstance(params, Mapping):
+            raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object", param=f"tools[{i}].function.parameters")
+        out[fn["name"]] = params
+    return out
+
+
+def tool_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
+    lines = ["You can call these functions. To call one, answer with exactly",
+             '<tool_call>{"name": "<function name>", "arguments": {<arguments as JSON>}}</tool_call>', "Functions:"]
+    for t in tools:
+        fn = t["function"]
+        lines.append(json.dumps({"name": fn["name"], "description": fn.get("description", ""), "parameters": fn.get("parameters", {})}))
+    return "\n".join(lines)
+
+
+def forced_call_schema(functions: Mapping[str, Mapping[str, Any]], name: str | None) -> dict[str, Any]:
+    """The JSON a required call must be: {"name": ..., "arguments": {...}} for one of ``functions``
+    (or for ``name`` only)."""
+    names = [name] if name is not None else list(functions)
+    options = [{"type": "object", "properties": {"name": {"const": n}, "arguments": dict(functions[n])}, "required": ["name", "arguments"],
+                "additionalProperties": False} for n in names]
+    return options[0] if len(options) == 1 else {"anyOf": options}
+
+
+def _call(obj: Any, functions: Mapping[str, Any]) -> dict[str, Any] | None:
+    if not isinstance(obj, dict) or obj.get("name") not in functions:
+        return None
+    args = obj.get("arguments", obj.get("parameters", {}))
+    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
+            "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+
+
+def parse_tool_calls(text: str, functions: Mapping[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
+    """(content left over or None, tool calls) from a model's answer."""
+    calls = []
+    for m in _CALL.finditer(text):
+        try:
+            c = _call(json.loads(m.group(1)), functions)
+        except ValueError:
+            c = None
+        if c is not None:
+            calls.append(c)
+    if calls:
+        rest = _CALL.sub("", text).strip()
+        return (rest or None), calls
+    try:  # a bare JSON call (what a required call produces)
+        c = _call(json.loads(text), functions)
+    except ValueError:
+        c = None
+    return (None, [c]) if c is not None else (text, [])

@@ -1,0 +1,192 @@
+"""`poot serve` as a real process on loopback, driven by the official openai client: chat and
+completions, streaming and not, n, stop, seeds, logprobs, JSON schema, tool calls; 32 concurrent
+streams with disconnects; errors with the right status and body while the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+openai = pytest.importorskip("openai")
+httpx = pytest.importorskip("httpx")
+
+KEY = "test-key-123"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path):
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "poot.cli", "serve", "SmolLM2", "--port", str(port), "--api-key", KEY, "--max-batch", "16",
+                             "--max-queue", "64", "--context", "1024"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 300
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            out = proc.stdout.read() if proc.stdout else ""
+            proc.kill()
+            pytest.fail(f"the server did not come up:\n{out[-3000:]}")
+        time.sleep(0.5)
+    yield base
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture
+def client(server):
+    return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
+
+
+def _metrics(server) -> dict[str, float]:
+    text = httpx.get(f"{server}/metrics").text
+    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(poot_[a-z_]+) ([0-9.e+-]+)$", text, re.M)}
+
+
+def test_models(client):
+    assert [m.id for m in client.models.list().data] == ["SmolLM2"]
+
+
+def test_chat_streaming_equals_non_streaming(client):
+    msgs = [{"role": "user", "content": "What is the capital of France?"}]
+    full = client.chat.completions.create(model="SmolLM2", messages=msgs, temperature=0, max_tokens=12)
+    assert "Paris" in full.choices[0].message.content
+    assert full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 10
+    chunks = list(client.chat.completions.create(model="SmolLM2", messages=msgs, temperature=0, max_tokens=12, stream=True,
+                                                 stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == full.choices[0].message.content
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [full.choices[0].finish_reason]
+
+
+def test_completions_streaming_and_not(client):
+    a = client.completions.create(model="SmolLM2", prompt="The three primary colors are", temperature=0, max_tokens=10)
+    b = "".join(c.choices[0].text for c in client.completions.create(model="SmolLM2", prompt="The three primary colors are", temperature=0,
+                                                                     max_tokens=10, stream=True))
+    assert a.choices[0].text == b and a.usage.completion_tokens == 10
+
+
+def test_n_seeds_and_stop(client):
+    kw = dict(model="SmolLM2", messages=[{"role": "user", "content": "Write a short poem."}], temperature=0.9, seed=7, max_tokens=16, n=2)
+    r1 = client.chat.completions.create(**kw)
+    r2 = client.chat.completions.create(**kw)
+    assert len(r1.choices) == 2 and [c.message.content for c in r1.choices] == [c.message.content for c in r2.choices]
+    r = client.completions.create(model="SmolLM2", prompt="1, 2, 3, 4, 5,", temperature=0, max_tokens=30, stop=[" 8"])
+    assert r.choices[0].finish_reason == "stop" and " 8" not in r.choices[0].text and "7" in r.choices[0].text
+
+
+def test_logprobs_in_the_clients_types(client):
+    r = client.chat.completions.create(model="SmolLM2", messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=5,
+                                       logprobs=True, top_logprobs=3)
+    content = r.choices[0].logprobs.content
+    assert len(content) == r.usage.completion_tokens
+    for t in content:
+        assert t.logprob <= 0 and len(t.top_logprobs) == 3 and t.top_logprobs[0].logprob >= t.logprob - 1e-4
+    c = client.completions.create(model="SmolLM2", prompt="Hello", max_tokens=4, temperature=0, logprobs=2)
+    assert len(c.choices[0].logprobs.token_logprobs) == 4 and all(len(d) == 2 for d in c.choices[0].logprobs.top_logprobs)
+
+
+def test_json_schema_response(client):
+    import jsonschema
+
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+              "required": ["name", "age"], "additionalProperties": False}
+    r = client.chat.completions.create(model="SmolLM2", messages=[{"role": "user", "content": "Invent a person."}], max_tokens=60, temperature=0.7, seed=1,
+                                       response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    jsonschema.validate(json.loads(r.choices[0].message.content), schema)
+
+
+def test_tool_calls_are_parsed(client):
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
+                                               "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+                                                              "required": ["city"], "additionalProperties": False}}},
+             {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}]
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
+        r = client.chat.completions.create(model="SmolLM2", messages=msgs, tools=tools, tool_choice=choice, max_tokens=40, temperature=0)
+        calls = r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "tool_calls" and calls and calls[0].function.name in ("get_weather", "get_time")
+        args = json.loads(calls[0].function.arguments)
+        if calls[0].function.name == "get_weather":
+            assert isinstance(args["city"], str)
+
+
+def test_thirty_two_streams_with_disconnects(client, server):
+    def one(i: int) -> tuple[int, str, str | None]:
+        stream = client.chat.completions.create(model="SmolLM2", messages=[{"role": "user", "content": f"Tell me about number {i}."}],
+                                                temperature=0.8, seed=i, max_tokens=20, stream=True)
+        text, reason = "", None
+        for k, chunk in enumerate(stream):
+            if i % 3 == 0 and k == 3:  # a third of the clients go away mid-stream
+                stream.close()
+                return i, text, "gone"
+            if chunk.choices:
+                text += chunk.choices[0].delta.content or ""
+                reason = chunk.choices[0].finish_reason or reason
+        return i, text, reason
+
+    with ThreadPoolExecutor(32) as pool:
+        results = list(pool.map(one, range(32)))
+    for i, text, reason in results:
+        if i % 3:
+            assert reason in ("stop", "length") and text, (i, text, reason)
+    for i in (1, 2, 4):  # a finished stream's text is what the same request gives on its own
+        alone = client.chat.completions.create(model="SmolLM2", messages=[{"role": "user", "content": f"Tell me about number {i}."}],
+                                               temperature=0.8, seed=i, max_tokens=20)
+        assert alone.choices[0].message.content == results[i][1]
+    deadline = time.time() + 30
+    while True:
+        m = _metrics(server)
+        if m["poot_kv_blocks_used"] == 0 and m["poot_running_sequences"] == 0 and m["poot_queue_depth"] == 0:
+            break
+        assert time.time() < deadline, m
+        time.sleep(0.2)
+    assert m["poot_time_to_first_token_seconds_count"] >= 21
+
+
+def _post(server, path, body, key=KEY, raw=None):
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    return httpx.post(f"{server}{path}", headers=headers, content=raw if raw is not None else json.dumps(body), timeout=120)
+
+
+def test_errors_have_the_right_status_and_body(server, client):
+    ok = {"model": "SmolLM2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    cases = [
+        (dict(raw=b'{"model": "SmolLM2", "messages": [}'), 400, "JSON"),
+        (dict(body={**ok, "temperature": "hot"}), 400, "temperature"),
+        (dict(body={**ok, "max_tokens": -5}), 400, "max_tokens"),
+        (dict(body={**ok, "messages": "hello"}), 400, "messages"),
+        (dict(body={**ok, "messages": [{"role": "user", "content": "word " * 3000}]}), 400, "1024"),
+        (dict(body=ok, key="wrong"), 401, "API key"),
+        (dict(body={**ok, "model": "gpt-9"}), 404, "gpt-9"),
+        (dict(body={**ok, "logit_bias": {"x": 1}}), 400, "logit_bias"),
+    ]
+    for kw, status, words in cases:
+        r = _post(server, "/v1/chat/completions", kw.get("body"), key=kw.get("key", KEY), raw=kw.get("raw"))
+        assert r.status_code == status, (kw, r.status_code, r.text)
+        err = r.json()["error"]
+        assert words in err["message"] and err["type"], (kw, err)
+    long = _post(server, "/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": "word " * 3000}]}).json()["error"]["message"]
+    assert re.search(r"1024.*\d{4}", long), long  # the context and the prompt's length
+    assert client.chat.completions.create(**ok).choices[0].message.content is not None  # still serving
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
