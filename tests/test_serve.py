@@ -26,11 +26,10 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(smollm2_path):
+def _start(*flags: str):  # type: ignore[no-untyped-def]
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "poot.cli", "serve", "SmolLM2", "--port", str(port), "--api-key", KEY, "--max-batch", "16",
-                             "--max-queue", "64", "--context", "1024"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen([sys.executable, "-m", "poot.cli", "serve", "SmolLM2", "--port", str(port), "--context", "1024", *flags],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while True:
@@ -44,12 +43,22 @@ def server(smollm2_path):
             proc.kill()
             pytest.fail(f"the server did not come up:\n{out[-3000:]}")
         time.sleep(0.5)
-    yield base
+    return proc, base
+
+
+def _stop(proc) -> None:  # type: ignore[no-untyped-def]
     proc.terminate()
     try:
         proc.wait(timeout=20)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+@pytest.fixture(scope="module")
+def server(smollm2_path):
+    proc, base = _start("--api-key", KEY, "--max-batch", "16", "--max-queue", "64")
+    yield base
+    _stop(proc)
 
 
 @pytest.fixture
@@ -190,3 +199,18 @@ def test_errors_have_the_right_status_and_body(server, client):
     assert re.search(r"1024.*\d{4}", long), long  # the context and the prompt's length
     assert client.chat.completions.create(**ok).choices[0].message.content is not None  # still serving
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def test_a_full_queue_answers_429_and_recovers(smollm2_path):
+    proc, base = _start("--max-batch", "1", "--max-queue", "1")
+    try:
+        body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 40, "temperature": 0}
+        with ThreadPoolExecutor(6) as pool:
+            codes = list(pool.map(lambda _: httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300), range(6)))
+        statuses = sorted(r.status_code for r in codes)
+        assert 429 in statuses and 200 in statuses, statuses
+        err = next(r for r in codes if r.status_code == 429).json()["error"]
+        assert err["type"] == "rate_limit_exceeded" and "waiting" in err["message"]
+        assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300).status_code == 200
+    finally:
+        _stop(proc)
