@@ -3,7 +3,9 @@ readable listing."""
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
+from typing import Any
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -54,6 +56,11 @@ class Plan:
     views: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # value -> the value whose storage it shares
     aliases: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # in-place outputs (cache_write)
     device: str = "host"
+
+    @functools.cached_property
+    def inputs(self) -> dict[str, Any]:
+        """The graph's inputs by name (looked up on every step: computed once)."""
+        return self.graph.inputs()
 
     def describe(self, env: Mapping[str, int] | None = None) -> str:
         """A listing: one line per launch with its kernel, schedule condition, grid (evaluated when

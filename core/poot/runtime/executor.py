@@ -33,7 +33,7 @@ __all__ = ["Executor", "step_env"]
 def step_env(plan: Plan, inputs: Mapping[str, Any]) -> dict[str, int]:
     """Symbol values from the shapes of the step's inputs (a dimension that is a bare symbol binds it)."""
     env: dict[str, int] = {}
-    for name, v in plan.graph.inputs().items():
+    for name, v in plan.inputs.items():
         if name not in inputs:
             raise PootError(f"missing input '{name}' ({v.type})")
         shape = np.shape(inputs[name])
@@ -75,7 +75,7 @@ class Executor(ABC):
     def pool_names(self) -> list[str]:
         """Inputs that are written in place (KV pools): they are bound, not passed per step."""
         roots = set(self.plan.aliases.values())
-        return [name for name, v in self.plan.graph.inputs().items() if (v.node.id, v.index) in roots]
+        return [name for name, v in self.plan.inputs.items() if (v.node.id, v.index) in roots]
 
     def run(self, inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Bind, capture (once per shape) and replay; returns every graph output."""

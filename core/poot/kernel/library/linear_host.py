@@ -131,8 +131,28 @@ def gemm_rows(a: In[f32], w: In[u8], lut: In[f32], c: Out[f32], m: i32, n: i32, 
         jr = min(j0 + r, n - 1)
         for blk in range(K // BS):
             p = e * ws + jr * row_bytes + blk * BB
-            for jj in range(BS):
-                wt[r * K + blk * BS + jj] = dequant_in_block(QTYPE, w, p, jj)
+            o = r * K + blk * BS
+            if QTYPE == "q4_1":  # the lane types unpack 16 bytes at a time (the same values as their kernel bodies)
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                mn = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                for i in range(16):
+                    wt[o + i] = d * f32(i32(w[p + 4 + i]) & 15) + mn
+                for i in range(16):
+                    wt[o + 16 + i] = d * f32(i32(w[p + 4 + i]) >> 4) + mn
+            elif QTYPE == "q4_0":
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                for i in range(16):
+                    wt[o + i] = d * f32((i32(w[p + 2 + i]) & 15) - 8)
+                for i in range(16):
+                    wt[o + 16 + i] = d * f32((i32(w[p + 2 + i]) >> 4) - 8)
+            elif QTYPE == "q8_0":
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                for i in range(32):
+                    q = i32(w[p + 2 + i])
+                    wt[o + i] = d * f32(q - ((q >> 7) << 8))
+            else:
+                for jj in range(BS):
+                    wt[o + jj] = dequant_in_block(QTYPE, w, p, jj)
     for t0 in range(0, m, TM):
         for i in range(TM * NR * 16):
             acc[i] = 0.0

@@ -82,18 +82,18 @@ def sample(logits: In[f32], counts: In[i32], count_rows: In[i32], temperature: I
     kth = lo
     # 3. top-p over what top-k kept: the largest key whose mass at or above it reaches p
     p = top_p[r]
-    mass = 0.0
-    for i in range(t, vocab, BLOCK):
-        bits = as_i32(work[base + i])
-        if bits ^ ((bits >> 31) & 2147483647) >= kth:
-            mass += exp(work[base + i] - zmax)
-    red[t] = mass
-    reduce_shared(red, "add")
-    total = red[0]
-    barrier()
     plo = kth
     phi = 2147483647
     if p < 1.0 and temp > 0.0:
+        mass = 0.0
+        for i in range(t, vocab, BLOCK):
+            bits = as_i32(work[base + i])
+            if bits ^ ((bits >> 31) & 2147483647) >= kth:
+                mass += exp(work[base + i] - zmax)
+        red[t] = mass
+        reduce_shared(red, "add")
+        total = red[0]
+        barrier()
         for _ in static_range(32):
             mid2 = (plo >> 1) + (phi >> 1) + (((plo & 1) + (phi & 1) + 1) >> 1)
             acc = 0.0
