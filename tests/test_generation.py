@@ -81,7 +81,7 @@ def test_prefix_sharing_is_counted_and_changes_nothing(smollm2, rng):
     eng = smollm2.engine
     prefix = rng.integers(1000, 20000, 100).tolist()
     a, b = prefix + [11, 12, 13], prefix + [21, 22]
-    params = SamplingParams(temperature=0, max_tokens=8)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)  # a must outlive b's admission
     alone = [smollm2.complete([x], params)[0].tokens for x in (a, b)]  # one after the other: nothing to share
     hits = eng.blocks.shared_hits
     sa = eng.add(a, params)

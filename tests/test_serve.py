@@ -214,3 +214,14 @@ def test_a_full_queue_answers_429_and_recovers(smollm2_path):
         assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300).status_code == 200
     finally:
         _stop(proc)
+
+
+def test_a_non_streaming_client_that_leaves_frees_its_blocks(server):
+    body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Write a very long essay."}], "max_tokens": 900, "temperature": 0.8, "seed": 3,
+            "logit_bias": {"0": -100, "1": -100, "2": -100}}  # no end token: it would run for far longer than the client waits
+    with pytest.raises(httpx.TimeoutException):
+        httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body, timeout=1.5)
+    left = time.time()
+    while _metrics(server)["poot_kv_blocks_used"] > 0:
+        assert time.time() - left < 6, "the sequence kept its blocks after its client left"  # 900 tokens would take far longer
+        time.sleep(0.2)

@@ -86,6 +86,17 @@ class _Api:
             raise ApiError(400, str(e)) from None
         return ids, q
 
+    def watch(self, request: Request, ids: list[int]) -> asyncio.Task:
+        """For a non-streaming request: cancel its sequences if the client goes away while waiting."""
+        async def poll() -> None:
+            while True:
+                await asyncio.sleep(0.25)
+                if await request.is_disconnected():
+                    self.sched.cancel(ids)
+                    return
+
+        return asyncio.create_task(poll())
+
     @staticmethod
     async def events(ids: list[int], q: asyncio.Queue) -> AsyncIterator[tuple[int, Event]]:
         """(choice index, event) until every sequence finished."""
@@ -177,6 +188,7 @@ class _Api:
         if req.stream:
             return StreamingResponse(self.chat_stream(req, ids, q, head, len(prompt), functions, constraint), media_type="text/event-stream")
         texts, reasons, lps, ntok = [""] * req.n, [""] * req.n, [[] for _ in range(req.n)], 0
+        watcher = self.watch(request, ids)
         try:
             async for i, ev in self.events(ids, q):
                 texts[i] += ev.text
@@ -186,6 +198,7 @@ class _Api:
                 if ev.finished is not None:
                     reasons[i] = ev.finished
         finally:
+            watcher.cancel()
             self.sched.cancel(ids)
         choices = []
         for i in range(req.n):
@@ -248,7 +261,7 @@ class _Api:
             return [list(p)]  # type: ignore[arg-type]
         return [list(x) for x in p]  # type: ignore[arg-type]
 
-    async def completions(self, req: CompletionRequest) -> Any:
+    async def completions(self, req: CompletionRequest, request: Request) -> Any:
         self.check_model(req.model)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
@@ -292,6 +305,7 @@ class _Api:
             return StreamingResponse(gen(), media_type="text/event-stream")
         texts, reasons, ntok = [""] * len(ids), [""] * len(ids), 0
         lps: list[dict[str, list[Any]]] = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for _ in ids]
+        watcher = self.watch(request, ids)
         try:
             async for i, ev in self.events(ids, q):
                 lp = logprobs(ev, len(texts[i]))
@@ -303,6 +317,7 @@ class _Api:
                 if ev.finished is not None:
                     reasons[i] = "length" if ev.finished == "length" else "stop"
         finally:
+            watcher.cancel()
             self.sched.cancel(ids)
         choices = [{"index": i, "text": texts[i], "logprobs": lps[i] if req.logprobs is not None else None, "finish_reason": reasons[i]} for i in range(len(ids))]
         return {**head, "choices": choices, "usage": {"prompt_tokens": plen, "completion_tokens": ntok, "total_tokens": plen + ntok}}
@@ -323,6 +338,21 @@ class _Api:
             "# HELP poot_generated_tokens_total Tokens generated.", "# TYPE poot_generated_tokens_total counter", f"poot_generated_tokens_total {s.tokens_total}",
         ]
         return "\n".join(lines) + "\n"
+
+
+class _Auth:
+    """``Authorization: Bearer <key>`` on /v1 routes. A plain ASGI middleware: it leaves the receive
+    channel alone, so handlers still see a client's disconnect."""
+
+    def __init__(self, app: Any, key: str) -> None:
+        self.app, self.expected = app, f"Bearer {key}".encode()
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and dict(scope["headers"]).get(b"authorization") != self.expected:
+            body = error_body(ApiError(401, "invalid API key: send 'Authorization: Bearer <key>'", type="authentication_error", code="invalid_api_key"))
+            await JSONResponse(body, status_code=401)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
 
 
 def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, max_queue: int = 256) -> FastAPI:
@@ -347,13 +377,8 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:  # a bug: still the OpenAI shape, and the loop goes on
         return JSONResponse(error_body(ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")), status_code=500)
 
-    @app.middleware("http")
-    async def _auth(request: Request, call_next: Any) -> Any:
-        if api.api_key is not None and request.url.path.startswith("/v1/"):
-            if request.headers.get("authorization", "") != f"Bearer {api.api_key}":
-                return JSONResponse(error_body(ApiError(401, "invalid API key: send 'Authorization: Bearer <key>'", type="authentication_error",
-                                                        code="invalid_api_key")), status_code=401)
-        return await call_next(request)
+    if api_key is not None:
+        app.add_middleware(_Auth, key=api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
@@ -372,8 +397,8 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
         return await api.chat(req, request)
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Any:
-        return await api.completions(req)
+    async def completions(req: CompletionRequest, request: Request) -> Any:
+        return await api.completions(req, request)
 
     @app.on_event("shutdown")
     async def _shutdown() -> None:
