@@ -53,6 +53,16 @@ def poot_executor(device: "Device") -> Any:
     """
 
 
+@hookspec(firstresult=True)
+def poot_kernel_runner(device: "Device") -> Any:
+    """Return ``run(kernel, grid, buffers, scalars)`` that runs one Kernel IR kernel on ``device``
+    with numpy arrays in and out (outputs copied back into the arrays given), or None.
+
+    Used by the kernel tests: ``POOT_TEST_DEVICE=cuda:0 pytest tests/test_kernels_host.py`` checks
+    every synthesized kernel on that device against the CPU oracle.
+    """
+
+
 # -------------------------------------------------------------------------------------------------
 # model families
 # -------------------------------------------------------------------------------------------------

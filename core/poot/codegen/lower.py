@@ -513,7 +513,12 @@ class _Lowerer:
             return b.fmul(y, L.Constant(a.type, LN2)) if op == "log" else y
         if op in ("sin", "cos"):
             if self.t.name == "nvptx":
-                return b.call(self.intrinsic(f"llvm.nvvm.{op}.approx.ftz.f", F32, [F32]), [a])
+                # sin.approx is accurate on [-pi, pi] only: reduce by 2*pi first (Cody-Waite, two
+                # constants), so large angles (RoPE at long positions) keep about 1e-6 absolute error
+                k = self.fcall("llvm.rint", b.fmul(a, L.Constant(F32, 0.15915494309189535)))
+                r = self.fcall("llvm.fma", b.fneg(k), L.Constant(F32, 6.28125), a)
+                r = self.fcall("llvm.fma", b.fneg(k), L.Constant(F32, 0.0019353071795864769), r)
+                return b.call(self.intrinsic(f"llvm.nvvm.{op}.approx.ftz.f", F32, [F32]), [r])
             return self.fcall(f"llvm.{op}", a)
         if op == "tanh":
             # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both tails, no libm call on any target

@@ -3,6 +3,7 @@ outputs poisoned first so that an element a kernel never wrote shows up as NaN (
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -14,6 +15,7 @@ from ..kernel.ir import Buffer, Kernel
 __all__ = ["run_host", "poisoned"]
 
 _LOADED: dict[str, HostKernel] = {}
+_RUNNERS: dict[str, object] = {}
 
 
 def poisoned(shape: Sequence[int], dtype: type = np.float32) -> np.ndarray:
@@ -23,7 +25,34 @@ def poisoned(shape: Sequence[int], dtype: type = np.float32) -> np.ndarray:
     return np.full(shape, np.iinfo(dtype).min, dtype)
 
 
+def _device_runner():  # type: ignore[no-untyped-def]
+    """The runner of ``POOT_TEST_DEVICE`` (a device name), from the plugin that owns it."""
+    name = os.environ.get("POOT_TEST_DEVICE")
+    if not name or name == "cpu":
+        return None
+    if name not in _RUNNERS:
+        from ..plugins import host
+        from ..runtime import get_device
+
+        dev = get_device(name)
+        if not dev.available():
+            raise RuntimeError(f"POOT_TEST_DEVICE={name}: {dev.available()}")
+        runner = host().hook.poot_kernel_runner(device=dev)
+        if runner is None:
+            raise RuntimeError(f"POOT_TEST_DEVICE={name}: no installed plugin runs single kernels there")
+        _RUNNERS[name] = runner
+    return _RUNNERS[name]
+
+
 def run_host(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, float | int] | None = None, threads: int = 2) -> None:
+    """Run ``k`` on the host, or on ``POOT_TEST_DEVICE`` when that names another device."""
+    runner = _device_runner()
+    if runner is not None:
+        missing = [p.name for p in k.params if isinstance(p, Buffer) and p.name not in buffers]
+        if missing:
+            raise KeyError(f"kernel {k.name}: no array for buffers {missing}")
+        runner(k, grid, buffers, scalars or {})
+        return
     key = repr(k)
     hk = _LOADED.get(key)
     if hk is None:

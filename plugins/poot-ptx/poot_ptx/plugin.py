@@ -1,4 +1,4 @@
-"""Entry point of poot-ptx: registers the CUDA devices found by the driver."""
+"""Entry point of poot-ptx: registers the CUDA devices found by the driver, and runs single kernels on them for the kernel tests."""
 
 from poot import hookimpl
 from poot.runtime import Device
@@ -9,3 +9,12 @@ from .device import cuda_devices
 @hookimpl
 def poot_devices() -> list[Device]:
     return cuda_devices()
+
+
+@hookimpl
+def poot_kernel_runner(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind != "cuda":
+        return None
+    from .runtime import run_cuda
+
+    return run_cuda(device)

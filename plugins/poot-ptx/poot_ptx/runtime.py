@@ -1,0 +1,138 @@
+"""The CUDA runtime poot uses, on cuda-python's driver API: a device's primary context, device
+buffers, PTX modules loaded once per kernel, and launches. Every failing call becomes a
+``CudaCallError`` naming the call and the CUDA error."""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from poot.codegen import TARGETS, compile_kernel
+from poot.errors import PootError
+from poot.graph import dtypes as dt
+from poot.kernel.ir import Buffer, Kernel
+from poot.runtime import Device
+
+from .device import CudaCallError, _check
+
+__all__ = ["CudaContext", "CudaKernel", "run_cuda", "target_for"]
+
+_SCALAR = {"f32": ctypes.c_float, "f64": ctypes.c_double, "i32": ctypes.c_int32, "i64": ctypes.c_int64, "u8": ctypes.c_uint8, "i8": ctypes.c_int8}
+
+
+def target_for(device: Device) -> str:
+    """The codegen target of a CUDA device: its own sm_XY when poot has one, else the nearest below."""
+    arch = dict(device.capabilities.details).get("arch", "sm_80") if device.capabilities else "sm_80"
+    cc = int(arch.removeprefix("sm_").rstrip("a"))
+    for t in ("nvptx:sm_90", "nvptx:sm_80"):
+        if cc >= int(t.split("_")[-1]):
+            return t
+    raise PootError(f"{device.name}: compute capability {arch} is below what poot targets (sm_80)")
+
+
+class CudaContext:
+    """The primary context of one device, made current on the calling thread."""
+
+    def __init__(self, index: int) -> None:
+        from cuda.bindings import driver
+
+        self.driver = driver
+        _check(driver, "cuInit", driver.cuInit(0))
+        self.device = _check(driver, "cuDeviceGet", driver.cuDeviceGet(index))
+        self.context = _check(driver, "cuDevicePrimaryCtxRetain", driver.cuDevicePrimaryCtxRetain(self.device))
+        self.make_current()
+
+    def make_current(self) -> None:
+        _check(self.driver, "cuCtxSetCurrent", self.driver.cuCtxSetCurrent(self.context))
+
+    def alloc(self, nbytes: int) -> int:
+        return int(_check(self.driver, "cuMemAlloc", self.driver.cuMemAlloc(max(1, nbytes))))
+
+    def free(self, ptr: int) -> None:
+        _check(self.driver, "cuMemFree", self.driver.cuMemFree(ptr))
+
+    def upload(self, ptr: int, a: np.ndarray) -> None:
+        a = np.ascontiguousarray(a)
+        if a.nbytes:
+            _check(self.driver, "cuMemcpyHtoD", self.driver.cuMemcpyHtoD(ptr, a.ctypes.data, a.nbytes))
+
+    def download(self, ptr: int, a: np.ndarray) -> None:
+        if a.nbytes:
+            _check(self.driver, "cuMemcpyDtoH", self.driver.cuMemcpyDtoH(a.ctypes.data, ptr, a.nbytes))
+
+    def synchronize(self) -> None:
+        _check(self.driver, "cuCtxSynchronize", self.driver.cuCtxSynchronize())
+
+
+class CudaKernel:
+    """A kernel compiled to PTX for ``target`` and loaded into the current context."""
+
+    def __init__(self, ctx: CudaContext, kernel: Kernel, target: str) -> None:
+        self.ctx, self.kernel = ctx, kernel
+        art = compile_kernel(kernel, TARGETS[target])
+        d = ctx.driver
+        self.module = _check(d, "cuModuleLoadData", d.cuModuleLoadData(art.data + b"\0"))
+        self.function = _check(d, "cuModuleGetFunction", d.cuModuleGetFunction(self.module, kernel.name.encode()))
+
+    def args(self, pointers: Mapping[str, int], scalars: Mapping[str, float | int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        vals, types = [], []
+        for p in self.kernel.params:
+            if isinstance(p, Buffer):
+                vals.append(pointers[p.name])
+                types.append(ctypes.c_void_p)
+            else:
+                vals.append(scalars[p.name])
+                types.append(_SCALAR[p.dtype.name])
+        return tuple(vals), tuple(types)
+
+    def launch(self, grid: Sequence[int], pointers: Mapping[str, int], scalars: Mapping[str, float | int], stream: Any = 0) -> None:
+        gx, gy, gz = (list(grid) + [1, 1])[:3]
+        if gx * gy * gz == 0:
+            return
+        bx, by, bz = self.kernel.workgroup
+        d = self.ctx.driver
+        _check(d, "cuLaunchKernel", d.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, 0, stream, self.args(pointers, scalars), 0))
+
+
+class _Runner:
+    """Runs single kernels with numpy arrays in and out (the kernel tests' device runner)."""
+
+    def __init__(self, device: Device) -> None:
+        if not isinstance(device.index, int):
+            raise PootError(f"{device.name} is not a CUDA device with an index")
+        self.ctx = CudaContext(device.index)
+        self.target = target_for(device)
+        self._kernels: dict[str, CudaKernel] = {}
+
+    def __call__(self, k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, float | int]) -> None:
+        self.ctx.make_current()
+        key = repr(k)
+        ck = self._kernels.get(key) or self._kernels.setdefault(key, CudaKernel(self.ctx, k, self.target))
+        ptrs: dict[str, int] = {}
+        try:
+            for p in k.params:
+                if isinstance(p, Buffer):
+                    a = buffers[p.name]
+                    want = np.dtype(np.uint8 if p.dtype == dt.boolean else p.dtype.numpy if p.dtype != dt.bf16 else np.uint16)
+                    if a.dtype != want or not a.flags.c_contiguous:
+                        raise PootError(f"kernel {k.name}: buffer '{p.name}' must be a C-contiguous {want} array, got {a.dtype}")
+                    ptrs[p.name] = self.ctx.alloc(a.nbytes)
+                    self.ctx.upload(ptrs[p.name], a)
+            ck.launch(grid, ptrs, scalars)
+            self.ctx.synchronize()
+            for p in k.params:
+                if isinstance(p, Buffer) and not p.readonly:
+                    self.ctx.download(ptrs[p.name], buffers[p.name])
+        finally:
+            for ptr in ptrs.values():
+                try:
+                    self.ctx.free(ptr)
+                except CudaCallError:
+                    pass
+
+
+def run_cuda(device: Device) -> _Runner:
+    return _Runner(device)
