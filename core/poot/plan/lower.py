@@ -141,6 +141,35 @@ def _matmul(n: Node, shared_bytes: int) -> list[Launch]:
     return [gemv, gemm]
 
 
+def _matmul_gpu(n: Node) -> list[Launch]:
+    """GPU schedules: a GEMV whose workgroups split K across threads for few rows, a 16x16 tiled
+    GEMM through workgroup memory for many; weights dequantized in registers."""
+    x, w = n.inputs
+    if not n.attrs["transpose_b"] or w.rank != 2:
+        raise Refusal("matmul", "gpu", "per-expert (3-D) weights have no GPU schedule yet")
+    out = n.outputs[0]
+    nn, kk = w.shape[0].value, w.shape[1].value
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    few = When("rows <= 2", lambda env: rows(env) <= 2)
+    many = When("rows > 2", lambda env: rows(env) > 2)
+    xk, wk, ok = _key(x), _key(w), _key(out)
+    if w.dtype.name in BODIES:
+        bs, bb, _ = BODIES[w.dtype.name]
+        row_bytes = kk // bs * bb
+        lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
+        gemv = Launch(n, linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=64), {"x": xk, "w": wk, "lut": lut, "y": ok},
+                      lambda env: (-(-nn // 4), rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes}, few)
+        gemm = Launch(n, linear.gemm_packed.instantiate(QTYPE=w.dtype.name), {"a": xk, "w": wk, "lut": lut, "c": ok},
+                      lambda env: (-(-nn // 16), -(-rows(env) // 16)), lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes}, many)
+        return [gemv, gemm]
+    if w.dtype != dt.f32:
+        raise Refusal("matmul", "gpu", f"weights of type {w.dtype} need a cast first")
+    gemv = Launch(n, linear.gemv_f32.instantiate(BLOCK=128), {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk}, few)
+    gemm = Launch(n, linear.gemm_f32.instantiate(), {"a": xk, "w": wk, "c": ok}, lambda env: (-(-nn // 16), -(-rows(env) // 16)),
+                  lambda env: {"m": rows(env), "n": nn, "k": kk}, many)
+    return [gemv, gemm]
+
+
 def _gather(n: Node) -> Launch:
     table, ids = n.inputs
     out = n.outputs[0]
@@ -307,6 +336,40 @@ def _logprobs(n: Node) -> Launch:
                   lambda env: (_shape(logits, env)[0],), lambda env: {"vocab": vocab})
 
 
+def _attention_gpu(n: Node) -> Launch:
+    """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
+    one output dimension per thread."""
+    spec = n.attrs["spec"]
+    if not spec.paged:
+        raise Refusal("attention", "gpu", "the planner runs paged attention only")
+    from ..graph.attention import attention_operand_names
+
+    ops = dict(zip(attention_operand_names(spec), n.inputs))
+    q, k, v = ops["q"], ops["k"], ops["v"]
+    hq, hkv, dk, dv, bs = q.shape[1].value, k.shape[2].value, k.shape[3].value, v.shape[3].value, k.shape[1].value
+    dr = ops["k_shared"].shape[2].value if spec.k_shared else 0
+    block = 64 if dv <= 64 else (128 if dv <= 128 else 256)
+    kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block)
+    scale = spec.scale if spec.scale is not None else 1.0 / float(np.sqrt(dk + dr))
+    dummy = np.zeros(1, np.float32)
+    bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v), "ks_pool": _key(ops["k_shared"]) if spec.k_shared else dummy,
+                            "positions": _key(ops["positions"]), "seq_ids": _key(ops["seq_ids"]), "ctx_lens": _key(ops["ctx_lens"]),
+                            "block_tables": _key(ops["block_tables"]), "out": _key(n.outputs[0]), "part_m": dummy, "part_l": dummy}
+
+    def scalars(env: Env) -> dict[str, float | int]:
+        return {"hq": hq, "hkv": hkv, "dk": dk, "dv": dv, "dr": dr, "bs": bs, "mb": _shape(ops["block_tables"], env)[1], "scale": scale,
+                "window": spec.window or 0, "softcap": spec.softcap or 0.0}
+
+    return Launch(n, kern, bufs, lambda env: (max(1, _shape(q, env)[0]), hq, 1), scalars)
+
+
+def _rms_norm_gpu(n: Node, r: RmsNorm) -> Launch:
+    k = norms.rms_norm.instantiate(BLOCK=128, UNIT_OFFSET=r.unit_offset)
+    cols = r.x.shape[-1].value
+    return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
+                  lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps}, label="rms_norm")
+
+
 def _rms_norm(n: Node, r: RmsNorm) -> Launch:
     k = norms.rms_norm_lanes.instantiate(UNIT_OFFSET=r.unit_offset)
     cols = r.x.shape[-1].value
@@ -328,10 +391,11 @@ def compile_plan(graph: Graph, device: Device) -> Plan:
     the op, the device and the reason when something cannot run there."""
     if device.unavailable is not None:
         raise Refusal("plan", device.name, f"the device is unavailable ({device.unavailable})")
-    if device.target != "host" or device.capabilities is None:
-        raise Refusal("plan", device.name, f"the planner has schedules for the host CPU only; target '{device.target}' gets them with its backend")
+    if device.capabilities is None or device.target not in ("host", "nvptx"):
+        raise Refusal("plan", device.name, f"the planner has schedules for the host CPU and NVIDIA GPUs; target '{device.target}' gets them with its backend")
     caps = device.capabilities
-    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, caps.shared_memory_bytes, caps.dtypes))
+    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, caps.shared_memory_bytes, caps.dtypes),
+                      gpu=device.target != "host")
 
 
 def _check(plan: Plan, limits: Limits) -> None:
@@ -348,12 +412,13 @@ def _check(plan: Plan, limits: Limits) -> None:
             raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs {shared} bytes of workgroup memory; the device has {limits.shared_bytes}")
 
 
-def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Limits | None = None) -> Plan:
-    """Lower every node of ``graph`` to kernel launches with host schedules (a ``Refusal`` names
-    what cannot be run). With ``fuse`` (the default), elementwise chains, norms and views are fused."""
+def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Limits | None = None, gpu: bool = False) -> Plan:
+    """Lower every node of ``graph`` to kernel launches with host schedules, or GPU schedules with
+    ``gpu`` (a ``Refusal`` names what cannot be run). With ``fuse`` (the default), elementwise
+    chains, norms and views are fused."""
     limits = limits or Limits()
     try:
-        plan = _plan(graph, fuse, limits)
+        plan = _plan(graph, fuse, limits, gpu)
     except Refusal as e:
         raise Refusal(e.op, device, e.reason) from None
     plan.device = device
@@ -361,7 +426,7 @@ def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Li
     return plan
 
 
-def _plan(graph: Graph, fuse: bool, limits: Limits) -> Plan:
+def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     plan = Plan(graph, [])
     norms_at = recognise_rms_norms(graph) if fuse else {}
     inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
@@ -373,7 +438,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits) -> Plan:
         if n.op in ("input", "weight", "constant") or n.id in virtual:
             continue
         if n.id in norms_at:
-            plan.launches.append(_rms_norm(n, norms_at[n.id]))
+            plan.launches.append(_rms_norm_gpu(n, norms_at[n.id]) if gpu else _rms_norm(n, norms_at[n.id]))
             continue
         if n.id in inside:
             continue
@@ -390,7 +455,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits) -> Plan:
             if n.id in groups:  # the group's root: its escaping value is computed here
                 plan.launches.append(_elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0]))))
         elif n.op == "matmul":
-            plan.launches.extend(_matmul(n, limits.shared_bytes))
+            plan.launches.extend(_matmul_gpu(n) if gpu else _matmul(n, limits.shared_bytes))
         elif n.op == "gather":
             plan.launches.append(_gather(n))
         elif n.op in ("sum", "mean", "max", "min"):
@@ -398,7 +463,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits) -> Plan:
         elif n.op in ("transpose", "slice", "expand", "concat"):
             plan.launches.extend(_movement(n, in_place))
         elif n.op == "attention":
-            plan.launches.append(_attention(n))
+            plan.launches.append(_attention_gpu(n) if gpu else _attention(n))
         elif n.op == "topk":
             plan.launches.append(_topk(n))
         else:

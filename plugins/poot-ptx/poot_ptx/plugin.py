@@ -18,3 +18,12 @@ def poot_kernel_runner(device: Device):  # type: ignore[no-untyped-def]
     from .runtime import run_cuda
 
     return run_cuda(device)
+
+
+@hookimpl
+def poot_executor(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind != "cuda":
+        return None
+    from .executor import CudaExecutor
+
+    return CudaExecutor

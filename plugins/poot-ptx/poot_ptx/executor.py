@@ -1,0 +1,210 @@
+"""The CUDA executor: weights uploaded packed, KV pools in device memory, and each captured step a
+CUDA graph (the step's launches recorded once on a stream, with every address, grid and scalar
+fixed) replayed after the step's inputs are copied in."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from poot.errors import PootError
+from poot.kernel.ir import Buffer
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
+from poot.plan.plan import Plan
+from poot.quant import quantization
+from poot.runtime import get_device
+from poot.runtime.executor import Executor
+
+from .device import _check
+from .runtime import CudaContext, CudaKernel, target_for
+
+__all__ = ["CudaExecutor", "CudaStep"]
+
+Key = tuple[int, int]
+
+
+@dataclass
+class CudaStep:
+    storage: StoragePlan
+    arena: int  # device address
+    arena_bytes: int
+    inputs: dict[str, tuple[int, np.ndarray]]  # name -> (device address, host staging array)
+    outputs: dict[str, tuple[int, np.dtype, tuple[int, ...]]]
+    graph_exec: Any
+    launches: int
+    owned: list[int] = field(default_factory=list)
+
+
+class CudaExecutor(Executor):
+    def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
+        super().__init__(plan)
+        self.device = get_device(plan.device)
+        if self.device.kind != "cuda" or not isinstance(self.device.index, int):
+            raise PootError(f"the CUDA executor runs plans made for a cuda device, not {plan.device}")
+        self.ctx = CudaContext(self.device.index)
+        self.d = self.ctx.driver
+        target = target_for(self.device)
+        from tqdm import tqdm
+
+        by_value: dict[str, list[int]] = {}
+        objects = {id(l.kernel): l.kernel for l in plan.launches}
+        for k in objects.values():
+            by_value.setdefault(repr(k), []).append(id(k))
+        self._kernels: dict[int, CudaKernel] = {}
+        for ids in tqdm(by_value.values(), desc="poot: compiling kernels", unit="kernel", disable=not progress, leave=False):
+            ck = CudaKernel(self.ctx, objects[ids[0]], target)
+            for i in ids:
+                self._kernels[i] = ck
+        self.stream = _check(self.d, "cuStreamCreate", self.d.cuStreamCreate(0))
+        g = plan.graph
+        self._fixed: dict[int, int] = {}  # id of a small array a launch names (lut, dummy) -> device copy
+        self._consts: dict[Key, int] = {}
+        for n in g.nodes:
+            if n.op == "constant":
+                a = np.ascontiguousarray(n.attrs["value"].array.astype(storage_dtype(n.attrs["dtype"])))
+                self._consts[(n.id, 0)] = self._upload(a)
+        self._weight_nodes = {n.attrs["name"]: n for n in g.nodes if n.op == "weight"}
+        self._weights: dict[Key, int] = {}
+        self._weight_src: dict[Key, int] = {}
+        self._pools: dict[Key, tuple[int, np.ndarray]] = {}
+        self._steps: dict[tuple[tuple[str, int], ...], CudaStep] = {}
+        self._binding = 0
+        self._keep: list[np.ndarray] = []
+
+    def _upload(self, a: np.ndarray) -> int:
+        ptr = self.ctx.alloc(a.nbytes)
+        self.ctx.upload(ptr, a)
+        return ptr
+
+    # -- persistent buffers ---------------------------------------------------------------------
+    def bind(self, weights: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray] | None = None) -> None:
+        self.ctx.make_current()
+        for name, n in self._weight_nodes.items():
+            if name not in weights:
+                raise PootError(f"weight '{name}' is not bound (the plan reads it)")
+            a = np.ascontiguousarray(weights[name])
+            key = (n.id, 0)
+            if self._weight_src.get(key) == id(weights[name]):
+                continue
+            v = n.outputs[0]
+            shape = tuple(d.value for d in v.shape)
+            want = (int(np.prod(shape[:-1])) * quantization(v.dtype.name).row_bytes(shape[-1]) if v.dtype.is_packed
+                    else int(np.prod(shape)) * storage_dtype(v.dtype).itemsize)
+            if a.nbytes != want:
+                raise PootError(f"weight '{name}': the plan reads {want} bytes, got an array of {a.nbytes} ({a.shape})")
+            if key in self._weights:
+                self.ctx.free(self._weights[key])
+            self._weights[key] = self._upload(a)
+            self._weight_src[key] = id(weights[name])
+            self._binding += 1
+        inputs = self.plan.inputs
+        for name, a in (pools or {}).items():
+            key = (inputs[name].node.id, inputs[name].index)
+            old = self._pools.get(key)
+            if old is not None and old[1] is a:
+                continue
+            if old is not None:
+                self.ctx.free(old[0])
+            self._pools[key] = (self._upload(np.ascontiguousarray(a)), a)
+            self._binding += 1
+
+    # -- capture --------------------------------------------------------------------------------
+    def capture(self, env: Mapping[str, int]) -> CudaStep:
+        key = tuple(sorted(env.items()))
+        step = self._steps.get(key)
+        if step is not None and getattr(step, "binding", None) == self._binding:
+            return step
+        self.ctx.make_current()
+        g = self.plan.graph
+        sp = plan_storage(self.plan, env)
+        arena = self.ctx.alloc(max(sp.arena_bytes, 256))
+        values = {(n.id, v.index): v for n in g.nodes for v in n.outputs}
+        owned = [arena]
+        by_root: dict[Key, int] = dict(self._weights)
+        by_root.update(self._consts)
+        by_root.update({k: p for k, (p, _) in self._pools.items()})
+        step_inputs: dict[str, tuple[int, np.ndarray]] = {}
+        for name, k in sp.inputs.items():
+            host = np.zeros(sp.shapes[k], storage_dtype(values[k].dtype))
+            ptr = self.ctx.alloc(host.nbytes)
+            owned.append(ptr)
+            step_inputs[name] = (ptr, host)
+            by_root[k] = ptr
+        for name, k in sp.pools.items():
+            if k not in self._pools:
+                raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
+
+        def address(ref: Key) -> int:
+            root = sp.roots[ref]
+            return by_root[root] if root in by_root else arena + sp.arena_offsets[root]
+
+        calls = []  # addresses first: nothing may be allocated while the stream is being captured
+        for launch in sp.launches:
+            ptrs: dict[str, int] = {}
+            for p in launch.kernel.params:
+                if isinstance(p, Buffer):
+                    ref = launch.buffers[p.name]
+                    if isinstance(ref, np.ndarray):
+                        if id(ref) not in self._fixed:
+                            self._keep.append(ref)
+                            self._fixed[id(ref)] = self._upload(np.ascontiguousarray(ref))
+                        ptrs[p.name] = self._fixed[id(ref)]
+                    else:
+                        ptrs[p.name] = address(ref)
+            calls.append((self._kernels[id(launch.kernel)], launch.grid(env), ptrs, launch.scalars(env)))
+        d = self.d
+        _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        try:
+            for ck, grid, ptrs, scalars in calls:
+                ck.launch(grid, ptrs, scalars, self.stream)
+        finally:
+            graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
+        graph_exec = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
+        outputs = {}
+        for name, v in g.outputs.items():
+            k = (v.node.id, v.index)
+            outputs[name] = (address(k), storage_dtype(v.dtype), sp.shapes[k])
+        step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned)
+        step.binding = self._binding  # type: ignore[attr-defined]
+        self._steps[key] = step
+        return step
+
+    # -- replay ---------------------------------------------------------------------------------
+    def replay(self, step: CudaStep, inputs: Mapping[str, np.ndarray]) -> None:
+        self.ctx.make_current()
+        for name, (ptr, host) in step.inputs.items():
+            if name not in inputs:
+                raise PootError(f"missing input '{name}'")
+            a = np.asarray(inputs[name])
+            if a.shape != host.shape:
+                raise PootError(f"input '{name}' has shape {a.shape}; this step was captured for {host.shape}")
+            host[...] = a
+            self.ctx.upload(ptr, host)
+        _check(self.d, "cuGraphLaunch", self.d.cuGraphLaunch(step.graph_exec, self.stream))
+        _check(self.d, "cuStreamSynchronize", self.d.cuStreamSynchronize(self.stream))
+
+    def read(self, step: CudaStep, name: str) -> np.ndarray:
+        ptr, dtype, shape = step.outputs[name]
+        v = self.plan.graph.outputs[name]
+        root = step.storage.roots[(v.node.id, v.index)]
+        if root in self._pools:  # a pool: refresh the caller's host copy
+            host = self._pools[root][1]
+            self.ctx.download(self._pools[root][0], host)
+            return host
+        out = np.empty(shape, dtype)
+        self.ctx.download(ptr, out)
+        return out
+
+    def close(self) -> None:
+        self.ctx.make_current()
+        for step in self._steps.values():
+            for p in step.owned:
+                self.ctx.free(p)
+        for p in list(self._weights.values()) + list(self._consts.values()) + list(self._fixed.values()) + [p for p, _ in self._pools.values()]:
+            self.ctx.free(p)
+        self._steps.clear()
+        self._weights.clear()
+        self._pools.clear()
