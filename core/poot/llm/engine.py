@@ -172,10 +172,10 @@ class Engine:
             s.tokens = list(s.prompt)
             s.computed = table.shared_tokens
             s.count_row = self._free_rows.pop()
-            counts = self.pools["token_counts"]
-            counts[s.count_row] = 0
+            row = np.zeros(self.vocab, np.int32)
             if s.computed:  # tokens taken over from a shared prefix still count as history
-                np.add.at(counts[s.count_row], np.array(s.prompt[: s.computed]), 1)
+                np.add.at(row, np.array(s.prompt[: s.computed]), 1)
+            self._executors(False).write_pool("token_counts", s.count_row, row)
             self.running.append(s)
 
     # -- the step -----------------------------------------------------------------------------------

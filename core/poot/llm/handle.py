@@ -129,6 +129,8 @@ class ModelHandle:
         return self._graphs[logprobs]
 
     def _executor(self, logprobs: bool) -> Executor:
+        if self.device.kind != "cpu":
+            logprobs = True  # one executor (its pools are device memory of its own): the variant with log-probabilities
         ex = self._executors.get(logprobs)
         if ex is None:
             self._graph(logprobs)

@@ -69,6 +69,11 @@ class Executor(ABC):
     def read(self, step: Any, name: str) -> np.ndarray:
         """A graph output of the last replay of ``step``."""
 
+    @abstractmethod
+    def write_pool(self, name: str, index: int, values: np.ndarray) -> None:
+        """Overwrite ``pool[index]`` (one leading-axis row of a bound pool) on the device, e.g. to
+        reset a sequence's token counts."""
+
     def close(self) -> None:
         """Release threads and device memory (the executor is unusable afterwards)."""
 

@@ -150,6 +150,13 @@ class HostExecutor(Executor):
         if changed:
             self._binding += 1
 
+    def write_pool(self, name: str, index: int, values: np.ndarray) -> None:
+        v = self.plan.inputs[name]
+        pool = self._pools.get((v.node.id, v.index))
+        if pool is None:
+            raise PootError(f"pool '{name}' is not bound")
+        pool[index] = values
+
     # -- capture --------------------------------------------------------------------------------
     def capture(self, env: Mapping[str, int]) -> HostStep:
         key = tuple(sorted(env.items()))

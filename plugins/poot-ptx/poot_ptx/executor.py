@@ -111,6 +111,17 @@ class CudaExecutor(Executor):
             self._pools[key] = (self._upload(np.ascontiguousarray(a)), a)
             self._binding += 1
 
+    def write_pool(self, name: str, index: int, values: np.ndarray) -> None:
+        v = self.plan.inputs[name]
+        entry = self._pools.get((v.node.id, v.index))
+        if entry is None:
+            raise PootError(f"pool '{name}' is not bound")
+        ptr, host = entry
+        host[index] = values
+        row = np.ascontiguousarray(host[index])
+        self.ctx.make_current()
+        self.ctx.upload(ptr + index * row.nbytes, row)
+
     # -- capture --------------------------------------------------------------------------------
     def capture(self, env: Mapping[str, int]) -> CudaStep:
         key = tuple(sorted(env.items()))
