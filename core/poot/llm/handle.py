@@ -114,7 +114,7 @@ class ModelHandle:
                              -(-ctx // block_size), max_seqs, max_step_tokens, self._constraints, MAX_LOGPROBS)
         self.load_seconds = time.perf_counter() - t0
         self._say(f"ready in {self.load_seconds:.1f} s: {self.num_blocks} KV blocks of {block_size} ({self.num_blocks * per_block / 2**20:.0f} MiB), "
-                  f"context {ctx}, {max_seqs} sequences at once")
+                  f"context {ctx}, {max_seqs} sequence{'s' if max_seqs != 1 else ''} at once")
 
     def _say(self, msg: str) -> None:
         if self.progress:

@@ -145,8 +145,10 @@ def _matmul_gpu(n: Node) -> list[Launch]:
     """GPU schedules: a GEMV whose workgroups split K across threads for few rows, a 16x16 tiled
     GEMM through workgroup memory for many; weights dequantized in registers."""
     x, w = n.inputs
+    if n.attrs["transpose_b"] and w.rank == 3:  # per-expert weights: the lane schedules, one thread per workgroup (correct, not yet fast)
+        return _matmul(n, 1 << 20)
     if not n.attrs["transpose_b"] or w.rank != 2:
-        raise Refusal("matmul", "gpu", "per-expert (3-D) weights have no GPU schedule yet")
+        raise Refusal("matmul", "gpu", "the GPU planner runs x @ w^T with a 2-D weight, or per expert")
     out = n.outputs[0]
     nn, kk = w.shape[0].value, w.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731

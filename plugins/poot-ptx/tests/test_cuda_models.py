@@ -1,6 +1,6 @@
 """Whole models on a CUDA device, through GPU schedules and CUDA-graph steps: logits equal the CPU
-oracle's over a prefill of two sequences in one paged pool and decode steps (dense synthetic
-families). Skipped where no NVIDIA GPU is present; scripts/gpu-check runs it on one."""
+oracle's over a prefill of two sequences in one paged pool and decode steps (every synthetic family,
+MoE and MLA included). Skipped where no NVIDIA GPU is present; scripts/gpu-check runs it on one."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.runtime import get_device
 from poot.testing.paged import PagedSequences
+from poot.testing.synthetic import SYNTHETIC
 
 
 @pytest.fixture(scope="module")
@@ -25,8 +26,8 @@ def cuda():
         pytest.skip(f"no CUDA device here: {e}")
 
 
-@pytest.mark.parametrize("name", ["llama", "llama-tied", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3"])
-def test_dense_families_on_cuda_match_the_oracle(cuda, name, tmp_path, rng):
+@pytest.mark.parametrize("name", sorted(SYNTHETIC))
+def test_families_on_cuda_match_the_oracle(cuda, name, tmp_path, rng):
     from poot.testing.synthetic import build_synthetic
     from poot_ptx.executor import CudaExecutor
 
