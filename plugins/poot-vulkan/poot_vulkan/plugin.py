@@ -9,3 +9,12 @@ from .device import vulkan_devices
 @hookimpl
 def poot_devices() -> list[Device]:
     return vulkan_devices()
+
+
+@hookimpl
+def poot_kernel_runner(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind != "vulkan" or not isinstance(device.index, int):
+        return None
+    from .runtime import VulkanDevice, kernel_runner
+
+    return kernel_runner(VulkanDevice(device.index))

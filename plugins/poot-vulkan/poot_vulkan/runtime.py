@@ -263,3 +263,20 @@ class VulkanKernel:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def kernel_runner(device: VulkanDevice):  # type: ignore[no-untyped-def]
+    """``run(kernel, grid, buffers, scalars)`` on ``device`` for the kernel tests: SPIR-V from codegen,
+    one pipeline per kernel kept for reuse, writable buffers copied back into the arrays."""
+    from poot.codegen import TARGETS, compile_kernel
+
+    loaded: dict[str, VulkanKernel] = {}
+
+    def run(k: Kernel, grid, buffers, scalars) -> None:  # type: ignore[no-untyped-def]
+        key = repr(k)
+        vk = loaded.get(key)
+        if vk is None:
+            vk = loaded[key] = VulkanKernel(k, compile_kernel(k, TARGETS["spirv:vulkan1.3"]).data, device)
+        vk.run(tuple(grid), {p.name: buffers[p.name] for p in k.buffers}, dict(scalars))
+
+    return run
