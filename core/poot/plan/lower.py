@@ -279,10 +279,26 @@ def _movement(n: Node, in_place: Mapping[tuple[int, int], Into]) -> list[Launch]
     raise Refusal(n.op, "host", "not a data-movement op")
 
 
-def _attention(n: Node) -> Launch:
+@dataclass(frozen=True)
+class _Attn:
+    """An attention node's operands and sizes, as every schedule reads them."""
+
+    spec: Any
+    ops: dict[str, Value]
+    hq: int
+    hkv: int
+    dk: int
+    dv: int
+    dr: int
+    bs: int
+    scale: float
+    buffers: dict[str, Any]  # the operand buffers every attention kernel takes
+
+
+def _attention_operands(n: Node, device: str) -> _Attn:
     spec = n.attrs["spec"]
     if not spec.paged:
-        raise Refusal("attention", "host", "the planner runs paged attention only")
+        raise Refusal("attention", device, "the planner runs paged attention only")
     from ..graph.attention import attention_operand_names
 
     ops = dict(zip(attention_operand_names(spec), n.inputs))
@@ -290,17 +306,22 @@ def _attention(n: Node) -> Launch:
     hq, hkv, dk, dv, bs = q.shape[1].value, k.shape[2].value, k.shape[3].value, v.shape[3].value, k.shape[1].value
     dr = ops["k_shared"].shape[2].value if spec.k_shared else 0
     scale = spec.scale if spec.scale is not None else 1.0 / float(np.sqrt(dk + dr))
-    out = n.outputs[0]
-    dummy = np.zeros(1, np.float32)
-    bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v), "ks_pool": _key(ops["k_shared"]) if spec.k_shared else dummy,
+    bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v),
+                            "ks_pool": _key(ops["k_shared"]) if spec.k_shared else np.zeros(1, np.float32),
                             "positions": _key(ops["positions"]), "seq_ids": _key(ops["seq_ids"]), "ctx_lens": _key(ops["ctx_lens"]),
-                            "block_tables": _key(ops["block_tables"]), "out": _key(out)}
-    kern = attn_lib.attention_lanes.instantiate(HQ=hq, HKV=hkv, DK=dk, DV=dv, DR=dr, BS=bs, CAUSAL=spec.causal, TILE=16)
+                            "block_tables": _key(ops["block_tables"]), "out": _key(n.outputs[0])}
+    return _Attn(spec, ops, hq, hkv, dk, dv, dr, bs, scale, bufs)
+
+
+def _attention(n: Node) -> Launch:
+    a = _attention_operands(n, "host")
+    spec, ops = a.spec, a.ops
+    kern = attn_lib.attention_lanes.instantiate(HQ=a.hq, HKV=a.hkv, DK=a.dk, DV=a.dv, DR=a.dr, BS=a.bs, CAUSAL=spec.causal, TILE=16)
 
     def scalars(env: Env) -> dict[str, float | int]:
-        return {"mb": _shape(ops["block_tables"], env)[1], "scale": scale, "window": spec.window or 0, "softcap": spec.softcap or 0.0}
+        return {"mb": _shape(ops["block_tables"], env)[1], "scale": a.scale, "window": spec.window or 0, "softcap": spec.softcap or 0.0}
 
-    return Launch(n, kern, bufs, lambda env: (max(1, _shape(q, env)[0]), hq), scalars)
+    return Launch(n, kern, a.buffers, lambda env: (max(1, _shape(ops["q"], env)[0]), a.hq), scalars)
 
 
 def _cache_write(n: Node) -> Launch:
@@ -341,28 +362,18 @@ def _logprobs(n: Node) -> Launch:
 def _attention_gpu(n: Node) -> Launch:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
     one output dimension per thread."""
-    spec = n.attrs["spec"]
-    if not spec.paged:
-        raise Refusal("attention", "gpu", "the planner runs paged attention only")
-    from ..graph.attention import attention_operand_names
-
-    ops = dict(zip(attention_operand_names(spec), n.inputs))
-    q, k, v = ops["q"], ops["k"], ops["v"]
-    hq, hkv, dk, dv, bs = q.shape[1].value, k.shape[2].value, k.shape[3].value, v.shape[3].value, k.shape[1].value
-    dr = ops["k_shared"].shape[2].value if spec.k_shared else 0
-    block = 64 if dv <= 64 else (128 if dv <= 128 else 256)
+    a = _attention_operands(n, "gpu")
+    spec, ops = a.spec, a.ops
+    block = 64 if a.dv <= 64 else (128 if a.dv <= 128 else 256)
     kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block)
-    scale = spec.scale if spec.scale is not None else 1.0 / float(np.sqrt(dk + dr))
     dummy = np.zeros(1, np.float32)
-    bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v), "ks_pool": _key(ops["k_shared"]) if spec.k_shared else dummy,
-                            "positions": _key(ops["positions"]), "seq_ids": _key(ops["seq_ids"]), "ctx_lens": _key(ops["ctx_lens"]),
-                            "block_tables": _key(ops["block_tables"]), "out": _key(n.outputs[0]), "part_m": dummy, "part_l": dummy}
+    bufs = {**a.buffers, "part_m": dummy, "part_l": dummy}
 
     def scalars(env: Env) -> dict[str, float | int]:
-        return {"hq": hq, "hkv": hkv, "dk": dk, "dv": dv, "dr": dr, "bs": bs, "mb": _shape(ops["block_tables"], env)[1], "scale": scale,
+        return {"hq": a.hq, "hkv": a.hkv, "dk": a.dk, "dv": a.dv, "dr": a.dr, "bs": a.bs, "mb": _shape(ops["block_tables"], env)[1], "scale": a.scale,
                 "window": spec.window or 0, "softcap": spec.softcap or 0.0}
 
-    return Launch(n, kern, bufs, lambda env: (max(1, _shape(q, env)[0]), hq, 1), scalars)
+    return Launch(n, kern, bufs, lambda env: (max(1, _shape(ops["q"], env)[0]), a.hq, 1), scalars)
 
 
 def _rms_norm_gpu(n: Node, r: RmsNorm) -> Launch:

@@ -18,7 +18,7 @@ from ..graph.ir import Value
 from .plan import Launch, Plan
 from .storage import Lifetime, live_peak, plan_arena
 
-__all__ = ["storage_dtype", "StoragePlan", "plan_storage"]
+__all__ = ["storage_dtype", "stored_nbytes", "StoragePlan", "plan_storage"]
 
 Key = tuple[int, int]
 
@@ -31,6 +31,16 @@ def storage_dtype(t: dt.DType) -> np.dtype:
     if t == dt.boolean:
         return np.dtype(np.uint8)
     return np.dtype(np.float32) if t == dt.bf16 else np.dtype(t.numpy)
+
+
+def stored_nbytes(v: Value) -> int:
+    """Bytes a static-shaped value (a weight) takes as bound: packed blocks, or its storage dtype."""
+    shape = tuple(d.value for d in v.shape)
+    if v.dtype.is_packed:
+        from ..quant import quantization
+
+        return int(np.prod(shape[:-1])) * quantization(v.dtype.name).row_bytes(shape[-1])
+    return int(np.prod(shape)) * storage_dtype(v.dtype).itemsize
 
 
 @dataclass(frozen=True)

@@ -17,8 +17,7 @@ from poot.codegen.host_jit import HostKernel
 from poot.errors import PootError
 from poot.kernel.ir import Buffer
 from poot.plan.plan import Plan
-from poot.quant import quantization
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes
 from poot.runtime.executor import Executor
 
 from .chain import NativeChain, ThreadTeam, records_table
@@ -130,11 +129,7 @@ class HostExecutor(Executor):
             a = weights[name]
             if self._weights.get((n.id, 0)) is a:
                 continue
-            shape = tuple(d.value for d in v.shape)
-            if v.dtype.is_packed:
-                want = int(np.prod(shape[:-1])) * quantization(v.dtype.name).row_bytes(shape[-1])
-            else:
-                want = int(np.prod(shape)) * storage_dtype(v.dtype).itemsize
+            want = stored_nbytes(v)
             self._weights[(n.id, 0)] = self._check("weight", name, a, storage_dtype(v.dtype), want)
             changed = True
         inputs = self.plan.graph.inputs()

@@ -12,9 +12,8 @@ import numpy as np
 
 from poot.errors import PootError
 from poot.kernel.ir import Buffer
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes
 from poot.plan.plan import Plan
-from poot.quant import quantization
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
 
@@ -36,6 +35,7 @@ class CudaStep:
     graph_exec: Any
     launches: int
     owned: list[int] = field(default_factory=list)
+    binding: int = 0  # the executor's binding generation it was captured under
 
 
 class CudaExecutor(Executor):
@@ -89,10 +89,7 @@ class CudaExecutor(Executor):
             key = (n.id, 0)
             if self._weight_src.get(key) == id(weights[name]):
                 continue
-            v = n.outputs[0]
-            shape = tuple(d.value for d in v.shape)
-            want = (int(np.prod(shape[:-1])) * quantization(v.dtype.name).row_bytes(shape[-1]) if v.dtype.is_packed
-                    else int(np.prod(shape)) * storage_dtype(v.dtype).itemsize)
+            want = stored_nbytes(n.outputs[0])
             if a.nbytes != want:
                 raise PootError(f"weight '{name}': the plan reads {want} bytes, got an array of {a.nbytes} ({a.shape})")
             if key in self._weights:
@@ -126,7 +123,7 @@ class CudaExecutor(Executor):
     def capture(self, env: Mapping[str, int]) -> CudaStep:
         key = tuple(sorted(env.items()))
         step = self._steps.get(key)
-        if step is not None and getattr(step, "binding", None) == self._binding:
+        if step is not None and step.binding == self._binding:
             return step
         self.ctx.make_current()
         g = self.plan.graph
@@ -178,8 +175,7 @@ class CudaExecutor(Executor):
         for name, v in g.outputs.items():
             k = (v.node.id, v.index)
             outputs[name] = (address(k), storage_dtype(v.dtype), sp.shapes[k])
-        step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned)
-        step.binding = self._binding  # type: ignore[attr-defined]
+        step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned, self._binding)
         self._steps[key] = step
         return step
 
