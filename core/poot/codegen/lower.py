@@ -28,7 +28,7 @@ LN2 = 0.6931471805599453
 
 def llvm_type(t: DType) -> L.Type:
     return {
-        "f32": F32, "f64": L.DoubleType(), "f16": L.HalfType(), "bf16": L.BFloatType() if hasattr(L, "BFloatType") else L.IntType(16),
+        "f32": F32, "f64": L.DoubleType(), "f16": L.HalfType(), "bf16": L.IntType(16),  # bf16: its bits; casts convert
         "i32": I32, "i64": I64, "i8": I8, "u8": I8, "bool": I1,
     }[t.name]
 
@@ -299,6 +299,8 @@ class _Lowerer:
             b.store(acc, b.bitcast(ptr, L.PointerType(vec, ptr.type.addrspace)))
         elif isinstance(st, K.MmaTile):
             self.mma(st)
+        elif isinstance(st, K.Mma):
+            self.mma_sync(st)
         else:
             raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower statement {type(st).__name__}")
 
@@ -347,6 +349,24 @@ class _Lowerer:
             d = b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.mma.row.col.f32.f32", cf, [h2] * 16 + [F32] * 8), args)
             outs = [b.extract_value(d, i) for i in range(8)]
             b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.store.d.row.stride.f32.p3", L.VoidType(), [p3f] + [F32] * 8 + [I32]), [ptr(st.c, F32)] + outs + [L.Constant(I32, st.n)])
+
+    def mma_sync(self, st: K.Mma) -> None:
+        if self.t.name != "nvptx" or "mma.sync" not in self.t.matrix:
+            raise Refusal(f"kernel {self.k.name}", self.t.key, "no matrix multiply-accumulate instructions are lowered for this target")
+        b = self.b
+        name = "llvm.nvvm.mma.m16n8k16.row.col.bf16" if st.dtype == dt.bf16 else "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
+        if st.dtype == dt.bf16:
+            regs = [self.expr(e) for e in st.a + st.b]
+            types = [I32] * 6
+        else:  # f16 pairs are <2 x half>
+            h2 = L.VectorType(L.HalfType(), 2)
+            regs = [b.bitcast(self.expr(e), h2) for e in st.a + st.b]
+            types = [h2] * 6
+        ptrs = [self._var_ptr(nm)[0] for nm in st.acc]
+        acc = [b.load(p) for p in ptrs]
+        d = b.call(self.intrinsic(name, L.LiteralStructType([F32] * 4), types + [F32] * 4), regs + acc)
+        for i, p in enumerate(ptrs):
+            b.store(b.extract_value(d, i), p)
 
     def barrier(self) -> None:
         b = self.b
@@ -543,6 +563,13 @@ class _Lowerer:
         if src == dst:
             return v
         to = llvm_type(dst)
+        if src == dt.bf16:  # the upper half of an f32
+            return self.cast(b.bitcast(b.shl(b.zext(v, I32), L.Constant(I32, 16)), F32), dt.f32, dst)
+        if dst == dt.bf16:  # round to nearest even, keep the upper half
+            bits = b.bitcast(self.cast(v, src, dt.f32), I32)
+            lsb = b.and_(b.lshr(bits, L.Constant(I32, 16)), L.Constant(I32, 1))
+            rounded = b.lshr(b.add(bits, b.add(L.Constant(I32, 0x7FFF), lsb)), L.Constant(I32, 16))
+            return b.trunc(rounded, to)
         if dst == dt.boolean:
             return b.fcmp_unordered("!=", v, L.Constant(v.type, 0.0)) if src.is_float else b.icmp_unsigned("!=", v, L.Constant(v.type, 0))
         if src.is_float and dst.is_float:

@@ -175,7 +175,7 @@ def _matmul(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
         raise _fail("matmul", f"operands need rank >= 2, got {x} and {w}")
     if not x.dtype.is_float:
         raise _fail("matmul", f"left operand must be float, got {x.dtype}")
-    if w.dtype.is_packed:
+    if w.dtype.is_packed or (w.dtype in (dt.f16, dt.bf16) and x.dtype == dt.f32 and tb):  # 16-bit weights widen in the product
         if not tb:
             raise _fail("matmul", "a packed weight is stored [N, K]: use transpose_b=True")
     elif w.dtype != x.dtype:

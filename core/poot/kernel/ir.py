@@ -18,7 +18,7 @@ from ..graph.dtypes import DType
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
     "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle",
-    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile",
+    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "const", "i32",
 ]
 
@@ -279,7 +279,23 @@ class MmaTile:
     k: int = 16
 
 
-Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile]
+@dataclass(frozen=True)
+class Mma:
+    """One warp's 16x8x16 matrix multiply-accumulate in registers (NVIDIA ``mma.sync``):
+    ``acc`` names four f32 locals, this lane's part of the 16x8 f32 tile, which are updated in place;
+    ``a`` is four and ``b`` two i32 expressions, this lane's pairs of ``dtype`` (bf16 or f16) values.
+    Fragments follow PTX's layout for m16n8k16 (lane = 4 * group + t): a pair holds columns
+    (2t, 2t + 1) of A's row ``group`` (a[0]), ``group + 8`` (a[1]), then the same rows at columns
+    8 + 2t (a[2], a[3]); b[0] holds B's rows (2t, 2t + 1) and b[1] rows 8 + 2t of column ``group``;
+    acc holds row ``group``, columns (2t, 2t + 1), then row ``group + 8``. The whole warp executes it."""
+
+    acc: tuple[str, str, str, str]
+    a: tuple[Expr, Expr, Expr, Expr]
+    b: tuple[Expr, Expr]
+    dtype: DType = dt.bf16
+
+
+Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile, Mma]
 
 
 @dataclass(frozen=True)

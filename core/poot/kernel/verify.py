@@ -9,7 +9,7 @@ from ..errors import PootError
 from ..graph import dtypes as dt
 from .ir import (
     BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
-    Let, Load, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Un, VecLoad, VecStore,
+    Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Un, VecLoad, VecStore,
 )
 
 __all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups"]
@@ -214,6 +214,17 @@ def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None
                     raise s.fail(w, f"mma operand '{name}' must be a shared {t} array of at least {size} elements")
             if (st.m, st.n, st.k) != (16, 16, 16):
                 raise s.fail(w, f"mma tile must be 16x16x16, got {st.m}x{st.n}x{st.k}")
+        elif isinstance(st, Mma):
+            if st.dtype not in (dt.bf16, dt.f16):
+                raise s.fail(w, f"mma operands must be bf16 or f16 pairs, got {st.dtype}")
+            if len(st.acc) != 4 or len(st.a) != 4 or len(st.b) != 2:
+                raise s.fail(w, "mma takes four accumulators, four A and two B registers")
+            for nm in st.acc:
+                if s.vars.get(nm) != dt.f32:
+                    raise s.fail(w, f"mma accumulator '{nm}' must be an f32 local")
+            for e in st.a + st.b:
+                if _expr(s, e, w)[0] != dt.i32:
+                    raise s.fail(w, "mma registers are i32 (two 16-bit values each)")
         else:
             raise s.fail(w, f"not a statement: {st!r}")
     for name in declared:

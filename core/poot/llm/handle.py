@@ -90,7 +90,7 @@ class ModelHandle:
         g = self._graph(False)
         self.vocab = g.outputs["logits"].shape[1].value
         self._factory, self._threads = factory, threads
-        self.weights = {t.name: (t.dequantize() if t.storage == "bf16" else t.raw()) for t in ck.weights.tensors.values()}
+        self.weights = {t.name: t.raw() for t in ck.weights.tensors.values()}  # as stored: bf16 as its bits
         # KV pool: a memory budget in blocks
         self.block_size = block_size
         ctx = max_context or min(int(self.config.max_context or 4096), 4096)

@@ -96,6 +96,13 @@ class _Tracer:
             return v
         return self.b.cast(v, dt.f32)
 
+    def mat(self, v: Value | None) -> Value | None:
+        """A matmul's weight: packed and 16-bit float checkpoint tensors stay as stored (the product
+        widens them as it reads), anything computed from them is cast to f32."""
+        if v is not None and v.dtype in (dt.f16, dt.bf16) and v.node.op == "weight":
+            return v
+        return self.f32(v)
+
     def experts(self, role: str, layer: int) -> Value:
         stacked = self.wm.get(role, layer)
         if stacked is not None:
@@ -147,7 +154,7 @@ class _Tracer:
         h = self.norm(h, "output_norm", None)
         rows = b.gather(h, ins["logit_rows"])
         head = self.w("output", optional=True) or embd
-        logits = b.linear(rows, self.f32(head))
+        logits = b.linear(rows, self.mat(head))
         if cfg.final_softcap is not None:
             logits = b.mul(b.tanh(b.mul(logits, 1.0 / cfg.final_softcap)), cfg.final_softcap)
         outputs = {"logits": logits, **outputs}
@@ -194,7 +201,7 @@ class _Tracer:
         else:
             q_w, k_w, v_w = self.w("attn_q", i), self.w("attn_k", i), self.w("attn_v", i)
         w = AttentionWeights(
-            self.f32(q_w), self.f32(k_w), self.f32(v_w), self.f32(self.w("attn_output", i)),
+            self.mat(q_w), self.mat(k_w), self.mat(v_w), self.mat(self.w("attn_output", i)),
             q_bias=self.f32(self.w("attn_q", i, "bias", optional=True)),
             k_bias=self.f32(self.w("attn_k", i, "bias", optional=True)),
             v_bias=self.f32(self.w("attn_v", i, "bias", optional=True)),
@@ -214,15 +221,15 @@ class _Tracer:
         assert m is not None
         H = cfg.heads
         if m.q_lora_rank:
-            q = b.linear(self.norm(b.linear(x, self.f32(self.w("attn_q_a", i))), "attn_q_a_norm", i), self.f32(self.w("attn_q_b", i)))
+            q = b.linear(self.norm(b.linear(x, self.mat(self.w("attn_q_a", i))), "attn_q_a_norm", i), self.mat(self.w("attn_q_b", i)))
         else:
-            q = b.linear(x, self.f32(self.w("attn_q", i)))
+            q = b.linear(x, self.mat(self.w("attn_q", i)))
         q = b.reshape(q, [T, H, m.nope_dim + m.rope_dim])
         q_nope, q_pe = b.slice(q, -1, 0, m.nope_dim), b.slice(q, -1, m.nope_dim, m.nope_dim + m.rope_dim)
-        kv_a = b.linear(x, self.f32(self.w("attn_kv_a_mqa", i)))
+        kv_a = b.linear(x, self.mat(self.w("attn_kv_a_mqa", i)))
         latent = b.slice(kv_a, -1, 0, m.kv_lora_rank)
         k_pe = b.reshape(b.slice(kv_a, -1, m.kv_lora_rank, m.kv_lora_rank + m.rope_dim), [T, 1, m.rope_dim])
-        kv = b.linear(self.norm(latent, "attn_kv_a_norm", i), self.f32(self.w("attn_kv_b", i)))
+        kv = b.linear(self.norm(latent, "attn_kv_a_norm", i), self.mat(self.w("attn_kv_b", i)))
         kv = b.reshape(kv, [T, H, m.nope_dim + m.v_dim])
         k_nope, v = b.slice(kv, -1, 0, m.nope_dim), b.slice(kv, -1, m.nope_dim, m.nope_dim + m.v_dim)
         if layer.rope is not None:
@@ -237,7 +244,7 @@ class _Tracer:
             ctx_lens=ins["ctx_lens"], block_tables=ins["block_tables"], window=layer.window, softcap=cfg.attn_softcap,
             scale=cfg.attn_scale if cfg.attn_scale is not None else 1 / math.sqrt(m.nope_dim + m.rope_dim),
         )
-        out = b.linear(b.cast(b.reshape(att, [T, H * m.v_dim]), dt.f32), self.f32(self.w("attn_output", i)))
+        out = b.linear(b.cast(b.reshape(att, [T, H * m.v_dim]), dt.f32), self.mat(self.w("attn_output", i)))
         return out, [kp, vp, krp]
 
     def mlp(self, x: Value, i: int) -> Value:
@@ -246,14 +253,14 @@ class _Tracer:
         up = self.w("ffn_up", i)
         if gate is None:  # Phi-3 keeps gate and up in one tensor, gate first
             gate, up = b.slice(up, 0, 0, cfg.ffn), b.slice(up, 0, cfg.ffn, 2 * cfg.ffn)
-        return gated_mlp(b, x, MlpWeights(self.f32(gate), self.f32(up), self.f32(self.w("ffn_down", i))), cfg.activation)
+        return gated_mlp(b, x, MlpWeights(self.mat(gate), self.mat(up), self.mat(self.w("ffn_down", i))), cfg.activation)
 
     def moe(self, x: Value, i: int) -> Value:
         cfg = self.cfg
         assert cfg.moe is not None
         shared = None
         if self.wm.get("ffn_up_shexp", i) is not None:
-            shared = MlpWeights(*(self.f32(self.w(r, i)) for r in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")))
+            shared = MlpWeights(*(self.mat(self.w(r, i)) for r in ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")))
         gate_inp_sh = self.w("ffn_gate_inp_shexp", i, optional=True)
         bias = self.w("exp_probs_b", i, "bias", optional=True)
         w = MoeWeights(

@@ -16,10 +16,10 @@ from ..graph.ir import Graph, Node, Value
 from ..kernel.library import attention as attn_lib
 from ..kernel.library import gather as gather_lib
 from ..graph.ops import OPS, SAMPLE_OPERANDS
-from ..kernel.library import linear, linear_host, movement, norms
+from ..kernel.library import linear, linear_gpu, linear_host, movement, norms
 from ..kernel.library import sampling as sampling_lib
 from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
-from ..quant.bodies import BODIES, LUTS
+from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
 from .common import Env
 from .common import key as _key
 from .common import pad as _pad
@@ -30,6 +30,14 @@ from .plan import Launch, Plan, When
 from ..runtime.device import Device
 
 __all__ = ["Launch", "Limits", "Plan", "When", "compile_plan", "plan_graph"]
+
+
+def _is_bf16_weight(v: Value) -> bool:
+    """Whether ``v`` is stored as a bf16 weight's 16-bit patterns (itself or a reshape of one);
+    other bf16 values are widened to f32."""
+    while v.node.op == "reshape":
+        v = v.node.inputs[0]
+    return v.dtype == dt.bf16 and v.node.op == "weight"
 
 
 def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | None) -> Launch:
@@ -47,9 +55,10 @@ def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | N
                     consts.append(v.node)  # scalars are inlined into the kernel
                 continue
             ins.append(v)
-    k = fuse_elementwise(f"ew_{'_'.join(m.op for m in members)[:40]}", consts + members, ins, n.outputs[0], block=256)
-    out = n.outputs[0]
     views = [view_of(v, virtual) for v in ins]
+    stored = [dt.bf16 if _is_bf16_weight(vw.base) else (v.dtype if v.dtype != dt.bf16 else dt.f32) for v, vw in zip(ins, views)]
+    k = fuse_elementwise(f"ew_{'_'.join(m.op for m in members)[:40]}", consts + members, ins, n.outputs[0], block=256, stored=stored)
+    out = n.outputs[0]
     dest = into.concat.outputs[0] if into else out
 
     def scalars(env: Env) -> dict[str, int]:
@@ -78,6 +87,15 @@ def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | N
     return Launch(n, k, bufs, lambda env: (max(1, -(-int(np.prod(_shape(out, env))) // 256)),), scalars)
 
 
+def _blocks(t: dt.DType, k: int) -> tuple[int, int]:
+    """(values, bytes) of the blocks a schedule walks a weight row in: the quantization's blocks, or
+    runs of WIDE_BLOCK 16-bit floats where the row divides into them."""
+    bs, bb, _ = BODIES[t.name]
+    if bs == 1 and k % WIDE_BLOCK == 0:
+        return WIDE_BLOCK, WIDE_BLOCK * bb
+    return bs, bb
+
+
 def _matmul(n: Node, shared_bytes: int) -> list[Launch]:
     """x @ w^T against a 2-D weight. Host schedules: a lane GEMV while few rows come (decode), and a
     row-block GEMM that dequantizes weight rows once for every token (prefill); the generic
@@ -104,7 +122,7 @@ def _matmul(n: Node, shared_bytes: int) -> list[Launch]:
         return {"xs": 0 if shared_x else rows(env) * kk, "ws": nn * row_bytes if batch > 1 else 0, "ys": rows(env) * nn}
 
     if packed:
-        bs, bb, _ = BODIES[w.dtype.name]
+        bs, bb = _blocks(w.dtype, kk)
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
         if w.dtype.name in linear_host.LANE_TYPES and kk % 32 == 0:
             k = linear_host.gemv_lanes.instantiate(QTYPE=w.dtype.name)
@@ -141,14 +159,53 @@ def _matmul(n: Node, shared_bytes: int) -> list[Launch]:
     return [gemv, gemm]
 
 
-def _matmul_gpu(n: Node) -> list[Launch]:
-    """GPU schedules: a GEMV whose workgroups split K across threads for few rows, a 16x16 tiled
-    GEMM through workgroup memory for many; weights dequantized in registers."""
+def _between(lo: int, hi: int | None, rows: Callable[[Env], int]) -> When:
+    if hi is None:
+        return When(f"rows > {lo}", lambda env: rows(env) > lo)
+    if lo == 0:
+        return When(f"rows <= {hi}", lambda env: rows(env) <= hi)
+    return When(f"{lo} < rows <= {hi}", lambda env: lo < rows(env) <= hi)
+
+
+def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
+    """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
+    warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
+    GEMMs for more rows (bf16 weights, given mma.sync)."""
+    x, w = n.inputs
+    nn, kk = w.shape[0].value, w.shape[1].value
+    if limits.subgroup != 32 or w.dtype.name not in linear_gpu.GEMV_TYPES or kk % 256:
+        return None
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    bufs = {"x": _key(x), "w": _key(w), "y": _key(n.outputs[0])}
+    sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+    out = []
+    for mr, lo, hi in ((1, 0, 1), (4, 1, 4)):
+        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr)
+        out.append(Launch(n, k, bufs, lambda env, mr=mr: (-(-nn // 8), -(-rows(env) // mr)), sc, _between(lo, hi, rows)))
+    if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix:
+        for (wm, wn, tm, tn), lo, hi in (((1, 4, 1, 1), 4, 64), ((2, 2, 2, 4), 64, None)):
+            k = linear_gpu.gemm_mma(kk, wm, wn, tm, tn)
+            bm, bn = 16 * wm * tm, 8 * wn * tn
+            out.append(Launch(n, k, bufs, lambda env, bm=bm, bn=bn: (-(-nn // bn), -(-rows(env) // bm)), sc, _between(lo, hi, rows)))
+    else:
+        out.extend(l for l in _matmul_gpu_generic(n) if l.when is not None and l.when.doc.startswith("rows >"))
+        out[-1].when = _between(4, None, rows)
+    return out
+
+
+def _matmul_gpu(n: Node, limits: Limits) -> list[Launch]:
     x, w = n.inputs
     if n.attrs["transpose_b"] and w.rank == 3:  # per-expert weights: the lane schedules, one thread per workgroup (correct, not yet fast)
         return _matmul(n, 1 << 20)
     if not n.attrs["transpose_b"] or w.rank != 2:
         raise Refusal("matmul", "gpu", "the GPU planner runs x @ w^T with a 2-D weight, or per expert")
+    return _matmul_fast_gpu(n, limits) or _matmul_gpu_generic(n)
+
+
+def _matmul_gpu_generic(n: Node) -> list[Launch]:
+    """GPU schedules for any weight type: a GEMV whose workgroups split K across threads for few
+    rows, a 16x16 tiled GEMM through workgroup memory for many; weights dequantized in registers."""
+    x, w = n.inputs
     out = n.outputs[0]
     nn, kk = w.shape[0].value, w.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
@@ -156,7 +213,7 @@ def _matmul_gpu(n: Node) -> list[Launch]:
     many = When("rows > 2", lambda env: rows(env) > 2)
     xk, wk, ok = _key(x), _key(w), _key(out)
     if w.dtype.name in BODIES:
-        bs, bb, _ = BODIES[w.dtype.name]
+        bs, bb = _blocks(w.dtype, kk)
         row_bytes = kk // bs * bb
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
         gemv = Launch(n, linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=64), {"x": xk, "w": wk, "lut": lut, "y": ok},
@@ -179,6 +236,10 @@ def _gather(n: Node) -> Launch:
         raise Refusal("gather", "host", "the planner gathers rows of a 2-D table only")
     cols = table.shape[1].value
     tokens = lambda env: max(1, int(np.prod(_shape(ids, env))))  # noqa: E731
+    if table.dtype == dt.f16:  # f16 activations are stored as f16
+        k = gather_lib.gather_f16.instantiate(BLOCK=128)
+        return Launch(n, k, {"table": _key(table), "lut": np.zeros(1, np.float32), "ids": _key(ids), "out": _key(out)},
+                      lambda env: (tokens(env),), lambda env: {"cols": cols})
     if table.dtype.name in BODIES:
         bs, bb, _ = BODIES[table.dtype.name]
         k = gather_lib.gather_packed.instantiate(QTYPE=table.dtype.name, BLOCK=128)
@@ -397,6 +458,8 @@ class Limits:
     max_workgroup: int = 1024
     shared_bytes: int = 1 << 20
     dtypes: frozenset[str] = frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"})
+    subgroup: int = 1
+    matrix: frozenset[str] = frozenset()
 
 
 def compile_plan(graph: Graph, device: Device) -> Plan:
@@ -407,7 +470,7 @@ def compile_plan(graph: Graph, device: Device) -> Plan:
     if device.capabilities is None or device.target not in ("host", "nvptx"):
         raise Refusal("plan", device.name, f"the planner has schedules for the host CPU and NVIDIA GPUs; target '{device.target}' gets them with its backend")
     caps = device.capabilities
-    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, caps.shared_memory_bytes, caps.dtypes),
+    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, caps.shared_memory_bytes, caps.dtypes, caps.subgroup_size, caps.matrix_ops),
                       gpu=device.target != "host")
 
 
@@ -468,7 +531,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
             if n.id in groups:  # the group's root: its escaping value is computed here
                 plan.launches.append(_elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0]))))
         elif n.op == "matmul":
-            plan.launches.extend(_matmul_gpu(n) if gpu else _matmul(n, limits.shared_bytes))
+            plan.launches.extend(_matmul_gpu(n, limits) if gpu else _matmul(n, limits.shared_bytes))
         elif n.op == "gather":
             plan.launches.append(_gather(n))
         elif n.op in ("sum", "mean", "max", "min"):

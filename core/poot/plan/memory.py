@@ -18,7 +18,7 @@ from ..graph.ir import Value
 from .plan import Launch, Plan
 from .storage import Lifetime, live_peak, plan_arena
 
-__all__ = ["storage_dtype", "stored_nbytes", "StoragePlan", "plan_storage"]
+__all__ = ["storage_dtype", "weight_dtype", "weight_array", "stored_nbytes", "StoragePlan", "plan_storage"]
 
 Key = tuple[int, int]
 
@@ -33,14 +33,31 @@ def storage_dtype(t: dt.DType) -> np.dtype:
     return np.dtype(np.float32) if t == dt.bf16 else np.dtype(t.numpy)
 
 
+def weight_dtype(t: dt.DType) -> np.dtype:
+    """How a weight of type ``t`` is bound: as the checkpoint stores it (packed blocks as bytes,
+    bf16 as its 16-bit patterns, f16 as float16), so kernels read half the bytes of f32."""
+    return np.dtype(np.uint16) if t == dt.bf16 else storage_dtype(t)
+
+
 def stored_nbytes(v: Value) -> int:
-    """Bytes a static-shaped value (a weight) takes as bound: packed blocks, or its storage dtype."""
+    """Bytes a static-shaped value (a weight) takes as bound: packed blocks, or its weight dtype."""
     shape = tuple(d.value for d in v.shape)
     if v.dtype.is_packed:
         from ..quant import quantization
 
         return int(np.prod(shape[:-1])) * quantization(v.dtype.name).row_bytes(shape[-1])
-    return int(np.prod(shape)) * storage_dtype(v.dtype).itemsize
+    return int(np.prod(shape)) * weight_dtype(v.dtype).itemsize
+
+
+def weight_array(v: Value, a: np.ndarray) -> np.ndarray:
+    """``a`` as a weight of ``v``'s type is bound: f16/bf16 values given as float32 (as the oracle
+    takes them) become their 16-bit storage; anything else must already be stored that way."""
+    a = np.asarray(a)
+    if v.dtype == dt.bf16 and a.dtype == np.float32:
+        return (np.ascontiguousarray(a).view(np.uint32) >> 16).astype(np.uint16)
+    if v.dtype == dt.f16 and a.dtype == np.float32:
+        return a.astype(np.float16)
+    return a
 
 
 @dataclass(frozen=True)

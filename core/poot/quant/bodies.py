@@ -16,7 +16,7 @@ import numpy as np
 from ..graph import dtypes as dt
 from ..kernel import ir
 
-__all__ = ["dequant_expr", "dequant_in_block", "BODIES", "LUTS", "block_layout"]
+__all__ = ["dequant_expr", "dequant_in_block", "BODIES", "LUTS", "WIDE_BLOCK", "block_layout"]
 
 E = ir.Expr
 
@@ -208,11 +208,17 @@ def _mxfp4(b: str, p: E, j: E, lut: str) -> E:
 
 
 def _f16_body(b: str, p: E, j: E, lut: str) -> E:
-    return _f16(b, p)
+    return _f16(b, _add(p, _mul(j, _i(2))))
 
 
 def _bf16_body(b: str, p: E, j: E, lut: str) -> E:
-    return ir.Bitcast(_shl(ir.Bin("or", _byte(b, p), _shl(_byte(b, _add(p, _i(1))), 8)), 16), dt.f32)
+    at = _add(p, _mul(j, _i(2)))
+    return ir.Bitcast(_shl(ir.Bin("or", _byte(b, at), _shl(_byte(b, _add(at, _i(1))), 8)), 16), dt.f32)
+
+
+# 16-bit floats are a "block" of one value; schedules that work a block at a time may view a row as
+# blocks of WIDE_BLOCK values (the bodies index the value within the block)
+WIDE_BLOCK = 32
 
 
 BODIES: dict[str, tuple[int, int, Callable[[str, E, E, str], E]]] = {

@@ -43,13 +43,15 @@ SYNTHETIC: dict[str, tuple[str, str, dict[str, Any]]] = {
 }
 
 
-def build_synthetic(name: str, directory: str | Path, seed: int) -> Path:
-    """Build family ``name``'s synthetic checkpoint into ``directory`` (a safetensors model dir)."""
+def build_synthetic(name: str, directory: str | Path, seed: int, dtype: str = "float32", **overrides: Any) -> Path:
+    """Build family ``name``'s synthetic checkpoint into ``directory`` (a safetensors model dir),
+    its tensors saved as ``dtype`` ('float32', 'bfloat16' or 'float16'); ``overrides`` change its
+    config (wider layers, say)."""
     import torch
     import transformers
 
-    cfg_cls, model_cls, overrides = SYNTHETIC[name]
-    cfg = getattr(transformers, cfg_cls)(**{**_COMMON, **overrides})
+    cfg_cls, model_cls, _ = SYNTHETIC[name]
+    cfg = getattr(transformers, cfg_cls)(**{**_COMMON, **SYNTHETIC[name][2], **overrides})
     cfg._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(cfg).eval()
@@ -69,5 +71,5 @@ def build_synthetic(name: str, directory: str | Path, seed: int) -> Path:
             if bname.endswith("e_score_correction_bias"):
                 buf.copy_(0.3 * torch.randn_like(buf))
     out = Path(directory)
-    model.save_pretrained(out, safe_serialization=True)
+    model.to(getattr(torch, dtype)).save_pretrained(out, safe_serialization=True)
     return out

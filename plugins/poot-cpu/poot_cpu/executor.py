@@ -17,7 +17,7 @@ from poot.codegen.host_jit import HostKernel
 from poot.errors import PootError
 from poot.kernel.ir import Buffer
 from poot.plan.plan import Plan
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array, weight_dtype
 from poot.runtime.executor import Executor
 
 from .chain import NativeChain, ThreadTeam, records_table
@@ -130,7 +130,7 @@ class HostExecutor(Executor):
             if self._weights.get((n.id, 0)) is a:
                 continue
             want = stored_nbytes(v)
-            self._weights[(n.id, 0)] = self._check("weight", name, a, storage_dtype(v.dtype), want)
+            self._weights[(n.id, 0)] = self._check("weight", name, weight_array(v, a), weight_dtype(v.dtype), want)
             changed = True
         inputs = self.plan.graph.inputs()
         for name, a in (pools or {}).items():

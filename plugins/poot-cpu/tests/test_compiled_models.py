@@ -58,6 +58,25 @@ def test_synthetic_families_match_the_oracle(name, tmp_path, rng):
     assert worst < ATOL["synthetic"]
 
 
+@pytest.mark.parametrize("name", ["llama-tied", "phi3", "qwen2_moe", "deepseek_v3"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_16_bit_checkpoints_are_read_as_stored(name, dtype, tmp_path, rng):
+    """bf16/f16 checkpoints: projection weights are bound as their 16-bit storage and widened by the
+    product (no f32 copy of them exists anywhere), and the logits still equal the oracle's."""
+    from poot.plan.memory import stored_nbytes
+    from poot.testing.synthetic import build_synthetic
+
+    ck = open_checkpoint(build_synthetic(name, tmp_path / name, int(rng.integers(0, 2**31)), dtype=dtype))
+    fam = family_for(ck.architecture)
+    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    mm = [n for n in g.nodes if n.op == "matmul" and n.inputs[1].node.op == "weight"]
+    assert mm and all(n.inputs[1].dtype.name == {"bfloat16": "bf16", "float16": "f16"}[dtype] for n in mm)
+    assert all(stored_nbytes(n.inputs[1]) == 2 * int(np.prod([d.value for d in n.inputs[1].shape])) for n in mm)
+    worst = run_both(ck, rng, [rng.integers(0, 97, 11).tolist(), rng.integers(0, 97, 4).tolist()], block=4)
+    print(f"{name} {dtype}: max |dlogit| {worst:.2g}")
+    assert worst < ATOL["synthetic"]
+
+
 @pytest.mark.slow
 def test_smollm2_compiled_matches_the_oracle(smollm2_path, rng):
     from poot.text import Tokenizer

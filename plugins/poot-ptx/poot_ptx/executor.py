@@ -12,7 +12,7 @@ import numpy as np
 
 from poot.errors import PootError
 from poot.kernel.ir import Buffer
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
@@ -85,7 +85,7 @@ class CudaExecutor(Executor):
         for name, n in self._weight_nodes.items():
             if name not in weights:
                 raise PootError(f"weight '{name}' is not bound (the plan reads it)")
-            a = np.ascontiguousarray(weights[name])
+            a = np.ascontiguousarray(weight_array(n.outputs[0], weights[name]))
             key = (n.id, 0)
             if self._weight_src.get(key) == id(weights[name]):
                 continue

@@ -33,17 +33,21 @@ def _key(v: Value) -> tuple[int, int]:
     return (v.node.id, v.index)
 
 
-def fuse_elementwise(name: str, nodes: Sequence[Node], inputs: Sequence[Value], output: Value, block: int = 256) -> K.Kernel:
+def fuse_elementwise(name: str, nodes: Sequence[Node], inputs: Sequence[Value], output: Value, block: int = 256,
+                     stored: Sequence[dt.DType] | None = None) -> K.Kernel:
     """A kernel computing ``output`` from ``inputs`` through ``nodes`` (elementwise ops, in order).
 
     Buffers: ``in0..`` then ``out``; scalars: ``n`` (elements), ``d0..d3`` (output dims, outermost
     first, padded with 1), ``s{i}_{d}`` (input i's element stride along d, 0 to broadcast) and ``o{i}``
     (its first element), ``ot{d}`` and ``o_out`` (where the output element goes: a slice of a bigger
     buffer, such as a part of a concat, is written in place). Grid: ``ceil(n / block)`` workgroups.
+    ``stored`` gives each input's element type in memory where it differs from the default (bf16
+    activations are widened to f32; bf16 weights are read as their 16-bit patterns).
     """
     params: list[K.Param] = []
     for i, v in enumerate(inputs):
-        params.append(K.Buffer(f"in{i}", v.dtype if v.dtype != dt.bf16 else dt.f32))
+        st = stored[i] if stored is not None else (v.dtype if v.dtype != dt.bf16 else dt.f32)
+        params.append(K.Buffer(f"in{i}", st))
     params.append(K.Buffer("out", output.dtype if output.dtype != dt.bf16 else dt.f32, readonly=False))
     params.append(K.ScalarParam("n", dt.i32))
     params += [K.ScalarParam(f"d{d}", dt.i32) for d in range(MAX_RANK)]

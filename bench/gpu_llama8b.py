@@ -1,0 +1,294 @@
+"""A Llama-3-8B-shaped model on an NVIDIA GPU: poot next to transformers' eager generation of the same
+bf16 weights and to the device's copy bandwidth, all measured in one run.
+
+    python bench/gpu_llama8b.py [--layers 32] [--dir /tmp/llama8b] [--json results.json]
+
+The model has Llama 3 8B's shapes (4096 wide, 14336 FFN, 32 heads over 8 KV heads, 128256 tokens)
+and random bf16 weights: one random layer's tensors written for every layer (each layer is its own
+tensor in the files and in device memory, so nothing is shared or cached between layers), random
+embeddings and output head. The Q4_K model is that model quantized to Q4_K (norms kept f32), with
+poot's quantizer. Figures are medians of rounds after a warm-up; the decode roofline is the
+weight bytes a token reads divided by the copy bandwidth (bytes read plus bytes written per second
+of a large device-to-device copy).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import struct
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+@dataclass(frozen=True)
+class Dims:
+    hidden: int = 4096
+    ffn: int = 14336
+    heads: int = 32
+    kv_heads: int = 8
+    vocab: int = 128256
+    head_dim: int = 128
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """HF tensor name (within a layer) -> shape."""
+        h, f, q, kv = self.hidden, self.ffn, self.heads * self.head_dim, self.kv_heads * self.head_dim
+        return {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
+                "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h),
+                "mlp.down_proj.weight": (h, f), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+
+
+LLAMA3_8B = Dims()
+SMALL = Dims(hidden=512, ffn=1024, heads=8, kv_heads=2, vocab=2000, head_dim=64)  # a quick check of the script itself
+GGUF_NAMES = {
+    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+}
+
+
+def say(msg: str) -> None:
+    print(f"bench: {msg}", file=sys.stderr, flush=True)
+
+
+# -- the model files --------------------------------------------------------------------------------
+
+
+def _bf16(rng: np.random.Generator, shape: tuple[int, ...], scale: float, offset: float = 0.0) -> np.ndarray:
+    x = rng.standard_normal(shape, dtype=np.float32) * np.float32(scale) + np.float32(offset)
+    return (x.view(np.uint32) >> 16).astype(np.uint16)  # truncated to bf16: these are the model's values
+
+
+def random_tensors(dims: Dims, seed: int = 0) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    layer = {n: _bf16(rng, s, 0.02) if len(s) == 2 else _bf16(rng, s, 0.05, 1.0) for n, s in dims.shapes().items()}
+    return layer, _bf16(rng, (dims.vocab, dims.hidden), 0.02), _bf16(rng, (dims.vocab, dims.hidden), 0.02)
+
+
+def write_safetensors(path: Path, tensors: list[tuple[str, np.ndarray]]) -> None:
+    """Stream tensors (bf16 bits) into one safetensors file without holding a copy per layer."""
+    header, off = {}, 0
+    for name, a in tensors:
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [off, off + a.nbytes]}
+        off += a.nbytes
+    blob = json.dumps(header).encode()
+    blob += b" " * (-len(blob) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        for _, a in tensors:
+            f.write(memoryview(np.ascontiguousarray(a)).cast("B"))
+
+
+def write_bf16_model(d: Path, dims: Dims, layers: int, layer: dict[str, np.ndarray], embed: np.ndarray, head: np.ndarray) -> None:
+    d.mkdir(parents=True, exist_ok=True)
+    tensors = [("model.embed_tokens.weight", embed)]
+    for i in range(layers):
+        tensors += [(f"model.layers.{i}.{n}", a) for n, a in layer.items()]
+    tensors += [("model.norm.weight", layer["input_layernorm.weight"]), ("lm_head.weight", head)]
+    write_safetensors(d / "model.safetensors", tensors)
+    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": dims.hidden, "intermediate_size": dims.ffn,
+           "num_hidden_layers": layers, "num_attention_heads": dims.heads, "num_key_value_heads": dims.kv_heads, "head_dim": dims.head_dim,
+           "vocab_size": dims.vocab, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
+           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1, "hidden_act": "silu"}
+    (d / "config.json").write_text(json.dumps(cfg, indent=1))
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({f"t{i}": i for i in range(dims.vocab)}, unk_token="t2"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "t0", "eos_token": "t1", "unk_token": "t2"}))
+
+
+def _quantize_rows(rows: np.ndarray) -> np.ndarray:
+    from poot.quant import quantization
+
+    return quantization("q4_k").quantize((rows.astype(np.uint32) << 16).view(np.float32))
+
+
+def quantize_q4_k(a: np.ndarray, pool: ProcessPoolExecutor) -> np.ndarray:
+    chunks = np.array_split(a, max(1, a.shape[0] // 512))
+    return np.concatenate(list(pool.map(_quantize_rows, chunks)))
+
+
+def write_q4_k_model(path: Path, dims: Dims, layers: int, layer: dict[str, np.ndarray], embed: np.ndarray, head: np.ndarray) -> None:
+    from poot.testing.checkpoints import write_gguf
+
+    with ProcessPoolExecutor(os.cpu_count()) as pool:
+        q = {n: quantize_q4_k(a, pool) for n, a in layer.items() if a.ndim == 2}
+        qe, qh = quantize_q4_k(embed, pool), quantize_q4_k(head, pool)
+    f32 = lambda a: (a.astype(np.uint32) << 16).view(np.float32)  # noqa: E731
+    tensors = [("token_embd.weight", "q4_k", (dims.vocab, dims.hidden), qe)]
+    for i in range(layers):
+        for n, a in layer.items():
+            tensors.append((f"blk.{i}.{GGUF_NAMES[n]}", "q4_k", a.shape, q[n]) if a.ndim == 2 else (f"blk.{i}.{GGUF_NAMES[n]}", "f32", a.shape, f32(a)))
+    tensors += [("output_norm.weight", "f32", (dims.hidden,), f32(layer["input_layernorm.weight"])), ("output.weight", "q4_k", (dims.vocab, dims.hidden), qh)]
+    meta = {"llama.block_count": layers, "llama.context_length": 8192, "llama.embedding_length": dims.hidden, "llama.feed_forward_length": dims.ffn,
+            "llama.attention.head_count": dims.heads, "llama.attention.head_count_kv": dims.kv_heads, "llama.rope.freq_base": 500000.0,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": dims.head_dim,
+            "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [f"t{i}" for i in range(dims.vocab)],
+            "tokenizer.ggml.scores": [0.0] * dims.vocab, "tokenizer.ggml.token_type": [1] * dims.vocab,
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
+    write_gguf(path, "llama", meta, tensors)
+
+
+def decode_weight_bytes(dims: Dims, layers: int, bytes_per_value: float) -> float:
+    """Bytes of weights one decode token reads: every layer's matrices and the output head."""
+    per_layer = sum(int(np.prod(s)) for s in dims.shapes().values() if len(s) == 2)
+    return (layers * per_layer + dims.vocab * dims.hidden) * bytes_per_value
+
+
+# -- measurements -----------------------------------------------------------------------------------
+
+
+def copy_bandwidth(nbytes: int = 4 << 30, rounds: int = 10) -> float:
+    """Bytes read plus bytes written per second by a device-to-device copy (median)."""
+    from poot_ptx.device import _check
+    from poot_ptx.runtime import CudaContext
+
+    ctx = CudaContext(0)
+    drv = ctx.driver
+    a, b = ctx.alloc(nbytes), ctx.alloc(nbytes)
+    times = []
+    for i in range(rounds + 2):
+        ctx.synchronize()
+        t = time.perf_counter()
+        _check(drv, "cuMemcpyDtoD", drv.cuMemcpyDtoD(b, a, nbytes))
+        ctx.synchronize()
+        if i >= 2:
+            times.append(time.perf_counter() - t)
+    ctx.free(a), ctx.free(b)
+    return 2 * nbytes / statistics.median(times)
+
+
+def measure_transformers(path: Path, vocab: int, batches: list[int], prefill: int, rounds: int) -> dict[str, float]:
+    import torch
+    import transformers
+
+    say("transformers: loading the bf16 model (eager attention)")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    sync = torch.cuda.synchronize if dev == "cuda" else (lambda: None)
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.bfloat16, attn_implementation="eager").to(dev).eval()
+    rng = np.random.default_rng(1)
+    out: dict[str, float] = {}
+
+    def gen(ids: torch.Tensor, n: int) -> float:
+        sync()
+        t = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=1)
+        sync()
+        return time.perf_counter() - t
+
+    for b in batches:
+        ids = torch.tensor(rng.integers(3, vocab, (b, 16)), device=dev)
+        gen(ids, 4)
+        rates = []
+        for _ in range(rounds):  # the difference of two lengths: decode alone, prefill cancelled
+            rates.append(b * 32 / (gen(ids, 40) - gen(ids, 8)))
+        out[f"decode_b{b}"] = statistics.median(rates)
+        say(f"transformers: decode batch {b}: {out[f'decode_b{b}']:.1f} tok/s")
+    ids = torch.tensor(rng.integers(3, vocab, (1, prefill)), device=dev)
+    times = []
+    with torch.no_grad():
+        for i in range(rounds + 1):
+            sync()
+            t = time.perf_counter()
+            model(ids)
+            sync()
+            if i:
+                times.append(time.perf_counter() - t)
+    out[f"prefill_{prefill}"] = prefill / statistics.median(times)
+    say(f"transformers: prefill {prefill}: {out[f'prefill_{prefill}']:.0f} tok/s")
+    del model
+    if dev == "cuda":
+        torch.cuda.empty_cache()
+    return out
+
+
+def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefill: int, rounds: int) -> dict[str, float]:
+    import poot
+    from poot.llm.bench import measure_engine
+
+    say(f"poot: loading {path.name} on {device}")
+    t = time.perf_counter()
+    m = poot.load(str(path), device, max_seqs=max(batches), max_step_tokens=max(prefill, 64), max_context=prefill + 64, progress=True)
+    say(f"poot: ready in {time.perf_counter() - t:.1f} s")
+    rng = np.random.default_rng(1)
+    out: dict[str, float] = {}
+    for b in batches:
+        prompts = [rng.integers(3, vocab, 16).tolist() for _ in range(b)]
+        r = measure_engine(m, prompts, 40, rounds)
+        out[f"decode_b{b}"] = r.decode_tok_s
+        say(f"poot: decode batch {b}: {r.decode_tok_s:.1f} tok/s")
+    if prefill:
+        r = measure_engine(m, [rng.integers(3, vocab, prefill).tolist()], 2, rounds)
+        out[f"prefill_{prefill}"] = r.prefill_tok_s
+        say(f"poot: prefill {prefill}: {r.prefill_tok_s:.0f} tok/s")
+    m.close()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--layers", type=int, default=32)
+    ap.add_argument("--small", action="store_true", help="narrow dimensions: a quick check of this script")
+    ap.add_argument("--dir", default="/tmp/llama8b")
+    ap.add_argument("--device", default="cuda:0")
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
+    ap.add_argument("--prefill", type=int, default=2048)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--no-peer", action="store_true", help="skip transformers")
+    ap.add_argument("--only", choices=["bf16", "q4_k"], help="measure one of poot's two models")
+    ap.add_argument("--json", help="write the figures here too")
+    args = ap.parse_args()
+
+    dims = SMALL if args.small else LLAMA3_8B
+    d = Path(args.dir) / f"{'small' if args.small else '8b'}-L{args.layers}"
+    bf16_dir, q4k = d / "bf16", d / "q4_k.gguf"
+    if not (bf16_dir / "model.safetensors").exists() or not q4k.exists():
+        say(f"writing the models under {d}")
+        t = time.perf_counter()
+        layer, embed, head = random_tensors(dims)
+        write_bf16_model(bf16_dir, dims, args.layers, layer, embed, head)
+        write_q4_k_model(q4k, dims, args.layers, layer, embed, head)
+        say(f"models written in {time.perf_counter() - t:.0f} s")
+    res: dict[str, object] = {"layers": args.layers, "date": time.strftime("%Y-%m-%d")}
+    bw = copy_bandwidth() if args.device.startswith("cuda") else None
+    res["copy_bytes_per_s"] = bw
+    if bw:
+        say(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
+    if not args.no_peer:
+        res["transformers"] = measure_transformers(bf16_dir, dims.vocab, args.batches, args.prefill, args.rounds)
+    for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256)):
+        if args.only and args.only != name:
+            continue
+        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill if name == "bf16" else 0, args.rounds)
+        if bw:
+            roof = bw / decode_weight_bytes(dims, args.layers, bpv)
+            res[f"roofline_{name}"] = roof
+            say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
+    print(json.dumps(res, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(res, indent=1))
+    # the short table
+    hf = res.get("transformers", {})
+    print("\n| measure | poot bf16 | poot Q4_K | transformers eager bf16 | poot bf16 / transformers |")
+    print("|---|---|---|---|---|")
+    for key in [f"decode_b{b}" for b in args.batches] + [f"prefill_{args.prefill}"]:
+        ours, q, peer = res.get("poot_bf16", {}).get(key), res.get("poot_q4_k", {}).get(key), hf.get(key)  # type: ignore[union-attr]
+        fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
+        print(f"| {key} tok/s | {fmt(ours)} | {fmt(q)} | {fmt(peer)} | {ours / peer:.2f}x |" if ours and peer else f"| {key} tok/s | {fmt(ours)} | {fmt(q)} | {fmt(peer)} | - |")
+    for name in ("bf16", "q4_k"):
+        if f"roofline_{name}" in res:
+            r, roof = res[f"poot_{name}"], res[f"roofline_{name}"]
+            print(f"| batch-1 roofline {name} | {r['decode_b1'] / roof:.0%} of {roof:.0f} tok/s | | | |")  # type: ignore[index,operator]
+
+
+if __name__ == "__main__":
+    main()

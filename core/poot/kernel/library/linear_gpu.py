@@ -1,0 +1,270 @@
+"""Matrix products for GPUs, built as Kernel IR: schedules that use the chip.
+
+- ``gemv_warp``: decode. One warp per output feature reads its weight row with 16-byte loads
+  (eight bf16 values, or a quarter of a Q4_K block's quants per lane), so every byte of the
+  weights is read once per step at close to the memory's bandwidth; ``MR`` rows of x share each
+  load. Sums are finished with a subgroup reduction.
+- ``gemm_mma``: prefill and batched decode on tensor cores (``mma.sync`` m16n8k16 bf16). Tiles of x
+  and of the weights are staged through workgroup memory (rows padded to avoid bank conflicts);
+  each warp keeps its accumulators in registers for the whole K loop. x is split into two bf16
+  terms (hi + lo, ``SPLIT``), so the product keeps about 16 bits of each activation's mantissa
+  against bf16 weights (which are exact) instead of rounding activations to bf16.
+
+Weight rows are bound as i32 words (pairs of bf16 values; the words of Q4_K blocks).
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from ...graph import dtypes as dt
+from .. import ir as K
+from ..verify import verify_kernel
+
+__all__ = ["gemv_warp", "gemm_mma", "GEMV_TYPES", "MMA_PAD"]
+
+GEMV_TYPES = ("bf16", "q4_k")
+MMA_PAD = 4  # words of padding per staged row: eight rows of a fragment load hit 32 different banks
+I32, F32 = dt.i32, dt.f32
+
+
+def _c(v: int) -> K.Const:
+    return K.Const(v, I32)
+
+
+def _f(v: float) -> K.Const:
+    return K.Const(float(v), F32)
+
+
+def _r(name: str, t: dt.DType = I32) -> K.Ref:
+    return K.Ref(name, t)
+
+
+def _b(op: str, a: K.Expr, b: K.Expr | int) -> K.Bin:
+    return K.Bin(op, a, _c(b) if isinstance(b, int) else b)
+
+
+def _add(*xs: K.Expr | int) -> K.Expr:
+    e = xs[0] if not isinstance(xs[0], int) else _c(xs[0])
+    for x in xs[1:]:
+        e = _b("add", e, x)
+    return e
+
+
+def _mul(a: K.Expr, b: K.Expr | int) -> K.Expr:
+    return _b("mul", a, b)
+
+
+def _fma(acc: K.Expr, a: K.Expr, b: K.Expr) -> K.Expr:
+    return K.Bin("add", acc, K.Bin("mul", a, b))
+
+
+def _lo16(w: K.Expr) -> K.Expr:
+    """The bf16 in the low half of a word, as f32."""
+    return K.Bitcast(_b("shl", w, 16), F32)
+
+
+def _hi16(w: K.Expr) -> K.Expr:
+    return K.Bitcast(_b("and", w, -65536), F32)
+
+
+def _bf16_bits(x: K.Expr) -> K.Expr:
+    """f32 -> the 16 bits of the nearest bf16 (ties to even), in the low half of an i32."""
+    bits = K.Bitcast(x, I32)
+    lsb = _b("and", _b("shr", bits, 16), 1)
+    return _b("and", _b("shr", _add(bits, 0x7FFF, lsb), 16), 0xFFFF)
+
+
+def _pair(lo: K.Expr, hi: K.Expr) -> K.Expr:
+    return _b("or", lo, _b("shl", hi, 16))
+
+
+# -- decode: one warp per output feature ------------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8) -> K.Kernel:
+    """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
+    (ceil(n / warps), ceil(m / mr)). Rows past ``m`` read row ``m - 1`` and are not stored."""
+    if qtype not in GEMV_TYPES:
+        raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
+    threads = 32 * warps
+    body: list[K.Stmt] = [
+        K.Let("lane", _b("rem", K.Builtin("thread_id", 0), 32)),
+        K.Let("j", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), 32))),
+        K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
+    ]
+    for r in range(mr):
+        body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
+        body.append(K.Let(f"acc{r}", _f(0.0)))
+    inner: list[K.Stmt] = []
+    if qtype == "bf16":
+        if k % 256:
+            raise ValueError(f"gemv_warp bf16 needs K a multiple of 256, got {k}")
+        un = 4 if k % 1024 == 0 else 2 if k % 512 == 0 else 1  # loads issued before the first use
+        for u in range(un):
+            inner += [K.Let(f"kb{u}", _add(_mul(_r("it"), 256 * un), 256 * u, _mul(_r("lane"), 8))),
+                      K.VecLoad(tuple(f"w{u}_{q}" for q in range(4)), "w", _b("div", _add(_mul(_r("j"), k), _r(f"kb{u}")), 2), I32)]
+        for u in range(un):
+            for r in range(mr):
+                xi = _add(_r(f"xr{r}"), _r(f"kb{u}"))
+                inner += [K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4)), "x", xi, F32),
+                          K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4, 8)), "x", _add(xi, 4), F32)]
+                acc: K.Expr = _r(f"acc{r}", F32)
+                for q in range(4):
+                    acc = _fma(acc, _r(f"x{u}_{r}_{2 * q}", F32), _lo16(_r(f"w{u}_{q}")))
+                    acc = _fma(acc, _r(f"x{u}_{r}_{2 * q + 1}", F32), _hi16(_r(f"w{u}_{q}")))
+                inner.append(K.Assign(f"acc{r}", acc))
+        loop = K.For("it", _c(0), _c(k // (256 * un)), tuple(inner))
+    else:  # q4_k: 256 values in 144 bytes (36 words); eight lanes share a block, 16 quant bytes each
+        if k % 256:
+            raise ValueError(f"gemv_warp q4_k needs K a multiple of 256, got {k}")
+        nb = k // 256
+        inner += [
+            K.Let("blk", _add(_mul(_r("it"), 4), _b("div", _r("lane"), 8))),
+            K.Let("l8", _b("rem", _r("lane"), 8)),
+            K.Let("c", _b("div", _r("l8"), 2)),
+            K.Let("h", _b("rem", _r("l8"), 2)),
+            K.Let("base", _add(_mul(_r("j"), nb * 36), _mul(_r("blk"), 36))),
+            K.Let("dm", K.Load("w", _r("base"), I32)),
+            K.Let("d", K.HalfToF32(_b("and", _r("dm"), 0xFFFF))),
+            K.Let("dmin", K.HalfToF32(_b("and", _b("shr", _r("dm"), 16), 0xFFFF))),
+            K.Let("s0", K.Load("w", _add(_r("base"), 1), I32)),
+            K.Let("s1", K.Load("w", _add(_r("base"), 2), I32)),
+            K.Let("s2", K.Load("w", _add(_r("base"), 3), I32)),
+            K.VecLoad(("q0", "q1", "q2", "q3"), "w", _add(_r("base"), 4, _mul(_r("l8"), 4)), I32),
+        ]
+
+        def byte(i: K.Expr) -> K.Expr:  # scale byte i (0..11), i run-time
+            word = K.Select(K.Bin("lt", i, _c(4)), _r("s0"), K.Select(K.Bin("lt", i, _c(8)), _r("s1"), _r("s2")))
+            return _b("and", K.Bin("shr", word, _mul(_b("rem", i, 4), 8)), 255)
+
+        for part, sub in (("lo", _mul(_r("c"), 2)), ("hi", _add(_mul(_r("c"), 2), 1))):
+            # ggml's get_scale_min_k4 for sub-block ``sub``
+            small = K.Bin("lt", sub, _c(4))
+            sc = K.Select(small, _b("and", byte(sub), 63),
+                          _b("or", _b("and", byte(_add(sub, 4)), 15), _b("shl", _b("shr", byte(_b("sub", sub, 4)), 6), 4)))
+            mn = K.Select(small, _b("and", byte(_add(sub, 4)), 63),
+                          _b("or", _b("shr", byte(_add(sub, 4)), 4), _b("shl", _b("shr", byte(sub), 6), 4)))
+            inner += [K.Let(f"sc_{part}", K.Bin("mul", _r("d", F32), K.Cast(sc, F32))),
+                      K.Let(f"mn_{part}", K.Bin("mul", _r("dmin", F32), K.Cast(mn, F32)))]
+        inner.append(K.Let("xo", _add(_mul(_r("blk"), 256), _mul(_r("c"), 64), _mul(_r("h"), 16))))
+        for r in range(mr):
+            for part, off in (("lo", 0), ("hi", 32)):
+                xi = _add(_r(f"xr{r}"), _r("xo"), off)
+                names = [f"x{r}{part}_{i}" for i in range(16)]
+                for v in range(4):
+                    inner.append(K.VecLoad(tuple(names[4 * v: 4 * v + 4]), "x", _add(xi, 4 * v), F32))
+                dot: K.Expr = _f(0.0)
+                xs: K.Expr = _f(0.0)
+                for i in range(16):
+                    byte_i = _b("and", _b("shr", _r(f"q{i // 4}"), 8 * (i % 4)), 255)
+                    q = _b("and", byte_i, 15) if part == "lo" else _b("shr", byte_i, 4)
+                    dot = _fma(dot, _r(names[i], F32), K.Cast(q, F32))
+                    xs = K.Bin("add", xs, _r(names[i], F32))
+                inner.append(K.Assign(f"acc{r}", K.Bin("sub", _fma(_r(f"acc{r}", F32), _r(f"sc_{part}", F32), dot),
+                                                        K.Bin("mul", _r(f"mn_{part}", F32), xs))))
+        guarded = (K.If(K.Bin("lt", _r("blk"), _c(nb)), tuple(inner)),) if nb % 4 else tuple(inner)
+        loop = K.For("it", _c(0), _c(-(-nb // 4)), guarded)
+    tail: list[K.Stmt] = [loop]
+    for r in range(mr):
+        tail.append(K.Let(f"s{r}", K.SubgroupReduce("add", _r(f"acc{r}", F32))))
+        tail.append(K.If(K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m"))),
+                         (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("j")), _r(f"s{r}", F32)),)))
+    body.append(K.If(K.Bin("lt", _r("j"), _r("n")), tuple(tail)))
+    params = (K.Buffer("x", F32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False),
+              K.ScalarParam("m", I32), K.ScalarParam("n", I32))
+    kern = K.Kernel(f"gemv_warp_{qtype}_K{k}_MR{mr}", params, tuple(body), (threads, 1, 1))
+    verify_kernel(kern)
+    return kern
+
+
+# -- prefill and batched decode: tensor cores -------------------------------------------------------
+
+
+@lru_cache(maxsize=None)
+def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: bool = True) -> K.Kernel:
+    """y[i, j] = sum_k x[i, k] * w[j, k] with bf16 weights on tensor cores. Warps are arranged
+    ``wm x wn``; each owns ``tm`` 16-row by ``tn`` 8-column tiles, so a workgroup computes
+    (16 wm tm) x (8 wn tn) outputs; grid (ceil(n / BN), ceil(m / BM)). K must be a multiple of 32."""
+    if k % 32:
+        raise ValueError(f"gemm_mma needs K a multiple of 32, got {k}")
+    threads = 32 * wm * wn
+    bm, bn = 16 * wm * tm, 8 * wn * tn
+    stride = 16 + MMA_PAD  # words per staged row of 32 bf16
+    if (bm * 8) % threads or (bn * 4) % threads:
+        raise ValueError(f"gemm_mma: a {bm}x{bn} tile does not divide among {threads} threads")
+    halves = ("hi", "lo") if split else ("hi",)
+    body: list[K.Stmt] = [
+        K.Let("tid", K.Builtin("thread_id", 0)),
+        K.Let("lane", _b("rem", _r("tid"), 32)),
+        K.Let("warp", _b("div", _r("tid"), 32)),
+        K.Let("g", _b("div", _r("lane"), 4)),
+        K.Let("t4", _b("rem", _r("lane"), 4)),
+        K.Let("wr", _mul(_b("rem", _r("warp"), wm), 16 * tm)),
+        K.Let("wc", _mul(_b("div", _r("warp"), wm), 8 * tn)),
+        K.Let("row0", _mul(K.Builtin("group_id", 1), bm)),
+        K.Let("col0", _mul(K.Builtin("group_id", 0), bn)),
+    ]
+    acc = {(i, j): tuple(f"acc{i}_{j}_{e}" for e in range(4)) for i in range(tm) for j in range(tn)}
+    for names in acc.values():
+        body += [K.Let(nm, _f(0.0)) for nm in names]
+    loop: list[K.Stmt] = [K.Let("k0", _mul(_r("kt"), 32))]
+    for it in range(bm * 8 // threads):  # x: bm rows of 8 float4
+        e = _add(_mul(_c(it), threads), _r("tid")) if it else _r("tid")
+        rr, c4 = f"ar{it}", f"ac{it}"
+        loop += [K.Let(rr, _b("div", e, 8)), K.Let(c4, _b("rem", e, 8)),
+                 K.VecLoad(tuple(f"a{it}_{v}" for v in range(4)), "x",
+                           _add(_mul(K.Bin("min", _add(_r("row0"), _r(rr)), _b("sub", _r("m"), 1)), k), _r("k0"), _mul(_r(c4), 4)), F32)]
+        hi = [f"a{it}_h{v}" for v in range(4)]
+        loop += [K.Let(hi[v], _bf16_bits(_r(f"a{it}_{v}", F32))) for v in range(4)]
+        at = _add(_mul(_r(rr), stride), _mul(_r(c4), 2))
+        loop.append(K.VecStore("As_hi", at, (_pair(_r(hi[0]), _r(hi[1])), _pair(_r(hi[2]), _r(hi[3])))))
+        if split:
+            lo = [_bf16_bits(K.Bin("sub", _r(f"a{it}_{v}", F32), K.Bitcast(_b("shl", _r(hi[v]), 16), F32))) for v in range(4)]
+            loop.append(K.VecStore("As_lo", at, (_pair(lo[0], lo[1]), _pair(lo[2], lo[3]))))
+    for it in range(bn * 4 // threads):  # weights: bn rows of 64 bytes
+        e = _add(_mul(_c(it), threads), _r("tid")) if it else _r("tid")
+        rr, cc = f"br{it}", f"bc{it}"
+        names = tuple(f"b{it}_{v}" for v in range(4))
+        loop += [K.Let(rr, _b("div", e, 4)), K.Let(cc, _b("rem", e, 4)),
+                 K.VecLoad(names, "w", _add(_b("div", _add(_mul(K.Bin("min", _add(_r("col0"), _r(rr)), _b("sub", _r("n"), 1)), k), _r("k0")), 2),
+                                            _mul(_r(cc), 4)), I32),
+                 K.VecStore("Bs", _add(_mul(_r(rr), stride), _mul(_r(cc), 4)), tuple(_r(nm) for nm in names))]
+    loop.append(K.Barrier())
+    for ks in range(2):
+        kk = 8 * ks
+        for i in range(tm):
+            ar = _add(_r("wr"), 16 * i, _r("g"))
+            for h in halves:
+                rows = (ar, _add(ar, 8), ar, _add(ar, 8))
+                cols = (0, 0, 4, 4)
+                for q in range(4):
+                    loop.append(K.Let(f"fa{h}{ks}_{i}_{q}", K.Load(f"As_{h}", _add(_mul(rows[q], stride), kk + cols[q], _r("t4")), I32)))
+        for j in range(tn):
+            bnr = _add(_r("wc"), 8 * j, _r("g"))
+            for q in range(2):
+                loop.append(K.Let(f"fb{ks}_{j}_{q}", K.Load("Bs", _add(_mul(bnr, stride), kk + 4 * q, _r("t4")), I32)))
+        for i in range(tm):
+            for j in range(tn):
+                for h in halves:
+                    loop.append(K.Mma(acc[i, j], tuple(_r(f"fa{h}{ks}_{i}_{q}") for q in range(4)),  # type: ignore[arg-type]
+                                      (_r(f"fb{ks}_{j}_0"), _r(f"fb{ks}_{j}_1"))))
+    loop.append(K.Barrier())
+    body.append(K.For("kt", _c(0), _c(k // 32), tuple(loop)))
+    for i in range(tm):
+        for j in range(tn):
+            r = _add(_r("row0"), _r("wr"), 16 * i, _r("g"))
+            col = _add(_r("col0"), _r("wc"), 8 * j, _mul(_r("t4"), 2))
+            for e, (dr, dc) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
+                rr, cc = _add(r, dr), _add(col, dc)
+                body.append(K.If(K.Bin("and", K.Bin("lt", rr, _r("m")), K.Bin("lt", cc, _r("n"))),
+                                 (K.Store("y", _add(_mul(rr, _r("n")), cc), _r(acc[i, j][e], F32)),)))
+    shared = [K.Shared("As_hi", I32, bm * stride), K.Shared("Bs", I32, bn * stride)]
+    if split:
+        shared.append(K.Shared("As_lo", I32, bm * stride))
+    params = (K.Buffer("x", F32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False),
+              K.ScalarParam("m", I32), K.ScalarParam("n", I32))
+    kern = K.Kernel(f"gemm_mma_bf16_K{k}_{wm}x{wn}_{tm}x{tn}{'_split' if split else ''}", params, tuple(body), (threads, 1, 1), tuple(shared))
+    verify_kernel(kern)
+    return kern
