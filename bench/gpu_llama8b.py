@@ -211,7 +211,28 @@ def measure_transformers(path: Path, vocab: int, batches: list[int], prefill: in
     return out
 
 
-def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefill: int, rounds: int) -> dict[str, float]:
+def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
+    """Time each launch of every step shape the first time it is replayed, and print the largest."""
+    ex = next(iter(m._executors.values()))
+    replay, seen = ex.replay, set()
+
+    def profiled(step, inputs):  # type: ignore[no-untyped-def]
+        if id(step) not in seen:
+            seen.add(id(step))
+            times = ex.profile(step, inputs)
+            total: dict[str, float] = {}
+            for name, sec in times:
+                total[name] = total.get(name, 0.0) + sec
+            env = dict(step.storage.env)
+            say(f"profile tokens={env.get('tokens')} batch={env.get('batch')}: {len(times)} launches, {sum(total.values()) * 1e3:.2f} ms on the GPU")
+            for name, sec in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
+                say(f"    {sec * 1e3:8.3f} ms  {name}")
+        return replay(step, inputs)
+
+    ex.replay = profiled
+
+
+def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefill: int, rounds: int, profile: bool = False) -> dict[str, float]:
     import poot
     from poot.llm.bench import measure_engine
 
@@ -219,6 +240,8 @@ def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefil
     t = time.perf_counter()
     m = poot.load(str(path), device, max_seqs=max(batches), max_step_tokens=max(prefill, 64), max_context=prefill + 64, progress=True)
     say(f"poot: ready in {time.perf_counter() - t:.1f} s")
+    if profile:
+        _profile_steps(m)
     rng = np.random.default_rng(1)
     out: dict[str, float] = {}
     for b in batches:
@@ -246,17 +269,22 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
     ap.add_argument("--only", choices=["bf16", "q4_k"], help="measure one of poot's two models")
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events) and print the largest")
     args = ap.parse_args()
 
     dims = SMALL if args.small else LLAMA3_8B
     d = Path(args.dir) / f"{'small' if args.small else '8b'}-L{args.layers}"
     bf16_dir, q4k = d / "bf16", d / "q4_k.gguf"
-    if not (bf16_dir / "model.safetensors").exists() or not q4k.exists():
+    need_bf16 = not (bf16_dir / "model.safetensors").exists() and (args.only != "q4_k" or not args.no_peer)
+    need_q4k = not q4k.exists() and args.only != "bf16"
+    if need_bf16 or need_q4k:
         say(f"writing the models under {d}")
         t = time.perf_counter()
         layer, embed, head = random_tensors(dims)
-        write_bf16_model(bf16_dir, dims, args.layers, layer, embed, head)
-        write_q4_k_model(q4k, dims, args.layers, layer, embed, head)
+        if need_bf16:
+            write_bf16_model(bf16_dir, dims, args.layers, layer, embed, head)
+        if need_q4k:
+            write_q4_k_model(q4k, dims, args.layers, layer, embed, head)
         say(f"models written in {time.perf_counter() - t:.0f} s")
     res: dict[str, object] = {"layers": args.layers, "date": time.strftime("%Y-%m-%d")}
     bw = copy_bandwidth() if args.device.startswith("cuda") else None
@@ -268,7 +296,7 @@ def main() -> None:
     for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256)):
         if args.only and args.only != name:
             continue
-        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill if name == "bf16" else 0, args.rounds)
+        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill if name == "bf16" else 0, args.rounds, args.profile)
         if bw:
             roof = bw / decode_weight_bytes(dims, args.layers, bpv)
             res[f"roofline_{name}"] = roof

@@ -13,7 +13,7 @@ import pytest
 
 from poot.codegen import compile_kernel
 from poot.codegen.targets import target
-from poot.kernel.library.linear_gpu import gemm_mma, gemv_warp
+from poot.kernel.library.linear_gpu import gemm_mma, gemm_warp, gemv_warp
 from poot.quant import quantization
 from poot.testing.kernels import poisoned, run_host
 
@@ -33,12 +33,13 @@ def _close(got, want, scale):
     assert not bad.any(), f"{bad.sum()} elements off, worst {np.abs(got - want).max():.3g}"
 
 
-@pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 4), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1)],
+@pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 4), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
+                                  gemm_warp(4096), gemm_warp(14336, 2, 4, 8)],
                          ids=lambda k: k.name)
 def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
     assert "ld.global.nc.v4.b32" in ptx  # 16-byte weight loads through the read-only path
-    if kern.name.startswith("gemm_mma"):
+    if kern.name.startswith("gemm_"):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     else:
         assert "shfl.sync.bfly" in ptx
@@ -91,3 +92,15 @@ def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, m, n, k):
     xr = (x.view(np.uint32) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1)) & 0xFFFF0000
     rounded = xr.view(np.float32).astype(np.float64) @ w.T.astype(np.float64)
     assert np.abs(rounded - want).max() > 10 * np.abs(y - want).max()
+
+
+@gpu_only
+@pytest.mark.parametrize("mt,tn,wk", [(1, 4, 8), (2, 4, 8), (1, 2, 2)])
+@pytest.mark.parametrize("m,n,k", [(1, 37, 512), (9, 64, 1024), (16, 40, 2048), (23, 33, 512)])
+def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, m, n, k):
+    w, bits = _bf16(rng, (n, k))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    run_host(gemm_warp(k, mt, tn, wk), (-(-m // (16 * mt)), -(-n // (8 * tn))), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    _close(y, want, np.abs(x) @ np.abs(w).T)

@@ -8,7 +8,8 @@
         for c in range(thread_id(0), cols, BLOCK):
             y[row * cols + c] = x[row * cols + c] * alpha
 
-Parameters annotated ``In[T]``/``Out[T]`` are buffers, a dtype (``f32``, ``i32`` ...) a run-time
+Parameters annotated ``In[T]``/``Out[T]`` are buffers (``In["WT"]``: of the type the constant ``WT``
+names), a dtype (``f32``, ``i32`` ...) a run-time
 scalar, ``Const`` a compile-time constant bound by ``.instantiate(NAME=value)``; ``if`` on constants
 and ``static_range`` are resolved at compile time, so templates specialise cleanly. Statement
 helpers: ``barrier()``, ``atomic_add(buf, i, v)``, ``a, b, c, d = vload(buf, i)`` / ``vstore(buf, i,
@@ -42,10 +43,10 @@ class KernelSyntaxError(PootError):
 
 
 class _BufferAnn:
-    def __init__(self, readonly: bool, dtype: DType | None = None) -> None:
+    def __init__(self, readonly: bool, dtype: DType | str | None = None) -> None:
         self.readonly, self.dtype = readonly, dtype
 
-    def __getitem__(self, dtype: DType) -> "_BufferAnn":
+    def __getitem__(self, dtype: DType | str) -> "_BufferAnn":
         return _BufferAnn(self.readonly, dtype)
 
 
@@ -520,7 +521,13 @@ class KernelTemplate:
             elif isinstance(ann, _BufferAnn):
                 if ann.dtype is None:
                     raise KernelSyntaxError(f"kernel {self.name}: buffer '{name}' needs its element type, e.g. In[f32]")
-                buffers[name] = ir.Buffer(name, ann.dtype, ann.readonly)
+                etype = ann.dtype
+                if isinstance(etype, str):  # In["WT"]: the element type is the compile-time constant WT
+                    named = constants.get(etype, next((d for n2, a2, d in self.params if n2 == etype and isinstance(a2, _ConstAnn)), None))
+                    if named is None or str(named) not in _DTYPES:
+                        raise KernelSyntaxError(f"kernel {self.name}: buffer '{name}' takes its type from '{etype}', which names no dtype ({named!r})")
+                    etype = _DTYPES[str(named)]
+                buffers[name] = ir.Buffer(name, etype, ann.readonly)
                 order.append(buffers[name])
             elif isinstance(ann, DType):
                 scalars[name] = ann

@@ -19,6 +19,7 @@ import numpy as np
 
 from ..errors import PootError
 from ..models.decoder import StepBatch
+from ..plan.plan import WANT_LOGPROBS
 from ..runtime.executor import Executor, step_env
 from ..text.detok import StreamingDetokenizer
 from ..text.guided import Constraint, ConstraintCompiler
@@ -243,7 +244,7 @@ class Engine:
         sampling["count_rows"] = count_rows
         ex = self._executors(want_lp)
         inputs = {**batch, **sampling}
-        step = ex.capture(step_env(ex.plan, {**inputs, **self.pools}))
+        step = ex.capture({**step_env(ex.plan, {**inputs, **self.pools}), WANT_LOGPROBS: int(want_lp)})
         ex.replay(step, inputs)
         out_tokens = ex.read(step, "tokens")
         lp = (ex.read(step, "logprob"), ex.read(step, "top_ids"), ex.read(step, "top_logprobs")) if want_lp else None

@@ -110,7 +110,7 @@ def _scalar_const(v: Value) -> float | None:
 
 def recognise_rms_norms(graph: Graph) -> dict[int, RmsNorm]:
     """RMSNorm as the compositions trace it: mean(x * x, -1) + eps -> rsqrt -> * x -> * w (or
-    * (w + 1)). Keyed by the id of the node whose output is the normalised value; every matched
+    * (w + 1)), w an f32 value or the cast of a 16-bit weight (then read as stored). Keyed by the id of the node whose output is the normalised value; every matched
     node but that output is used only inside the pattern."""
     users = graph.users()
     outputs = {_key(v) for v in graph.outputs.values()}
@@ -151,10 +151,16 @@ def recognise_rms_norms(graph: Graph) -> dict[int, RmsNorm]:
             continue
         nodes = {sq.node.id, m.id, add.id, rs.id, ym.id}
         unit = False
+        reader = wm
         if w.node.op == "add" and _scalar_const(w.node.inputs[1]) == 1.0 and only_user(w.node) is wm and w.node.inputs[0].dtype == dt.f32:
             nodes.add(w.node.id)
+            reader = w.node
             w, unit = w.node.inputs[0], True
-        if w.dtype != dt.f32:
+        src = w.node.inputs[0] if w.node.op == "cast" else None
+        if src is not None and src.node.op == "weight" and src.dtype in (dt.f16, dt.bf16) and only_user(w.node) is reader:
+            nodes.add(w.node.id)  # the kernel reads the 16-bit weight as stored
+            w = src
+        elif w.dtype != dt.f32:
             continue
         found[wm.id] = RmsNorm(x, w, unit, eps, wm.outputs[0], frozenset(nodes))
     return found

@@ -26,7 +26,7 @@ from .common import pad as _pad
 from .common import shape as _shape
 from .common import strides as _strides
 from .fusion import Into, RmsNorm, concat_parts, elementwise_groups, recognise_rms_norms, view_of, virtual_views
-from .plan import Launch, Plan, When
+from .plan import WANT_LOGPROBS, Launch, Plan, When
 from ..runtime.device import Device
 
 __all__ = ["Launch", "Limits", "Plan", "When", "compile_plan", "plan_graph"]
@@ -183,10 +183,11 @@ def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
         k = linear_gpu.gemv_warp(w.dtype.name, kk, mr)
         out.append(Launch(n, k, bufs, lambda env, mr=mr: (-(-nn // 8), -(-rows(env) // mr)), sc, _between(lo, hi, rows)))
     if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix:
-        for (wm, wn, tm, tn), lo, hi in (((1, 4, 1, 1), 4, 64), ((2, 2, 2, 4), 64, None)):
-            k = linear_gpu.gemm_mma(kk, wm, wn, tm, tn)
-            bm, bn = 16 * wm * tm, 8 * wn * tn
-            out.append(Launch(n, k, bufs, lambda env, bm=bm, bn=bn: (-(-nn // bn), -(-rows(env) // bm)), sc, _between(lo, hi, rows)))
+        for mt, lo, hi in ((1, 4, 16), (2, 16, 64)):  # weights streamed like a GEMV, tensor cores doing the sums
+            k = linear_gpu.gemm_warp(kk, mt, 4, 8)
+            out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, _between(lo, hi, rows)))
+        k = linear_gpu.gemm_mma(kk, 2, 2, 2, 4)  # 64 x 64 tiles staged through workgroup memory
+        out.append(Launch(n, k, bufs, lambda env: (-(-nn // 64), -(-rows(env) // 64)), sc, _between(64, None, rows)))
     else:
         out.extend(l for l in _matmul_gpu_generic(n) if l.when is not None and l.when.doc.startswith("rows >"))
         out[-1].when = _between(4, None, rows)
@@ -400,24 +401,27 @@ def _count_tokens(n: Node) -> Launch:
                   lambda env: (1,), lambda env: {"ntokens": _shape(tokens, env)[0], "vocab": vocab})
 
 
-def _sample(n: Node) -> Launch:
+def _sample(n: Node, block: int = 256) -> Launch:
     ops = dict(zip(SAMPLE_OPERANDS, n.inputs))
     logits = ops["logits"]
     vocab = logits.shape[1].value
-    k = sampling_lib.sample.instantiate(BLOCK=256)
+    k = sampling_lib.sample.instantiate(BLOCK=block)
     bufs: dict[str, Any] = {name: _key(v) for name, v in ops.items()}
     bufs.update(tokens=_key(n.outputs[0]), work=_key(n.outputs[1]))
     return Launch(n, k, bufs, lambda env: (_shape(logits, env)[0],),
                   lambda env: {"vocab": vocab, "mask_words": _shape(ops["mask"], env)[1], "nbias": _shape(ops["bias_ids"], env)[1]})
 
 
-def _logprobs(n: Node) -> Launch:
+def _logprobs(n: Node, block: int = 256) -> Launch:
+    """Log-probabilities, computed only in steps where some sequence asks for them (the step's
+    ``WANT_LOGPROBS`` symbol; absent means yes)."""
     logits, tokens = n.inputs
     vocab = logits.shape[1].value
-    k = sampling_lib.logprobs.instantiate(N=n.attrs["n"], BLOCK=256)
+    k = sampling_lib.logprobs.instantiate(N=n.attrs["n"], BLOCK=block)
     chosen, ids, vals = n.outputs
     return Launch(n, k, {"logits": _key(logits), "tokens": _key(tokens), "chosen": _key(chosen), "top_ids": _key(ids), "top_vals": _key(vals)},
-                  lambda env: (_shape(logits, env)[0],), lambda env: {"vocab": vocab})
+                  lambda env: (_shape(logits, env)[0],), lambda env: {"vocab": vocab},
+                  When("log-probabilities asked for", lambda env: env.get(WANT_LOGPROBS, 1) != 0))
 
 
 def _attention_gpu(n: Node) -> Launch:
@@ -438,14 +442,14 @@ def _attention_gpu(n: Node) -> Launch:
 
 
 def _rms_norm_gpu(n: Node, r: RmsNorm) -> Launch:
-    k = norms.rms_norm.instantiate(BLOCK=128, UNIT_OFFSET=r.unit_offset)
+    k = norms.rms_norm.instantiate(BLOCK=128, UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name)
     cols = r.x.shape[-1].value
     return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
                   lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps}, label="rms_norm")
 
 
 def _rms_norm(n: Node, r: RmsNorm) -> Launch:
-    k = norms.rms_norm_lanes.instantiate(UNIT_OFFSET=r.unit_offset)
+    k = norms.rms_norm_lanes.instantiate(UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name)
     cols = r.x.shape[-1].value
     return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
                   lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps}, label="rms_norm")
@@ -523,10 +527,10 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         elif n.op in ("cache_write", "count_tokens"):  # pools updated in place
             plan.aliases[_key(n.outputs[0])] = plan.aliases.get(_key(n.inputs[0]), _key(n.inputs[0]))
             plan.launches.append(_cache_write(n) if n.op == "cache_write" else _count_tokens(n))
-        elif n.op == "sample":
-            plan.launches.append(_sample(n))
+        elif n.op == "sample":  # one workgroup a row: on a GPU, the widest
+            plan.launches.append(_sample(n, 1024 if gpu else 256))
         elif n.op == "logprobs":
-            plan.launches.append(_logprobs(n))
+            plan.launches.append(_logprobs(n, 1024 if gpu else 256))
         elif cat == "elementwise":
             if n.id in groups:  # the group's root: its escaping value is computed here
                 plan.launches.append(_elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0]))))

@@ -14,7 +14,11 @@ from ..graph.ir import Graph, Node
 from ..kernel import ir as K
 from .common import Env
 
-__all__ = ["Launch", "Plan", "When"]
+__all__ = ["Launch", "Plan", "When", "WANT_LOGPROBS"]
+
+# a step symbol that is not a shape: 0 when no sequence of the step asks for log-probabilities,
+# so their launch is left out of that step (executors capture a step per symbol values)
+WANT_LOGPROBS = "want_logprobs"
 
 
 @dataclass(frozen=True)

@@ -226,7 +226,8 @@ class HostExecutor(Executor):
             read += reads
             entries.append((hk.packed_address, args.ctypes.data, int(np.prod(grid)), False))
             names.append(launch.kernel.name)
-        outputs = {name: array((v.node.id, v.index)) for name, v in g.outputs.items()}
+        placed = lambda k: sp.roots[k] in by_root or sp.roots[k] in sp.arena_offsets  # noqa: E731 - not: an output this step leaves out
+        outputs = {name: array((v.node.id, v.index)) for name, v in g.outputs.items() if placed((v.node.id, v.index))}
         step = HostStep(sp, arena, step_inputs, outputs, records_table(entries), names, barriers, keep, self._binding)
         self._steps[key] = step
         return step
@@ -246,6 +247,8 @@ class HostExecutor(Executor):
         self._team.run(step.records)
 
     def read(self, step: HostStep, name: str) -> np.ndarray:
+        if name not in step.outputs:
+            raise PootError(f"output '{name}' is not computed in this step (its launch is conditional on the step's symbols)")
         out = step.outputs[name]
         root = step.storage.roots[(self.plan.graph.outputs[name].node.id, self.plan.graph.outputs[name].index)]
         return out if root in self._pools else out.copy()

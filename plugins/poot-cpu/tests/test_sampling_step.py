@@ -5,6 +5,7 @@ match, over a prefill and decode steps of a mixed batch."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from poot.eval import Oracle
 from poot.eval.model import oracle_weights
@@ -75,3 +76,41 @@ def test_sampled_step_matches_the_oracle(tmp_path, rng):
         chunks = [[int(t)] for t in got["tokens"]]
     assert pools["token_counts"].sum() == 5 + 2 + 7 + 3 + 3 * 4
     ex.close()
+
+
+def test_a_step_without_log_probabilities_leaves_their_launch_out(tmp_path, rng):
+    """``WANT_LOGPROBS`` = 0 captures the step without the log-probability launch: same tokens and
+    pools, fewer launches, and reading a log-probability output is a clear error."""
+    from poot.errors import PootError
+    from poot.plan.plan import WANT_LOGPROBS
+    from poot.runtime.executor import step_env
+
+    ck = open_checkpoint(build_synthetic("llama", tmp_path / "l", int(rng.integers(0, 2**31))))
+    fam = family_for(ck.architecture)
+    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4, sample=True, logprobs=3)))
+    w = oracle_weights(ck.weights)
+    vocab = g.outputs["logits"].shape[1].value
+    blocks, batch = 24, 2
+    runs = {}
+    for want in (1, 0):
+        ex = HostExecutor(plan_graph(g), threads=2)
+        pools = {n: np.zeros((blocks,) + tuple(d.value for d in v.shape[1:]), np.float32) for n, v in g.inputs().items() if "_cache." in n}
+        pools["token_counts"] = np.zeros((batch, vocab), np.int32)
+        ex.bind(w, pools)
+        pages = PagedSequences(blocks, 4, np.random.default_rng(7))
+        pages.add(), pages.add()
+        b = pages.step([[1, 2, 3], [4, 5]], width=8)
+        inputs = {**b.as_inputs(), **_params(np.random.default_rng(8), batch, len(b.logit_rows), vocab, b.seq_ids[b.logit_rows], 0)}
+        inputs = {k: v for k, v in inputs.items() if k not in pools}
+        step = ex.capture({**step_env(ex.plan, {**inputs, **pools}), WANT_LOGPROBS: want})
+        ex.replay(step, inputs)
+        runs[want] = (ex.read(step, "tokens").copy(), pools["token_counts"].copy(), len(step.names))
+        if not want:
+            with pytest.raises(PootError, match="top_logprobs.*not computed"):
+                ex.read(step, "top_logprobs")
+        else:
+            assert np.isfinite(ex.read(step, "top_logprobs")).all()
+        ex.close()
+    np.testing.assert_array_equal(runs[0][0], runs[1][0])
+    np.testing.assert_array_equal(runs[0][1], runs[1][1])
+    assert runs[0][2] == runs[1][2] - 1

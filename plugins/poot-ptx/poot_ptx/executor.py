@@ -36,6 +36,8 @@ class CudaStep:
     launches: int
     owned: list[int] = field(default_factory=list)
     binding: int = 0  # the executor's binding generation it was captured under
+    calls: list[tuple[Any, tuple[int, ...], dict[str, int], dict[str, Any]]] = field(default_factory=list)  # what the graph launches
+    names: list[str] = field(default_factory=list)
 
 
 class CudaExecutor(Executor):
@@ -174,8 +176,10 @@ class CudaExecutor(Executor):
         outputs = {}
         for name, v in g.outputs.items():
             k = (v.node.id, v.index)
-            outputs[name] = (address(k), storage_dtype(v.dtype), sp.shapes[k])
-        step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned, self._binding)
+            if sp.roots[k] in by_root or sp.roots[k] in sp.arena_offsets:  # else a conditional launch left it out of this step
+                outputs[name] = (address(k), storage_dtype(v.dtype), sp.shapes[k])
+        step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned, self._binding, calls,
+                        [launch.label or launch.kernel.name for launch in sp.launches])
         self._steps[key] = step
         return step
 
@@ -193,7 +197,30 @@ class CudaExecutor(Executor):
         _check(self.d, "cuGraphLaunch", self.d.cuGraphLaunch(step.graph_exec, self.stream))
         _check(self.d, "cuStreamSynchronize", self.d.cuStreamSynchronize(self.stream))
 
+    def profile(self, step: CudaStep, inputs: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
+        """Seconds per launch (median of ``repeat`` runs of the step's launches one by one, each
+        timed with CUDA events), in plan order. The step's graph is not used."""
+        self.replay(step, inputs)  # inputs in place, and a warm-up
+        d = self.d
+        events = [_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(len(step.calls) + 1)]
+        times = np.zeros((repeat, len(step.calls)))
+        try:
+            for r in range(repeat):
+                _check(d, "cuEventRecord", d.cuEventRecord(events[0], self.stream))
+                for i, (ck, grid, ptrs, scalars) in enumerate(step.calls):
+                    ck.launch(grid, ptrs, scalars, self.stream)
+                    _check(d, "cuEventRecord", d.cuEventRecord(events[i + 1], self.stream))
+                _check(d, "cuStreamSynchronize", d.cuStreamSynchronize(self.stream))
+                for i in range(len(step.calls)):
+                    times[r, i] = _check(d, "cuEventElapsedTime", d.cuEventElapsedTime(events[i], events[i + 1])) / 1e3
+        finally:
+            for e in events:
+                d.cuEventDestroy(e)
+        return list(zip(step.names, np.median(times, axis=0).tolist()))
+
     def read(self, step: CudaStep, name: str) -> np.ndarray:
+        if name not in step.outputs:
+            raise PootError(f"output '{name}' is not computed in this step (its launch is conditional on the step's symbols)")
         ptr, dtype, shape = step.outputs[name]
         v = self.plan.graph.outputs[name]
         root = step.storage.roots[(v.node.id, v.index)]

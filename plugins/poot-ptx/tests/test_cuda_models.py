@@ -56,7 +56,7 @@ def test_families_on_cuda_match_the_oracle(cuda, name, tmp_path, rng):
 
 def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng):
     """A bf16 Llama wide enough (K of 256 and 512) for the warp GEMVs and the tensor-core GEMMs, in
-    every row-count regime: 1, 2-4, 5-64 and more than 64 rows a step."""
+    every row-count regime: 1, 2-4, 5-16, 17-64 and more than 64 rows a step."""
     from poot.testing.synthetic import build_synthetic
     from poot_ptx.executor import CudaExecutor
 
@@ -66,7 +66,7 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
     plan = compile_plan(g, cuda)
     names = {l.kernel.name.split("_K")[0] for l in plan.launches}
-    assert {"gemv_warp_bf16", "gemm_mma_bf16"} <= names, names
+    assert {"gemv_warp_bf16", "gemm_warp_bf16", "gemm_mma_bf16"} <= names, names
     ex = CudaExecutor(plan)
     w = oracle_weights(ck.weights)
     oracle = PagedOracle(g, w, num_blocks=64)
@@ -76,21 +76,27 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
         pages.add()
     prompts = [rng.integers(0, 97, n).tolist() for n in (70, 11, 4)]
     worst = 0.0
-    # 85 rows, then 3 decode rows, then a 9-row chunk for one sequence, then one row
-    plans = [prompts, None, [rng.integers(0, 97, 9).tolist(), [], []], None]
-    last = None
-    for step, chunks in enumerate(plans):
-        if chunks is None:
-            chunks = [[t] if t is not None else [] for t in last]
-            if step == 3:
-                chunks = [chunks[0], [], []]
+    # 85 rows (tiled tensor-core GEMM), 3 decode rows (GEMV of 4 rows), 20 rows and 9 rows (the two
+    # weight-streaming tensor-core GEMMs), one row (GEMV)
+    last: list[int | None] = [None, None, None]
+    for step in range(5):
+        if step == 0:
+            chunks = prompts
+        elif step == 1:
+            chunks = [[t] for t in last]
+        elif step == 2:
+            chunks = [rng.integers(0, 97, 20).tolist(), [], []]
+        elif step == 3:
+            chunks = [[], rng.integers(0, 97, 9).tolist(), []]
+        else:
+            chunks = [[last[0]], [], []]
         batch = pages.step(chunks, all_logits=step == 0, width=32)
         got = ex.run({**batch.as_inputs(), **pools}, w)["logits"]
         want = oracle.step(batch)
         assert (got.argmax(-1) == want.argmax(-1)).all()
         worst = max(worst, float(np.abs(got - want).max()))
         rows = batch.seq_ids[batch.logit_rows]
-        last = [int(want[np.nonzero(rows == s)[0][-1]].argmax()) if (rows == s).any() else None for s in range(3)]
+        last = [int(want[np.nonzero(rows == s)[0][-1]].argmax()) if (rows == s).any() else last[s] for s in range(3)]
     ex.close()
     print(f"bf16 llama (fast schedules) on cuda:0: max |dlogit| {worst:.2g}")
     assert worst < 1e-3

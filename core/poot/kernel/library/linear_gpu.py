@@ -21,7 +21,7 @@ from ...graph import dtypes as dt
 from .. import ir as K
 from ..verify import verify_kernel
 
-__all__ = ["gemv_warp", "gemm_mma", "GEMV_TYPES", "MMA_PAD"]
+__all__ = ["gemv_warp", "gemm_warp", "gemm_mma", "GEMV_TYPES", "MMA_PAD"]
 
 GEMV_TYPES = ("bf16", "q4_k")
 MMA_PAD = 4  # words of padding per staged row: eight rows of a fragment load hit 32 different banks
@@ -120,8 +120,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8) -> K.Kernel:
         if k % 256:
             raise ValueError(f"gemv_warp q4_k needs K a multiple of 256, got {k}")
         nb = k // 256
+        head = [K.Let("blk", _add(_mul(_r("it"), 4), _b("div", _r("lane"), 8)))]
         inner += [
-            K.Let("blk", _add(_mul(_r("it"), 4), _b("div", _r("lane"), 8))),
             K.Let("l8", _b("rem", _r("lane"), 8)),
             K.Let("c", _b("div", _r("l8"), 2)),
             K.Let("h", _b("rem", _r("l8"), 2)),
@@ -164,7 +164,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8) -> K.Kernel:
                     xs = K.Bin("add", xs, _r(names[i], F32))
                 inner.append(K.Assign(f"acc{r}", K.Bin("sub", _fma(_r(f"acc{r}", F32), _r(f"sc_{part}", F32), dot),
                                                         K.Bin("mul", _r(f"mn_{part}", F32), xs))))
-        guarded = (K.If(K.Bin("lt", _r("blk"), _c(nb)), tuple(inner)),) if nb % 4 else tuple(inner)
+        guarded = tuple(head) + ((K.If(K.Bin("lt", _r("blk"), _c(nb)), tuple(inner)),) if nb % 4 else tuple(inner))
         loop = K.For("it", _c(0), _c(-(-nb // 4)), guarded)
     tail: list[K.Stmt] = [loop]
     for r in range(mr):
@@ -266,5 +266,94 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
     params = (K.Buffer("x", F32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False),
               K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     kern = K.Kernel(f"gemm_mma_bf16_K{k}_{wm}x{wn}_{tm}x{tn}{'_split' if split else ''}", params, tuple(body), (threads, 1, 1), tuple(shared))
+    verify_kernel(kern)
+    return kern
+
+
+@lru_cache(maxsize=None)
+def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True) -> K.Kernel:
+    """y = x @ w^T for few rows on tensor cores, streaming the weights like a GEMV: no staging
+    through workgroup memory and no barrier in the loop. The ``wk`` warps of a workgroup split K and
+    add their tiles at the end; each warp owns ``mt`` 16-row by ``tn`` 8-feature tiles. A lane loads
+    16 contiguous bytes of a weight row (eight values) per 32-wide step of K and feeds them to two
+    m16n8k16 products: K is summed in a permuted order (the same for x and the weights), which is
+    what lets every load be 16 bytes. Grid (ceil(m / (16 mt)), ceil(n / (8 tn)))."""
+    if k % (32 * wk):
+        raise ValueError(f"gemm_warp needs K a multiple of {32 * wk}, got {k}")
+    threads, steps = 32 * wk, k // (32 * wk)
+    un = 2 if steps % 2 == 0 else 1
+    halves = ("hi", "lo") if split else ("hi",)
+    nacc = mt * tn * 4
+    body: list[K.Stmt] = [
+        K.Let("tid", K.Builtin("thread_id", 0)),
+        K.Let("lane", _b("rem", _r("tid"), 32)),
+        K.Let("warp", _b("div", _r("tid"), 32)),
+        K.Let("g", _b("div", _r("lane"), 4)),
+        K.Let("t4", _b("rem", _r("lane"), 4)),
+        K.Let("row0", _mul(K.Builtin("group_id", 0), 16 * mt)),
+        K.Let("col0", _mul(K.Builtin("group_id", 1), 8 * tn)),
+        K.Let("kw", _add(_mul(_r("warp"), k // wk), _mul(_r("t4"), 8))),  # this lane's first value of K
+    ]
+    last_m, last_n = _b("sub", _r("m"), 1), _b("sub", _r("n"), 1)
+    for i in range(mt):
+        for h in (0, 8):
+            body.append(K.Let(f"xr{i}_{h}", _mul(K.Bin("min", _add(_r("row0"), 16 * i + h, _r("g")), last_m), k)))
+    for j in range(tn):
+        body.append(K.Let(f"wr{j}", _mul(K.Bin("min", _add(_r("col0"), 8 * j, _r("g")), last_n), k)))
+    acc = {(i, j): tuple(f"acc{i}_{j}_{e}" for e in range(4)) for i in range(mt) for j in range(tn)}
+    for names in acc.values():
+        body += [K.Let(nm, _f(0.0)) for nm in names]
+    loop: list[K.Stmt] = []
+    for u in range(un):  # every load of the unrolled steps first, then the products
+        loop.append(K.Let(f"k{u}", _add(_r("kw"), _mul(_r("s"), 32 * un), 32 * u)))
+        for j in range(tn):
+            loop.append(K.VecLoad(tuple(f"p{u}_{j}_{q}" for q in range(4)), "w", _b("div", _add(_r(f"wr{j}"), _r(f"k{u}")), 2), I32))
+        for i in range(mt):
+            for h in (0, 8):
+                xi = _add(_r(f"xr{i}_{h}"), _r(f"k{u}"))
+                loop += [K.VecLoad(tuple(f"x{u}_{i}_{h}_{v}" for v in range(4)), "x", xi, F32),
+                         K.VecLoad(tuple(f"x{u}_{i}_{h}_{v}" for v in range(4, 8)), "x", _add(xi, 4), F32)]
+    for u in range(un):
+        for i in range(mt):
+            for h in (0, 8):
+                for v in range(8):
+                    xv = _r(f"x{u}_{i}_{h}_{v}", F32)
+                    loop.append(K.Let(f"h{u}_{i}_{h}_{v}", _bf16_bits(xv)))
+                    if split:
+                        loop.append(K.Let(f"l{u}_{i}_{h}_{v}", _bf16_bits(K.Bin("sub", xv, K.Bitcast(_b("shl", _r(f"h{u}_{i}_{h}_{v}"), 16), F32)))))
+        for half in (0, 1):  # values 0-3 of the lane's eight, then 4-7
+            for i in range(mt):
+                for hl, pre in (("hi", "h"), ("lo", "l"))[: len(halves)]:
+                    pr = lambda rr, q: _pair(_r(f"{pre}{u}_{i}_{rr}_{2 * q}"), _r(f"{pre}{u}_{i}_{rr}_{2 * q + 1}"))  # noqa: E731
+                    a = (pr(0, 2 * half), pr(8, 2 * half), pr(0, 2 * half + 1), pr(8, 2 * half + 1))
+                    for q in range(4):
+                        loop.append(K.Let(f"fa{hl}{u}{half}_{i}_{q}", a[q]))
+            for i in range(mt):
+                for j in range(tn):
+                    for hl in halves:
+                        loop.append(K.Mma(acc[i, j], tuple(_r(f"fa{hl}{u}{half}_{i}_{q}") for q in range(4)),  # type: ignore[arg-type]
+                                          (_r(f"p{u}_{j}_{2 * half}"), _r(f"p{u}_{j}_{2 * half + 1}"))))
+    body.append(K.For("s", _c(0), _c(steps // un), tuple(loop)))
+    # the warps' partial tiles through workgroup memory, then summed and stored
+    flat = [nm for i in range(mt) for j in range(tn) for nm in acc[i, j]]
+    for e, nm in enumerate(flat):
+        body.append(K.Store("part", _add(_mul(_r("tid"), nacc), e), _r(nm, F32)))
+    body.append(K.Barrier())
+    # o = lane * nacc + e, e = ((i * tn) + j) * 4 + c: c picks row g or g + 8 and column 2 t4 or 2 t4 + 1
+    part = K.Load("part", _add(_mul(_add(_mul(_r("ww"), 32), _r("ln")), nacc), _r("e")), F32)
+    out: list[K.Stmt] = [
+        K.Let("ln", _b("div", _r("o"), nacc)), K.Let("e", _b("rem", _r("o"), nacc)),
+        K.Let("c", _b("rem", _r("e"), 4)), K.Let("tile", _b("div", _r("e"), 4)), K.Let("sum", _f(0.0)),
+        K.For("ww", _c(0), _c(wk), (K.Assign("sum", K.Bin("add", _r("sum", F32), part)),)),
+        K.Let("orow", _add(_r("row0"), _mul(_b("div", _r("tile"), tn), 16), _b("div", _r("ln"), 4), _mul(_b("div", _r("c"), 2), 8))),
+        K.Let("ocol", _add(_r("col0"), _mul(_b("rem", _r("tile"), tn), 8), _mul(_b("rem", _r("ln"), 4), 2), _b("rem", _r("c"), 2))),
+        K.If(K.Bin("and", K.Bin("lt", _r("orow"), _r("m")), K.Bin("lt", _r("ocol"), _r("n"))),
+             (K.Store("y", _add(_mul(_r("orow"), _r("n")), _r("ocol")), _r("sum", F32)),)),
+    ]
+    body.append(K.For("o", _r("tid"), _c(32 * nacc), tuple(out), step=threads))
+    params = (K.Buffer("x", F32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False),
+              K.ScalarParam("m", I32), K.ScalarParam("n", I32))
+    kern = K.Kernel(f"gemm_warp_bf16_K{k}_{mt}x{tn}_W{wk}{'_split' if split else ''}", params, tuple(body), (threads, 1, 1),
+                    (K.Shared("part", F32, threads * nacc),))
     verify_kernel(kern)
     return kern

@@ -8,8 +8,9 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def rms_norm(x: In[f32], w: In[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128, UNIT_OFFSET: Const = False):
-    """y = x / sqrt(mean(x^2) + eps) * w (Gemma: * (1 + w)), row by row."""
+def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128, UNIT_OFFSET: Const = False, WT: Const = "f32"):
+    """y = x / sqrt(mean(x^2) + eps) * w (Gemma: * (1 + w)), row by row; the weight as stored (WT:
+    f32, f16 or bf16)."""
     row = group_id(0)
     t = thread_id(0)
     part = shared(f32, BLOCK)
@@ -21,7 +22,7 @@ def rms_norm(x: In[f32], w: In[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Co
     reduce_shared(part, "add")
     scale = rsqrt(part[0] / f32(cols) + eps)
     for c in range(t, cols, BLOCK):
-        g = w[c] + 1.0 if UNIT_OFFSET else w[c]
+        g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
         y[row * cols + c] = x[row * cols + c] * scale * g
 
 
@@ -112,7 +113,7 @@ def argmax(x: In[f32], out: Out[i32], cols: i32, BLOCK: Const = 128):
 
 
 @kernel(workgroup=(1, 1, 1))
-def rms_norm_lanes(x: In[f32], w: In[f32], y: Out[f32], cols: i32, eps: f32, UNIT_OFFSET: Const = False):
+def rms_norm_lanes(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, UNIT_OFFSET: Const = False, WT: Const = "f32"):
     """RMSNorm scheduled for a CPU core: one workgroup per row, the sum of squares in 16 lanes (then a
     fixed tree), the scaling vectorised; grid (rows,)."""
     row = group_id(0)
@@ -133,5 +134,5 @@ def rms_norm_lanes(x: In[f32], w: In[f32], y: Out[f32], cols: i32, eps: f32, UNI
             lanes[i] += lanes[i + (8 >> s)]
     scale = rsqrt(lanes[0] / f32(cols) + eps)
     for c in range(cols):
-        g = w[c] + 1.0 if UNIT_OFFSET else w[c]
+        g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
         y[base + c] = x[base + c] * scale * g
