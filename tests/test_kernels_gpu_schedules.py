@@ -104,3 +104,23 @@ def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, m, n, k
     run_host(gemm_warp(k, mt, tn, wk), (-(-m // (16 * mt)), -(-n // (8 * tn))), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
+
+
+@gpu_only
+@pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
+@pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
+def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m):
+    n, k = 29, 1024
+    if qtype == "bf16":
+        (wg, bg), (wu, bu) = _bf16(rng, (n, k)), _bf16(rng, (n, k))
+    else:
+        q = quantization("q4_k")
+        rg, ru = (q.quantize(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(2))
+        wg, wu, bg, bu = q.dequantize(rg), q.dequantize(ru), np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    run_host(gemv_warp(qtype, k, mr, glu=True), (-(-n // 8), -(-m // mr)), {"x": x, "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
+    g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
+    want = g / (1 + np.exp(-g)) * u
+    assert np.isfinite(y).all()
+    np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())

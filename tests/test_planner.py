@@ -84,3 +84,34 @@ def test_poot_plan_prints_the_step(smollm2_path):
     bad = subprocess.run([sys.executable, "-m", "poot.cli", "plan", "SmolLM2", "--tokens", "0"], capture_output=True, text=True, timeout=300)
     assert bad.returncode == 1 and "--tokens" in bad.stderr
     assert r.stdout.count("\n") > 100  # a line or two per launch
+
+
+def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
+    """On a GPU with 32-lane subgroups and mma.sync: bf16 products get warp GEMVs for few rows, the
+    weight-streaming tensor-core GEMM up to 64 and the tiled one beyond; a gated MLP's two products
+    and its silu * up become one launch while the rows are few."""
+    from poot.graph.builder import GraphBuilder
+    from poot.graph.dims import sym
+    from poot.plan.lower import Limits
+
+    b = GraphBuilder()
+    x = b.input("x", "f32", [sym("tokens"), 512])
+    g = b.linear(x, b.weight("wg", "bf16", [768, 512]))
+    u = b.linear(x, b.weight("wu", "bf16", [768, 512]))
+    h = b.mul(b.mul(g, b.sigmoid(g)), u)
+    y = b.linear(h, b.weight("wd", "bf16", [512, 768]))
+    graph = b.build({"y": y})
+    plan = plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"})))
+
+    def kernels(tokens):
+        return [l.kernel.name for l in plan.launches if l.when is None or l.when({"tokens": tokens})]
+
+    assert kernels(1) == ["gemv_warp_glu_bf16_K512_MR1", "gemv_warp_bf16_K768_MR1"]
+    assert kernels(3) == ["gemv_warp_glu_bf16_K512_MR4", "gemv_warp_bf16_K768_MR4"]
+    k9 = kernels(9)
+    assert k9[:2] == ["gemm_warp_bf16_K512_1x4_W8_split"] * 2 and k9[2].startswith("ew_") and k9[3] == "gemm_warp_bf16_K768_1x4_W8_split"
+    assert kernels(40)[0] == "gemm_warp_bf16_K512_2x4_W8_split"
+    assert kernels(300)[0] == "gemm_mma_bf16_K512_2x2_2x4_split"
+    # without 32-lane subgroups (another GPU) the generic schedules stay
+    generic = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))
+    assert not any("warp" in l.kernel.name or "mma" in l.kernel.name for l in generic.launches)

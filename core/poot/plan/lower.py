@@ -194,6 +194,58 @@ def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
     return out
 
 
+@dataclass(frozen=True)
+class _Glu:
+    """silu(x @ wg^T) * (x @ wu^T) whose two products feed only the elementwise group ``root``."""
+
+    root: int
+    gate: Node
+    up: Node
+
+
+def _find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) -> dict[int, _Glu]:
+    """Gated-MLP halves the warp GEMV can compute in one pass (GPU, few rows), by matmul node id."""
+    if limits.subgroup != 32:
+        return {}
+    users = graph.users()
+    found: dict[int, _Glu] = {}
+    for root, members in groups.items():
+        if sorted(m.op for m in members) != ["mul", "mul", "sigmoid"]:
+            continue
+        sig = next(m for m in members if m.op == "sigmoid")
+        g = sig.inputs[0]
+        inner = next((m for m in members if m.op == "mul" and {_key(v) for v in m.inputs} == {_key(g), _key(sig.outputs[0])}), None)
+        outer = next((m for m in members if m.op == "mul" and m is not inner), None)
+        if inner is None or outer is None or outer.id != root:
+            continue
+        u = next((v for v in outer.inputs if _key(v) != _key(inner.outputs[0])), None)
+        if u is None or {_key(v) for v in outer.inputs} != {_key(u), _key(inner.outputs[0])}:
+            continue
+        gate, up = g.node, u.node
+        if gate.op != "matmul" or up.op != "matmul" or gate is up or _key(gate.inputs[0]) != _key(up.inputs[0]):
+            continue
+        wg, wu = gate.inputs[1], up.inputs[1]
+        if not (gate.attrs["transpose_b"] and up.attrs["transpose_b"] and wg.rank == 2 and wu.rank == 2 and wg.dtype == wu.dtype
+                and wg.dtype.name in linear_gpu.GEMV_TYPES and wg.shape == wu.shape and wg.shape[1].value % 256 == 0):
+            continue
+        if len(users[gate.id]) != 2 or len(users[up.id]) != 1:  # the gate feeds the sigmoid and the product only
+            continue
+        glu = _Glu(root, gate, up)
+        found[gate.id] = found[up.id] = glu
+    return found
+
+
+def _glu_launch(glu: _Glu, out: Value) -> list[Launch]:
+    x, wg = glu.gate.inputs
+    nn, kk = wg.shape[0].value, wg.shape[1].value
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    bufs = {"x": _key(x), "wg": _key(wg), "wu": _key(glu.up.inputs[1]), "y": _key(out)}
+    sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+    return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True), bufs,
+                   lambda env, mr=mr: (-(-nn // 8), -(-rows(env) // mr)), sc, _between(lo, hi, rows), label="gated_mlp")
+            for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]
+
+
 def _matmul_gpu(n: Node, limits: Limits) -> list[Launch]:
     x, w = n.inputs
     if n.attrs["transpose_b"] and w.rank == 3:  # per-expert weights: the lane schedules, one thread per workgroup (correct, not yet fast)
@@ -429,6 +481,8 @@ def _attention_gpu(n: Node) -> Launch:
     one output dimension per thread."""
     a = _attention_operands(n, "gpu")
     spec, ops = a.spec, a.ops
+    if a.dk + a.dr > 1024:
+        raise Refusal("attention", "gpu", f"query heads of {a.dk + a.dr} values: the GPU schedule holds at most 1024 in workgroup memory")
     block = 64 if a.dv <= 64 else (128 if a.dv <= 128 else 256)
     kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block)
     dummy = np.zeros(1, np.float32)
@@ -513,6 +567,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     groups = elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
     virtual = virtual_views(graph, inside) if fuse else set()
     in_place = concat_parts(graph, set(groups)) if fuse else {}
+    glus = _find_glus(graph, groups, limits) if fuse and gpu else {}
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant") or n.id in virtual:
@@ -533,9 +588,18 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
             plan.launches.append(_logprobs(n, 1024 if gpu else 256))
         elif cat == "elementwise":
             if n.id in groups:  # the group's root: its escaping value is computed here
-                plan.launches.append(_elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0]))))
+                ew = _elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0])))
+                glu = next((gl for gl in glus.values() if gl.root == n.id), None)
+                if glu is not None and ew.buffers["out"] == _key(n.outputs[0]):  # few rows: one warp GEMV over both weights
+                    fused = _glu_launch(glu, n.outputs[0])
+                    ew.when = _between(4, None, lambda env, x=glu.gate.inputs[0]: int(np.prod(_shape(x, env)[:-1])))
+                    plan.launches.extend(fused)
+                plan.launches.append(ew)
         elif n.op == "matmul":
-            plan.launches.extend(_matmul_gpu(n, limits) if gpu else _matmul(n, limits.shared_bytes))
+            ls = _matmul_gpu(n, limits) if gpu else _matmul(n, limits.shared_bytes)
+            if n.id in glus:  # few rows: the fused gated-MLP launch computes this product's use instead
+                ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
+            plan.launches.extend(ls)
         elif n.op == "gather":
             plan.launches.append(_gather(n))
         elif n.op in ("sum", "mean", "max", "min"):

@@ -26,6 +26,8 @@ def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], po
     split = group_id(2)
     tid = thread_id(0)
     scores = shared(f32, BLOCK)
+    slots = shared(i32, BLOCK)
+    qs = shared(f32, 1024)  # the query row (dk + dr <= 1024: the planner checks)
     g = h // (hq // hkv)
     s = seq_ids[t]
     pos = positions[t]
@@ -42,24 +44,39 @@ def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], po
         end = min(end, s0 + per * BLOCK)
         start = s0
     qb = (t * hq + h) * (dk + dr)
+    for d in range(tid, dk + dr, BLOCK):
+        qs[d] = q[qb + d]
+    barrier()
+    dk4 = dk // 4 * 4
     m = -3.0e38
     l = 0.0
     acc = 0.0
     for j0 in range(start, end, BLOCK):
         j = j0 + tid
         sc = -3.0e38
+        slot = 0
         if j < end:
             slot = block_tables[s * mb + j // bs] * bs + j % bs
             kb = (slot * hkv + g) * dk
             dot = 0.0
-            for d in range(dk):
-                dot += q[qb + d] * k_pool[kb + d]
+            for d in range(0, dk4, 4):  # four independent loads a step
+                k0 = k_pool[kb + d]
+                k1 = k_pool[kb + d + 1]
+                k2 = k_pool[kb + d + 2]
+                k3 = k_pool[kb + d + 3]
+                dot += qs[d] * k0
+                dot += qs[d + 1] * k1
+                dot += qs[d + 2] * k2
+                dot += qs[d + 3] * k3
+            for d in range(dk4, dk):
+                dot += qs[d] * k_pool[kb + d]
             for d in range(dr):
-                dot += q[qb + dk + d] * ks_pool[slot * dr + d]
+                dot += qs[dk + d] * ks_pool[slot * dr + d]
             sc = dot * scale
             if softcap > 0.0:
                 sc = tanh(sc / softcap) * softcap
         scores[tid] = sc
+        slots[tid] = slot
         barrier()
         n = min(BLOCK, end - j0)
         m_new = m
@@ -68,13 +85,33 @@ def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], po
         corr = exp(m - m_new)
         l = l * corr
         acc = acc * corr
-        for i in range(n):
-            p = exp(scores[i] - m_new)
-            l += p
-            if tid < dv:
-                jj = j0 + i
-                slot2 = block_tables[s * mb + jj // bs] * bs + jj % bs
-                acc += p * v_pool[(slot2 * hkv + g) * dv + tid]
+        if tid < dv:
+            vo = g * dv + tid
+            n4 = n // 4 * 4
+            for i in range(0, n4, 4):  # the slots come from workgroup memory: four value loads in flight
+                v0 = v_pool[slots[i] * hkv * dv + vo]
+                v1 = v_pool[slots[i + 1] * hkv * dv + vo]
+                v2 = v_pool[slots[i + 2] * hkv * dv + vo]
+                v3 = v_pool[slots[i + 3] * hkv * dv + vo]
+                p0 = exp(scores[i] - m_new)
+                p1 = exp(scores[i + 1] - m_new)
+                p2 = exp(scores[i + 2] - m_new)
+                p3 = exp(scores[i + 3] - m_new)
+                l += p0
+                l += p1
+                l += p2
+                l += p3
+                acc += p0 * v0
+                acc += p1 * v1
+                acc += p2 * v2
+                acc += p3 * v3
+            for i in range(n4, n):
+                p = exp(scores[i] - m_new)
+                l += p
+                acc += p * v_pool[slots[i] * hkv * dv + vo]
+        else:
+            for i in range(n):
+                l += exp(scores[i] - m_new)
         m = m_new
         barrier()
     if tid < dv:

@@ -82,61 +82,72 @@ def _pair(lo: K.Expr, hi: K.Expr) -> K.Expr:
 # -- decode: one warp per output feature ------------------------------------------------------------
 
 
-@lru_cache(maxsize=None)
-def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8) -> K.Kernel:
-    """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
-    (ceil(n / warps), ceil(m / mr)). Rows past ``m`` read row ``m - 1`` and are not stored."""
-    if qtype not in GEMV_TYPES:
-        raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
-    threads = 32 * warps
-    body: list[K.Stmt] = [
-        K.Let("lane", _b("rem", K.Builtin("thread_id", 0), 32)),
-        K.Let("j", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), 32))),
-        K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
-    ]
-    for r in range(mr):
-        body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
-        body.append(K.Let(f"acc{r}", _f(0.0)))
-    inner: list[K.Stmt] = []
-    if qtype == "bf16":
-        if k % 256:
-            raise ValueError(f"gemv_warp bf16 needs K a multiple of 256, got {k}")
-        un = 4 if k % 1024 == 0 else 2 if k % 512 == 0 else 1  # loads issued before the first use
-        for u in range(un):
-            inner += [K.Let(f"kb{u}", _add(_mul(_r("it"), 256 * un), 256 * u, _mul(_r("lane"), 8))),
-                      K.VecLoad(tuple(f"w{u}_{q}" for q in range(4)), "w", _b("div", _add(_mul(_r("j"), k), _r(f"kb{u}")), 2), I32)]
-        for u in range(un):
-            for r in range(mr):
-                xi = _add(_r(f"xr{r}"), _r(f"kb{u}"))
-                inner += [K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4)), "x", xi, F32),
-                          K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4, 8)), "x", _add(xi, 4), F32)]
-                acc: K.Expr = _r(f"acc{r}", F32)
-                for q in range(4):
-                    acc = _fma(acc, _r(f"x{u}_{r}_{2 * q}", F32), _lo16(_r(f"w{u}_{q}")))
-                    acc = _fma(acc, _r(f"x{u}_{r}_{2 * q + 1}", F32), _hi16(_r(f"w{u}_{q}")))
-                inner.append(K.Assign(f"acc{r}", acc))
-        loop = K.For("it", _c(0), _c(k // (256 * un)), tuple(inner))
-    else:  # q4_k: 256 values in 144 bytes (36 words); eight lanes share a block, 16 quant bytes each
-        if k % 256:
-            raise ValueError(f"gemv_warp q4_k needs K a multiple of 256, got {k}")
-        nb = k // 256
-        head = [K.Let("blk", _add(_mul(_r("it"), 4), _b("div", _r("lane"), 8)))]
-        inner += [
-            K.Let("l8", _b("rem", _r("lane"), 8)),
-            K.Let("c", _b("div", _r("l8"), 2)),
-            K.Let("h", _b("rem", _r("l8"), 2)),
-            K.Let("base", _add(_mul(_r("j"), nb * 36), _mul(_r("blk"), 36))),
-            K.Let("dm", K.Load("w", _r("base"), I32)),
-            K.Let("d", K.HalfToF32(_b("and", _r("dm"), 0xFFFF))),
-            K.Let("dmin", K.HalfToF32(_b("and", _b("shr", _r("dm"), 16), 0xFFFF))),
-            K.Let("s0", K.Load("w", _add(_r("base"), 1), I32)),
-            K.Let("s1", K.Load("w", _add(_r("base"), 2), I32)),
-            K.Let("s2", K.Load("w", _add(_r("base"), 3), I32)),
-            K.VecLoad(("q0", "q1", "q2", "q3"), "w", _add(_r("base"), 4, _mul(_r("l8"), 4)), I32),
-        ]
+def _silu_mul(g: K.Expr, u: K.Expr) -> K.Expr:
+    """silu(g) * u with the operations of the fused elementwise kernel: (g * (1 / (1 + exp(-g)))) * u."""
+    one = _f(1.0)
+    return K.Bin("mul", K.Bin("mul", g, K.Bin("div", one, K.Bin("add", one, K.Un("exp", K.Un("neg", g))))), u)
 
-        def byte(i: K.Expr) -> K.Expr:  # scale byte i (0..11), i run-time
-            word = K.Select(K.Bin("lt", i, _c(4)), _r("s0"), K.Select(K.Bin("lt", i, _c(8)), _r("s1"), _r("s2")))
+
+def _bf16_rows(weights: list[str], k: int, mr: int) -> tuple[list[K.Stmt], int]:
+    """The loop body of a bf16 warp GEMV step: ``un`` 16-byte loads of each weight row issued first,
+    then x (shared by the weights) and the products."""
+    un = 8 if k % 2048 == 0 else 4 if k % 1024 == 0 else 2 if k % 512 == 0 else 1
+    inner: list[K.Stmt] = []
+    for u in range(un):
+        inner.append(K.Let(f"kb{u}", _add(_mul(_r("it"), 256 * un), 256 * u, _mul(_r("lane"), 8))))
+        for wb in weights:
+            inner.append(K.VecLoad(tuple(f"{wb}{u}_{q}" for q in range(4)), wb, _b("div", _add(_mul(_r("j"), k), _r(f"kb{u}")), 2), I32))
+    for u in range(un):
+        for r in range(mr):
+            xi = _add(_r(f"xr{r}"), _r(f"kb{u}"))
+            inner += [K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4)), "x", xi, F32),
+                      K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4, 8)), "x", _add(xi, 4), F32)]
+            for wb in weights:
+                acc: K.Expr = _r(f"{wb}acc{r}", F32)
+                for q in range(4):
+                    acc = _fma(acc, _r(f"x{u}_{r}_{2 * q}", F32), _lo16(_r(f"{wb}{u}_{q}")))
+                    acc = _fma(acc, _r(f"x{u}_{r}_{2 * q + 1}", F32), _hi16(_r(f"{wb}{u}_{q}")))
+                inner.append(K.Assign(f"{wb}acc{r}", acc))
+    return inner, un
+
+
+def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
+    """The loop body of a Q4_K warp GEMV step: four blocks a step, eight lanes a block, each lane
+    16 quant bytes (32 values, two sub-blocks) of each weight row; x loaded once for the weights."""
+    nb = k // 256
+    inner: list[K.Stmt] = [
+        K.Let("l8", _b("rem", _r("lane"), 8)),
+        K.Let("c", _b("div", _r("l8"), 2)),
+        K.Let("h", _b("rem", _r("l8"), 2)),
+        K.Let("xo", _add(_mul(_r("blk"), 256), _mul(_r("c"), 64), _mul(_r("h"), 16))),
+    ]
+    for wb in weights:
+        p = wb
+        inner += [
+            K.Let(f"{p}base", _add(_mul(_r("j"), nb * 36), _mul(_r("blk"), 36))),
+            K.Let(f"{p}dm", K.Load(wb, _r(f"{p}base"), I32)),
+            K.Let(f"{p}s0", K.Load(wb, _add(_r(f"{p}base"), 1), I32)),
+            K.Let(f"{p}s1", K.Load(wb, _add(_r(f"{p}base"), 2), I32)),
+            K.Let(f"{p}s2", K.Load(wb, _add(_r(f"{p}base"), 3), I32)),
+            K.VecLoad(tuple(f"{p}q{i}" for i in range(4)), wb, _add(_r(f"{p}base"), 4, _mul(_r("l8"), 4)), I32),
+        ]
+    for r in range(mr):
+        for part, off in (("lo", 0), ("hi", 32)):
+            xi = _add(_r(f"xr{r}"), _r("xo"), off)
+            names = [f"x{r}{part}_{i}" for i in range(16)]
+            for v in range(4):
+                inner.append(K.VecLoad(tuple(names[4 * v: 4 * v + 4]), "x", _add(xi, 4 * v), F32))
+            xs: K.Expr = _f(0.0)
+            for i in range(16):
+                xs = K.Bin("add", xs, _r(names[i], F32))
+            inner.append(K.Let(f"xs{r}{part}", xs))
+    for wb in weights:
+        p = wb
+        inner += [K.Let(f"{p}d", K.HalfToF32(_b("and", _r(f"{p}dm"), 0xFFFF))),
+                  K.Let(f"{p}dmin", K.HalfToF32(_b("and", _b("shr", _r(f"{p}dm"), 16), 0xFFFF)))]
+
+        def byte(i: K.Expr, p: str = p) -> K.Expr:  # scale byte i (0..11), i run-time
+            word = K.Select(K.Bin("lt", i, _c(4)), _r(f"{p}s0"), K.Select(K.Bin("lt", i, _c(8)), _r(f"{p}s1"), _r(f"{p}s2")))
             return _b("and", K.Bin("shr", word, _mul(_b("rem", i, 4), 8)), 255)
 
         for part, sub in (("lo", _mul(_r("c"), 2)), ("hi", _add(_mul(_r("c"), 2), 1))):
@@ -146,35 +157,57 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8) -> K.Kernel:
                           _b("or", _b("and", byte(_add(sub, 4)), 15), _b("shl", _b("shr", byte(_b("sub", sub, 4)), 6), 4)))
             mn = K.Select(small, _b("and", byte(_add(sub, 4)), 63),
                           _b("or", _b("shr", byte(_add(sub, 4)), 4), _b("shl", _b("shr", byte(sub), 6), 4)))
-            inner += [K.Let(f"sc_{part}", K.Bin("mul", _r("d", F32), K.Cast(sc, F32))),
-                      K.Let(f"mn_{part}", K.Bin("mul", _r("dmin", F32), K.Cast(mn, F32)))]
-        inner.append(K.Let("xo", _add(_mul(_r("blk"), 256), _mul(_r("c"), 64), _mul(_r("h"), 16))))
+            inner += [K.Let(f"{p}sc_{part}", K.Bin("mul", _r(f"{p}d", F32), K.Cast(sc, F32))),
+                      K.Let(f"{p}mn_{part}", K.Bin("mul", _r(f"{p}dmin", F32), K.Cast(mn, F32)))]
         for r in range(mr):
-            for part, off in (("lo", 0), ("hi", 32)):
-                xi = _add(_r(f"xr{r}"), _r("xo"), off)
-                names = [f"x{r}{part}_{i}" for i in range(16)]
-                for v in range(4):
-                    inner.append(K.VecLoad(tuple(names[4 * v: 4 * v + 4]), "x", _add(xi, 4 * v), F32))
+            for part in ("lo", "hi"):
                 dot: K.Expr = _f(0.0)
-                xs: K.Expr = _f(0.0)
                 for i in range(16):
-                    byte_i = _b("and", _b("shr", _r(f"q{i // 4}"), 8 * (i % 4)), 255)
+                    byte_i = _b("and", _b("shr", _r(f"{p}q{i // 4}"), 8 * (i % 4)), 255)
                     q = _b("and", byte_i, 15) if part == "lo" else _b("shr", byte_i, 4)
-                    dot = _fma(dot, _r(names[i], F32), K.Cast(q, F32))
-                    xs = K.Bin("add", xs, _r(names[i], F32))
-                inner.append(K.Assign(f"acc{r}", K.Bin("sub", _fma(_r(f"acc{r}", F32), _r(f"sc_{part}", F32), dot),
-                                                        K.Bin("mul", _r(f"mn_{part}", F32), xs))))
-        guarded = tuple(head) + ((K.If(K.Bin("lt", _r("blk"), _c(nb)), tuple(inner)),) if nb % 4 else tuple(inner))
-        loop = K.For("it", _c(0), _c(-(-nb // 4)), guarded)
+                    dot = _fma(dot, _r(f"x{r}{part}_{i}", F32), K.Cast(q, F32))
+                inner.append(K.Assign(f"{p}acc{r}", K.Bin("sub", _fma(_r(f"{p}acc{r}", F32), _r(f"{p}sc_{part}", F32), dot),
+                                                           K.Bin("mul", _r(f"{p}mn_{part}", F32), _r(f"xs{r}{part}", F32)))))
+    head = [K.Let("blk", _add(_mul(_r("it"), 4), _b("div", _r("lane"), 8)))]
+    return head + ([K.If(K.Bin("lt", _r("blk"), _c(nb)), tuple(inner))] if nb % 4 else inner)
+
+
+@lru_cache(maxsize=None)
+def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False) -> K.Kernel:
+    """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
+    (ceil(n / warps), ceil(m / mr)). Rows past ``m`` read row ``m - 1`` and are not stored.
+    With ``glu``: two weights ``wg`` and ``wu`` against the same x, and y = silu(x wg^T) * (x wu^T)
+    (a gated MLP's first half in one pass over both weights)."""
+    if qtype not in GEMV_TYPES:
+        raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
+    if k % 256:
+        raise ValueError(f"gemv_warp {qtype} needs K a multiple of 256, got {k}")
+    threads = 32 * warps
+    weights = ["wg", "wu"] if glu else ["w"]
+    body: list[K.Stmt] = [
+        K.Let("lane", _b("rem", K.Builtin("thread_id", 0), 32)),
+        K.Let("j", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), 32))),
+        K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
+    ]
+    for r in range(mr):
+        body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
+        body += [K.Let(f"{wb}acc{r}", _f(0.0)) for wb in weights]
+    if qtype == "bf16":
+        inner, un = _bf16_rows(weights, k, mr)
+        loop = K.For("it", _c(0), _c(k // (256 * un)), tuple(inner))
+    else:
+        loop = K.For("it", _c(0), _c(-(-(k // 256) // 4)), tuple(_q4_k_rows(weights, k, mr)))
     tail: list[K.Stmt] = [loop]
     for r in range(mr):
-        tail.append(K.Let(f"s{r}", K.SubgroupReduce("add", _r(f"acc{r}", F32))))
+        for wb in weights:
+            tail.append(K.Let(f"{wb}s{r}", K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))))
+        val = _silu_mul(_r(f"wgs{r}", F32), _r(f"wus{r}", F32)) if glu else _r(f"ws{r}", F32)
         tail.append(K.If(K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m"))),
-                         (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("j")), _r(f"s{r}", F32)),)))
+                         (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("j")), val),)))
     body.append(K.If(K.Bin("lt", _r("j"), _r("n")), tuple(tail)))
-    params = (K.Buffer("x", F32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False),
+    params = (K.Buffer("x", F32), *(K.Buffer(wb, I32) for wb in weights), K.Buffer("y", F32, readonly=False),
               K.ScalarParam("m", I32), K.ScalarParam("n", I32))
-    kern = K.Kernel(f"gemv_warp_{qtype}_K{k}_MR{mr}", params, tuple(body), (threads, 1, 1))
+    kern = K.Kernel(f"gemv_warp_{'glu_' if glu else ''}{qtype}_K{k}_MR{mr}", params, tuple(body), (threads, 1, 1))
     verify_kernel(kern)
     return kern
 
