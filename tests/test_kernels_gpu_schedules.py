@@ -124,3 +124,24 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
     want = g / (1 + np.exp(-g)) * u
     assert np.isfinite(y).all()
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+@gpu_only
+@pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
+@pytest.mark.parametrize("mr,m", [(1, 1), (4, 2)])
+def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m):
+    parts, k = (24, 8, 13), 512
+    q = quantization("q4_k")
+    ws, bufs = [], {}
+    for i, n in enumerate(parts):
+        if qtype == "bf16":
+            w, bits = _bf16(rng, (n, k))
+        else:
+            raw = q.quantize(rng.standard_normal((n, k)).astype(np.float32))
+            w, bits = q.dequantize(raw), np.ascontiguousarray(raw).view(np.int32)
+        ws.append(w)
+        bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    run_host(gemv_warp(qtype, k, mr, parts=parts), (-(-sum(parts) // 8), -(-m // mr)), {"x": x, **bufs}, {"m": m, "n": sum(parts)})
+    for i, w in enumerate(ws):
+        _close(bufs[f"y{i}"], x.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)

@@ -188,7 +188,7 @@ def _paged_case(rng, v, bs=4):
     return data, bs, MB
 
 
-@pytest.mark.parametrize("splits", [1, 3, "lanes"])
+@pytest.mark.parametrize("splits", [1, 3, "lanes", "blocks"])
 @pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
 @pytest.mark.parametrize("variant", sorted(ATTN))
 def test_paged_attention(rng, variant, mask, splits):
@@ -199,7 +199,14 @@ def test_paged_attention(rng, variant, mask, splits):
     causal, window, softcap, scale = mask != "full", 9 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
     bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": data["ks"], "positions": data["positions"], "seq_ids": data["seq_ids"],
             "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"]}
-    if splits == "lanes":
+    if splits == "blocks":  # query tokens in blocks sharing key tiles; the tokens are shuffled, so blocks mix sequences
+        k = attn_lib.attention_blocks.instantiate(CAUSAL=causal, QT=4, KT=8, D=64)
+        out = bufs["out"] = poisoned((T, v["hq"], v["dv"]))
+        sc = {"ntok": T, "hq": v["hq"], "hkv": v["hkv"], "dk": v["dk"], "dv": v["dv"], "dr": v["dr"], "bs": bs, "mb": mb, "scale": scale,
+              "window": window, "softcap": softcap}
+        run_host(k, (-(-T // 4), v["hq"]), bufs, sc)
+        splits = 1
+    elif splits == "lanes":
         k = attn_lib.attention_lanes.instantiate(HQ=v["hq"], HKV=v["hkv"], DK=v["dk"], DV=v["dv"], DR=v["dr"], BS=bs, CAUSAL=causal, TILE=16)
         out = bufs["out"] = poisoned((T, v["hq"], v["dv"]))
         run_host(k, (T, v["hq"]), bufs, {"mb": mb, "scale": scale, "window": window, "softcap": softcap})

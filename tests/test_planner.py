@@ -112,6 +112,14 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
     assert k9[:2] == ["gemm_warp_bf16_K512_1x4_W8_split"] * 2 and k9[2].startswith("ew_") and k9[3] == "gemm_warp_bf16_K768_1x4_W8_split"
     assert kernels(40)[0] == "gemm_warp_bf16_K512_2x4_W8_split"
     assert kernels(300)[0] == "gemm_mma_bf16_K512_2x2_2x4_split"
+    # products of one x (q, k and v) share one launch while the rows are few
+    b = GraphBuilder()
+    x = b.input("x", "f32", [sym("tokens"), 512])
+    outs = {n: b.linear(x, b.weight(n, "bf16", [rows, 512])) for n, rows in (("q", 512), ("k", 128), ("v", 128))}
+    qkv = plan_graph(b.build(outs), device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"})))
+    one = [l.kernel.name for l in qkv.launches if l.when is None or l.when({"tokens": 1})]
+    assert one == ["gemv_warp_3x_bf16_K512_MR1_512_128_128"]
+    assert len([l for l in qkv.launches if l.when is None or l.when({"tokens": 30})]) == 3
     # without 32-lane subgroups (another GPU) the generic schedules stay
     generic = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))
     assert not any("warp" in l.kernel.name or "mma" in l.kernel.name for l in generic.launches)

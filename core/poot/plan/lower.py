@@ -246,6 +246,41 @@ def _glu_launch(glu: _Glu, out: Value) -> list[Launch]:
             for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]
 
 
+def _find_siblings(graph: Graph, limits: Limits, taken: Mapping[int, Any]) -> dict[int, list[Node]]:
+    """Products of one x by several weights of one type (q, k and v) that a single warp-GEMV launch
+    can compute for few rows: the first matmul's id -> all of them (in graph order)."""
+    if limits.subgroup != 32:
+        return {}
+    by_x: dict[tuple[int, int], list[Node]] = {}
+    for n in graph.nodes:
+        if n.op != "matmul" or n.id in taken or not n.attrs["transpose_b"]:
+            continue
+        w = n.inputs[1]
+        if w.rank == 2 and w.dtype.name in linear_gpu.GEMV_TYPES and w.shape[1].value % 256 == 0:
+            by_x.setdefault(_key(n.inputs[0]), []).append(n)
+    out: dict[int, list[Node]] = {}
+    for ns in by_x.values():
+        first = ns[0].inputs[1]
+        same = [m for m in ns if m.inputs[1].dtype == first.dtype and m.inputs[1].shape[1] == first.shape[1]]
+        if len(same) >= 2:
+            out[same[0].id] = same[:4]
+    return out
+
+
+def _siblings_launch(ns: list[Node]) -> list[Launch]:
+    x, w = ns[0].inputs
+    kk = w.shape[1].value
+    parts = tuple(m.inputs[1].shape[0].value for m in ns)
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    bufs: dict[str, Any] = {"x": _key(x)}
+    for i, m in enumerate(ns):
+        bufs[f"w{i}"], bufs[f"y{i}"] = _key(m.inputs[1]), _key(m.outputs[0])
+    total = sum(parts)
+    return [Launch(ns[0], linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts), bufs, lambda env, mr=mr: (-(-total // 8), -(-rows(env) // mr)),
+                   lambda env: {"m": rows(env), "n": total}, _between(lo, hi, rows), label=f"{len(ns)} matmuls")
+            for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]
+
+
 def _matmul_gpu(n: Node, limits: Limits) -> list[Launch]:
     x, w = n.inputs
     if n.attrs["transpose_b"] and w.rank == 3:  # per-expert weights: the lane schedules, one thread per workgroup (correct, not yet fast)
@@ -476,7 +511,7 @@ def _logprobs(n: Node, block: int = 256) -> Launch:
                   When("log-probabilities asked for", lambda env: env.get(WANT_LOGPROBS, 1) != 0))
 
 
-def _attention_gpu(n: Node) -> Launch:
+def _attention_gpu(n: Node) -> list[Launch]:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
     one output dimension per thread."""
     a = _attention_operands(n, "gpu")
@@ -492,11 +527,24 @@ def _attention_gpu(n: Node) -> Launch:
         return {"hq": a.hq, "hkv": a.hkv, "dk": a.dk, "dv": a.dv, "dr": a.dr, "bs": a.bs, "mb": _shape(ops["block_tables"], env)[1], "scale": a.scale,
                 "window": spec.window or 0, "softcap": spec.softcap or 0.0}
 
-    return Launch(n, kern, bufs, lambda env: (max(1, _shape(ops["q"], env)[0]), a.hq, 1), scalars)
+    tokens = lambda env: max(1, _shape(ops["q"], env)[0])  # noqa: E731
+    batch = lambda env: max(1, _shape(ops["ctx_lens"], env)[0])  # noqa: E731
+    per_token = Launch(n, kern, bufs, lambda env: (tokens(env), a.hq, 1), scalars)
+    width = max(a.dk + a.dr, a.dv)
+    if width > 128:
+        return [per_token]
+    # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new tokens)
+    blocks = Launch(n, attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128), a.buffers,
+                    lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
+                    When("tokens >= 8 * batch", lambda env: tokens(env) >= 8 * batch(env)))
+    per_token.when = When("tokens < 8 * batch", lambda env: tokens(env) < 8 * batch(env))
+    return [per_token, blocks]
 
 
 def _rms_norm_gpu(n: Node, r: RmsNorm) -> Launch:
-    k = norms.rms_norm.instantiate(BLOCK=128, UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name)
+    cols = r.x.shape[-1].value
+    block = 1024 if cols >= 4096 else 256 if cols >= 1024 else 128  # fewer serial steps a row
+    k = norms.rms_norm.instantiate(BLOCK=block, UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name)
     cols = r.x.shape[-1].value
     return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
                   lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps}, label="rms_norm")
@@ -568,6 +616,8 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     virtual = virtual_views(graph, inside) if fuse else set()
     in_place = concat_parts(graph, set(groups)) if fuse else {}
     glus = _find_glus(graph, groups, limits) if fuse and gpu else {}
+    siblings = _find_siblings(graph, limits, glus) if fuse and gpu else {}
+    in_siblings = {m.id for ns in siblings.values() for m in ns}
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant") or n.id in virtual:
@@ -597,8 +647,10 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
                 plan.launches.append(ew)
         elif n.op == "matmul":
             ls = _matmul_gpu(n, limits) if gpu else _matmul(n, limits.shared_bytes)
-            if n.id in glus:  # few rows: the fused gated-MLP launch computes this product's use instead
+            if n.id in glus or n.id in in_siblings:  # few rows: a fused launch computes this product (or its use)
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
+            if n.id in siblings:
+                plan.launches.extend(_siblings_launch(siblings[n.id]))
             plan.launches.extend(ls)
         elif n.op == "gather":
             plan.launches.append(_gather(n))
@@ -607,7 +659,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         elif n.op in ("transpose", "slice", "expand", "concat"):
             plan.launches.extend(_movement(n, in_place))
         elif n.op == "attention":
-            plan.launches.append(_attention_gpu(n) if gpu else _attention(n))
+            plan.launches.extend(_attention_gpu(n) if gpu else [_attention(n)])
         elif n.op == "topk":
             plan.launches.append(_topk(n))
         else:

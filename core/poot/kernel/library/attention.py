@@ -213,3 +213,147 @@ def attention_lanes(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f3
             out[ob + d] = acc[d] / l
         else:
             out[ob + d] = 0.0
+
+
+@kernel(workgroup=(128, 1, 1))
+def attention_blocks(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
+                     block_tables: In[i32], out: Out[f32], ntok: i32, hq: i32, hkv: i32, dk: i32, dv: i32, dr: i32, bs: i32, mb: i32,
+                     scale: f32, window: i32, softcap: f32, CAUSAL: Const = True, QT: Const = 16, KT: Const = 16, D: Const = 128):
+    """The same attention for prefill: a workgroup takes QT consecutive query tokens of one head and
+    walks their sequence's keys KT at a time, each key and value tile loaded once into workgroup
+    memory for all QT queries (rather than once per query). A block holding tokens of several
+    sequences takes them one sequence at a time. Head widths up to D. Grid (ceil(tokens / QT), hq)."""
+    tb = group_id(0) * QT
+    h = group_id(1)
+    tid = thread_id(0)
+    g = h // (hq // hkv)
+    dq = dk + dr
+    qs = shared(f32, QT * (D + 1))  # rows padded by one: a column walk hits every bank once
+    ks = shared(f32, KT * (D + 1))
+    vs = shared(f32, KT * (D + 1))
+    os = shared(f32, QT * (D + 1))
+    ps = shared(f32, QT * KT)
+    kslot = shared(i32, KT)
+    rm = shared(f32, QT)  # per query row: running max, sum, this tile's correction
+    rl = shared(f32, QT)
+    rc = shared(f32, QT)
+    rowseq = shared(i32, QT)
+    rowpos = shared(i32, QT)
+    member = shared(i32, QT)  # 1: in the sequence being done; done rows get -1
+    red = shared(i32, 128)
+    nvalid = min(QT, ntok - tb)
+    for e in range(tid, QT * dq, 128):
+        r = e // dq
+        tok = min(tb + r, ntok - 1)
+        qs[r * (D + 1) + e % dq] = q[(tok * hq + h) * dq + e % dq]
+    if tid < QT:
+        tok = min(tb + tid, ntok - 1)
+        rowseq[tid] = seq_ids[tok]
+        rowpos[tid] = positions[tok]
+        member[tid] = 0 if tid < nvalid else -1
+    barrier()
+    for _ in range(QT):  # one sequence of the block at a time: at most QT of them
+        red[tid] = tid if tid < QT and member[tid] == 0 else 1024
+        reduce_shared(red, "min")
+        first = red[0]
+        barrier()
+        if first < QT:
+            s = rowseq[first]
+            clen = ctx_lens[s]
+            # this sequence's rows, and the keys they can see: [kstart, kend)
+            lo = 2147483647
+            hi = 0
+            if tid < QT:
+                if member[tid] == 0 and rowseq[tid] == s:
+                    member[tid] = 1
+                    p_end = clen
+                    if CAUSAL:
+                        p_end = min(clen, rowpos[tid] + 1)
+                    hi = p_end
+                    lo = 0
+                    if window > 0:
+                        lo = max(0, rowpos[tid] - window + 1)
+            red[tid] = lo
+            reduce_shared(red, "min")
+            kstart = red[0]
+            barrier()
+            red[tid] = hi
+            reduce_shared(red, "max")
+            kend = red[0]
+            barrier()
+            for e in range(tid, QT * dv, 128):
+                os[(e // dv) * (D + 1) + e % dv] = 0.0
+            if tid < QT:
+                rm[tid] = -3.0e38
+                rl[tid] = 0.0
+            barrier()
+            for j0 in range(kstart, kend, KT):
+                n = min(KT, kend - j0)
+                if tid < KT:
+                    jj = min(j0 + tid, kend - 1)
+                    kslot[tid] = block_tables[s * mb + jj // bs] * bs + jj % bs
+                barrier()
+                for e in range(tid, KT * dk, 128):
+                    kr = e // dk
+                    ks[kr * (D + 1) + e % dk] = k_pool[(kslot[kr] * hkv + g) * dk + e % dk]
+                for e in range(tid, KT * dr, 128):
+                    kr = e // dr
+                    ks[kr * (D + 1) + dk + e % dr] = ks_pool[kslot[kr] * dr + e % dr]
+                for e in range(tid, KT * dv, 128):
+                    kr = e // dv
+                    vs[kr * (D + 1) + e % dv] = v_pool[(kslot[kr] * hkv + g) * dv + e % dv]
+                barrier()
+                for e in range(tid, QT * KT, 128):  # scores, masked to -3e38
+                    r = e // KT
+                    c = e % KT
+                    jp = j0 + c
+                    sc = -3.0e38
+                    if c < n and member[r] == 1:
+                        vis = jp < clen
+                        if CAUSAL:
+                            vis = vis and jp <= rowpos[r]
+                        if window > 0:
+                            vis = vis and jp > rowpos[r] - window
+                        if vis:
+                            dot = 0.0
+                            for d in range(dq):
+                                dot += qs[r * (D + 1) + d] * ks[c * (D + 1) + d]
+                            sc = dot * scale
+                            if softcap > 0.0:
+                                sc = tanh(sc / softcap) * softcap
+                    ps[e] = sc
+                barrier()
+                if tid < QT:  # online softmax, a row per thread
+                    m_old = rm[tid]
+                    m_new = m_old
+                    for c in range(KT):
+                        m_new = max(m_new, ps[tid * KT + c])
+                    corr = exp(m_old - m_new) if m_old > -1.0e38 else 0.0
+                    lsum = rl[tid] * corr
+                    for c in range(KT):
+                        x = ps[tid * KT + c]
+                        p = exp(x - m_new) if x > -1.0e38 else 0.0
+                        ps[tid * KT + c] = p
+                        lsum += p
+                    rl[tid] = lsum
+                    rm[tid] = m_new
+                    rc[tid] = corr
+                barrier()
+                for e in range(tid, QT * dv, 128):
+                    r = e // dv
+                    d = e % dv
+                    acc = os[r * (D + 1) + d] * rc[r]
+                    for c in range(KT):
+                        acc += ps[r * KT + c] * vs[c * (D + 1) + d]
+                    os[r * (D + 1) + d] = acc
+                barrier()
+            for e in range(tid, QT * dv, 128):
+                r = e // dv
+                if member[r] == 1:
+                    lr = rl[r]
+                    out[((tb + r) * hq + h) * dv + e % dv] = os[r * (D + 1) + e % dv] / lr if lr > 0.0 else 0.0
+            barrier()
+            if tid < QT:
+                if member[tid] == 1:
+                    member[tid] = -1
+            barrier()

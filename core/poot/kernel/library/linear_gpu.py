@@ -173,41 +173,58 @@ def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
 
 
 @lru_cache(maxsize=None)
-def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False) -> K.Kernel:
+def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False, parts: tuple[int, ...] = ()) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)). Rows past ``m`` read row ``m - 1`` and are not stored.
     With ``glu``: two weights ``wg`` and ``wu`` against the same x, and y = silu(x wg^T) * (x wu^T)
-    (a gated MLP's first half in one pass over both weights)."""
+    (a gated MLP's first half in one pass over both weights). With ``parts`` (feature counts):
+    several products of the same x in one launch, weights ``w0``, ``w1``, ... into ``y0``, ``y1``,
+    ... (q, k and v, say); n is then their total."""
     if qtype not in GEMV_TYPES:
         raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
     if k % 256:
         raise ValueError(f"gemv_warp {qtype} needs K a multiple of 256, got {k}")
     threads = 32 * warps
-    weights = ["wg", "wu"] if glu else ["w"]
     body: list[K.Stmt] = [
         K.Let("lane", _b("rem", K.Builtin("thread_id", 0), 32)),
-        K.Let("j", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), 32))),
+        K.Let("jg", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), 32))),
         K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
     ]
     for r in range(mr):
         body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
-        body += [K.Let(f"{wb}acc{r}", _f(0.0)) for wb in weights]
-    if qtype == "bf16":
-        inner, un = _bf16_rows(weights, k, mr)
-        loop = K.For("it", _c(0), _c(k // (256 * un)), tuple(inner))
+
+    def product(weights: list[str], y: str, width: K.Expr) -> list[K.Stmt]:
+        """Rows j of this product (``j`` declared by the caller) into ``y`` of ``width`` features."""
+        out: list[K.Stmt] = [K.Let(f"{wb}acc{r}", _f(0.0)) for r in range(mr) for wb in weights]
+        if qtype == "bf16":
+            inner, un = _bf16_rows(weights, k, mr)
+            out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
+        else:
+            out.append(K.For("it", _c(0), _c(-(-(k // 256) // 4)), tuple(_q4_k_rows(weights, k, mr))))
+        for r in range(mr):
+            for wb in weights:
+                out.append(K.Let(f"{wb}s{r}", K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))))
+            val = _silu_mul(_r(f"wgs{r}", F32), _r(f"wus{r}", F32)) if glu else _r(f"{weights[0]}s{r}", F32)
+            out.append(K.If(K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m"))),
+                            (K.Store(y, _add(_mul(_add(_r("m0"), r), width), _r("j")), val),)))
+        return out
+
+    if parts:
+        off = 0
+        for i, size in enumerate(parts):  # a warp's rows lie in one part: the branch is uniform
+            inside = K.Bin("and", K.Bin("ge", _r("jg"), _c(off)), K.Bin("lt", _r("jg"), _c(off + size)))
+            body.append(K.If(inside, (K.Let("j", _b("sub", _r("jg"), off)), *product([f"w{i}"], f"y{i}", _c(size)))))
+            off += size
+        weights_p: list[K.Param] = [K.Buffer(f"w{i}", I32) for i in range(len(parts))]
+        outs: list[K.Param] = [K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts))]
     else:
-        loop = K.For("it", _c(0), _c(-(-(k // 256) // 4)), tuple(_q4_k_rows(weights, k, mr)))
-    tail: list[K.Stmt] = [loop]
-    for r in range(mr):
-        for wb in weights:
-            tail.append(K.Let(f"{wb}s{r}", K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))))
-        val = _silu_mul(_r(f"wgs{r}", F32), _r(f"wus{r}", F32)) if glu else _r(f"ws{r}", F32)
-        tail.append(K.If(K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m"))),
-                         (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("j")), val),)))
-    body.append(K.If(K.Bin("lt", _r("j"), _r("n")), tuple(tail)))
-    params = (K.Buffer("x", F32), *(K.Buffer(wb, I32) for wb in weights), K.Buffer("y", F32, readonly=False),
-              K.ScalarParam("m", I32), K.ScalarParam("n", I32))
-    kern = K.Kernel(f"gemv_warp_{'glu_' if glu else ''}{qtype}_K{k}_MR{mr}", params, tuple(body), (threads, 1, 1))
+        weights = ["wg", "wu"] if glu else ["w"]
+        body.append(K.If(K.Bin("lt", _r("jg"), _r("n")), (K.Let("j", _r("jg")), *product(weights, "y", _r("n")))))
+        weights_p = [K.Buffer(wb, I32) for wb in weights]
+        outs = [K.Buffer("y", F32, readonly=False)]
+    params = (K.Buffer("x", F32), *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
+    tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
+    kern = K.Kernel(f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else ""), params, tuple(body), (threads, 1, 1))
     verify_kernel(kern)
     return kern
 
