@@ -296,7 +296,7 @@ def main() -> None:
     for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256)):
         if args.only and args.only != name:
             continue
-        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill if name == "bf16" else 0, args.rounds, args.profile)
+        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches if name == "bf16" else [1], args.prefill if name == "bf16" else 0, args.rounds, args.profile)
         if bw:
             roof = bw / decode_weight_bytes(dims, args.layers, bpv)
             res[f"roofline_{name}"] = roof

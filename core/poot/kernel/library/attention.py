@@ -253,7 +253,10 @@ def attention_blocks(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f
         member[tid] = 0 if tid < nvalid else -1
     barrier()
     for _ in range(QT):  # one sequence of the block at a time: at most QT of them
-        red[tid] = tid if tid < QT and member[tid] == 0 else 1024
+        red[tid] = 1024
+        if tid < QT:  # (a conditional expression would read member[] past its end: both sides are evaluated)
+            if member[tid] == 0:
+                red[tid] = tid
         reduce_shared(red, "min")
         first = red[0]
         barrier()
