@@ -511,7 +511,7 @@ def _logprobs(n: Node, block: int = 256) -> Launch:
                   When("log-probabilities asked for", lambda env: env.get(WANT_LOGPROBS, 1) != 0))
 
 
-def _attention_gpu(n: Node) -> list[Launch]:
+def _attention_gpu(n: Node, limits: Limits) -> list[Launch]:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
     one output dimension per thread."""
     a = _attention_operands(n, "gpu")
@@ -531,19 +531,27 @@ def _attention_gpu(n: Node) -> list[Launch]:
     batch = lambda env: max(1, _shape(ops["ctx_lens"], env)[0])  # noqa: E731
     per_token = Launch(n, kern, bufs, lambda env: (tokens(env), a.hq, 1), scalars)
     width = max(a.dk + a.dr, a.dv)
-    if width > 128:
+    bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128)
+    if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:
         return [per_token]
     # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new tokens)
-    blocks = Launch(n, attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128), a.buffers,
+    blocks = Launch(n, bk, a.buffers,
                     lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
                     When("tokens >= 8 * batch", lambda env: tokens(env) >= 8 * batch(env)))
     per_token.when = When("tokens < 8 * batch", lambda env: tokens(env) < 8 * batch(env))
     return [per_token, blocks]
 
 
-def _rms_norm_gpu(n: Node, r: RmsNorm) -> Launch:
+def _pow2_at_most(n: int, cap: int) -> int:
+    p = 1
+    while p * 2 <= min(n, cap):
+        p *= 2
+    return p
+
+
+def _rms_norm_gpu(n: Node, r: RmsNorm, limits: Limits) -> Launch:
     cols = r.x.shape[-1].value
-    block = 1024 if cols >= 4096 else 256 if cols >= 1024 else 128  # fewer serial steps a row
+    block = _pow2_at_most(1024 if cols >= 4096 else 256 if cols >= 1024 else 128, limits.max_workgroup)  # fewer serial steps a row
     k = norms.rms_norm.instantiate(BLOCK=block, UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name)
     cols = r.x.shape[-1].value
     return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
@@ -573,10 +581,12 @@ def compile_plan(graph: Graph, device: Device) -> Plan:
     the op, the device and the reason when something cannot run there."""
     if device.unavailable is not None:
         raise Refusal("plan", device.name, f"the device is unavailable ({device.unavailable})")
-    if device.capabilities is None or device.target not in ("host", "nvptx"):
-        raise Refusal("plan", device.name, f"the planner has schedules for the host CPU and NVIDIA GPUs; target '{device.target}' gets them with its backend")
+    if device.capabilities is None or device.target not in ("host", "nvptx", "spirv"):
+        raise Refusal("plan", device.name, f"the planner has schedules for the host CPU, NVIDIA GPUs and Vulkan/WebGPU; target '{device.target}' gets them with its backend")
     caps = device.capabilities
-    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, caps.shared_memory_bytes, caps.dtypes, caps.subgroup_size, caps.matrix_ops),
+    # SPIR-V kernels use no subgroup operations (codegen refuses them): schedules that need them are not chosen
+    subgroup = 0 if device.target == "spirv" else caps.subgroup_size
+    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, caps.shared_memory_bytes, caps.dtypes, subgroup, caps.matrix_ops),
                       gpu=device.target != "host")
 
 
@@ -623,7 +633,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         if n.op in ("input", "weight", "constant") or n.id in virtual:
             continue
         if n.id in norms_at:
-            plan.launches.append(_rms_norm_gpu(n, norms_at[n.id]) if gpu else _rms_norm(n, norms_at[n.id]))
+            plan.launches.append(_rms_norm_gpu(n, norms_at[n.id], limits) if gpu else _rms_norm(n, norms_at[n.id]))
             continue
         if n.id in inside:
             continue
@@ -633,9 +643,9 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
             plan.aliases[_key(n.outputs[0])] = plan.aliases.get(_key(n.inputs[0]), _key(n.inputs[0]))
             plan.launches.append(_cache_write(n) if n.op == "cache_write" else _count_tokens(n))
         elif n.op == "sample":  # one workgroup a row: on a GPU, the widest
-            plan.launches.append(_sample(n, 1024 if gpu else 256))
+            plan.launches.append(_sample(n, _pow2_at_most(1024, limits.max_workgroup) if gpu else 256))
         elif n.op == "logprobs":
-            plan.launches.append(_logprobs(n, 1024 if gpu else 256))
+            plan.launches.append(_logprobs(n, _pow2_at_most(1024, limits.max_workgroup) if gpu else 256))
         elif cat == "elementwise":
             if n.id in groups:  # the group's root: its escaping value is computed here
                 ew = _elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0])))
@@ -659,7 +669,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         elif n.op in ("transpose", "slice", "expand", "concat"):
             plan.launches.extend(_movement(n, in_place))
         elif n.op == "attention":
-            plan.launches.extend(_attention_gpu(n) if gpu else [_attention(n)])
+            plan.launches.extend(_attention_gpu(n, limits) if gpu else [_attention(n)])
         elif n.op == "topk":
             plan.launches.append(_topk(n))
         else:

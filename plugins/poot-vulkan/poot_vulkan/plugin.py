@@ -1,4 +1,5 @@
-"""Entry point of poot-vulkan: registers the Vulkan physical devices."""
+"""Entry point of poot-vulkan: registers the Vulkan physical devices, runs single kernels on them for
+the kernel tests, and runs plans on them (``VulkanExecutor``)."""
 
 from poot import hookimpl
 from poot.runtime import Device
@@ -18,3 +19,12 @@ def poot_kernel_runner(device: Device):  # type: ignore[no-untyped-def]
     from .runtime import VulkanDevice, kernel_runner
 
     return kernel_runner(VulkanDevice(device.index))
+
+
+@hookimpl
+def poot_executor(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind != "vulkan":
+        return None
+    from .executor import VulkanExecutor
+
+    return VulkanExecutor

@@ -85,33 +85,29 @@ def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], po
         corr = exp(m - m_new)
         l = l * corr
         acc = acc * corr
-        if tid < dv:
-            vo = g * dv + tid
-            n4 = n // 4 * 4
-            for i in range(0, n4, 4):  # the slots come from workgroup memory: four value loads in flight
-                v0 = v_pool[slots[i] * hkv * dv + vo]
-                v1 = v_pool[slots[i + 1] * hkv * dv + vo]
-                v2 = v_pool[slots[i + 2] * hkv * dv + vo]
-                v3 = v_pool[slots[i + 3] * hkv * dv + vo]
-                p0 = exp(scores[i] - m_new)
-                p1 = exp(scores[i + 1] - m_new)
-                p2 = exp(scores[i + 2] - m_new)
-                p3 = exp(scores[i + 3] - m_new)
-                l += p0
-                l += p1
-                l += p2
-                l += p3
-                acc += p0 * v0
-                acc += p1 * v1
-                acc += p2 * v2
-                acc += p3 * v3
-            for i in range(n4, n):
-                p = exp(scores[i] - m_new)
-                l += p
-                acc += p * v_pool[slots[i] * hkv * dv + vo]
-        else:
-            for i in range(n):
-                l += exp(scores[i] - m_new)
+        vo = g * dv + min(tid, dv - 1)  # threads past dv load what the last one does and store nothing
+        n4 = n // 4 * 4
+        for i in range(0, n4, 4):  # the slots come from workgroup memory: four value loads in flight
+            v0 = v_pool[slots[i] * hkv * dv + vo]
+            v1 = v_pool[slots[i + 1] * hkv * dv + vo]
+            v2 = v_pool[slots[i + 2] * hkv * dv + vo]
+            v3 = v_pool[slots[i + 3] * hkv * dv + vo]
+            p0 = exp(scores[i] - m_new)
+            p1 = exp(scores[i + 1] - m_new)
+            p2 = exp(scores[i + 2] - m_new)
+            p3 = exp(scores[i + 3] - m_new)
+            l += p0
+            l += p1
+            l += p2
+            l += p3
+            acc += p0 * v0
+            acc += p1 * v1
+            acc += p2 * v2
+            acc += p3 * v3
+        for i in range(n4, n):
+            p = exp(scores[i] - m_new)
+            l += p
+            acc += p * v_pool[slots[i] * hkv * dv + vo]
         m = m_new
         barrier()
     if tid < dv:

@@ -1,0 +1,393 @@
+"""The Vulkan executor: a plan's kernels as compute pipelines (SPIR-V from codegen, created once),
+weights, constants and KV pools in storage buffers bound once, and each captured step one recorded
+command buffer (a descriptor set per launch pointing into the step's activation arena, a scalar-word
+region per launch, a memory barrier between dispatches) that ``replay`` resubmits after writing the
+step's inputs. Values a launch reads are bound at their storage's offset, so the arena's slots
+are aligned to the device's ``minStorageBufferOffsetAlignment`` (at least 64 bytes).
+
+Memory: every buffer lives in host-visible coherent memory and stays mapped, so inputs are written
+and outputs read in place. On lavapipe and integrated GPUs that is all the memory there is; on a
+discrete GPU it is memory the GPU reads across the bus, so weights there want device-local buffers
+uploaded through staging (not done yet).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from poot.codegen import TARGETS, compile_kernel
+from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
+from poot.errors import PootError
+from poot.kernel.ir import Kernel
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array
+from poot.plan.plan import Plan
+from poot.runtime import get_device
+from poot.runtime.executor import Executor
+
+from .runtime import WHOLE_SIZE, HostBuffer, VulkanDevice
+
+__all__ = ["VulkanExecutor"]
+
+Key = tuple[int, int]
+
+
+class _Pipeline:
+    """A compute pipeline and its descriptor-set layout for one kernel."""
+
+    def __init__(self, dev: VulkanDevice, kernel: Kernel) -> None:
+        vk, d = dev.vk, dev.device
+        self.dev, self.kernel = dev, kernel
+        self.bindings = bindings(kernel)
+        self.module = self.set_layout = self.layout = self.pipeline = None
+        code = compile_kernel(kernel, TARGETS["spirv:vulkan1.3"]).data
+        try:
+            self.module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
+            slots = [vk.VkDescriptorSetLayoutBinding(binding=b, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
+                                                     stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for b, *_ in self.bindings]
+            self.set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(pBindings=slots), None)
+            self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(pSetLayouts=[self.set_layout]), None)
+            stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=ENTRY)
+            self.pipeline = vk.vkCreateComputePipelines(d, vk.VK_NULL_HANDLE, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self) -> None:
+        vk, d = self.dev.vk, self.dev.device
+        for attr, destroy in (("pipeline", vk.vkDestroyPipeline), ("layout", vk.vkDestroyPipelineLayout),
+                              ("set_layout", vk.vkDestroyDescriptorSetLayout), ("module", vk.vkDestroyShaderModule)):
+            obj = getattr(self, attr)
+            if obj is not None:
+                destroy(d, obj, None)
+                setattr(self, attr, None)
+
+
+@dataclass
+class VulkanStep:
+    storage: StoragePlan
+    arena: HostBuffer
+    inputs: dict[str, tuple[HostBuffer, np.dtype, tuple[int, ...]]]
+    outputs: dict[str, tuple[HostBuffer, int, np.dtype, tuple[int, ...]]]  # buffer, byte offset, dtype, shape
+    scalars: HostBuffer
+    pool: Any  # descriptor pool (frees the step's sets)
+    cmd_pool: Any
+    cmd: Any
+    launches: int
+    binding: int
+    names: list[str] = field(default_factory=list)
+    owned: list[HostBuffer] = field(default_factory=list)
+    dispatches: list[tuple[Any, Any, tuple[int, int, int]]] = field(default_factory=list)  # pipeline, set, grid (per launch)
+
+
+class VulkanExecutor(Executor):
+    def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
+        super().__init__(plan)
+        device = get_device(plan.device)
+        if device.kind != "vulkan" or not isinstance(device.index, int):
+            raise PootError(f"the Vulkan executor runs plans made for a vulkan device, not {plan.device}")
+        self.dev = VulkanDevice(device.index)
+        vk = self.dev.vk
+        limits = vk.vkGetPhysicalDeviceProperties(self.dev.physical).limits
+        self.align = max(64, int(limits.minStorageBufferOffsetAlignment))
+        self.max_range = int(limits.maxStorageBufferRange)
+        from tqdm import tqdm
+
+        self._pipes: dict[int, _Pipeline] = {}
+        by_value: dict[str, list[Kernel]] = {}
+        for launch in plan.launches:
+            by_value.setdefault(repr(launch.kernel), []).append(launch.kernel)
+        try:
+            for ks in tqdm(by_value.values(), desc="poot: compiling kernels", unit="kernel", disable=not progress, leave=False):
+                pipe = _Pipeline(self.dev, ks[0])
+                for k in ks:
+                    self._pipes[id(k)] = pipe
+        except BaseException:
+            self.close()
+            raise
+        g = plan.graph
+        self._fixed: dict[int, HostBuffer] = {}  # id of a small array a launch names (lut, dummy) -> its buffer
+        self._keep: list[np.ndarray] = []
+        self._consts: dict[Key, HostBuffer] = {}
+        for n in g.nodes:
+            if n.op == "constant":
+                self._consts[(n.id, 0)] = self._buffer(np.ascontiguousarray(n.attrs["value"].array.astype(storage_dtype(n.attrs["dtype"]))))
+        self._weight_nodes = {n.attrs["name"]: n for n in g.nodes if n.op == "weight"}
+        self._weights: dict[Key, HostBuffer] = {}
+        self._weight_src: dict[Key, int] = {}
+        self._pools: dict[Key, tuple[HostBuffer, np.ndarray]] = {}
+        self._steps: dict[tuple[tuple[str, int], ...], VulkanStep] = {}
+        self._binding = 0
+        self.fence = vk.vkCreateFence(self.dev.device, vk.VkFenceCreateInfo(), None)
+
+    # -- buffers --------------------------------------------------------------------------------
+    def _buffer(self, a: np.ndarray | None = None, nbytes: int = 0) -> HostBuffer:
+        """A storage buffer of whole 32-bit words holding ``a`` (or ``nbytes`` of zeros)."""
+        size = a.nbytes if a is not None else nbytes
+        if size > self.max_range:
+            raise PootError(f"vulkan:{self.dev.index}: a buffer of {size} bytes exceeds the device's maxStorageBufferRange ({self.max_range})")
+        buf = HostBuffer(self.dev, (size + 3) // 4 * 4)
+        view = buf.view(np.uint8)
+        view[:] = 0
+        if a is not None and a.nbytes:
+            view[: a.nbytes] = np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+        return buf
+
+    def bind(self, weights: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray] | None = None) -> None:
+        for name, n in self._weight_nodes.items():
+            if name not in weights:
+                raise PootError(f"weight '{name}' is not bound (the plan reads it)")
+            key = (n.id, 0)
+            if self._weight_src.get(key) == id(weights[name]):
+                continue
+            a = np.ascontiguousarray(weight_array(n.outputs[0], weights[name]))
+            want = stored_nbytes(n.outputs[0])
+            if a.nbytes != want:
+                raise PootError(f"weight '{name}': the plan reads {want} bytes, got an array of {a.nbytes} ({a.shape})")
+            if key in self._weights:
+                self._weights[key].close()
+            self._weights[key] = self._buffer(a)
+            self._weight_src[key] = id(weights[name])
+            self._binding += 1
+        inputs = self.plan.inputs
+        for name, a in (pools or {}).items():
+            v = inputs[name]
+            key = (v.node.id, v.index)
+            if not a.flags.writeable:
+                raise PootError(f"pool '{name}' is updated in place and must be writeable")
+            if a.dtype != storage_dtype(v.dtype):
+                raise PootError(f"pool '{name}': the plan reads {storage_dtype(v.dtype)}, got {a.dtype}")
+            if key in self._pools:
+                old, host = self._pools[key]
+                if host is a:
+                    old.view(np.uint8)[: a.nbytes] = a.reshape(-1).view(np.uint8)  # the caller's copy is the truth at bind
+                    continue
+                old.close()
+            self._pools[key] = (self._buffer(a), a)
+            self._binding += 1
+
+    def write_pool(self, name: str, index: int, values: np.ndarray) -> None:
+        v = self.plan.inputs[name]
+        entry = self._pools.get((v.node.id, v.index))
+        if entry is None:
+            raise PootError(f"pool '{name}' is not bound")
+        buf, host = entry
+        row = np.ascontiguousarray(values, dtype=host.dtype).reshape(host.shape[1:])
+        host[index] = row
+        buf.view(host.dtype)[index * row.size : (index + 1) * row.size] = row.reshape(-1)
+
+    # -- capture --------------------------------------------------------------------------------
+    def capture(self, env: Mapping[str, int]) -> VulkanStep:
+        key = tuple(sorted(env.items()))
+        step = self._steps.get(key)
+        if step is not None and step.binding == self._binding:
+            return step
+        if step is not None:
+            self._free_step(step)
+        vk, d = self.dev.vk, self.dev.device
+        g = self.plan.graph
+        sp = plan_storage(self.plan, env, alignment=self.align)
+        values = {(n.id, v.index): v for n in g.nodes for v in n.outputs}
+        for name, k in sp.pools.items():
+            if k not in self._pools:
+                raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
+        arena = self._buffer(nbytes=max(sp.arena_bytes, 16))
+        owned = [arena]
+        by_root: dict[Key, HostBuffer] = dict(self._weights)
+        by_root.update(self._consts)
+        by_root.update({k: b for k, (b, _) in self._pools.items()})
+        step_inputs: dict[str, tuple[HostBuffer, np.dtype, tuple[int, ...]]] = {}
+        for name, k in sp.inputs.items():
+            dtype = storage_dtype(values[k].dtype)
+            buf = self._buffer(nbytes=max(4, int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize))
+            owned.append(buf)
+            step_inputs[name] = (buf, dtype, sp.shapes[k])
+            by_root[k] = buf
+
+        def where(ref: Key) -> tuple[HostBuffer, int, int]:
+            root = sp.roots[ref]
+            if root in by_root:
+                return by_root[root], 0, WHOLE_SIZE
+            size = max(4, int(np.prod(sp.shapes[root], dtype=np.int64)) * storage_dtype(values[root].dtype).itemsize)
+            return arena, sp.arena_offsets[root], (size + 3) // 4 * 4
+
+        # scalar words: one aligned region per launch
+        words = [scalar_words(l.kernel, l.scalars(env)) if l.kernel.scalars else None for l in sp.launches]
+        offs, top = [], 0
+        for w in words:
+            offs.append(top)
+            if w is not None:
+                top += -(-w.nbytes // self.align) * self.align
+        scal = self._buffer(nbytes=max(top, 16))
+        owned.append(scal)
+        for w, o in zip(words, offs):
+            if w is not None:
+                scal.view(np.uint32)[o // 4 : o // 4 + w.size] = w
+        nsets = max(1, len(sp.launches))
+        ndesc = max(1, sum(len(self._pipes[id(l.kernel)].bindings) for l in sp.launches))
+        pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(maxSets=nsets, pPoolSizes=[
+            vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=ndesc)]), None)
+        cmd_pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.dev.family), None)
+        try:
+            cmd = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(commandPool=cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                                                                commandBufferCount=1))[0]
+            sets = []
+            if sp.launches:
+                layouts = [self._pipes[id(l.kernel)].set_layout for l in sp.launches]
+                sets = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(descriptorPool=pool, descriptorSetCount=len(layouts),
+                                                                                     pSetLayouts=layouts))
+            writes = []
+            for launch, s, off, w in zip(sp.launches, sets, offs, words):
+                for binding, name, _t, _writable in self._pipes[id(launch.kernel)].bindings:
+                    if name == SCALARS:
+                        buf, o, rng = scal, off, w.nbytes  # type: ignore[union-attr]
+                    else:
+                        ref = launch.buffers[name]
+                        if isinstance(ref, np.ndarray):
+                            if id(ref) not in self._fixed:
+                                self._keep.append(ref)
+                                self._fixed[id(ref)] = self._buffer(np.ascontiguousarray(ref))
+                            buf, o, rng = self._fixed[id(ref)], 0, WHOLE_SIZE
+                        else:
+                            buf, o, rng = where(ref)
+                    info = vk.VkDescriptorBufferInfo(buffer=buf.buffer, offset=o, range=rng)
+                    writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=binding, descriptorCount=1,
+                                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info]))
+            if writes:
+                vk.vkUpdateDescriptorSets(d, len(writes), writes, 0, None)
+            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+            between = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                         dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+            dispatches = [(self._pipes[id(launch.kernel)], s, (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3])
+                          for launch, s in zip(sp.launches, sets)]
+            self._record(cmd, dispatches)
+        except BaseException:
+            vk.vkDestroyCommandPool(d, cmd_pool, None)
+            vk.vkDestroyDescriptorPool(d, pool, None)
+            for b in owned:
+                b.close()
+            raise
+        outputs: dict[str, tuple[HostBuffer, int, np.dtype, tuple[int, ...]]] = {}
+        for name, v in g.outputs.items():
+            k = (v.node.id, v.index)
+            root = sp.roots[k]
+            if root in by_root or root in sp.arena_offsets:  # else a conditional launch left it out of this step
+                buf, o, _ = where(k)
+                outputs[name] = (buf, o, storage_dtype(v.dtype), sp.shapes[k])
+        step = VulkanStep(sp, arena, step_inputs, outputs, scal, pool, cmd_pool, cmd, len(sp.launches), self._binding,
+                          [l.label or l.kernel.name for l in sp.launches], owned, dispatches)
+        self._steps[key] = step
+        return step
+
+    def _record(self, cmd: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], queries: Any = None) -> None:
+        """The step's dispatches, a memory barrier between each two; with ``queries``, a timestamp
+        before the first and after each."""
+        vk = self.dev.vk
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+        if queries is not None:
+            vk.vkCmdResetQueryPool(cmd, queries, 0, len(dispatches) + 1)
+            vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries, 0)
+        between = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+        for i, (pipe, s, grid) in enumerate(dispatches):
+            if i:
+                vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [between], 0, None, 0, None)
+            if min(grid) >= 1:
+                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.pipeline)
+                vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1, [s], 0, None)
+                vk.vkCmdDispatch(cmd, *grid)
+            if queries is not None:
+                vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, i + 1)
+        to_host = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
+        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1, [to_host], 0, None, 0, None)
+        vk.vkEndCommandBuffer(cmd)
+
+    def profile(self, step: VulkanStep, inputs: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
+        """Seconds per launch from timestamp queries (median of ``repeat`` runs of the step), in plan
+        order; the differences of consecutive timestamps, so a launch includes its barrier."""
+        vk, d = self.dev.vk, self.dev.device
+        props = vk.vkGetPhysicalDeviceProperties(self.dev.physical)
+        families = vk.vkGetPhysicalDeviceQueueFamilyProperties(self.dev.physical)
+        if not families[self.dev.family].timestampValidBits:
+            raise PootError(f"vulkan:{self.dev.index} ({self.dev.name}): its compute queue has no timestamps")
+        n = len(step.dispatches)
+        queries = vk.vkCreateQueryPool(d, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=n + 1), None)
+        cmd = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(commandPool=step.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+                                                                            commandBufferCount=1))[0]
+        try:
+            self._record(cmd, step.dispatches, queries)
+            self.replay(step, inputs)  # the inputs in place (and a warm-up)
+            times = np.zeros((repeat, n))
+            for r in range(repeat):
+                vk.vkQueueSubmit(self.dev.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])], self.fence)
+                vk.vkWaitForFences(d, 1, [self.fence], vk.VK_TRUE, WHOLE_SIZE)
+                vk.vkResetFences(d, 1, [self.fence])
+                data = vk.ffi.new(f"uint64_t[{n + 1}]")
+                vk.vkGetQueryPoolResults(d, queries, 0, n + 1, (n + 1) * 8, data, 8, vk.VK_QUERY_RESULT_64_BIT | vk.VK_QUERY_RESULT_WAIT_BIT)
+                ticks = np.frombuffer(vk.ffi.buffer(data), np.uint64).astype(np.float64)
+                times[r] = np.diff(ticks) * props.limits.timestampPeriod * 1e-9
+        finally:
+            vk.vkFreeCommandBuffers(d, step.cmd_pool, 1, [cmd])
+            vk.vkDestroyQueryPool(d, queries, None)
+        return list(zip(step.names, np.median(times, axis=0).tolist()))
+
+    # -- replay ---------------------------------------------------------------------------------
+    def replay(self, step: VulkanStep, inputs: Mapping[str, np.ndarray]) -> None:
+        vk = self.dev.vk
+        for name, (buf, dtype, shape) in step.inputs.items():
+            if name not in inputs:
+                raise PootError(f"missing input '{name}'")
+            a = np.asarray(inputs[name])
+            if a.shape != shape:
+                raise PootError(f"input '{name}' has shape {a.shape}; this step was captured for {shape}")
+            buf.view(dtype)[: a.size] = a.reshape(-1)
+        vk.vkQueueSubmit(self.dev.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[step.cmd])], self.fence)
+        vk.vkWaitForFences(self.dev.device, 1, [self.fence], vk.VK_TRUE, WHOLE_SIZE)
+        vk.vkResetFences(self.dev.device, 1, [self.fence])
+
+    def read(self, step: VulkanStep, name: str) -> np.ndarray:
+        if name not in step.outputs:
+            raise PootError(f"output '{name}' is not computed in this step (its launch is conditional on the step's symbols)")
+        buf, off, dtype, shape = step.outputs[name]
+        v = self.plan.graph.outputs[name]
+        root = step.storage.roots[(v.node.id, v.index)]
+        if root in self._pools:  # a pool: refresh the caller's host copy
+            pbuf, host = self._pools[root]
+            host.reshape(-1)[:] = pbuf.view(host.dtype)[: host.size]
+            return host
+        count = int(np.prod(shape, dtype=np.int64))
+        return buf.view(np.uint8)[off : off + count * dtype.itemsize].view(dtype).reshape(shape).copy()
+
+    # -- lifetime -------------------------------------------------------------------------------
+    def _free_step(self, step: VulkanStep) -> None:
+        vk, d = self.dev.vk, self.dev.device
+        vk.vkDestroyCommandPool(d, step.cmd_pool, None)
+        vk.vkDestroyDescriptorPool(d, step.pool, None)
+        for b in step.owned:
+            b.close()
+
+    def close(self) -> None:
+        if getattr(self, "dev", None) is None or self.dev.device is None:
+            return
+        vk, d = self.dev.vk, self.dev.device
+        vk.vkDeviceWaitIdle(d)
+        for step in getattr(self, "_steps", {}).values():
+            self._free_step(step)
+        self._steps = {}
+        for b in list(getattr(self, "_weights", {}).values()) + list(getattr(self, "_consts", {}).values()) + list(getattr(self, "_fixed", {}).values()):
+            b.close()
+        for b, _ in getattr(self, "_pools", {}).values():
+            b.close()
+        self._weights, self._consts, self._fixed, self._pools = {}, {}, {}, {}
+        seen: set[int] = set()
+        for pipe in getattr(self, "_pipes", {}).values():
+            if id(pipe) not in seen:
+                seen.add(id(pipe))
+                pipe.close()
+        self._pipes = {}
+        if getattr(self, "fence", None) is not None:
+            vk.vkDestroyFence(d, self.fence, None)
+            self.fence = None
+        self.dev.close()
