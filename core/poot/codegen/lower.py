@@ -556,6 +556,10 @@ class _Lowerer:
             poly = b.fadd(b.fmul(poly, tt), L.Constant(F32, c))
         poly = b.fmul(poly, tt)
         y = b.fsub(L.Constant(F32, 1.0), b.fmul(poly, self.unary("exp", b.fneg(b.fmul(ax, ax)), t)))
+        if self.t.name == "spirv":  # the sign bit moved by integer operations: LLVM 22's SPIR-V backend
+            # crashes on what InstCombine makes of select(x < 0, -y, y) when x is a product
+            sign = b.and_(b.bitcast(x, I32), L.Constant(I32, -0x80000000))
+            return b.bitcast(b.or_(b.bitcast(y, I32), sign), F32)
         return b.select(b.fcmp_ordered("<", x, L.Constant(F32, 0.0)), b.fneg(y), y)
 
     def cast(self, v: L.Value, src: DType, dst: DType) -> L.Value:

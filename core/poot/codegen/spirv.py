@@ -82,6 +82,11 @@ def _suffix(t: L.Type) -> str:
     return {"float": "f32", "i32": "i32"}[str(t)]
 
 
+def _rounds_through_half(e: K.Expr) -> bool:
+    """``f32(f16(x))``: x rounded to the nearest half."""
+    return isinstance(e, K.Cast) and e.dtype == dt.f32 and isinstance(e.a, K.Cast) and e.a.dtype == dt.f16 and e.a.a.dtype in (dt.f32, dt.i32)
+
+
 def bindings(k: K.Kernel) -> list[tuple[int, str, DType, bool]]:
     """The kernel's descriptor-set-0 bindings: (binding, name, element type, writable). The scalar
     words, when the kernel has scalar parameters, come last under the name ``SCALARS``."""
@@ -186,7 +191,11 @@ class SpirvLowerer(_Lowerer):
             roots = [getattr(st, f) for f in ("value", "index", "cond", "start", "stop") if getattr(st, f, None) is not None]
             for e in roots + list(getattr(st, "values", ())):
                 bytes_ok = {id(x.a) for x in _exprs(e) if isinstance(x, K.Cast) and x.dtype == dt.i32 and isinstance(x.a, K.Load) and x.a.buffer in self._words}
+                # f32(f16(x)) rounds through a half: lowered with integer operations, no f16 value
+                halves = {id(x.a) for x in _exprs(e) if _rounds_through_half(x)}
                 for x in _exprs(e):
+                    if id(x) in halves:
+                        continue
                     if isinstance(x, K.Load) and x.buffer in self._words:
                         if id(x) not in bytes_ok:
                             raise self._refuse(f"bytes of '{x.buffer}' must be widened to i32 where they are read (i32(buf[i]))")
@@ -257,6 +266,11 @@ class SpirvLowerer(_Lowerer):
         return self.b.call(fn, [v], attrs=("readnone",))
 
     def expr(self, e: K.Expr) -> L.Value:
+        if _rounds_through_half(e):
+            from ..kernel.library.elementwise import round_f16
+
+            inner = e.a.a  # type: ignore[union-attr]
+            return self.expr(round_f16(inner if inner.dtype == dt.f32 else K.Cast(inner, dt.f32)))
         if isinstance(e, K.HalfToF32):  # no f16 values here: integer operations
             from ..kernel.frontend import expand_half_to_f32
 
@@ -567,9 +581,77 @@ def post_pass(obj: bytes, name: str) -> bytes:
     return spv
 
 
+_OP_BITCAST, _OP_EXT_INST, _OP_EXT_INST_IMPORT = 124, 12, 11
+# opcodes whose integer operands are signed whatever their type: (operand positions, result is an integer)
+_SIGNED_OPS = {111: ((2,), False), 126: ((2,), True), 135: ((2, 3), True), 138: ((2, 3), True), 139: ((2, 3), True),
+               173: ((2, 3), False), 175: ((2, 3), False), 177: ((2, 3), False), 179: ((2, 3), False), 195: ((2,), True)}
+_GLSL_SIGNED = {5, 7, 39, 42, 45}  # GLSL.std.450 SAbs, SSign, SMin, SMax, SClamp
+_NO_RESULT_TYPE = {5, 6, 15, 16, 71, 72} | set(range(19, 40))  # names, entry points, decorations, type declarations
+
+
+def _signed_operands(m: _Spv) -> None:
+    """Signed integer instructions on operands of signedless (unsigned-declared) integer types, as
+    LLVM emits them, given operands bitcast to a signed type (and results bitcast back): naga takes an
+    instruction's signedness from its operands' types, so ``OpConvertSToF`` of an unsigned-typed -1
+    would give 4294967295 and ``OpShiftRightArithmetic`` would shift in zeros."""
+    unsigned = {ops[0]: ops[1] for ops in m.of(_OP_TYPE_INT) if ops[2] == 0}
+    glsl = {ops[0] for ops in m.of(_OP_EXT_INST_IMPORT) if _string(ops[1:]) == "GLSL.std.450"}
+    type_of: dict[int, int] = {}
+    for op, ops in m.insts:
+        if op not in _NO_RESULT_TYPE and len(ops) >= 2 and ops[0] in unsigned:
+            type_of[ops[1]] = ops[0]
+
+    def positions(op: int, ops: list[int]) -> tuple[tuple[int, ...], bool] | None:
+        if op in _SIGNED_OPS:
+            return _SIGNED_OPS[op]
+        if op == _OP_EXT_INST and ops[2] in glsl and ops[3] in _GLSL_SIGNED:
+            return tuple(range(4, len(ops))), True
+        return None
+
+    unsigned = {t: w for t, w in unsigned.items() if w == 32}  # the only integer width naga takes here
+    todo = [(op, ops) for op, ops in m.insts if (p := positions(op, ops)) and any(type_of.get(ops[i]) in unsigned for i in p[0])]
+    if not todo:
+        return
+    signed: dict[int, int] = {ops[1]: ops[0] for ops in m.of(_OP_TYPE_INT) if ops[2] == 1}  # width -> id
+    for width in sorted(set(unsigned.values())):
+        if width not in signed:
+            signed[width] = m.header[3]
+            m.header[3] += 1
+            at = max(n for n, (op, _) in enumerate(m.insts) if op == _OP_TYPE_INT) + 1
+            m.insts.insert(at, [_OP_TYPE_INT, [signed[width], width, 1]])
+
+    def fresh() -> int:
+        m.header[3] += 1
+        return m.header[3] - 1
+
+    out: list[list] = []
+    for op, ops in m.insts:
+        p = positions(op, ops)
+        if p is None or not any(type_of.get(ops[i]) in unsigned for i in p[0]):
+            out.append([op, ops])
+            continue
+        idx, int_result = p
+        ops = list(ops)
+        for i in idx:
+            t = type_of.get(ops[i])
+            if t in unsigned:
+                cast = fresh()
+                out.append([_OP_BITCAST, [signed[unsigned[t]], cast, ops[i]]])
+                ops[i] = cast
+        if int_result and ops[0] in unsigned:
+            rtype, result = ops[0], ops[1]
+            ops[0], ops[1] = signed[unsigned[rtype]], fresh()
+            out += [[op, ops], [_OP_BITCAST, [rtype, result, ops[1]]]]
+        else:
+            out.append([op, ops])
+    m.insts = out
+
+
 def for_wgpu(spv: bytes) -> bytes:
-    """The module without the ``Aligned`` memory operands of OpLoad/OpStore, which naga rejects."""
+    """The module as naga takes it: without the ``Aligned`` memory operands of OpLoad/OpStore (naga
+    rejects them), and signed instructions given signed operands (see ``_signed_operands``)."""
     m = _Spv(spv, "(for wgpu)")
+    _signed_operands(m)
     for op, ops in m.insts:
         at = {_OP_LOAD: 3, _OP_STORE: 2}.get(op)
         if at is None or len(ops) <= at:

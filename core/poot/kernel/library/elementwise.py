@@ -127,3 +127,21 @@ def _round_bf16(e: K.Expr) -> K.Expr:
     lsb = K.Bin("and", K.Bin("shr", bits, K.Const(16, dt.i32)), K.Const(1, dt.i32))
     rounded = K.Bin("and", K.Bin("add", bits, K.Bin("add", K.Const(0x7FFF, dt.i32), lsb)), K.Const(-65536, dt.i32))
     return K.Bitcast(rounded, dt.f32)
+
+
+def round_f16(e: K.Expr) -> K.Expr:
+    """Round an f32 to the nearest IEEE half (ties to even), kept in f32, with integer and f32
+    operations only (for targets without f16 values): overflow to infinity from 65520, NaN and
+    infinity kept, subnormal halves by adding and removing 0.5 (whose ulp is the half's 2^-24)."""
+    i = lambda v: K.Const(v, dt.i32)  # noqa: E731
+    bits = K.Bitcast(e, dt.i32)
+    sign = K.Bin("and", bits, i(-0x80000000))
+    mag = K.Bin("and", bits, i(0x7FFFFFFF))
+    lsb = K.Bin("and", K.Bin("shr", mag, i(13)), i(1))
+    normal = K.Bin("or", sign, K.Bin("and", K.Bin("add", mag, K.Bin("add", i(0x0FFF), lsb)), i(~0x1FFF)))
+    half = K.Const(0.5, dt.f32)
+    tiny = K.Bin("or", sign, K.Bitcast(K.Bin("sub", K.Bin("add", K.Bitcast(mag, dt.f32), half), half), dt.i32))
+    out = K.Select(K.Bin("ge", mag, i(0x38800000)), normal, tiny)
+    out = K.Select(K.Bin("ge", mag, i(0x477FF000)), K.Bin("or", sign, i(0x7F800000)), out)
+    out = K.Select(K.Bin("ge", mag, i(0x7F800000)), bits, out)
+    return K.Bitcast(out, dt.f32)

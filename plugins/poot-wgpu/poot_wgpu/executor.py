@@ -1,0 +1,242 @@
+"""The WebGPU executor: a plan's kernels as compute pipelines (codegen's SPIR-V through naga), weights,
+constants and KV pools in storage buffers bound once, and each captured step a list of (pipeline,
+bind group, grid) made once. WebGPU command buffers are single-use, so ``replay`` encodes that list
+into one compute pass and submits it: the per-step Python work is three calls a launch, with every
+bind group, pipeline and grid already made. Values are bound at their storage's offset, so the
+arena's slots are aligned to the adapter's ``min-storage-buffer-offset-alignment``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from poot.codegen.spirv import SCALARS, scalar_words
+from poot.errors import PootError
+from poot.kernel.ir import Kernel
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array
+from poot.plan.plan import Plan
+from poot.runtime import get_device
+from poot.runtime.executor import Executor
+
+from .runtime import WgpuDevice, WgpuPipeline
+
+__all__ = ["WgpuExecutor"]
+
+Key = tuple[int, int]
+
+
+@dataclass
+class WgpuStep:
+    storage: StoragePlan
+    inputs: dict[str, tuple[Any, np.dtype, tuple[int, ...]]]
+    outputs: dict[str, tuple[Any, int, np.dtype, tuple[int, ...]]]  # buffer, byte offset, dtype, shape
+    dispatches: list[tuple[Any, Any, tuple[int, int, int]]]  # pipeline, bind group, grid
+    launches: int
+    binding: int
+    names: list[str] = field(default_factory=list)
+    owned: list[Any] = field(default_factory=list)
+
+
+class WgpuExecutor(Executor):
+    def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
+        super().__init__(plan)
+        device = get_device(plan.device)
+        if device.kind != "wgpu" or not isinstance(device.index, int):
+            raise PootError(f"the WebGPU executor runs plans made for a wgpu device, not {plan.device}")
+        self.dev = WgpuDevice(device.index)
+        self.align = max(64, int(self.dev.limits["min-storage-buffer-offset-alignment"]))
+        self.max_binding = int(self.dev.limits["max-storage-buffer-binding-size"])
+        from tqdm import tqdm
+
+        self._pipes: dict[int, WgpuPipeline] = {}
+        by_value: dict[str, list[Kernel]] = {}
+        for launch in plan.launches:
+            by_value.setdefault(repr(launch.kernel), []).append(launch.kernel)
+        for ks in tqdm(by_value.values(), desc="poot: compiling kernels", unit="kernel", disable=not progress, leave=False):
+            pipe = WgpuPipeline(self.dev, ks[0])
+            for k in ks:
+                self._pipes[id(k)] = pipe
+        g = plan.graph
+        self._fixed: dict[int, Any] = {}
+        self._keep: list[np.ndarray] = []
+        self._consts: dict[Key, Any] = {(n.id, 0): self._buffer(n.attrs["value"].array.astype(storage_dtype(n.attrs["dtype"])))
+                                        for n in g.nodes if n.op == "constant"}
+        self._weight_nodes = {n.attrs["name"]: n for n in g.nodes if n.op == "weight"}
+        self._weights: dict[Key, Any] = {}
+        self._weight_src: dict[Key, int] = {}
+        self._pools: dict[Key, tuple[Any, np.ndarray]] = {}
+        self._steps: dict[tuple[tuple[str, int], ...], WgpuStep] = {}
+        self._binding = 0
+
+    def _buffer(self, a: np.ndarray | None = None, nbytes: int = 0) -> Any:
+        size = a.nbytes if a is not None else nbytes
+        if size > self.max_binding:
+            raise PootError(f"wgpu:{self.dev.index}: a buffer of {size} bytes exceeds the adapter's max-storage-buffer-binding-size ({self.max_binding})")
+        return self.dev.buffer(None if a is None else np.ascontiguousarray(a), nbytes)
+
+    def bind(self, weights: Mapping[str, np.ndarray], pools: Mapping[str, np.ndarray] | None = None) -> None:
+        for name, n in self._weight_nodes.items():
+            if name not in weights:
+                raise PootError(f"weight '{name}' is not bound (the plan reads it)")
+            key = (n.id, 0)
+            if self._weight_src.get(key) == id(weights[name]):
+                continue
+            a = np.ascontiguousarray(weight_array(n.outputs[0], weights[name]))
+            want = stored_nbytes(n.outputs[0])
+            if a.nbytes != want:
+                raise PootError(f"weight '{name}': the plan reads {want} bytes, got an array of {a.nbytes} ({a.shape})")
+            if key in self._weights:
+                self._weights[key].destroy()
+            self._weights[key] = self._buffer(a)
+            self._weight_src[key] = id(weights[name])
+            self._binding += 1
+        inputs = self.plan.inputs
+        for name, a in (pools or {}).items():
+            v = inputs[name]
+            key = (v.node.id, v.index)
+            if not a.flags.writeable:
+                raise PootError(f"pool '{name}' is updated in place and must be writeable")
+            if a.dtype != storage_dtype(v.dtype):
+                raise PootError(f"pool '{name}': the plan reads {storage_dtype(v.dtype)}, got {a.dtype}")
+            if key in self._pools and self._pools[key][1] is a:
+                self.dev.queue.write_buffer(self._pools[key][0], 0, a.reshape(-1).view(np.uint8))
+                continue
+            if key in self._pools:
+                self._pools[key][0].destroy()
+            self._pools[key] = (self._buffer(a), a)
+            self._binding += 1
+
+    def write_pool(self, name: str, index: int, values: np.ndarray) -> None:
+        v = self.plan.inputs[name]
+        entry = self._pools.get((v.node.id, v.index))
+        if entry is None:
+            raise PootError(f"pool '{name}' is not bound")
+        buf, host = entry
+        host[index] = np.asarray(values, dtype=host.dtype).reshape(host.shape[1:])
+        self.dev.queue.write_buffer(buf, index * host[index].nbytes, np.ascontiguousarray(host[index]).reshape(-1).view(np.uint8))
+
+    def capture(self, env: Mapping[str, int]) -> WgpuStep:
+        key = tuple(sorted(env.items()))
+        step = self._steps.get(key)
+        if step is not None and step.binding == self._binding:
+            return step
+        if step is not None:
+            for b in step.owned:
+                b.destroy()
+        g = self.plan.graph
+        sp = plan_storage(self.plan, env, alignment=self.align)
+        values = {(n.id, v.index): v for n in g.nodes for v in n.outputs}
+        for name, k in sp.pools.items():
+            if k not in self._pools:
+                raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
+        arena = self._buffer(nbytes=max(sp.arena_bytes, 16))
+        owned = [arena]
+        by_root: dict[Key, Any] = dict(self._weights)
+        by_root.update(self._consts)
+        by_root.update({k: b for k, (b, _) in self._pools.items()})
+        step_inputs: dict[str, tuple[Any, np.dtype, tuple[int, ...]]] = {}
+        for name, k in sp.inputs.items():
+            dtype = storage_dtype(values[k].dtype)
+            buf = self._buffer(nbytes=max(4, int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize))
+            owned.append(buf)
+            step_inputs[name] = (buf, dtype, sp.shapes[k])
+            by_root[k] = buf
+
+        def where(ref: Key) -> tuple[Any, int, int]:
+            root = sp.roots[ref]
+            if root in by_root:
+                return by_root[root], 0, by_root[root].size
+            size = max(4, int(np.prod(sp.shapes[root], dtype=np.int64)) * storage_dtype(values[root].dtype).itemsize)
+            return arena, sp.arena_offsets[root], (size + 3) // 4 * 4
+
+        words = [scalar_words(l.kernel, l.scalars(env)) if l.kernel.scalars else None for l in sp.launches]
+        offs, top = [], 0
+        for w in words:
+            offs.append(top)
+            if w is not None:
+                top += -(-w.nbytes // self.align) * self.align
+        blob = np.zeros(max(top, 16) // 4, np.uint32)
+        for w, o in zip(words, offs):
+            if w is not None:
+                blob[o // 4 : o // 4 + w.size] = w
+        scal = self._buffer(blob)
+        owned.append(scal)
+        dispatches = []
+        for launch, off, w in zip(sp.launches, offs, words):
+            pipe = self._pipes[id(launch.kernel)]
+            res = []
+            for _b, name, _t, _writable in pipe.bindings:
+                if name == SCALARS:
+                    res.append((scal, off, w.nbytes))  # type: ignore[union-attr]
+                    continue
+                ref = launch.buffers[name]
+                if isinstance(ref, np.ndarray):
+                    if id(ref) not in self._fixed:
+                        self._keep.append(ref)
+                        self._fixed[id(ref)] = self._buffer(ref)
+                    res.append((self._fixed[id(ref)], 0, self._fixed[id(ref)].size))
+                else:
+                    res.append(where(ref))
+            grid = (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3]
+            dispatches.append((pipe.pipeline, pipe.bind_group(self.dev, res), grid))
+        outputs: dict[str, tuple[Any, int, np.dtype, tuple[int, ...]]] = {}
+        for name, v in g.outputs.items():
+            k = (v.node.id, v.index)
+            root = sp.roots[k]
+            if root in by_root or root in sp.arena_offsets:  # else a conditional launch left it out of this step
+                buf, o, _ = where(k)
+                outputs[name] = (buf, o, storage_dtype(v.dtype), sp.shapes[k])
+        step = WgpuStep(sp, step_inputs, outputs, dispatches, len(sp.launches), self._binding,
+                        [l.label or l.kernel.name for l in sp.launches], owned)
+        self._steps[key] = step
+        return step
+
+    def replay(self, step: WgpuStep, inputs: Mapping[str, np.ndarray]) -> None:
+        q = self.dev.queue
+        for name, (buf, dtype, shape) in step.inputs.items():
+            if name not in inputs:
+                raise PootError(f"missing input '{name}'")
+            a = np.asarray(inputs[name])
+            if a.shape != shape:
+                raise PootError(f"input '{name}' has shape {a.shape}; this step was captured for {shape}")
+            data = np.ascontiguousarray(a, dtype=dtype).reshape(-1).view(np.uint8)
+            if data.nbytes % 4:
+                data = np.concatenate([data, np.zeros(4 - data.nbytes % 4, np.uint8)])
+            q.write_buffer(buf, 0, data)
+        enc = self.dev.device.create_command_encoder()
+        cpass = enc.begin_compute_pass()
+        for pipeline, group, grid in step.dispatches:
+            if min(grid) >= 1:
+                cpass.set_pipeline(pipeline)
+                cpass.set_bind_group(0, group)
+                cpass.dispatch_workgroups(*grid)
+        cpass.end()
+        q.submit([enc.finish()])
+
+    def read(self, step: WgpuStep, name: str) -> np.ndarray:
+        if name not in step.outputs:
+            raise PootError(f"output '{name}' is not computed in this step (its launch is conditional on the step's symbols)")
+        buf, off, dtype, shape = step.outputs[name]
+        v = self.plan.graph.outputs[name]
+        root = step.storage.roots[(v.node.id, v.index)]
+        if root in self._pools:  # a pool: refresh the caller's host copy
+            pbuf, host = self._pools[root]
+            host.reshape(-1).view(np.uint8)[:] = self.dev.read(pbuf, 0, host.nbytes)
+            return host
+        count = int(np.prod(shape, dtype=np.int64))
+        return self.dev.read(buf, off, count * dtype.itemsize).view(dtype).reshape(shape).copy()
+
+    def close(self) -> None:
+        for step in self._steps.values():
+            for b in step.owned:
+                b.destroy()
+        self._steps = {}
+        for b in list(self._weights.values()) + list(self._consts.values()) + list(self._fixed.values()):
+            b.destroy()
+        for b, _ in self._pools.values():
+            b.destroy()
+        self._weights, self._consts, self._fixed, self._pools = {}, {}, {}, {}
