@@ -14,7 +14,7 @@ from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.runtime import get_device
-from poot.testing.paged import PagedSequences
+from poot.testing.paged import PagedSequences, two_sequences_against_oracle
 from poot.testing.synthetic import SYNTHETIC
 
 
@@ -35,20 +35,7 @@ def test_families_on_cuda_match_the_oracle(cuda, name, tmp_path, rng):
     fam = family_for(ck.architecture)
     g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
     ex = CudaExecutor(compile_plan(g, cuda))
-    w = oracle_weights(ck.weights)
-    oracle = PagedOracle(g, w, num_blocks=24)
-    pools = {k: np.zeros_like(v) for k, v in oracle.pools.items()}
-    pages = PagedSequences(24, 4, rng)
-    pages.add(), pages.add()
-    chunks = [rng.integers(0, 97, 11).tolist(), rng.integers(0, 97, 4).tolist()]
-    worst = 0.0
-    for step in range(3):
-        batch = pages.step(chunks, all_logits=step == 0, width=8)
-        got = ex.run({**batch.as_inputs(), **pools}, w)["logits"]
-        want = oracle.step(batch)
-        assert (got.argmax(-1) == want.argmax(-1)).all()
-        worst = max(worst, float(np.abs(got - want).max()))
-        chunks = [[int(want[np.nonzero(batch.seq_ids[batch.logit_rows] == s)[0][-1]].argmax())] for s in range(2)]
+    worst = two_sequences_against_oracle(ex, g, oracle_weights(ck.weights), rng)
     ex.close()
     print(f"{name} on cuda:0: max |dlogit| {worst:.2g}")
     assert worst < 1e-4

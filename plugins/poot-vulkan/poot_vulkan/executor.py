@@ -23,10 +23,11 @@ from poot.codegen import TARGETS, compile_kernel
 from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
 from poot.errors import PootError
 from poot.kernel.ir import Kernel
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
+from poot.runtime.regions import checked_pool, checked_weight, scalar_block, value_region
 
 from .runtime import WHOLE_SIZE, HostBuffer, VulkanDevice
 
@@ -143,10 +144,7 @@ class VulkanExecutor(Executor):
             key = (n.id, 0)
             if self._weight_src.get(key) == id(weights[name]):
                 continue
-            a = np.ascontiguousarray(weight_array(n.outputs[0], weights[name]))
-            want = stored_nbytes(n.outputs[0])
-            if a.nbytes != want:
-                raise PootError(f"weight '{name}': the plan reads {want} bytes, got an array of {a.nbytes} ({a.shape})")
+            a = checked_weight(name, n.outputs[0], weights[name])
             if key in self._weights:
                 self._weights[key].close()
             self._weights[key] = self._buffer(a)
@@ -156,10 +154,7 @@ class VulkanExecutor(Executor):
         for name, a in (pools or {}).items():
             v = inputs[name]
             key = (v.node.id, v.index)
-            if not a.flags.writeable:
-                raise PootError(f"pool '{name}' is updated in place and must be writeable")
-            if a.dtype != storage_dtype(v.dtype):
-                raise PootError(f"pool '{name}': the plan reads {storage_dtype(v.dtype)}, got {a.dtype}")
+            a = checked_pool(name, v, a)
             if key in self._pools:
                 old, host = self._pools[key]
                 if host is a:
@@ -207,25 +202,22 @@ class VulkanExecutor(Executor):
             step_inputs[name] = (buf, dtype, sp.shapes[k])
             by_root[k] = buf
 
-        def where(ref: Key) -> tuple[HostBuffer, int, int]:
-            root = sp.roots[ref]
-            if root in by_root:
-                return by_root[root], 0, WHOLE_SIZE
-            size = max(4, int(np.prod(sp.shapes[root], dtype=np.int64)) * storage_dtype(values[root].dtype).itemsize)
-            return arena, sp.arena_offsets[root], (size + 3) // 4 * 4
+        bound = set(self._weights) | set(self._consts) | set(self._pools)
 
-        # scalar words: one aligned region per launch
-        words = [scalar_words(l.kernel, l.scalars(env)) if l.kernel.scalars else None for l in sp.launches]
-        offs, top = [], 0
-        for w in words:
-            offs.append(top)
-            if w is not None:
-                top += -(-w.nbytes // self.align) * self.align
-        scal = self._buffer(nbytes=max(top, 16))
+        def where(ref: Key | np.ndarray) -> tuple[HostBuffer, int, int]:
+            r = value_region(sp, values, bound, ref)
+            if r.kind == "fixed":
+                if id(r.array) not in self._fixed:
+                    self._keep.append(r.array)  # type: ignore[arg-type]
+                    self._fixed[id(r.array)] = self._buffer(np.ascontiguousarray(r.array))
+                return self._fixed[id(r.array)], 0, WHOLE_SIZE
+            if r.kind == "arena":
+                return arena, r.offset, r.nbytes  # type: ignore[return-value]
+            return by_root[r.key], 0, WHOLE_SIZE  # type: ignore[index]
+
+        block, at = scalar_block([l.kernel for l in sp.launches], [l.scalars(env) for l in sp.launches], scalar_words, self.align)
+        scal = self._buffer(block)
         owned.append(scal)
-        for w, o in zip(words, offs):
-            if w is not None:
-                scal.view(np.uint32)[o // 4 : o // 4 + w.size] = w
         nsets = max(1, len(sp.launches))
         ndesc = max(1, sum(len(self._pipes[id(l.kernel)].bindings) for l in sp.launches))
         pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(maxSets=nsets, pPoolSizes=[
@@ -240,27 +232,14 @@ class VulkanExecutor(Executor):
                 sets = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(descriptorPool=pool, descriptorSetCount=len(layouts),
                                                                                      pSetLayouts=layouts))
             writes = []
-            for launch, s, off, w in zip(sp.launches, sets, offs, words):
+            for launch, s, (off, nbytes) in zip(sp.launches, sets, at):
                 for binding, name, _t, _writable in self._pipes[id(launch.kernel)].bindings:
-                    if name == SCALARS:
-                        buf, o, rng = scal, off, w.nbytes  # type: ignore[union-attr]
-                    else:
-                        ref = launch.buffers[name]
-                        if isinstance(ref, np.ndarray):
-                            if id(ref) not in self._fixed:
-                                self._keep.append(ref)
-                                self._fixed[id(ref)] = self._buffer(np.ascontiguousarray(ref))
-                            buf, o, rng = self._fixed[id(ref)], 0, WHOLE_SIZE
-                        else:
-                            buf, o, rng = where(ref)
+                    buf, o, rng = (scal, off, nbytes) if name == SCALARS else where(launch.buffers[name])
                     info = vk.VkDescriptorBufferInfo(buffer=buf.buffer, offset=o, range=rng)
                     writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=binding, descriptorCount=1,
                                                           descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info]))
             if writes:
                 vk.vkUpdateDescriptorSets(d, len(writes), writes, 0, None)
-            vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
-            between = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT,
-                                         dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
             dispatches = [(self._pipes[id(launch.kernel)], s, (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3])
                           for launch, s in zip(sp.launches, sets)]
             self._record(cmd, dispatches)

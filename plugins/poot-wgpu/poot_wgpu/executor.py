@@ -17,10 +17,11 @@ import numpy as np
 from poot.codegen.spirv import SCALARS, scalar_words
 from poot.errors import PootError
 from poot.kernel.ir import Kernel
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
+from poot.runtime.regions import checked_pool, checked_weight, scalar_block, value_region
 
 from .runtime import WgpuDevice, WgpuPipeline
 
@@ -85,10 +86,7 @@ class WgpuExecutor(Executor):
             key = (n.id, 0)
             if self._weight_src.get(key) == id(weights[name]):
                 continue
-            a = np.ascontiguousarray(weight_array(n.outputs[0], weights[name]))
-            want = stored_nbytes(n.outputs[0])
-            if a.nbytes != want:
-                raise PootError(f"weight '{name}': the plan reads {want} bytes, got an array of {a.nbytes} ({a.shape})")
+            a = checked_weight(name, n.outputs[0], weights[name])
             if key in self._weights:
                 self._weights[key].destroy()
             self._weights[key] = self._buffer(a)
@@ -98,10 +96,7 @@ class WgpuExecutor(Executor):
         for name, a in (pools or {}).items():
             v = inputs[name]
             key = (v.node.id, v.index)
-            if not a.flags.writeable:
-                raise PootError(f"pool '{name}' is updated in place and must be writeable")
-            if a.dtype != storage_dtype(v.dtype):
-                raise PootError(f"pool '{name}': the plan reads {storage_dtype(v.dtype)}, got {a.dtype}")
+            a = checked_pool(name, v, a)
             if key in self._pools and self._pools[key][1] is a:
                 self.dev.queue.write_buffer(self._pools[key][0], 0, a.reshape(-1).view(np.uint8))
                 continue
@@ -146,41 +141,27 @@ class WgpuExecutor(Executor):
             step_inputs[name] = (buf, dtype, sp.shapes[k])
             by_root[k] = buf
 
-        def where(ref: Key) -> tuple[Any, int, int]:
-            root = sp.roots[ref]
-            if root in by_root:
-                return by_root[root], 0, by_root[root].size
-            size = max(4, int(np.prod(sp.shapes[root], dtype=np.int64)) * storage_dtype(values[root].dtype).itemsize)
-            return arena, sp.arena_offsets[root], (size + 3) // 4 * 4
+        bound = set(self._weights) | set(self._consts) | set(self._pools)
 
-        words = [scalar_words(l.kernel, l.scalars(env)) if l.kernel.scalars else None for l in sp.launches]
-        offs, top = [], 0
-        for w in words:
-            offs.append(top)
-            if w is not None:
-                top += -(-w.nbytes // self.align) * self.align
-        blob = np.zeros(max(top, 16) // 4, np.uint32)
-        for w, o in zip(words, offs):
-            if w is not None:
-                blob[o // 4 : o // 4 + w.size] = w
-        scal = self._buffer(blob)
+        def where(ref: Key | np.ndarray) -> tuple[Any, int, int]:
+            r = value_region(sp, values, bound, ref)
+            if r.kind == "fixed":
+                if id(r.array) not in self._fixed:
+                    self._keep.append(r.array)  # type: ignore[arg-type]
+                    self._fixed[id(r.array)] = self._buffer(r.array)
+                buf = self._fixed[id(r.array)]
+                return buf, 0, buf.size
+            if r.kind == "arena":
+                return arena, r.offset, r.nbytes  # type: ignore[return-value]
+            return by_root[r.key], 0, by_root[r.key].size  # type: ignore[index]
+
+        block, at = scalar_block([l.kernel for l in sp.launches], [l.scalars(env) for l in sp.launches], scalar_words, self.align)
+        scal = self._buffer(block)
         owned.append(scal)
         dispatches = []
-        for launch, off, w in zip(sp.launches, offs, words):
+        for launch, (off, nbytes) in zip(sp.launches, at):
             pipe = self._pipes[id(launch.kernel)]
-            res = []
-            for _b, name, _t, _writable in pipe.bindings:
-                if name == SCALARS:
-                    res.append((scal, off, w.nbytes))  # type: ignore[union-attr]
-                    continue
-                ref = launch.buffers[name]
-                if isinstance(ref, np.ndarray):
-                    if id(ref) not in self._fixed:
-                        self._keep.append(ref)
-                        self._fixed[id(ref)] = self._buffer(ref)
-                    res.append((self._fixed[id(ref)], 0, self._fixed[id(ref)].size))
-                else:
-                    res.append(where(ref))
+            res = [(scal, off, nbytes) if name == SCALARS else where(launch.buffers[name]) for _b, name, _t, _w in pipe.bindings]
             grid = (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3]
             dispatches.append((pipe.pipeline, pipe.bind_group(self.dev, res), grid))
         outputs: dict[str, tuple[Any, int, np.dtype, tuple[int, ...]]] = {}
