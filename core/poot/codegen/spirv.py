@@ -589,6 +589,106 @@ _GLSL_SIGNED = {5, 7, 39, 42, 45}  # GLSL.std.450 SAbs, SSign, SMin, SMax, SClam
 _NO_RESULT_TYPE = {5, 6, 15, 16, 71, 72} | set(range(19, 40))  # names, entry points, decorations, type declarations
 
 
+# opcodes on narrow (8/16-bit) integers and how to widen them: 'wrap' (compute in 32 bits, keep the
+# low bits), 'keep' (zero-extended operands give the same result), 'signed' (operands sign-extended
+# first, integer results wrapped), 'cmp-signed' (sign-extended operands, a bool result)
+_NARROW_OPS = {
+    128: "wrap", 130: "wrap", 132: "wrap", 196: "wrap", 126: "signed", 200: "wrap",  # IAdd, ISub, IMul, ShiftLeftLogical, SNegate, Not
+    197: "keep", 198: "keep", 199: "keep", 194: "keep", 134: "keep", 137: "keep",  # BitwiseOr/Xor/And, ShiftRightLogical, UDiv, UMod
+    135: "signed", 138: "signed", 139: "signed", 195: "signed",  # SDiv, SRem, SMod, ShiftRightArithmetic
+    170: "keep", 171: "keep", 172: "keep", 174: "keep", 176: "keep", 178: "keep",  # IEqual, INotEqual, UGreaterThan(Equal), ULessThan(Equal)
+    173: "cmp-signed", 175: "cmp-signed", 177: "cmp-signed", 179: "cmp-signed",  # SGreaterThan(Equal), SLessThan(Equal)
+    245: "keep", 169: "keep", 83: "keep",  # Phi, Select, CopyObject
+}
+_OP_CONVERT_S_TO_F = 111
+_OP_SHL, _OP_SHR_ARITH, _OP_AND, _OP_COPY = 196, 195, 199, 83
+
+
+def _widen_narrow_ints(m: _Spv) -> bool:
+    """8- and 16-bit integer arithmetic (LLVM narrows index math whose range it knows) rewritten in
+    32 bits, each narrow value held zero-extended: naga takes no narrow integers. Returns False
+    (module unchanged) where an instruction it does not know uses them."""
+    ints = {ops[0]: (ops[1], ops[2]) for ops in m.of(_OP_TYPE_INT)}
+    narrow = {t: w for t, (w, _) in ints.items() if w in (8, 16)}
+    if not narrow:
+        return True
+    u32 = next((t for t, (w, sg) in ints.items() if w == 32 and sg == 0), None)
+    if u32 is None:
+        return False
+    consts: dict[int, int] = {}  # narrow constant id -> its zero-extended value
+    width: dict[int, int] = {}  # narrow-typed result id -> its width
+    for op, ops in m.insts:
+        if op == _OP_CONSTANT and ops[0] in narrow:
+            consts[ops[1]] = ops[2] & ((1 << narrow[ops[0]]) - 1)
+            width[ops[1]] = narrow[ops[0]]
+        elif op not in _NO_RESULT_TYPE and len(ops) >= 2 and ops[0] in narrow:
+            width[ops[1]] = narrow[ops[0]]
+    known = set(_NARROW_OPS) | {_OP_UCONVERT, _OP_SCONVERT, _OP_CONVERT_S_TO_F, _OP_CONSTANT}
+    for op, ops in m.insts:
+        if op in _NO_RESULT_TYPE or len(ops) < 2:
+            continue
+        if (ops[0] in narrow or any(o in width for o in ops[2:])) and op not in known:
+            return False
+    needed = set(consts.values()) | {(1 << w) - 1 for w in narrow.values()} | {32 - w for w in narrow.values()}
+    c32 = {v: m.constant(u32, v) for v in sorted(needed)}  # declared first: declaring edits m.insts
+
+    def fresh() -> int:
+        m.header[3] += 1
+        return m.header[3] - 1
+
+    out: list[list] = []
+
+    def sext(x: int, w: int) -> int:
+        a, b = fresh(), fresh()
+        out.append([_OP_SHL, [u32, a, x, c32[32 - w]]])
+        out.append([_OP_SHR_ARITH, [u32, b, a, c32[32 - w]]])
+        return b
+
+    for op, ops in list(m.insts):
+        if op in (_OP_TYPE_INT, _OP_CONSTANT) and ops[0] in narrow:
+            continue
+        ops = list(ops)
+        if op in _NO_RESULT_TYPE or len(ops) < 2 or op not in known or op == _OP_CONSTANT:  # (literals are not ids)
+            out.append([op, ops])
+            continue
+        src_w = {i: width[ops[i]] for i in range(2, len(ops)) if ops[i] in width}  # operand position -> its narrow width
+        for i in range(2, len(ops)):
+            if ops[i] in consts:
+                ops[i] = c32[consts[ops[i]]]
+        out_w = narrow.get(ops[0])
+        if op in (_OP_UCONVERT, _OP_SCONVERT):
+            if out_w:  # to a narrow type: keep the low bits
+                out.append([_OP_AND, [u32, ops[1], ops[2], c32[(1 << out_w) - 1]]])
+            elif 2 in src_w:  # from narrow to 32 bits: zero-extended already, or sign-extended
+                out.append([_OP_COPY, [ops[0], ops[1], sext(ops[2], src_w[2]) if op == _OP_SCONVERT else ops[2]]])
+            else:
+                out.append([op, ops])
+            continue
+        if op == _OP_CONVERT_S_TO_F:
+            if 2 in src_w:
+                ops[2] = sext(ops[2], src_w[2])
+            out.append([op, ops])
+            continue
+        kind = _NARROW_OPS.get(op)
+        if kind is None or (out_w is None and not src_w):
+            out.append([op, ops])
+            continue
+        if kind in ("signed", "cmp-signed"):
+            for i, w in src_w.items():
+                if not (op == _OP_SHR_ARITH and i == 3):  # a shift amount is unsigned
+                    ops[i] = sext(ops[i], w)
+        if out_w:
+            ops[0] = u32
+            if kind in ("wrap", "signed"):
+                result, ops[1] = ops[1], fresh()
+                out.append([op, ops])
+                out.append([_OP_AND, [u32, result, ops[1], c32[(1 << out_w) - 1]]])
+                continue
+        out.append([op, ops])
+    m.insts = out
+    return True
+
+
 def _signed_operands(m: _Spv) -> None:
     """Signed integer instructions on operands of signedless (unsigned-declared) integer types, as
     LLVM emits them, given operands bitcast to a signed type (and results bitcast back): naga takes an
@@ -651,6 +751,7 @@ def for_wgpu(spv: bytes) -> bytes:
     """The module as naga takes it: without the ``Aligned`` memory operands of OpLoad/OpStore (naga
     rejects them), and signed instructions given signed operands (see ``_signed_operands``)."""
     m = _Spv(spv, "(for wgpu)")
+    _widen_narrow_ints(m)
     _signed_operands(m)
     for op, ops in m.insts:
         at = {_OP_LOAD: 3, _OP_STORE: 2}.get(op)

@@ -400,3 +400,37 @@ def test_packed_gemv_on_the_device(device, rng, qtype):
     run(device, kern, spv, (-(-n // 4), m), {"x": x, "w": raw, "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "y": y},
         {"n": n, "k": k, "row_bytes": raw.shape[1]})
     np.testing.assert_allclose(y, x.astype(np.float64) @ q.dequantize(raw).astype(np.float64).T, rtol=1e-4, atol=1e-4)
+
+
+@kernel(workgroup=(128, 1, 1))
+def narrowed_index_math(out: Out[i32], cols: i32):
+    for c in range(thread_id(0), cols, 128):
+        j = c % 256  # LLVM knows these ranges and does some of this in 16-bit integers
+        out[c * 4 + 0] = j // 32
+        out[c * 4 + 1] = (j // 64) * 2
+        out[c * 4 + 2] = j % 32 - 16
+        out[c * 4 + 3] = (j - (j // 64) * 64) // 32
+
+
+def test_for_wgpu_widens_narrow_integers_without_changing_results(device):
+    """naga takes no 8- or 16-bit integers, which LLVM introduces for index math of known range:
+    ``for_wgpu`` redoes it in 32 bits (values kept zero-extended, sign-extended where an instruction
+    is signed). The rewritten module is valid and computes what the original does (run both here)."""
+    from poot_vulkan.runtime import VulkanKernel
+
+    k, spv = compile_spirv(narrowed_index_math)
+    widths = lambda data: {ops[1] for op, ops in S._Spv(data, k.name).insts if op == 21}  # noqa: E731 - OpTypeInt
+    assert widths(spv) & {8, 16}, "this kernel no longer exercises narrow integers: pick another"
+    wide = S.for_wgpu(spv)
+    assert not widths(wide) & {8, 16}
+    S.validate(wide, k.name)
+    cols = 300
+    got = {}
+    for name, code in (("original", spv), ("for wgpu", wide)):
+        out = np.full(cols * 4, -999, np.int32)
+        VulkanKernel(k, code, device).run((1,), {"out": out}, {"cols": cols})
+        got[name] = out
+    c = np.arange(cols) % 256
+    want = np.stack([c // 32, (c // 64) * 2, c % 32 - 16, (c - (c // 64) * 64) // 32], 1).reshape(-1)
+    np.testing.assert_array_equal(got["original"], want)
+    np.testing.assert_array_equal(got["for wgpu"], want)

@@ -44,6 +44,8 @@ class WgpuDevice:
         self.index = index
         self.name = str(self.adapter.info.get("device") or self.adapter.info.get("description"))
         want = {k: self.adapter.limits[k] for k in _LIMITS if k in self.adapter.limits}
+        # (not 'shader-int64': kernels whose SPIR-V holds 64-bit integers stay refused; with it,
+        # lavapipe's LLVM aborted the process compiling what naga made of them)
         self.device = self.adapter.request_device_sync(required_limits=want)
         self.limits = self.device.limits
         self.queue = self.device.queue
