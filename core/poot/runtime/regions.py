@@ -20,7 +20,7 @@ from ..graph.ir import Value
 from ..kernel.ir import Kernel
 from ..plan.memory import StoragePlan, storage_dtype, stored_nbytes, weight_array
 
-__all__ = ["Region", "value_region", "scalar_block", "checked_weight", "checked_pool"]
+__all__ = ["Region", "value_region", "scalar_block", "computed_outputs", "require_pools", "checked_weight", "checked_pool"]
 
 Key = tuple[int, int]
 
@@ -47,8 +47,26 @@ def value_region(sp: StoragePlan, values: Mapping[Key, Value], bound: set[Key] |
         return Region("bound", root)
     if root in sp.inputs.values():
         return Region("input", root)
-    size = max(4, int(np.prod(sp.shapes[root], dtype=np.int64)) * storage_dtype(values[root].dtype).itemsize)
+    size = max(4, sp.nbytes(root, values[root].dtype))
     return Region("arena", root, sp.arena_offsets[root], (size + 3) // 4 * 4)
+
+
+def require_pools(sp: StoragePlan, bound: Mapping[Key, object]) -> None:
+    """Every pool the step updates must have been bound."""
+    for name, k in sp.pools.items():
+        if k not in bound:
+            raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
+
+
+def computed_outputs(graph_outputs: Mapping[str, Value], sp: StoragePlan, bound: set[Key] | frozenset[Key]) -> dict[str, Key]:
+    """The graph outputs this step has storage for, by name (a conditional launch may leave some out)."""
+    out = {}
+    for name, v in graph_outputs.items():
+        k = (v.node.id, v.index)
+        root = sp.roots[k]
+        if root in bound or root in sp.inputs.values() or root in sp.arena_offsets:
+            out[name] = k
+    return out
 
 
 def scalar_block(kernels: Sequence[Kernel], scalars: Sequence[Mapping[str, float | int]], words: Callable[[Kernel, dict], np.ndarray],

@@ -12,10 +12,11 @@ import numpy as np
 
 from poot.errors import PootError
 from poot.kernel.ir import Buffer
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array
+from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
+from poot.runtime.regions import checked_weight
 
 from .device import _check
 from .runtime import CudaContext, CudaKernel, target_for
@@ -87,13 +88,10 @@ class CudaExecutor(Executor):
         for name, n in self._weight_nodes.items():
             if name not in weights:
                 raise PootError(f"weight '{name}' is not bound (the plan reads it)")
-            a = np.ascontiguousarray(weight_array(n.outputs[0], weights[name]))
             key = (n.id, 0)
             if self._weight_src.get(key) == id(weights[name]):
                 continue
-            want = stored_nbytes(n.outputs[0])
-            if a.nbytes != want:
-                raise PootError(f"weight '{name}': the plan reads {want} bytes, got an array of {a.nbytes} ({a.shape})")
+            a = checked_weight(name, n.outputs[0], weights[name])
             if key in self._weights:
                 self.ctx.free(self._weights[key])
             self._weights[key] = self._upload(a)

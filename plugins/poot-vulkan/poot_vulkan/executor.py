@@ -27,7 +27,7 @@ from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
-from poot.runtime.regions import checked_pool, checked_weight, scalar_block, value_region
+from poot.runtime.regions import checked_pool, checked_weight, computed_outputs, require_pools, scalar_block, value_region
 
 from .runtime import WHOLE_SIZE, HostBuffer, VulkanDevice
 
@@ -186,9 +186,7 @@ class VulkanExecutor(Executor):
         g = self.plan.graph
         sp = plan_storage(self.plan, env, alignment=self.align)
         values = {(n.id, v.index): v for n in g.nodes for v in n.outputs}
-        for name, k in sp.pools.items():
-            if k not in self._pools:
-                raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
+        require_pools(sp, self._pools)
         arena = self._buffer(nbytes=max(sp.arena_bytes, 16))
         owned = [arena]
         by_root: dict[Key, HostBuffer] = dict(self._weights)
@@ -197,7 +195,7 @@ class VulkanExecutor(Executor):
         step_inputs: dict[str, tuple[HostBuffer, np.dtype, tuple[int, ...]]] = {}
         for name, k in sp.inputs.items():
             dtype = storage_dtype(values[k].dtype)
-            buf = self._buffer(nbytes=max(4, int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize))
+            buf = self._buffer(nbytes=max(4, sp.nbytes(k, values[k].dtype)))
             owned.append(buf)
             step_inputs[name] = (buf, dtype, sp.shapes[k])
             by_root[k] = buf
@@ -250,12 +248,9 @@ class VulkanExecutor(Executor):
                 b.close()
             raise
         outputs: dict[str, tuple[HostBuffer, int, np.dtype, tuple[int, ...]]] = {}
-        for name, v in g.outputs.items():
-            k = (v.node.id, v.index)
-            root = sp.roots[k]
-            if root in by_root or root in sp.arena_offsets:  # else a conditional launch left it out of this step
-                buf, o, _ = where(k)
-                outputs[name] = (buf, o, storage_dtype(v.dtype), sp.shapes[k])
+        for name, k in computed_outputs(g.outputs, sp, bound).items():
+            buf, o, _ = where(k)
+            outputs[name] = (buf, o, storage_dtype(values[k].dtype), sp.shapes[k])
         step = VulkanStep(sp, arena, step_inputs, outputs, scal, pool, cmd_pool, cmd, len(sp.launches), self._binding,
                           [l.label or l.kernel.name for l in sp.launches], owned, dispatches)
         self._steps[key] = step

@@ -21,7 +21,7 @@ from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
-from poot.runtime.regions import checked_pool, checked_weight, scalar_block, value_region
+from poot.runtime.regions import checked_pool, checked_weight, computed_outputs, require_pools, scalar_block, value_region
 
 from .runtime import WgpuDevice, WgpuPipeline
 
@@ -125,9 +125,7 @@ class WgpuExecutor(Executor):
         g = self.plan.graph
         sp = plan_storage(self.plan, env, alignment=self.align)
         values = {(n.id, v.index): v for n in g.nodes for v in n.outputs}
-        for name, k in sp.pools.items():
-            if k not in self._pools:
-                raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
+        require_pools(sp, self._pools)
         arena = self._buffer(nbytes=max(sp.arena_bytes, 16))
         owned = [arena]
         by_root: dict[Key, Any] = dict(self._weights)
@@ -136,7 +134,7 @@ class WgpuExecutor(Executor):
         step_inputs: dict[str, tuple[Any, np.dtype, tuple[int, ...]]] = {}
         for name, k in sp.inputs.items():
             dtype = storage_dtype(values[k].dtype)
-            buf = self._buffer(nbytes=max(4, int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize))
+            buf = self._buffer(nbytes=max(4, sp.nbytes(k, values[k].dtype)))
             owned.append(buf)
             step_inputs[name] = (buf, dtype, sp.shapes[k])
             by_root[k] = buf
@@ -165,12 +163,9 @@ class WgpuExecutor(Executor):
             grid = (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3]
             dispatches.append((pipe.pipeline, pipe.bind_group(self.dev, res), grid))
         outputs: dict[str, tuple[Any, int, np.dtype, tuple[int, ...]]] = {}
-        for name, v in g.outputs.items():
-            k = (v.node.id, v.index)
-            root = sp.roots[k]
-            if root in by_root or root in sp.arena_offsets:  # else a conditional launch left it out of this step
-                buf, o, _ = where(k)
-                outputs[name] = (buf, o, storage_dtype(v.dtype), sp.shapes[k])
+        for name, k in computed_outputs(g.outputs, sp, bound).items():
+            buf, o, _ = where(k)
+            outputs[name] = (buf, o, storage_dtype(values[k].dtype), sp.shapes[k])
         step = WgpuStep(sp, step_inputs, outputs, dispatches, len(sp.launches), self._binding,
                         [l.label or l.kernel.name for l in sp.launches], owned)
         self._steps[key] = step
