@@ -504,14 +504,15 @@ def _u32(m: _Spv) -> int | None:
 
 def narrow_indices(m: _Spv) -> bool:
     """Replace 64-bit access-chain indices (LLVM's sign-extended GEP indices and i64 constants) by their
-    32-bit values, so that the module needs no Int64; returns whether anything changed. Runs on a module
-    whose integer types are 32- and 64-bit only (then a conversion to 64 bits starts from 32 bits)."""
+    32-bit values, so that the module needs no Int64; returns whether anything changed. Only
+    conversions from 32-bit values are undone (an index widened from 8 or 16 bits stays)."""
     widths = m.int_types()
     wide = {t for t, w in widths.items() if w == 64}
     u32 = _u32(m)
-    if not wide or u32 is None or set(widths.values()) - {32, 64}:
+    if not wide or u32 is None:
         return False
-    converted = {ops[1]: ops[2] for ops in m.of(_OP_SCONVERT, _OP_UCONVERT) if ops[0] in wide}
+    of32 = {ops[1] for op, ops in m.insts if op not in _NO_RESULT_TYPE and len(ops) >= 2 and widths.get(ops[0]) == 32}
+    converted = {ops[1]: ops[2] for ops in m.of(_OP_SCONVERT, _OP_UCONVERT) if ops[0] in wide and ops[2] in of32}
     constants = {ops[1]: ops[2] for ops in m.of(_OP_CONSTANT) if ops[0] in wide and len(ops) == 4 and ops[3] == 0 and ops[2] < 2**31}
     changed = False
     for ops in m.of(*_ACCESS_CHAINS):  # result type, result, base, indices...

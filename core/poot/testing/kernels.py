@@ -4,6 +4,9 @@ outputs poisoned first so that an element a kernel never wrote shows up as NaN (
 from __future__ import annotations
 
 import os
+import re
+import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -12,7 +15,7 @@ from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
-__all__ = ["run_host", "poisoned"]
+__all__ = ["run_host", "poisoned", "kernel_suites_on"]
 
 _LOADED: dict[str, HostKernel] = {}
 _RUNNERS: dict[str, object] = {}
@@ -61,3 +64,20 @@ def run_host(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], 
     if missing:
         raise KeyError(f"kernel {k.name}: no array for buffers {missing}")
     hk.run(grid, buffers, scalars, threads=threads)
+
+
+KERNEL_SUITES = ("tests/test_kernels_host.py", "tests/test_kernels_host_schedules.py")
+
+
+def kernel_suites_on(device: str, root: str | os.PathLike) -> tuple[int, int, str]:
+    """Run the kernel test suites of the source tree at ``root`` with ``POOT_TEST_DEVICE=device`` in a
+    fresh interpreter: (passed, skipped, the output's tail). A failure raises AssertionError with the tail."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib -ra",
+                        *(os.path.join(root, s) for s in KERNEL_SUITES)],
+                       env={**os.environ, "POOT_TEST_DEVICE": device}, cwd=root, capture_output=True, text=True, timeout=2400)
+    tail = r.stdout[-4000:]
+    summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
+    assert r.returncode == 0 and "failed" not in summary, tail
+    passed = re.search(r"(\d+) passed", summary)
+    skipped = re.search(r"(\d+) skipped", summary)
+    return int(passed.group(1)) if passed else 0, int(skipped.group(1)) if skipped else 0, tail
