@@ -27,13 +27,42 @@ def _bf16(rng, shape):
     return (bits.astype(np.uint32) << 16).view(np.float32), bits.view(np.int32)
 
 
-def _close(got, want, scale):
+def _close(got, want, scale, slack=0.0):
     assert np.isfinite(got).all(), "an output element was never written"
-    bad = np.abs(got - want) > 1e-5 * scale + 1e-6
+    bad = np.abs(got - want) > 1e-5 * scale + 1e-6 + slack
     assert not bad.any(), f"{bad.sum()} elements off, worst {np.abs(got - want).max():.3g}"
 
 
-@pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 4), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
+def _q8_rows(x):
+    """x as the Q4_K GEMV quantizes it (numpy, independently of the kernel): per 32 values
+    d = max|x| / 127, q = rint(x * (127 / max|x|)); returns (x rebuilt from d and q, d per value)."""
+    b = x.reshape(x.shape[0], -1, 32).astype(np.float32)
+    amax = np.abs(b).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    d = (amax / np.float32(127)).astype(np.float32)
+    q = np.rint(b * inv)
+    return (q * d).reshape(x.shape).astype(np.float64), np.broadcast_to(d, b.shape).reshape(x.shape).astype(np.float64)
+
+
+def _q4_k_products(x, raw):
+    """What the Q4_K warp GEMV computes for x and packed rows ``raw``: the quant sums against x
+    quantized to int8 (``_q8_rows``) and the sub-block minimums against the exact x; the largest
+    effect one value rounding the other way could have; and the bound to the exact product."""
+    q = quantization("q4_k")
+    w = q.dequantize(raw).astype(np.float64)
+    zero = raw.copy().reshape(raw.shape[0], -1, 144)
+    zero[:, :, 16:] = 0  # quants 0: what is left is -dmin * m per value
+    w0 = q.dequantize(zero.reshape(raw.shape)).astype(np.float64)
+    x64 = x.astype(np.float64)
+    xh, d = _q8_rows(x)
+    got = xh @ w.T - (xh - x64) @ w0.T  # = xh . (w - w0) + x . w0
+    flip = d.max() * np.abs(w - w0).max() * 1.01
+    bound = (d / 2) @ np.abs(w - w0).T * 1.01 + 1e-5 * (np.abs(x64) @ np.abs(w).T)
+    return got, flip, bound, x64 @ w.T
+
+
+@pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 2), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
                                   gemm_warp(4096), gemm_warp(14336, 2, 4, 8)],
                          ids=lambda k: k.name)
 def test_schedules_compile_to_the_instructions_they_are_for(kern):
@@ -43,6 +72,8 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     else:
         assert "shfl.sync.bfly" in ptx
+    if "q4_k" in kern.name:
+        assert "dp4a.s32.s32" in ptx  # int8 activations against the quants
     ptxas = shutil.which("ptxas")
     if ptxas:  # registers and spills, where CUDA's assembler is installed
         out = subprocess.run([ptxas, "-arch=sm_90", "-v", "-o", os.devnull, "-"], input=ptx.encode(), capture_output=True, check=True).stderr.decode()
@@ -67,14 +98,14 @@ def test_gemv_warp_bf16(rng, k, mr, m):
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
 def test_gemv_warp_q4_k(rng, k, mr, m):
     n = 21
-    q = quantization("q4_k")
-    raw = q.quantize(rng.standard_normal((n, k)).astype(np.float32))
-    w = q.dequantize(raw)
+    raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :32] = 0  # a block of zeros: scale 0, nothing divided by it
     y = poisoned((m, n))
     run_host(gemv_warp("q4_k", k, mr), (-(-n // 8), -(-m // mr)), {"x": x, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
-    want = x.astype(np.float64) @ w.T.astype(np.float64)
-    _close(y, want, np.abs(x) @ np.abs(w).T)
+    want, flip, bound, exact = _q4_k_products(x, raw)
+    _close(y, want, np.abs(x) @ np.abs(quantization("q4_k").dequantize(raw)).T, slack=flip)
+    assert (np.abs(y - exact) <= bound).all(), "further from the exact product than int8 activations allow"
 
 
 @gpu_only
@@ -116,11 +147,14 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
     else:
         q = quantization("q4_k")
         rg, ru = (q.quantize(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(2))
-        wg, wu, bg, bu = q.dequantize(rg), q.dequantize(ru), np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
+        bg, bu = np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
     run_host(gemv_warp(qtype, k, mr, glu=True), (-(-n // 8), -(-m // mr)), {"x": x, "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
-    g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
+    if qtype == "bf16":
+        g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
+    else:  # against x quantized to int8 as the kernel does (test_gemv_warp_q4_k bounds that)
+        g, u = _q4_k_products(x, rg)[0], _q4_k_products(x, ru)[0]
     want = g / (1 + np.exp(-g)) * u
     assert np.isfinite(y).all()
     np.testing.assert_allclose(y, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
@@ -138,10 +172,14 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m):
             w, bits = _bf16(rng, (n, k))
         else:
             raw = q.quantize(rng.standard_normal((n, k)).astype(np.float32))
-            w, bits = q.dequantize(raw), np.ascontiguousarray(raw).view(np.int32)
+            w, bits = raw, np.ascontiguousarray(raw).view(np.int32)
         ws.append(w)
         bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
     x = rng.standard_normal((m, k)).astype(np.float32)
     run_host(gemv_warp(qtype, k, mr, parts=parts), (-(-sum(parts) // 8), -(-m // mr)), {"x": x, **bufs}, {"m": m, "n": sum(parts)})
     for i, w in enumerate(ws):
-        _close(bufs[f"y{i}"], x.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)
+        if qtype == "bf16":
+            _close(bufs[f"y{i}"], x.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)
+        else:
+            want, flip, _, _ = _q4_k_products(x, w)
+            _close(bufs[f"y{i}"], want, np.abs(x) @ np.abs(q.dequantize(w)).T, slack=flip)

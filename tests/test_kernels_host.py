@@ -497,3 +497,22 @@ def test_cache_write_through_a_shuffled_slot_map(rng):
     want = evaluate(b.build({"y": b.cache_write(b.input("p", "f32", [nb, bs, width]), b.input("v", "f32", [t, width]), b.input("s", "i32", [t]))}),
                     {"p": pool, "v": vals, "s": slots})["y"]
     np.testing.assert_array_equal(got, want)
+
+
+def test_dot4_i8_sums_signed_byte_products(rng):
+    """Kernel IR's Dot4I8 (dp4a on NVIDIA, byte arithmetic elsewhere) against numpy, every byte value."""
+    from poot.kernel import ir as K
+
+    n = 4096
+    a, b = (rng.integers(-(2**31), 2**31, n, dtype=np.int64).astype(np.int32) for _ in range(2))
+    a[:256] = np.repeat(np.arange(-128, 128, dtype=np.int8), 4).view(np.int32)[:256]  # extremes included
+    c = rng.integers(-(2**20), 2**20, n).astype(np.int32)
+    i = K.Bin("add", K.Bin("mul", K.Builtin("group_id", 0), K.Const(64, K.i32)), K.Builtin("thread_id", 0))
+    body = (K.If(K.Bin("lt", i, K.Ref("n", K.i32)),
+                 (K.Store("y", i, K.Dot4I8(K.Load("a", i, K.i32), K.Load("b", i, K.i32), K.Load("c", i, K.i32))),)),)
+    kern = K.Kernel("dot4_i8_test", (K.Buffer("a", K.i32), K.Buffer("b", K.i32), K.Buffer("c", K.i32), K.Buffer("y", K.i32, readonly=False),
+                                     K.ScalarParam("n", K.i32)), body, (64, 1, 1))
+    y = poisoned((n,), np.int32)
+    run_host(kern, (n // 64,), {"a": a, "b": b, "c": c, "y": y}, {"n": n})
+    want = (a.view(np.int8).reshape(n, 4).astype(np.int64) * b.view(np.int8).reshape(n, 4)).sum(1) + c
+    np.testing.assert_array_equal(y, want.astype(np.int32))

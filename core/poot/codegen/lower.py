@@ -464,7 +464,21 @@ class _Lowerer:
             return self.subgroup_reduce(e.op, self.expr(e.a), e.a.dtype)
         if isinstance(e, K.SubgroupShuffle):
             return self.shuffle(self.expr(e.a), self.expr(e.lane), e.a.dtype, e.xor)
+        if isinstance(e, K.Dot4I8):
+            return self.dot4_i8(self.expr(e.a), self.expr(e.b), self.expr(e.c))
         raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower expression {type(e).__name__}")
+
+    def dot4_i8(self, a: L.Value, c: L.Value, acc: L.Value) -> L.Value:
+        """acc + the dot product of the signed bytes of a and c: dp4a on NVIDIA, byte arithmetic elsewhere."""
+        b = self.b
+        if self.t.name == "nvptx":
+            return b.call(self.intrinsic("llvm.nvvm.idp4a.s.s", I32, [I32, I32, I32]), [a, c, acc])
+        for i in range(4):
+            up = L.Constant(I32, 24 - 8 * i)
+            x = b.ashr(b.shl(a, up), L.Constant(I32, 24))
+            y = b.ashr(b.shl(c, up), L.Constant(I32, 24))
+            acc = b.add(acc, b.mul(x, y))
+        return acc
 
     def fcall(self, name: str, *args: L.Value) -> L.Value:
         ty = args[0].type

@@ -143,7 +143,7 @@ class SpirvModule(L.Module):
 
 def _exprs(e: K.Expr):  # type: ignore[no-untyped-def]
     yield e
-    for f in ("a", "b", "cond", "index", "lane"):
+    for f in ("a", "b", "c", "cond", "index", "lane"):
         sub = getattr(e, f, None)
         if sub is not None and not isinstance(sub, (str, int, float, bool)):
             yield from _exprs(sub)

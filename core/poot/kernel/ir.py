@@ -17,7 +17,7 @@ from ..graph.dtypes import DType
 
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
-    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle",
+    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle", "Dot4I8",
     "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "const", "i32",
 ]
@@ -184,7 +184,21 @@ class SubgroupShuffle:
         return self.a.dtype
 
 
-Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, HalfToF32, Select, Load, SubgroupReduce, SubgroupShuffle]
+@dataclass(frozen=True)
+class Dot4I8:
+    """``c`` plus the dot product of the four signed bytes of the i32 ``a`` with those of ``b``
+    (NVIDIA ``dp4a``; other targets expand it to byte arithmetic). All i32."""
+
+    a: "Expr"
+    b: "Expr"
+    c: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return i32
+
+
+Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, HalfToF32, Select, Load, SubgroupReduce, SubgroupShuffle, Dot4I8]
 
 
 def const(value: float | int | bool, dtype: DType | str = i32) -> Const:

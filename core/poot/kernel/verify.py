@@ -9,7 +9,7 @@ from ..errors import PootError
 from ..graph import dtypes as dt
 from .ir import (
     BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
-    Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Un, VecLoad, VecStore,
+    Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Dot4I8, Un, VecLoad, VecStore,
 )
 
 __all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups"]
@@ -117,6 +117,11 @@ def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
         if tl != dt.i32:
             raise s.fail(where, f"shuffle lane must be i32, got {tl}")
         return t, True
+    if isinstance(e, Dot4I8):
+        parts = [_expr(s, x, where) for x in (e.a, e.b, e.c)]
+        if any(t != dt.i32 for t, _ in parts):
+            raise s.fail(where, f"dot4_i8 takes i32 words, got {[str(t) for t, _ in parts]}")
+        return dt.i32, any(v for _, v in parts)
     raise s.fail(where, f"not an expression: {e!r}")
 
 
@@ -265,7 +270,7 @@ def _walk(body: Iterable[Stmt]):  # type: ignore[no-untyped-def]
 
 def _exprs(e: Expr):  # type: ignore[no-untyped-def]
     yield e
-    for f in ("a", "b", "cond", "index", "lane"):
+    for f in ("a", "b", "c", "cond", "index", "lane"):
         sub = getattr(e, f, None)
         if sub is not None and not isinstance(sub, (str, int, float)):
             yield from _exprs(sub)

@@ -167,6 +167,15 @@ def _between(lo: int, hi: int | None, rows: Callable[[Env], int]) -> When:
     return When(f"{lo} < rows <= {hi}", lambda env: lo < rows(env) <= hi)
 
 
+def _gemv_rows(qtype: str, k: int, limits: Limits) -> list[tuple[int, int, int]]:
+    """The warp GEMV's (rows a workgroup, fewest rows, most rows) for 1 and 2-4 rows of x: the Q4_K
+    one keeps its rows of x, quantized, in workgroup memory, so K bounds how many fit."""
+    if qtype != "q4_k":
+        return [(1, 0, 1), (4, 1, 4)]
+    fits = [mr for mr in (4, 2, 1) if 4 * linear_gpu.q8_shared_words(k, mr) <= limits.shared_bytes]
+    return [(1, 0, 1), (fits[0], 1, 4)] if fits else []
+
+
 def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
     """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
     warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
@@ -179,7 +188,10 @@ def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
     bufs = {"x": _key(x), "w": _key(w), "y": _key(n.outputs[0])}
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
     out = []
-    for mr, lo, hi in ((1, 0, 1), (4, 1, 4)):
+    few = _gemv_rows(w.dtype.name, kk, limits)
+    if not few:
+        return None
+    for mr, lo, hi in few:
         k = linear_gpu.gemv_warp(w.dtype.name, kk, mr)
         out.append(Launch(n, k, bufs, lambda env, mr=mr: (-(-nn // 8), -(-rows(env) // mr)), sc, _between(lo, hi, rows)))
     if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix:
@@ -226,7 +238,8 @@ def _find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) -
             continue
         wg, wu = gate.inputs[1], up.inputs[1]
         if not (gate.attrs["transpose_b"] and up.attrs["transpose_b"] and wg.rank == 2 and wu.rank == 2 and wg.dtype == wu.dtype
-                and wg.dtype.name in linear_gpu.GEMV_TYPES and wg.shape == wu.shape and wg.shape[1].value % 256 == 0):
+                and wg.dtype.name in linear_gpu.GEMV_TYPES and wg.shape == wu.shape and wg.shape[1].value % 256 == 0
+                and _gemv_rows(wg.dtype.name, wg.shape[1].value, limits)):
             continue
         if len(users[gate.id]) != 2 or len(users[up.id]) != 1:  # the gate feeds the sigmoid and the product only
             continue
@@ -235,7 +248,7 @@ def _find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) -
     return found
 
 
-def _glu_launch(glu: _Glu, out: Value) -> list[Launch]:
+def _glu_launch(glu: _Glu, out: Value, limits: Limits) -> list[Launch]:
     x, wg = glu.gate.inputs
     nn, kk = wg.shape[0].value, wg.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
@@ -243,7 +256,7 @@ def _glu_launch(glu: _Glu, out: Value) -> list[Launch]:
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
     return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True), bufs,
                    lambda env, mr=mr: (-(-nn // 8), -(-rows(env) // mr)), sc, _between(lo, hi, rows), label="gated_mlp")
-            for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]
+            for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits)]
 
 
 def _find_siblings(graph: Graph, limits: Limits, taken: Mapping[int, Any]) -> dict[int, list[Node]]:
@@ -256,7 +269,7 @@ def _find_siblings(graph: Graph, limits: Limits, taken: Mapping[int, Any]) -> di
         if n.op != "matmul" or n.id in taken or not n.attrs["transpose_b"]:
             continue
         w = n.inputs[1]
-        if w.rank == 2 and w.dtype.name in linear_gpu.GEMV_TYPES and w.shape[1].value % 256 == 0:
+        if w.rank == 2 and w.dtype.name in linear_gpu.GEMV_TYPES and w.shape[1].value % 256 == 0 and _gemv_rows(w.dtype.name, w.shape[1].value, limits):
             by_x.setdefault(_key(n.inputs[0]), []).append(n)
     out: dict[int, list[Node]] = {}
     for ns in by_x.values():
@@ -267,7 +280,7 @@ def _find_siblings(graph: Graph, limits: Limits, taken: Mapping[int, Any]) -> di
     return out
 
 
-def _siblings_launch(ns: list[Node]) -> list[Launch]:
+def _siblings_launch(ns: list[Node], limits: Limits) -> list[Launch]:
     x, w = ns[0].inputs
     kk = w.shape[1].value
     parts = tuple(m.inputs[1].shape[0].value for m in ns)
@@ -278,7 +291,7 @@ def _siblings_launch(ns: list[Node]) -> list[Launch]:
     total = sum(parts)
     return [Launch(ns[0], linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts), bufs, lambda env, mr=mr: (-(-total // 8), -(-rows(env) // mr)),
                    lambda env: {"m": rows(env), "n": total}, _between(lo, hi, rows), label=f"{len(ns)} matmuls")
-            for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]
+            for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits)]
 
 
 def _matmul_gpu(n: Node, limits: Limits) -> list[Launch]:
@@ -651,7 +664,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
                 ew = _elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0])))
                 glu = next((gl for gl in glus.values() if gl.root == n.id), None)
                 if glu is not None and ew.buffers["out"] == _key(n.outputs[0]):  # few rows: one warp GEMV over both weights
-                    fused = _glu_launch(glu, n.outputs[0])
+                    fused = _glu_launch(glu, n.outputs[0], limits)
                     ew.when = _between(4, None, lambda env, x=glu.gate.inputs[0]: int(np.prod(_shape(x, env)[:-1])))
                     plan.launches.extend(fused)
                 plan.launches.append(ew)
@@ -660,7 +673,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
             if n.id in glus or n.id in in_siblings:  # few rows: a fused launch computes this product (or its use)
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
             if n.id in siblings:
-                plan.launches.extend(_siblings_launch(siblings[n.id]))
+                plan.launches.extend(_siblings_launch(siblings[n.id], limits))
             plan.launches.extend(ls)
         elif n.op == "gather":
             plan.launches.append(_gather(n))

@@ -61,7 +61,9 @@ def cuda_devices() -> list[Device]:
             dtypes=frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"}),
             compute_units=attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT),
             max_workgroup_size=attr(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
-            shared_memory_bytes=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            # kernels declare their workgroup memory statically, which PTX caps at the per-block
+            # default (48 KiB); the opt-in maximum is for dynamic shared memory only
+            shared_memory_bytes=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
             subgroup_size=attr(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE),
             memory_bytes=int(mem),
             matrix_ops=frozenset(matrix),

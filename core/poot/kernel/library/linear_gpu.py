@@ -3,7 +3,10 @@
 - ``gemv_warp``: decode. One warp per output feature reads its weight row with 16-byte loads
   (eight bf16 values, or a quarter of a Q4_K block's quants per lane), so every byte of the
   weights is read once per step at close to the memory's bandwidth; ``MR`` rows of x share each
-  load. Sums are finished with a subgroup reduction.
+  load. Sums are finished with a subgroup reduction. The Q4_K one first quantizes the workgroup's
+  rows of x to int8 in workgroup memory (per 32 values a scale, as llama.cpp's Q8_1) and sums
+  quants by ``dp4a``: dequantizing nibbles to floats costs more instructions than the chip can
+  issue at full memory bandwidth.
 - ``gemm_mma``: prefill and batched decode on tensor cores (``mma.sync`` m16n8k16 bf16). Tiles of x
   and of the weights are staged through workgroup memory (rows padded to avoid bank conflicts);
   each warp keeps its accumulators in registers for the whole K loop. x is split into two bf16
@@ -111,65 +114,107 @@ def _bf16_rows(weights: list[str], k: int, mr: int) -> tuple[list[K.Stmt], int]:
     return inner, un
 
 
+Q8_MAGIC = 12582912.0  # 1.5 * 2**23: adding it leaves round-to-nearest-even(v) in the low mantissa bits
+
+
+def q8_shared_words(k: int, mr: int) -> int:
+    """Workgroup memory (4-byte words) a Q4_K warp GEMV needs for ``mr`` rows of x quantized to int8."""
+    return mr * (k // 4 + k // 16)
+
+
+def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
+    """The workgroup's ``mr`` rows of x quantized into workgroup memory, as llama.cpp's Q8_1 does for
+    its dp4a GEMVs: per 32 values a scale d = max|x| / 127 and int8 q = rint(x / d) (four a word in
+    ``xq``), with the exact f32 sum of the 32 values beside d (``xds``: d, sum). One thread a block
+    of 32; rounding by adding ``Q8_MAGIC``. Ends with a barrier."""
+    nb32 = k // 32
+    v = [_r(f"qv{i}", F32) for i in range(32)]
+    row = K.Bin("min", _add(_r("m0"), _b("div", _r("qb"), nb32)), _b("sub", _r("m"), 1))
+    src = _add(_mul(row, k), _mul(_b("rem", _r("qb"), nb32), 32))
+    inner: list[K.Stmt] = [K.Let("qsrc", src)]
+    for i in range(8):
+        inner.append(K.VecLoad(tuple(f"qv{4 * i + j}" for j in range(4)), "x", _add(_r("qsrc"), 4 * i), F32))
+    amax: list[K.Expr] = [K.Un("abs", x) for x in v]
+    tot: list[K.Expr] = list(v)
+    while len(amax) > 1:  # trees: fewer dependent steps
+        amax = [K.Bin("max", amax[i], amax[i + 1]) for i in range(0, len(amax), 2)]
+        tot = [K.Bin("add", tot[i], tot[i + 1]) for i in range(0, len(tot), 2)]
+    inner += [K.Let("qmax", amax[0]), K.Let("qsum", tot[0]),
+              K.Let("qinv", K.Select(K.Bin("gt", _r("qmax", F32), _f(0.0)), K.Bin("div", _f(127.0), _r("qmax", F32)), _f(0.0)))]
+
+    def byte(i: int) -> K.Expr:
+        return _b("and", K.Bitcast(K.Bin("add", K.Bin("mul", v[i], _r("qinv", F32)), _f(Q8_MAGIC)), I32), 255)
+
+    words = [_b("or", _b("or", byte(4 * w), _b("shl", byte(4 * w + 1), 8)), _b("or", _b("shl", byte(4 * w + 2), 16), _b("shl", byte(4 * w + 3), 24)))
+             for w in range(8)]
+    inner += [K.VecStore("xq", _mul(_r("qb"), 8), tuple(words[:4])), K.VecStore("xq", _add(_mul(_r("qb"), 8), 4), tuple(words[4:])),
+              K.VecStore("xds", _mul(_r("qb"), 2), (K.Bin("div", _r("qmax", F32), _f(127.0)), _r("qsum", F32)))]
+    return [K.For("qb", K.Builtin("thread_id", 0), _c(mr * nb32), tuple(inner), step=threads), K.Barrier()]
+
+
 def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
-    """The loop body of a Q4_K warp GEMV step: four blocks a step, eight lanes a block, each lane
-    16 quant bytes (32 values, two sub-blocks) of each weight row; x loaded once for the weights."""
-    nb = k // 256
-    inner: list[K.Stmt] = [
+    """The loop body of a Q4_K warp GEMV step: eight blocks a step, eight lanes a block, each lane 16
+    quant bytes (32 values, halves of two sub-blocks) of two blocks of each weight row, against x
+    quantized to int8 in workgroup memory: the sums are dp4a's, scaled per sub-block."""
+    nb, nb32 = k // 256, k // 32
+    mask = _c(0x0F0F0F0F)
+    out: list[K.Stmt] = [
         K.Let("l8", _b("rem", _r("lane"), 8)),
         K.Let("c", _b("div", _r("l8"), 2)),
         K.Let("h", _b("rem", _r("l8"), 2)),
-        K.Let("xo", _add(_mul(_r("blk"), 256), _mul(_r("c"), 64), _mul(_r("h"), 16))),
     ]
-    for wb in weights:
-        p = wb
-        inner += [
-            K.Let(f"{p}base", _add(_mul(_r("j"), nb * 36), _mul(_r("blk"), 36))),
-            K.Let(f"{p}dm", K.Load(wb, _r(f"{p}base"), I32)),
-            K.Let(f"{p}s0", K.Load(wb, _add(_r(f"{p}base"), 1), I32)),
-            K.Let(f"{p}s1", K.Load(wb, _add(_r(f"{p}base"), 2), I32)),
-            K.Let(f"{p}s2", K.Load(wb, _add(_r(f"{p}base"), 3), I32)),
-            K.VecLoad(tuple(f"{p}q{i}" for i in range(4)), wb, _add(_r(f"{p}base"), 4, _mul(_r("l8"), 4)), I32),
-        ]
-    for r in range(mr):
-        for part, off in (("lo", 0), ("hi", 32)):
-            xi = _add(_r(f"xr{r}"), _r("xo"), off)
-            names = [f"x{r}{part}_{i}" for i in range(16)]
-            for v in range(4):
-                inner.append(K.VecLoad(tuple(names[4 * v: 4 * v + 4]), "x", _add(xi, 4 * v), F32))
-            xs: K.Expr = _f(0.0)
-            for i in range(16):
-                xs = K.Bin("add", xs, _r(names[i], F32))
-            inner.append(K.Let(f"xs{r}{part}", xs))
-    for wb in weights:
-        p = wb
-        inner += [K.Let(f"{p}d", K.HalfToF32(_b("and", _r(f"{p}dm"), 0xFFFF))),
-                  K.Let(f"{p}dmin", K.HalfToF32(_b("and", _b("shr", _r(f"{p}dm"), 16), 0xFFFF)))]
-
-        def byte(i: K.Expr, p: str = p) -> K.Expr:  # scale byte i (0..11), i run-time
-            word = K.Select(K.Bin("lt", i, _c(4)), _r(f"{p}s0"), K.Select(K.Bin("lt", i, _c(8)), _r(f"{p}s1"), _r(f"{p}s2")))
-            return _b("and", K.Bin("shr", word, _mul(_b("rem", i, 4), 8)), 255)
-
-        for part, sub in (("lo", _mul(_r("c"), 2)), ("hi", _add(_mul(_r("c"), 2), 1))):
-            # ggml's get_scale_min_k4 for sub-block ``sub``
-            small = K.Bin("lt", sub, _c(4))
-            sc = K.Select(small, _b("and", byte(sub), 63),
-                          _b("or", _b("and", byte(_add(sub, 4)), 15), _b("shl", _b("shr", byte(_b("sub", sub, 4)), 6), 4)))
-            mn = K.Select(small, _b("and", byte(_add(sub, 4)), 63),
-                          _b("or", _b("shr", byte(_add(sub, 4)), 4), _b("shl", _b("shr", byte(sub), 6), 4)))
-            inner += [K.Let(f"{p}sc_{part}", K.Bin("mul", _r(f"{p}d", F32), K.Cast(sc, F32))),
-                      K.Let(f"{p}mn_{part}", K.Bin("mul", _r(f"{p}dmin", F32), K.Cast(mn, F32)))]
+    for u in range(2):
+        blk = _add(_mul(_r("it"), 8), _b("div", _r("lane"), 8), 4 * u)
+        body: list[K.Stmt] = [K.Let(f"blk{u}", blk)]
+        for p in weights:  # the weight loads first
+            base = _add(_mul(_r("j"), nb * 36), _mul(_r(f"blk{u}"), 36))
+            body += [K.Let(f"{p}base{u}", base),
+                     K.VecLoad(tuple(f"{p}q{u}_{i}" for i in range(4)), p, _add(_r(f"{p}base{u}"), 4, _mul(_r("l8"), 4)), I32),
+                     K.Let(f"{p}dm{u}", K.Load(p, _r(f"{p}base{u}"), I32)),
+                     K.Let(f"{p}s0{u}", K.Load(p, _add(_r(f"{p}base{u}"), 1), I32)),
+                     K.Let(f"{p}s1{u}", K.Load(p, _add(_r(f"{p}base{u}"), 2), I32)),
+                     K.Let(f"{p}s2{u}", K.Load(p, _add(_r(f"{p}base{u}"), 3), I32))]
         for r in range(mr):
-            for part in ("lo", "hi"):
-                dot: K.Expr = _f(0.0)
-                for i in range(16):
-                    byte_i = _b("and", _b("shr", _r(f"{p}q{i // 4}"), 8 * (i % 4)), 255)
-                    q = _b("and", byte_i, 15) if part == "lo" else _b("shr", byte_i, 4)
-                    dot = _fma(dot, _r(f"x{r}{part}_{i}", F32), K.Cast(q, F32))
-                inner.append(K.Assign(f"{p}acc{r}", K.Bin("sub", _fma(_r(f"{p}acc{r}", F32), _r(f"{p}sc_{part}", F32), dot),
-                                                           K.Bin("mul", _r(f"{p}mn_{part}", F32), _r(f"xs{r}{part}", F32)))))
-    head = [K.Let("blk", _add(_mul(_r("it"), 4), _b("div", _r("lane"), 8)))]
-    return head + ([K.If(K.Bin("lt", _r("blk"), _c(nb)), tuple(inner))] if nb % 4 else inner)
+            xw = _add(r * (k // 4), _mul(_r(f"blk{u}"), 64), _mul(_r("c"), 16), _mul(_r("h"), 4))
+            sb = _add(r * nb32, _mul(_r(f"blk{u}"), 8), _mul(_r("c"), 2))
+            body += [K.VecLoad(tuple(f"xl{u}_{r}_{i}" for i in range(4)), "xq", xw, I32),
+                     K.VecLoad(tuple(f"xh{u}_{r}_{i}" for i in range(4)), "xq", _add(xw, 8), I32),
+                     K.VecLoad((f"dl{u}_{r}", f"sl{u}_{r}"), "xds", _mul(sb, 2), F32),
+                     K.VecLoad((f"dh{u}_{r}", f"sh{u}_{r}"), "xds", _add(_mul(sb, 2), 2), F32)]
+        for p in weights:
+            body += [K.Let(f"{p}d{u}", K.HalfToF32(_b("and", _r(f"{p}dm{u}"), 0xFFFF))),
+                     K.Let(f"{p}dmin{u}", K.HalfToF32(_b("and", _b("shr", _r(f"{p}dm{u}"), 16), 0xFFFF)))]
+
+            def byte(i: K.Expr, p: str = p, u: int = u) -> K.Expr:  # scale byte i (0..11), i run-time
+                word = K.Select(K.Bin("lt", i, _c(4)), _r(f"{p}s0{u}"), K.Select(K.Bin("lt", i, _c(8)), _r(f"{p}s1{u}"), _r(f"{p}s2{u}")))
+                return _b("and", K.Bin("shr", word, _mul(_b("rem", i, 4), 8)), 255)
+
+            for part, sub in (("l", _mul(_r("c"), 2)), ("h", _add(_mul(_r("c"), 2), 1))):
+                # ggml's get_scale_min_k4 for sub-block ``sub``
+                small = K.Bin("lt", sub, _c(4))
+                sc = K.Select(small, _b("and", byte(sub), 63),
+                              _b("or", _b("and", byte(_add(sub, 4)), 15), _b("shl", _b("shr", byte(_b("sub", sub, 4)), 6), 4)))
+                mn = K.Select(small, _b("and", byte(_add(sub, 4)), 63),
+                              _b("or", _b("shr", byte(_add(sub, 4)), 4), _b("shl", _b("shr", byte(sub), 6), 4)))
+                body += [K.Let(f"{p}sc{part}{u}", K.Bin("mul", _r(f"{p}d{u}", F32), K.Cast(sc, F32))),
+                         K.Let(f"{p}mn{part}{u}", K.Bin("mul", _r(f"{p}dmin{u}", F32), K.Cast(mn, F32)))]
+            for r in range(mr):
+                il: K.Expr = _c(0)
+                ih: K.Expr = _c(0)
+                for i in range(4):
+                    q = _r(f"{p}q{u}_{i}")
+                    il = K.Dot4I8(_b("and", q, mask), _r(f"xl{u}_{r}_{i}"), il)
+                    ih = K.Dot4I8(_b("and", _b("shr", q, 4), mask), _r(f"xh{u}_{r}_{i}"), ih)
+                dots = K.Bin("add", K.Bin("mul", _r(f"{p}scl{u}", F32), K.Bin("mul", _r(f"dl{u}_{r}", F32), K.Cast(il, F32))),
+                             K.Bin("mul", _r(f"{p}sch{u}", F32), K.Bin("mul", _r(f"dh{u}_{r}", F32), K.Cast(ih, F32))))
+                mins = K.Bin("mul", _f(0.5), K.Bin("add", K.Bin("mul", _r(f"{p}mnl{u}", F32), _r(f"sl{u}_{r}", F32)),
+                                                   K.Bin("mul", _r(f"{p}mnh{u}", F32), _r(f"sh{u}_{r}", F32))))
+                body.append(K.Assign(f"{p}acc{r}", K.Bin("add", _r(f"{p}acc{r}", F32), K.Bin("sub", dots, mins))))
+        if nb % 8 == 0:
+            out += body
+        else:
+            out.append(K.If(K.Bin("lt", blk, _c(nb)), tuple(body)))
+    return out
 
 
 @lru_cache(maxsize=None)
@@ -190,8 +235,13 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False, pa
         K.Let("jg", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), 32))),
         K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
     ]
-    for r in range(mr):
-        body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
+    shared: tuple[K.Shared, ...] = ()
+    if qtype == "q4_k":
+        body += _quantize_x_q8(k, mr, threads)
+        shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
+    else:
+        for r in range(mr):
+            body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
 
     def product(weights: list[str], y: str, width: K.Expr) -> list[K.Stmt]:
         """Rows j of this product (``j`` declared by the caller) into ``y`` of ``width`` features."""
@@ -200,7 +250,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False, pa
             inner, un = _bf16_rows(weights, k, mr)
             out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
         else:
-            out.append(K.For("it", _c(0), _c(-(-(k // 256) // 4)), tuple(_q4_k_rows(weights, k, mr))))
+            out.append(K.For("it", _c(0), _c(-(-(k // 256) // 8)), tuple(_q4_k_rows(weights, k, mr))))
         for r in range(mr):
             for wb in weights:
                 out.append(K.Let(f"{wb}s{r}", K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))))
@@ -224,7 +274,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False, pa
         outs = [K.Buffer("y", F32, readonly=False)]
     params = (K.Buffer("x", F32), *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
-    kern = K.Kernel(f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else ""), params, tuple(body), (threads, 1, 1))
+    kern = K.Kernel(f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else ""), params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern
 
