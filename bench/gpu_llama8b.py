@@ -119,6 +119,7 @@ def quantize_q4_k(a: np.ndarray, pool: ProcessPoolExecutor) -> np.ndarray:
 def write_q4_k_model(path: Path, dims: Dims, layers: int, layer: dict[str, np.ndarray], embed: np.ndarray, head: np.ndarray) -> None:
     from poot.testing.checkpoints import write_gguf
 
+    path.parent.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
         q = {n: quantize_q4_k(a, pool) for n, a in layer.items() if a.ndim == 2}
         qe, qh = quantize_q4_k(embed, pool), quantize_q4_k(head, pool)
