@@ -193,7 +193,7 @@ def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
         return None
     for mr, lo, hi in few:
         k = linear_gpu.gemv_warp(w.dtype.name, kk, mr)
-        out.append(Launch(n, k, bufs, lambda env, mr=mr: (-(-nn // 8), -(-rows(env) // mr)), sc, _between(lo, hi, rows)))
+        out.append(Launch(n, k, bufs, lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, _between(lo, hi, rows)))
     if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix:
         for mt, lo, hi in ((1, 4, 16), (2, 16, 64)):  # weights streamed like a GEMV, tensor cores doing the sums
             k = linear_gpu.gemm_warp(kk, mt, 4, 8)
@@ -254,8 +254,9 @@ def _glu_launch(glu: _Glu, out: Value, limits: Limits) -> list[Launch]:
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
     bufs = {"x": _key(x), "wg": _key(wg), "wu": _key(glu.up.inputs[1]), "y": _key(out)}
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+    f = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True).threads // 32  # features a workgroup
     return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True), bufs,
-                   lambda env, mr=mr: (-(-nn // 8), -(-rows(env) // mr)), sc, _between(lo, hi, rows), label="gated_mlp")
+                   lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc, _between(lo, hi, rows), label="gated_mlp")
             for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits)]
 
 
@@ -289,7 +290,8 @@ def _siblings_launch(ns: list[Node], limits: Limits) -> list[Launch]:
     for i, m in enumerate(ns):
         bufs[f"w{i}"], bufs[f"y{i}"] = _key(m.inputs[1]), _key(m.outputs[0])
     total = sum(parts)
-    return [Launch(ns[0], linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts), bufs, lambda env, mr=mr: (-(-total // 8), -(-rows(env) // mr)),
+    f = linear_gpu.gemv_warp(w.dtype.name, kk, 1, parts=parts).threads // 32  # features a workgroup
+    return [Launch(ns[0], linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts), bufs, lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
                    lambda env: {"m": rows(env), "n": total}, _between(lo, hi, rows), label=f"{len(ns)} matmuls")
             for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits)]
 

@@ -4,9 +4,10 @@
   (eight bf16 values, or a quarter of a Q4_K block's quants per lane), so every byte of the
   weights is read once per step at close to the memory's bandwidth; ``MR`` rows of x share each
   load. Sums are finished with a subgroup reduction. The Q4_K one first quantizes the workgroup's
-  rows of x to int8 in workgroup memory (per 32 values a scale, as llama.cpp's Q8_1) and sums
-  quants by ``dp4a``: dequantizing nibbles to floats costs more instructions than the chip can
-  issue at full memory bandwidth.
+  rows of x in workgroup memory to two int8 terms per value (per 32 values a scale, as llama.cpp's
+  Q8_1, and a second term for the remainder: about 15 bits of each value) and sums quants by
+  ``dp4a``: dequantizing nibbles to floats costs more instructions than the chip can issue at full
+  memory bandwidth.
 - ``gemm_mma``: prefill and batched decode on tensor cores (``mma.sync`` m16n8k16 bf16). Tiles of x
   and of the weights are staged through workgroup memory (rows padded to avoid bank conflicts);
   each warp keeps its accumulators in registers for the whole K loop. x is split into two bf16
@@ -24,7 +25,7 @@ from ...graph import dtypes as dt
 from .. import ir as K
 from ..verify import verify_kernel
 
-__all__ = ["gemv_warp", "gemm_warp", "gemm_mma", "GEMV_TYPES", "MMA_PAD"]
+__all__ = ["gemv_warp", "gemm_warp", "gemm_mma", "GEMV_TYPES", "MMA_PAD", "Q4_K_WARPS", "q8_shared_words"]
 
 GEMV_TYPES = ("bf16", "q4_k")
 MMA_PAD = 4  # words of padding per staged row: eight rows of a fragment load hit 32 different banks
@@ -115,18 +116,22 @@ def _bf16_rows(weights: list[str], k: int, mr: int) -> tuple[list[K.Stmt], int]:
 
 
 Q8_MAGIC = 12582912.0  # 1.5 * 2**23: adding it leaves round-to-nearest-even(v) in the low mantissa bits
+Q8_SPLIT = 254  # the second int8 term's scale is the first's / Q8_SPLIT (its values are within half a step)
+Q4_K_WARPS = 32  # a workgroup's quantized x serves this many features
 
 
 def q8_shared_words(k: int, mr: int) -> int:
-    """Workgroup memory (4-byte words) a Q4_K warp GEMV needs for ``mr`` rows of x quantized to int8."""
-    return mr * (k // 4 + k // 16)
+    """Workgroup memory (4-byte words) a Q4_K warp GEMV needs for ``mr`` rows of x as two int8 terms."""
+    return mr * (k // 2 + k // 16)
 
 
 def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
-    """The workgroup's ``mr`` rows of x quantized into workgroup memory, as llama.cpp's Q8_1 does for
-    its dp4a GEMVs: per 32 values a scale d = max|x| / 127 and int8 q = rint(x / d) (four a word in
-    ``xq``), with the exact f32 sum of the 32 values beside d (``xds``: d, sum). One thread a block
-    of 32; rounding by adding ``Q8_MAGIC``. Ends with a barrier."""
+    """The workgroup's ``mr`` rows of x quantized into workgroup memory as two int8 terms per value,
+    x ~ d (q1 + q2 / Q8_SPLIT): per 32 values d = max|x| / 127 and q1 = rint(x / d) (four a word in
+    ``xq``) as llama.cpp's Q8_1, then the remainder's q2 = rint((x - d q1) Q8_SPLIT / d) (``xr``),
+    which keeps about 15 bits of each value where one int8 keeps 7; the exact f32 sum of the 32
+    values sits beside d (``xds``: d, sum). One thread a block of 32; rounding by adding
+    ``Q8_MAGIC``. Ends with a barrier."""
     nb32 = k // 32
     v = [_r(f"qv{i}", F32) for i in range(32)]
     row = K.Bin("min", _add(_r("m0"), _b("div", _r("qb"), nb32)), _b("sub", _r("m"), 1))
@@ -140,15 +145,26 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
         amax = [K.Bin("max", amax[i], amax[i + 1]) for i in range(0, len(amax), 2)]
         tot = [K.Bin("add", tot[i], tot[i + 1]) for i in range(0, len(tot), 2)]
     inner += [K.Let("qmax", amax[0]), K.Let("qsum", tot[0]),
-              K.Let("qinv", K.Select(K.Bin("gt", _r("qmax", F32), _f(0.0)), K.Bin("div", _f(127.0), _r("qmax", F32)), _f(0.0)))]
+              K.Let("qinv", K.Select(K.Bin("gt", _r("qmax", F32), _f(0.0)), K.Bin("div", _f(127.0), _r("qmax", F32)), _f(0.0))),
+              K.Let("qinv2", K.Bin("mul", _r("qinv", F32), _f(float(Q8_SPLIT)))),
+              K.Let("qd", K.Bin("div", _r("qmax", F32), _f(127.0)))]
+    for i in range(32):  # t = q1 + MAGIC; the remainder x - d q1
+        inner.append(K.Let(f"qt{i}", K.Bin("add", K.Bin("mul", v[i], _r("qinv", F32)), _f(Q8_MAGIC))))
+        inner.append(K.Let(f"qr{i}", K.Bin("sub", v[i], K.Bin("mul", K.Bin("sub", _r(f"qt{i}", F32), _f(Q8_MAGIC)), _r("qd", F32)))))
 
-    def byte(i: int) -> K.Expr:
-        return _b("and", K.Bitcast(K.Bin("add", K.Bin("mul", v[i], _r("qinv", F32)), _f(Q8_MAGIC)), I32), 255)
+    def byte(e: K.Expr) -> K.Expr:
+        return _b("and", K.Bitcast(e, I32), 255)
 
-    words = [_b("or", _b("or", byte(4 * w), _b("shl", byte(4 * w + 1), 8)), _b("or", _b("shl", byte(4 * w + 2), 16), _b("shl", byte(4 * w + 3), 24)))
-             for w in range(8)]
-    inner += [K.VecStore("xq", _mul(_r("qb"), 8), tuple(words[:4])), K.VecStore("xq", _add(_mul(_r("qb"), 8), 4), tuple(words[4:])),
-              K.VecStore("xds", _mul(_r("qb"), 2), (K.Bin("div", _r("qmax", F32), _f(127.0)), _r("qsum", F32)))]
+    def words(b: list[K.Expr]) -> list[K.Expr]:
+        return [_b("or", _b("or", b[4 * w], _b("shl", b[4 * w + 1], 8)), _b("or", _b("shl", b[4 * w + 2], 16), _b("shl", b[4 * w + 3], 24)))
+                for w in range(8)]
+
+    w1 = words([byte(_r(f"qt{i}", F32)) for i in range(32)])
+    w2 = words([byte(K.Bin("add", K.Bin("mul", _r(f"qr{i}", F32), _r("qinv2", F32)), _f(Q8_MAGIC))) for i in range(32)])
+    at = _mul(_r("qb"), 8)
+    inner += [K.VecStore("xq", at, tuple(w1[:4])), K.VecStore("xq", _add(at, 4), tuple(w1[4:])),
+              K.VecStore("xr", at, tuple(w2[:4])), K.VecStore("xr", _add(at, 4), tuple(w2[4:])),
+              K.VecStore("xds", _mul(_r("qb"), 2), (_r("qd", F32), _r("qsum", F32)))]
     return [K.For("qb", K.Builtin("thread_id", 0), _c(mr * nb32), tuple(inner), step=threads), K.Barrier()]
 
 
@@ -168,17 +184,16 @@ def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
         body: list[K.Stmt] = [K.Let(f"blk{u}", blk)]
         for p in weights:  # the weight loads first
             base = _add(_mul(_r("j"), nb * 36), _mul(_r(f"blk{u}"), 36))
-            body += [K.Let(f"{p}base{u}", base),
+            body += [K.Let(f"{p}base{u}", base),  # a block is 36 words: 16-byte aligned
                      K.VecLoad(tuple(f"{p}q{u}_{i}" for i in range(4)), p, _add(_r(f"{p}base{u}"), 4, _mul(_r("l8"), 4)), I32),
-                     K.Let(f"{p}dm{u}", K.Load(p, _r(f"{p}base{u}"), I32)),
-                     K.Let(f"{p}s0{u}", K.Load(p, _add(_r(f"{p}base{u}"), 1), I32)),
-                     K.Let(f"{p}s1{u}", K.Load(p, _add(_r(f"{p}base{u}"), 2), I32)),
-                     K.Let(f"{p}s2{u}", K.Load(p, _add(_r(f"{p}base{u}"), 3), I32))]
+                     K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), p, _r(f"{p}base{u}"), I32)]
         for r in range(mr):
             xw = _add(r * (k // 4), _mul(_r(f"blk{u}"), 64), _mul(_r("c"), 16), _mul(_r("h"), 4))
             sb = _add(r * nb32, _mul(_r(f"blk{u}"), 8), _mul(_r("c"), 2))
             body += [K.VecLoad(tuple(f"xl{u}_{r}_{i}" for i in range(4)), "xq", xw, I32),
                      K.VecLoad(tuple(f"xh{u}_{r}_{i}" for i in range(4)), "xq", _add(xw, 8), I32),
+                     K.VecLoad(tuple(f"yl{u}_{r}_{i}" for i in range(4)), "xr", xw, I32),
+                     K.VecLoad(tuple(f"yh{u}_{r}_{i}" for i in range(4)), "xr", _add(xw, 8), I32),
                      K.VecLoad((f"dl{u}_{r}", f"sl{u}_{r}"), "xds", _mul(sb, 2), F32),
                      K.VecLoad((f"dh{u}_{r}", f"sh{u}_{r}"), "xds", _add(_mul(sb, 2), 2), F32)]
         for p in weights:
@@ -201,12 +216,21 @@ def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
             for r in range(mr):
                 il: K.Expr = _c(0)
                 ih: K.Expr = _c(0)
+                jl: K.Expr = _c(0)
+                jh: K.Expr = _c(0)
                 for i in range(4):
                     q = _r(f"{p}q{u}_{i}")
-                    il = K.Dot4I8(_b("and", q, mask), _r(f"xl{u}_{r}_{i}"), il)
-                    ih = K.Dot4I8(_b("and", _b("shr", q, 4), mask), _r(f"xh{u}_{r}_{i}"), ih)
-                dots = K.Bin("add", K.Bin("mul", _r(f"{p}scl{u}", F32), K.Bin("mul", _r(f"dl{u}_{r}", F32), K.Cast(il, F32))),
-                             K.Bin("mul", _r(f"{p}sch{u}", F32), K.Bin("mul", _r(f"dh{u}_{r}", F32), K.Cast(ih, F32))))
+                    lo, hi = _b("and", q, mask), _b("and", _b("shr", q, 4), mask)
+                    il = K.Dot4I8(lo, _r(f"xl{u}_{r}_{i}"), il)
+                    ih = K.Dot4I8(hi, _r(f"xh{u}_{r}_{i}"), ih)
+                    jl = K.Dot4I8(lo, _r(f"yl{u}_{r}_{i}"), jl)
+                    jh = K.Dot4I8(hi, _r(f"yh{u}_{r}_{i}"), jh)
+
+                def both(i1: K.Expr, i2: K.Expr) -> K.Expr:  # q1 . n + (q2 . n) / Q8_SPLIT
+                    return K.Bin("add", K.Cast(i1, F32), K.Bin("mul", K.Cast(i2, F32), _f(1.0 / Q8_SPLIT)))
+
+                dots = K.Bin("add", K.Bin("mul", _r(f"{p}scl{u}", F32), K.Bin("mul", _r(f"dl{u}_{r}", F32), both(il, jl))),
+                             K.Bin("mul", _r(f"{p}sch{u}", F32), K.Bin("mul", _r(f"dh{u}_{r}", F32), both(ih, jh))))
                 mins = K.Bin("mul", _f(0.5), K.Bin("add", K.Bin("mul", _r(f"{p}mnl{u}", F32), _r(f"sl{u}_{r}", F32)),
                                                    K.Bin("mul", _r(f"{p}mnh{u}", F32), _r(f"sh{u}_{r}", F32))))
                 body.append(K.Assign(f"{p}acc{r}", K.Bin("add", _r(f"{p}acc{r}", F32), K.Bin("sub", dots, mins))))
@@ -218,9 +242,10 @@ def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
 
 
 @lru_cache(maxsize=None)
-def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False, parts: tuple[int, ...] = ()) -> K.Kernel:
+def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = ()) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
-    (ceil(n / warps), ceil(m / mr)). Rows past ``m`` read row ``m - 1`` and are not stored.
+    (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
+    quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored.
     With ``glu``: two weights ``wg`` and ``wu`` against the same x, and y = silu(x wg^T) * (x wu^T)
     (a gated MLP's first half in one pass over both weights). With ``parts`` (feature counts):
     several products of the same x in one launch, weights ``w0``, ``w1``, ... into ``y0``, ``y1``,
@@ -229,6 +254,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False, pa
         raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
     if k % 256:
         raise ValueError(f"gemv_warp {qtype} needs K a multiple of 256, got {k}")
+    warps = warps or (Q4_K_WARPS if qtype == "q4_k" else 8)
     threads = 32 * warps
     body: list[K.Stmt] = [
         K.Let("lane", _b("rem", K.Builtin("thread_id", 0), 32)),
@@ -238,7 +264,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int = 8, glu: bool = False, pa
     shared: tuple[K.Shared, ...] = ()
     if qtype == "q4_k":
         body += _quantize_x_q8(k, mr, threads)
-        shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
+        shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
     else:
         for r in range(mr):
             body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
