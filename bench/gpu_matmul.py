@@ -1,0 +1,102 @@
+"""The GPU matrix schedules alone on an NVIDIA GPU: each (rows, features, K) of the Llama-3-8B shape
+through every schedule that can run it, timed with CUDA events (median of repeats), as TB/s of
+weights read and TFLOP/s of useful work. Used to choose the planner's row thresholds.
+
+    python bench/gpu_matmul.py [--rows 1 16 64 256] [--repeat 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate/up": (14336, 4096), "down": (4096, 14336), "lm_head": (128256, 4096)}
+
+
+def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
+    """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows."""
+    from poot.kernel.library import linear_gpu as G
+
+    out = []
+    if qtype == "q4_k":
+        if rows <= 4:
+            mr = 1 if rows == 1 else max(m for m in (1, 2, 4) if 4 * G.q8_shared_words(k, m) <= 48 * 1024)
+            kern = G.gemv_warp("q4_k", k, mr)
+            out.append((kern.name, kern, lambda n, kern=kern, mr=mr: (-(-n // (kern.threads // 32)), -(-rows // mr))))
+        return out
+    if rows <= 4:
+        mr = 1 if rows == 1 else 4
+        kern = G.gemv_warp("bf16", k, mr)
+        out.append((kern.name, kern, lambda n, kern=kern, mr=mr: (-(-n // 8), -(-rows // mr))))
+    if rows > 1:
+        for mt in (1, 2, 4):
+            if 16 * mt <= 2 * max(16, rows):
+                kern = G.gemm_warp(k, mt, 4, 8)
+                out.append((kern.name, kern, lambda n, mt=mt: (-(-rows // (16 * mt)), -(-n // 32))))
+    if rows > 4:
+        kern = G.gemm_mma(k, 2, 2, 2, 4)
+        out.append((kern.name, kern, lambda n: (-(-n // 64), -(-rows // 64))))
+        kern = G.gemm_mma(k, 1, 4, 1, 2)
+        out.append((kern.name, kern, lambda n: (-(-n // 64), -(-rows // 16))))
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 32, 64, 256])
+    ap.add_argument("--qtype", choices=["bf16", "q4_k"], default="bf16")
+    ap.add_argument("--repeat", type=int, default=20)
+    args = ap.parse_args()
+    from poot.quant import quantization
+    from poot.runtime import get_device
+    from poot_ptx.runtime import CudaContext, CudaKernel, _check, target_for
+
+    dev = get_device("cuda:0")
+    if not dev.available():
+        print(f"cuda:0 is unavailable: {dev.available()}", file=sys.stderr)
+        return 1
+    ctx = CudaContext(dev.index)
+    d = ctx.driver
+    rng = np.random.default_rng(0)
+    print("| schedule | rows | shape (n x k) | us | weight TB/s | TFLOP/s |")
+    print("|---|---|---|---|---|---|")
+    for name, (n, k) in SHAPES.items():
+        if args.qtype == "q4_k" and name == "lm_head":
+            continue  # (quantizing it takes a minute; its K is o's)
+        if args.qtype == "q4_k":
+            raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
+            w = np.ascontiguousarray(raw).view(np.int32)
+        else:
+            w = (rng.standard_normal((n, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.int32)
+        wp = ctx.alloc(w.nbytes)
+        ctx.upload(wp, w)
+        for rows in args.rows:
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            xp, yp = ctx.alloc(x.nbytes), ctx.alloc(rows * n * 4)
+            ctx.upload(xp, x)
+            for sname, kern, grid in schedules(rows, k, args.qtype):
+                ck = CudaKernel(ctx, kern, target_for(dev))
+                ptrs = {"x": xp, "w": wp, "y": yp}
+                start, end = (_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2))
+                times = []
+                for _ in range(args.repeat + 2):
+                    _check(d, "cuEventRecord", d.cuEventRecord(start, 0))
+                    ck.launch(grid(n), ptrs, {"m": rows, "n": n})
+                    _check(d, "cuEventRecord", d.cuEventRecord(end, 0))
+                    _check(d, "cuEventSynchronize", d.cuEventSynchronize(end))
+                    times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(start, end)) / 1e3)
+                t = statistics.median(times[2:])
+                print(f"| {sname} | {rows} | {name} {n}x{k} | {t * 1e6:.1f} | {w.nbytes / t / 1e12:.2f} | {2 * rows * n * k / t / 1e12:.1f} |", flush=True)
+                d.cuEventDestroy(start)
+                d.cuEventDestroy(end)
+            ctx.free(xp)
+            ctx.free(yp)
+        ctx.free(wp)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
