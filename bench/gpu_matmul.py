@@ -50,6 +50,7 @@ def main() -> int:
     ap.add_argument("--qtype", choices=["bf16", "q4_k"], default="bf16")
     ap.add_argument("--repeat", type=int, default=20)
     args = ap.parse_args()
+    from poot.errors import Refusal
     from poot.quant import quantization
     from poot.runtime import get_device
     from poot_ptx.runtime import CudaContext, CudaKernel, _check, target_for
@@ -78,7 +79,11 @@ def main() -> int:
             xp, yp = ctx.alloc(x.nbytes), ctx.alloc(rows * n * 4)
             ctx.upload(xp, x)
             for sname, kern, grid in schedules(rows, k, args.qtype):
-                ck = CudaKernel(ctx, kern, target_for(dev))
+                try:
+                    ck = CudaKernel(ctx, kern, target_for(dev))
+                except Refusal as e:  # (more workgroup memory than the target has, say)
+                    print(f"| {sname} | {rows} | {name} {n}x{k} | refused: {e.reason} | | |")
+                    continue
                 ptrs = {"x": xp, "w": wp, "y": yp}
                 start, end = (_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2))
                 times = []

@@ -117,7 +117,7 @@ def _bf16_rows(weights: list[str], k: int, mr: int) -> tuple[list[K.Stmt], int]:
 
 Q8_MAGIC = 12582912.0  # 1.5 * 2**23: adding it leaves round-to-nearest-even(v) in the low mantissa bits
 Q8_SPLIT = 254  # the second int8 term's scale is the first's / Q8_SPLIT (its values are within half a step)
-Q4_K_WARPS = 32  # a workgroup's quantized x serves this many features
+Q4_K_WARPS = 16  # a workgroup's quantized x serves this many features (512 threads: up to 128 registers each)
 
 
 def q8_shared_words(k: int, mr: int) -> int:
@@ -130,42 +130,37 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
     x ~ d (q1 + q2 / Q8_SPLIT): per 32 values d = max|x| / 127 and q1 = rint(x / d) (four a word in
     ``xq``) as llama.cpp's Q8_1, then the remainder's q2 = rint((x - d q1) Q8_SPLIT / d) (``xr``),
     which keeps about 15 bits of each value where one int8 keeps 7; the exact f32 sum of the 32
-    values sits beside d (``xds``: d, sum). One thread a block of 32; rounding by adding
-    ``Q8_MAGIC``. Ends with a barrier."""
-    nb32 = k // 32
-    v = [_r(f"qv{i}", F32) for i in range(32)]
-    row = K.Bin("min", _add(_r("m0"), _b("div", _r("qb"), nb32)), _b("sub", _r("m"), 1))
-    src = _add(_mul(row, k), _mul(_b("rem", _r("qb"), nb32), 32))
-    inner: list[K.Stmt] = [K.Let("qsrc", src)]
-    for i in range(8):
-        inner.append(K.VecLoad(tuple(f"qv{4 * i + j}" for j in range(4)), "x", _add(_r("qsrc"), 4 * i), F32))
-    amax: list[K.Expr] = [K.Un("abs", x) for x in v]
-    tot: list[K.Expr] = list(v)
-    while len(amax) > 1:  # trees: fewer dependent steps
-        amax = [K.Bin("max", amax[i], amax[i + 1]) for i in range(0, len(amax), 2)]
-        tot = [K.Bin("add", tot[i], tot[i + 1]) for i in range(0, len(tot), 2)]
-    inner += [K.Let("qmax", amax[0]), K.Let("qsum", tot[0]),
-              K.Let("qinv", K.Select(K.Bin("gt", _r("qmax", F32), _f(0.0)), K.Bin("div", _f(127.0), _r("qmax", F32)), _f(0.0))),
+    values sits beside d (``xds``: d, sum). A thread a word (four values), the eight threads of a
+    block exchanging max and sum by shuffles: short, so the GEMV starts soon. Rounding by adding
+    ``Q8_MAGIC``. Ends with a barrier. ``mr * k / 4`` is a multiple of 32 (k of 256): whole warps
+    take part in each step."""
+    words = k // 4
+    row = K.Bin("min", _add(_r("m0"), _b("div", _r("qi"), words)), _b("sub", _r("m"), 1))
+    inner: list[K.Stmt] = [K.VecLoad(tuple(f"qv{j}" for j in range(4)), "x", _add(_mul(row, k), _mul(_b("rem", _r("qi"), words), 4)), F32)]
+    v = [_r(f"qv{j}", F32) for j in range(4)]
+    inner += [K.Let("qmax", K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
+              K.Let("qsum", K.Bin("add", K.Bin("add", v[0], v[1]), K.Bin("add", v[2], v[3])))]
+    for lane in (1, 2, 4):  # the block's eight threads are eight consecutive lanes
+        inner += [K.Assign("qmax", K.Bin("max", _r("qmax", F32), K.SubgroupShuffle(_r("qmax", F32), _c(lane), xor=True))),
+                  K.Assign("qsum", K.Bin("add", _r("qsum", F32), K.SubgroupShuffle(_r("qsum", F32), _c(lane), xor=True)))]
+    inner += [K.Let("qinv", K.Select(K.Bin("gt", _r("qmax", F32), _f(0.0)), K.Bin("div", _f(127.0), _r("qmax", F32)), _f(0.0))),
               K.Let("qinv2", K.Bin("mul", _r("qinv", F32), _f(float(Q8_SPLIT)))),
               K.Let("qd", K.Bin("div", _r("qmax", F32), _f(127.0)))]
-    for i in range(32):  # t = q1 + MAGIC; the remainder x - d q1
-        inner.append(K.Let(f"qt{i}", K.Bin("add", K.Bin("mul", v[i], _r("qinv", F32)), _f(Q8_MAGIC))))
-        inner.append(K.Let(f"qr{i}", K.Bin("sub", v[i], K.Bin("mul", K.Bin("sub", _r(f"qt{i}", F32), _f(Q8_MAGIC)), _r("qd", F32)))))
+    b1, b2 = [], []
+    for j in range(4):  # t = q1 + MAGIC; the remainder x - d q1
+        t = K.Bin("add", K.Bin("mul", v[j], _r("qinv", F32)), _f(Q8_MAGIC))
+        inner.append(K.Let(f"qt{j}", t))
+        rem = K.Bin("sub", v[j], K.Bin("mul", K.Bin("sub", _r(f"qt{j}", F32), _f(Q8_MAGIC)), _r("qd", F32)))
+        b1.append(_b("and", K.Bitcast(_r(f"qt{j}", F32), I32), 255))
+        b2.append(_b("and", K.Bitcast(K.Bin("add", K.Bin("mul", rem, _r("qinv2", F32)), _f(Q8_MAGIC)), I32), 255))
 
-    def byte(e: K.Expr) -> K.Expr:
-        return _b("and", K.Bitcast(e, I32), 255)
+    def word(b: list[K.Expr]) -> K.Expr:
+        return _b("or", _b("or", b[0], _b("shl", b[1], 8)), _b("or", _b("shl", b[2], 16), _b("shl", b[3], 24)))
 
-    def words(b: list[K.Expr]) -> list[K.Expr]:
-        return [_b("or", _b("or", b[4 * w], _b("shl", b[4 * w + 1], 8)), _b("or", _b("shl", b[4 * w + 2], 16), _b("shl", b[4 * w + 3], 24)))
-                for w in range(8)]
-
-    w1 = words([byte(_r(f"qt{i}", F32)) for i in range(32)])
-    w2 = words([byte(K.Bin("add", K.Bin("mul", _r(f"qr{i}", F32), _r("qinv2", F32)), _f(Q8_MAGIC))) for i in range(32)])
-    at = _mul(_r("qb"), 8)
-    inner += [K.VecStore("xq", at, tuple(w1[:4])), K.VecStore("xq", _add(at, 4), tuple(w1[4:])),
-              K.VecStore("xr", at, tuple(w2[:4])), K.VecStore("xr", _add(at, 4), tuple(w2[4:])),
-              K.VecStore("xds", _mul(_r("qb"), 2), (_r("qd", F32), _r("qsum", F32)))]
-    return [K.For("qb", K.Builtin("thread_id", 0), _c(mr * nb32), tuple(inner), step=threads), K.Barrier()]
+    inner += [K.Store("xq", _r("qi"), word(b1)), K.Store("xr", _r("qi"), word(b2)),
+              K.If(K.Bin("eq", _b("rem", _r("qi"), 8), _c(0)),
+                   (K.VecStore("xds", _b("div", _r("qi"), 4), (_r("qd", F32), _r("qsum", F32))),))]
+    return [K.For("qi", K.Builtin("thread_id", 0), _c(mr * words), tuple(inner), step=threads), K.Barrier()]
 
 
 def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
