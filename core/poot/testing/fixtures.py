@@ -17,6 +17,20 @@ def rng(request: pytest.FixtureRequest) -> np.random.Generator:
     return np.random.default_rng(seed)
 
 
+def device_or_skip(name: str):  # type: ignore[no-untyped-def]
+    """The device ``name``, or a skip saying why it cannot be used here (no plugin, no driver)."""
+    from ..errors import DeviceUnavailable
+    from ..runtime import get_device
+
+    try:
+        dev = get_device(name)
+    except DeviceUnavailable as e:
+        pytest.skip(f"no device {name} here: {e}")
+    if not dev.available():
+        pytest.skip(f"{name} is unavailable: {dev.available()}")
+    return dev
+
+
 def _real_model(name: str):  # type: ignore[no-untyped-def]
     from ..errors import LoadError
     from ..load import resolve_model

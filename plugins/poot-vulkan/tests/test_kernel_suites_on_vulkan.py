@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from poot.errors import DeviceUnavailable
-from poot.runtime import get_device
+from poot.testing.fixtures import device_or_skip
 from poot.testing.kernels import kernel_suites_on
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -17,12 +16,7 @@ ROOT = Path(__file__).resolve().parents[3]
 
 @pytest.mark.slow
 def test_every_kernel_case_passes_on_vulkan():
-    try:
-        dev = get_device("vulkan:0")
-    except DeviceUnavailable as e:
-        pytest.skip(f"no Vulkan device here: {e}")
-    if not dev.available():
-        pytest.skip(f"vulkan:0 is unavailable: {dev.available()}")
+    device_or_skip("vulkan:0")
     passed, skipped, tail = kernel_suites_on("vulkan:0", ROOT)
     assert passed >= 178 and skipped <= 12, tail  # skipped: only the host lane attention cases
     print(f"vulkan:0 kernel suites: {passed} passed, {skipped} skipped")

@@ -7,25 +7,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poot.errors import DeviceUnavailable
 from poot.eval.model import oracle_weights
 from poot.graph.passes import DEFAULT_PASSES, PassManager
 from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
-from poot.runtime import get_device
+from poot.testing.fixtures import device_or_skip
 from poot.testing.paged import PagedSequences, two_sequences_against_oracle
 
 
 @pytest.fixture(scope="module")
 def vulkan():
-    try:
-        dev = get_device("vulkan:0")
-    except DeviceUnavailable as e:
-        pytest.skip(f"no Vulkan device here: {e}")
-    if not dev.available():
-        pytest.skip(f"vulkan:0 is unavailable: {dev.available()}")
-    return dev
+    return device_or_skip("vulkan:0")
 
 
 # dense with GQA and llama3 RoPE; q/k norms; MLA with MoE (per-expert products, shared key part)

@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from poot.errors import DeviceUnavailable
 from poot.eval.model import oracle_weights
 from poot.graph.passes import DEFAULT_PASSES, PassManager
 from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
-from poot.runtime import get_device
+from poot.testing.fixtures import device_or_skip
 from poot.testing.paged import two_sequences_against_oracle
 
 
 @pytest.fixture(scope="module")
 def adapter():
-    try:
-        dev = get_device("wgpu:0")
-    except DeviceUnavailable as e:
-        pytest.skip(f"no WebGPU adapter here: {e}")
-    if not dev.available():
-        pytest.skip(f"wgpu:0 is unavailable: {dev.available()}")
-    return dev
+    return device_or_skip("wgpu:0")
 
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3"])
