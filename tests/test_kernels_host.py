@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from poot.eval import evaluate
-from poot.graph import GraphBuilder, RopeConfig, apply_rope, rope_frequencies
+from poot.graph import GraphBuilder, RopeConfig, YarnScaling, apply_rope, rope_frequencies
 from poot.graph.compose import layer_norm as g_layer_norm
 from poot.graph.compose import rms_norm as g_rms_norm
 from poot.graph.compose import softmax as g_softmax
@@ -32,6 +32,20 @@ def test_rms_norm(rng, rows, cols, block, unit):
     y = poisoned((rows, cols))
     run_host(norms.rms_norm.instantiate(BLOCK=block, UNIT_OFFSET=unit), (rows,), {"x": x, "w": w, "y": y}, {"cols": cols, "eps": 1e-5})
     want = oracle(lambda b: g_rms_norm(b, b.input("x", "f32", [rows, cols]), b.weight("w", "f32", [cols]), 1e-5, unit), {"x": x}, {"w": w})
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
+
+
+@pytest.mark.parametrize("rows,cols,block,unit,lanes", [(3, 77, 32, False, False), (5, 300, 128, True, False), (2, 4096, 1024, False, False),
+                                                     (3, 77, 1, False, True), (4, 300, 1, True, True)])
+def test_add_rms_norm(rng, rows, cols, block, unit, lanes):
+    """The residual add and the norm of its sum in one kernel: both outputs against the oracle."""
+    a, b = (rng.standard_normal((rows, cols)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(cols).astype(np.float32)
+    h, y = poisoned((rows, cols)), poisoned((rows, cols))
+    k = norms.add_rms_norm_lanes.instantiate(UNIT_OFFSET=unit) if lanes else norms.add_rms_norm.instantiate(BLOCK=block, UNIT_OFFSET=unit)
+    run_host(k, (rows,), {"a": a, "b": b, "w": w, "h": h, "y": y}, {"cols": cols, "eps": 1e-5})
+    np.testing.assert_array_equal(h, a + b)
+    want = oracle(lambda g: g_rms_norm(g, g.input("x", "f32", [rows, cols]), g.weight("w", "f32", [cols]), 1e-5, unit), {"x": a + b}, {"w": w})
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
 
 
@@ -147,10 +161,39 @@ def test_rope(rng, layout, rot):
     pos = rng.integers(0, 500, t).astype(np.int32)
     cfg = RopeConfig(rot, 10000.0, layout)
     inv, af = rope_frequencies(cfg)
-    y = x.copy()
-    run_host(rope.rope.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=16), (t, h), {"x": y, "positions": pos, "inv_freq": inv.astype(np.float32)}, {"heads": h, "head_dim": d, "attn_factor": af})
+    y = poisoned((t, h, d))
+    run_host(rope.rope.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=16), (t, h), {"x": x, "positions": pos, "inv_freq": inv.astype(np.float32), "y": y},
+             {"heads": h, "head_dim": d, "attn_factor": af})
     want = oracle(lambda b: apply_rope(b, b.input("x", "f32", [t, h, d]), b.input("p", "i32", [t]), cfg), {"x": x, "p": pos})
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("layout,rot,dv", [("neox", 64, 64), ("interleaved", 32, 48)])
+def test_rope_kv_cache(rng, layout, rot, dv):
+    """q rotated, k rotated into its pool, v copied into its pool, one launch: the pools' other
+    slots keep their contents, a negative slot writes nothing."""
+    t, hq, hkv, d, nb, bs = 5, 6, 2, 64, 4, 4
+    q, k = rng.standard_normal((t, hq, d)).astype(np.float32), rng.standard_normal((t, hkv, d)).astype(np.float32)
+    v = rng.standard_normal((t, hkv, dv)).astype(np.float32)
+    pos = rng.integers(0, 500, t).astype(np.int32)
+    slots = rng.permutation(nb * bs)[:t].astype(np.int32)
+    slots[2] = -1
+    cfg = RopeConfig(rot, 10000.0, layout, YarnScaling(4.0, 4096)) if layout == "neox" else RopeConfig(rot, 10000.0, layout)
+    inv, af = rope_frequencies(cfg)
+    k_pool, v_pool = rng.standard_normal((nb, bs, hkv, d)).astype(np.float32), rng.standard_normal((nb, bs, hkv, dv)).astype(np.float32)
+    want_k, want_v = k_pool.copy(), v_pool.copy()
+    q_out = poisoned((t, hq, d))
+    run_host(rope.rope_kv_cache.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=32), (t, hq + 2 * hkv),
+             {"q": q, "k": k, "v": v, "positions": pos, "inv_freq": inv.astype(np.float32), "slots": slots, "q_out": q_out, "k_pool": k_pool, "v_pool": v_pool},
+             {"hq": hq, "hkv": hkv, "head_dim": d, "v_dim": dv, "attn_factor": af})
+    rot_of = lambda x, hh: oracle(lambda b: apply_rope(b, b.input("x", "f32", [t, hh, d]), b.input("p", "i32", [t]), cfg), {"x": x, "p": pos})  # noqa: E731
+    np.testing.assert_allclose(q_out, rot_of(q, hq), rtol=1e-5, atol=2e-5)
+    kr = rot_of(k, hkv)
+    for i, s in enumerate(slots):
+        if s >= 0:
+            want_k.reshape(nb * bs, hkv, d)[s], want_v.reshape(nb * bs, hkv, dv)[s] = kr[i], v[i]
+    np.testing.assert_allclose(k_pool, want_k, rtol=1e-5, atol=2e-5)
+    np.testing.assert_array_equal(v_pool, want_v)
 
 
 from poot.kernel.library import attention as attn_lib  # noqa: E402

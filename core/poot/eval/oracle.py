@@ -263,6 +263,8 @@ class Oracle:
                     raise EvalError(f"node %{node.id} (cache_write): slot {s} of token {t} past the pool's {flat.shape[0]} slots")
                 flat[s] = vals[t]
             return [out]
+        if op == "rope":
+            return [self._rope(args[0], args[1], a)]
         if op == "attention":
             return [self._attention(node, args, out_t.dtype)]
         if op == "count_tokens":
@@ -288,6 +290,27 @@ class Oracle:
 
             return list(logprobs_reference(args[0], args[1], a["n"]))
         raise EvalError(f"the oracle has no rule for op '{op}'")
+
+    def _rope(self, x: np.ndarray, positions: np.ndarray, a: Mapping[str, Any]) -> np.ndarray:
+        """Each step rounded to f32 as a kernel computes it: angle = position * inv_freq, cos and sin
+        (times the attention factor), then x1 cos - x2 sin and x2 cos + x1 sin."""
+        f = lambda v: self.store(v, dt.f32)  # noqa: E731
+        dim, half = a["dim"], a["dim"] // 2
+        x = self.widen(x)
+        ang = f(self.widen(f(positions.astype(np.float64)))[:, None] * self.widen(f(a["inv_freq"].array))[None, :])
+        cos, sin = f(np.cos(ang)), f(np.sin(ang))
+        if a["attn_factor"] != 1.0:
+            cos, sin = f(cos * a["attn_factor"]), f(sin * a["attn_factor"])
+        cos, sin = cos[:, None, :], sin[:, None, :]
+        out = x.copy()
+        if a["layout"] == "neox":
+            i1, i2 = np.arange(half), np.arange(half, dim)
+        else:
+            i1, i2 = np.arange(0, dim, 2), np.arange(1, dim, 2)
+        x1, x2 = x[..., i1], x[..., i2]
+        out[..., i1] = f(f(x1 * cos) - f(x2 * sin))
+        out[..., i2] = f(f(x2 * cos) + f(x1 * sin))
+        return f(out)
 
     @staticmethod
     def _processed_logits(o: dict[str, np.ndarray]) -> np.ndarray:

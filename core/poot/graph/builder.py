@@ -201,6 +201,13 @@ class GraphBuilder:
         return self._one("expand", [x], shape=as_shape(shape))
 
     # -- KV cache and attention -----------------------------------------------------------------
+    def rope(self, x: Value, positions: Value, inv_freq: np.ndarray, *, dim: int, layout: str = "neox", attn_factor: float = 1.0) -> Value:
+        """Rotary position embedding of f32 ``x`` [T, H, D] by ``positions`` [T]: pairs of the first
+        ``dim`` dims ('neox': (i, i + dim/2); 'interleaved': (2i, 2i + 1)) rotated by the angles
+        ``position * inv_freq[i]``, cos and sin scaled by ``attn_factor``; dims past ``dim`` pass through."""
+        inv = np.asarray(inv_freq, dtype=np.float32)
+        return self._one("rope", [x, positions], inv_freq=ConstData(inv), dim=int(dim), layout=layout, attn_factor=float(attn_factor))
+
     def cache_write(self, pool: Value, values: Value, slots: Value) -> Value:
         """Write ``values[t]`` into ``pool`` at flat slot ``slots[t]`` (block * block_size + offset);
         a negative slot skips the row. Returns the updated pool."""

@@ -25,7 +25,7 @@ Infer = Callable[[Sequence[TensorType], Mapping[str, Any]], list[TensorType]]
 @dataclass(frozen=True)
 class OpDef:
     name: str
-    category: str  # source | elementwise | reduction | matmul | data | index | attention | cache
+    category: str  # source | elementwise | reduction | matmul | data | index | rope | attention | cache
     infer: Infer
     pure: bool = True  # False: never removed by CSE (sources carry identity)
 
@@ -294,6 +294,22 @@ def _cache_write(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorTy
     return [pool]
 
 
+def _rope(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
+    x, pos = t
+    if x.rank != 3 or x.dtype != dt.f32:
+        raise _fail("rope", f"rotates f32 [tokens, heads, head_dim] values, got {x}")
+    if pos.rank != 1 or not pos.dtype.is_int or pos.shape[0] != x.shape[0]:
+        raise _fail("rope", f"positions must be an int [tokens] tensor matching {x}, got {pos}")
+    dim, head = a["dim"], x.shape[2]
+    if dim <= 0 or dim % 2 or not head.is_static or dim > head.value:
+        raise _fail("rope", f"rotary dim {dim} must be even and at most the head width {head}")
+    if a["layout"] not in ("neox", "interleaved"):
+        raise _fail("rope", f"layout must be 'neox' or 'interleaved', got {a['layout']!r}")
+    if a["inv_freq"].array.shape != (dim // 2,):
+        raise _fail("rope", f"inv_freq must hold dim/2 = {dim // 2} frequencies, got shape {a['inv_freq'].array.shape}")
+    return [x]
+
+
 def _attention(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
     spec: AttentionSpec = a["spec"]
     names = attention_operand_names(spec)
@@ -418,6 +434,7 @@ _def("concat", "data", _concat)
 _def("expand", "data", _expand)
 _def("iota", "source", _iota)
 _def("cache_write", "cache", _cache_write)
+_def("rope", "rope", _rope)
 _def("attention", "attention", _attention)
 _def("count_tokens", "cache", _count_tokens)
 _def("sample", "sampling", _sample)

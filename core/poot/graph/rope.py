@@ -111,29 +111,11 @@ def rope_frequencies(cfg: RopeConfig) -> tuple[np.ndarray, float]:
 
 
 def apply_rope(b: GraphBuilder, x: Value, positions: Value, cfg: RopeConfig) -> Value:
-    """Rotate ``x`` [T, H, D] by ``positions`` [T]; dims past ``cfg.dim`` pass through. Computed in f32."""
+    """Rotate ``x`` [T, H, D] by ``positions`` [T] with one ``rope`` op (computed in f32); dims past
+    ``cfg.dim`` pass through."""
     head = x.shape[-1]
     if not head.is_static or cfg.dim > head.value:
         raise ValueError(f"rotary dim {cfg.dim} exceeds head width {head}")
     inv, af = rope_frequencies(cfg)
-    half = cfg.dim // 2
-    xf = b.cast(x, dt.f32)
-    pos = b.reshape(b.cast(positions, dt.f32), [-1, 1])
-    freqs = b.mul(pos, b.reshape(b.const(inv.astype(np.float32)), [1, half]))  # [T, half]
-    cos, sin = b.unary("cos", freqs), b.unary("sin", freqs)
-    if af != 1.0:
-        cos, sin = b.mul(cos, af), b.mul(sin, af)
-    rot = b.slice(xf, -1, 0, cfg.dim) if cfg.dim < head.value else xf
-    if cfg.layout == "neox":
-        cos, sin = b.reshape(cos, [-1, 1, half]), b.reshape(sin, [-1, 1, half])
-        x1, x2 = b.slice(rot, -1, 0, half), b.slice(rot, -1, half, cfg.dim)
-        out = b.concat([b.sub(b.mul(x1, cos), b.mul(x2, sin)), b.add(b.mul(x2, cos), b.mul(x1, sin))], axis=-1)
-    else:
-        cos, sin = b.reshape(cos, [-1, 1, half, 1]), b.reshape(sin, [-1, 1, half, 1])
-        pairs = b.reshape(rot, list(x.shape[:-1]) + [half, 2])
-        x1, x2 = b.slice(pairs, -1, 0, 1), b.slice(pairs, -1, 1, 2)
-        both = b.concat([b.sub(b.mul(x1, cos), b.mul(x2, sin)), b.add(b.mul(x2, cos), b.mul(x1, sin))], axis=-1)
-        out = b.reshape(both, list(x.shape[:-1]) + [cfg.dim])
-    if cfg.dim < head.value:
-        out = b.concat([out, b.slice(xf, -1, cfg.dim, head.value)], axis=-1)
+    out = b.rope(b.cast(x, dt.f32), positions, inv.astype(np.float32), dim=cfg.dim, layout=cfg.layout, attn_factor=af)
     return b.cast(out, x.dtype)

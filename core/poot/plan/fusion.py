@@ -5,7 +5,7 @@ concat are written into their part of its output."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from ..graph import dtypes as dt
@@ -17,7 +17,8 @@ from .common import key as _key
 from .common import shape as _shape
 from .common import strides as _strides
 
-__all__ = ["View", "Into", "RmsNorm", "view_of", "virtual_views", "concat_parts", "recognise_rms_norms", "elementwise_groups"]
+__all__ = ["View", "Into", "RmsNorm", "RopeCache", "view_of", "virtual_views", "concat_parts", "recognise_rms_norms", "residual_adds",
+           "recognise_rope_caches", "elementwise_groups"]
 
 
 @dataclass(frozen=True)
@@ -163,6 +164,71 @@ def recognise_rms_norms(graph: Graph) -> dict[int, RmsNorm]:
         elif w.dtype != dt.f32:
             continue
         found[wm.id] = RmsNorm(x, w, unit, eps, wm.outputs[0], frozenset(nodes))
+    return found
+
+
+def residual_adds(graph: Graph, norms: Mapping[int, RmsNorm], groups: Mapping[int, list[Node]], virtual: set[int],
+                  in_place: Mapping[tuple[int, int], Into]) -> dict[int, Node]:
+    """RMSNorms whose input is a residual add the norm's kernel can compute itself (h = a + b written
+    as it is summed): norm id -> that add. The add is an elementwise kernel of its own, adds two f32
+    values of its shape (no broadcast, no views), and nothing reads its sum before the norm."""
+    users = graph.users()
+    found: dict[int, Node] = {}
+    for nid, r in norms.items():
+        a = r.x.node
+        if a.op != "add" or groups.get(a.id) != [a] or _key(r.x) in in_place or a.id in virtual:
+            continue
+        if any(v.dtype != dt.f32 or v.shape != r.x.shape or v.node.id in virtual or v.node.op == "constant" for v in a.inputs):
+            continue
+        if all(u.id in r.nodes or u.id == nid or u.id > nid for u in users[a.id]):
+            found[nid] = a
+    return found
+
+
+@dataclass(frozen=True)
+class RopeCache:
+    """The rotations of q and k and the writes of k and v into their pools, one launch between the
+    projections and attention."""
+
+    rope_q: Node
+    rope_k: Node
+    write_k: Node
+    write_v: Node
+
+    @property
+    def nodes(self) -> frozenset[int]:
+        return frozenset({self.rope_q.id, self.rope_k.id, self.write_k.id, self.write_v.id})
+
+    @property
+    def at(self) -> int:
+        """The node whose place in the order the launch takes (the last of the four)."""
+        return max(self.nodes)
+
+
+def recognise_rope_caches(graph: Graph) -> dict[int, RopeCache]:
+    """k = rope(k) written into an f32 pool, v written into its pool by the same slot map, q rotated
+    by the same rope just before: keyed by ``RopeCache.at``. Every other reader of the four outputs
+    comes after that point."""
+    users = graph.users()
+    found: dict[int, RopeCache] = {}
+    ropes = [n for n in graph.nodes if n.op == "rope"]
+    writes = [n for n in graph.nodes if n.op == "cache_write"]
+    taken: set[int] = set()
+    for wk in writes:
+        pool, vals, slots = wk.inputs
+        rk = vals.node
+        if rk.op != "rope" or pool.dtype != dt.f32 or pool.rank != 4 or [u.id for u in users[rk.id]] != [wk.id]:
+            continue
+        rq = next((r for r in reversed(ropes) if r.id < rk.id and r.id not in taken and r.attrs == rk.attrs and _key(r.inputs[1]) == _key(rk.inputs[1])
+                   and r.inputs[0].shape[2] == rk.inputs[0].shape[2] and not any(u.op == "cache_write" for u in users[r.id])), None)
+        wv = next((w for w in writes if w.id > wk.id and w.id not in taken and _key(w.inputs[2]) == _key(slots) and w.inputs[0].dtype == dt.f32
+                   and w.inputs[0].rank == 4 and w.inputs[0].shape[2] == pool.shape[2] and w.inputs[1].node.op != "rope"), None)
+        if rq is None or wv is None:
+            continue
+        rc = RopeCache(rq, rk, wk, wv)
+        if all(u.id in rc.nodes or u.id > rc.at for m in (rq, wk, wv) for u in users[m.id]):
+            found[rc.at] = rc
+            taken |= rc.nodes
     return found
 
 

@@ -17,6 +17,7 @@ from ..kernel.library import attention as attn_lib
 from ..kernel.library import gather as gather_lib
 from ..graph.ops import OPS, SAMPLE_OPERANDS
 from ..kernel.library import linear, linear_gpu, linear_host, movement, norms
+from ..kernel.library import rope as rope_lib
 from ..kernel.library import sampling as sampling_lib
 from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
 from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
@@ -25,7 +26,8 @@ from .common import key as _key
 from .common import pad as _pad
 from .common import shape as _shape
 from .common import strides as _strides
-from .fusion import Into, RmsNorm, concat_parts, elementwise_groups, recognise_rms_norms, view_of, virtual_views
+from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
+                     virtual_views)
 from .plan import WANT_LOGPROBS, Launch, Plan, When
 from ..runtime.device import Device
 
@@ -564,20 +566,56 @@ def _pow2_at_most(n: int, cap: int) -> int:
     return p
 
 
-def _rms_norm_gpu(n: Node, r: RmsNorm, limits: Limits) -> Launch:
+def _rms_norm_gpu(n: Node, r: RmsNorm, limits: Limits, add: Node | None = None) -> Launch:
     cols = r.x.shape[-1].value
     block = _pow2_at_most(1024 if cols >= 4096 else 256 if cols >= 1024 else 128, limits.max_workgroup)  # fewer serial steps a row
-    k = norms.rms_norm.instantiate(BLOCK=block, UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name)
-    cols = r.x.shape[-1].value
-    return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
-                  lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps}, label="rms_norm")
+    lib = norms.add_rms_norm if add is not None else norms.rms_norm
+    return _norm_launch(n, r, lib.instantiate(BLOCK=block, UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name), add)
 
 
-def _rms_norm(n: Node, r: RmsNorm) -> Launch:
-    k = norms.rms_norm_lanes.instantiate(UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name)
+def _rms_norm(n: Node, r: RmsNorm, add: Node | None = None) -> Launch:
+    lib = norms.add_rms_norm_lanes if add is not None else norms.rms_norm_lanes
+    return _norm_launch(n, r, lib.instantiate(UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name), add)
+
+
+def _norm_launch(n: Node, r: RmsNorm, k: Any, add: Node | None) -> Launch:
+    """An RMSNorm launch; with ``add``, the residual add whose sum it normalises is computed (and
+    written) by the same kernel."""
     cols = r.x.shape[-1].value
-    return Launch(n, k, {"x": _key(r.x), "w": _key(r.weight), "y": _key(r.out)},
-                  lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps}, label="rms_norm")
+    bufs: dict[str, Any] = {"w": _key(r.weight), "y": _key(r.out)}
+    if add is None:
+        bufs["x"] = _key(r.x)
+    else:
+        bufs.update(a=_key(add.inputs[0]), b=_key(add.inputs[1]), h=_key(r.x))
+    return Launch(n, k, bufs, lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps},
+                  label="add_rms_norm" if add is not None else "rms_norm")
+
+
+def _rope_block(dim: int, gpu: bool) -> int:
+    return (64 if dim >= 128 else 32) if gpu else 1
+
+
+def _rope(n: Node, gpu: bool) -> Launch:
+    x, pos = n.inputs
+    a = n.attrs
+    heads, head_dim = x.shape[1].value, x.shape[2].value
+    k = rope_lib.rope.instantiate(ROT=a["dim"], NEOX=a["layout"] == "neox", BLOCK=_rope_block(a["dim"], gpu))
+    return Launch(n, k, {"x": _key(x), "positions": _key(pos), "inv_freq": np.array(a["inv_freq"].array), "y": _key(n.outputs[0])},
+                  lambda env: (max(1, _shape(x, env)[0]), heads), lambda env: {"heads": heads, "head_dim": head_dim, "attn_factor": a["attn_factor"]})
+
+
+def _rope_cache(rc: RopeCache, gpu: bool) -> Launch:
+    q, pos = rc.rope_q.inputs
+    k = rc.rope_k.inputs[0]
+    v = rc.write_v.inputs[1]
+    a = rc.rope_q.attrs
+    hq, hkv, head_dim, v_dim = q.shape[1].value, k.shape[1].value, q.shape[2].value, v.shape[2].value
+    kern = rope_lib.rope_kv_cache.instantiate(ROT=a["dim"], NEOX=a["layout"] == "neox", BLOCK=_rope_block(a["dim"], gpu))
+    bufs = {"q": _key(q), "k": _key(k), "v": _key(v), "positions": _key(pos), "inv_freq": np.array(a["inv_freq"].array),
+            "slots": _key(rc.write_k.inputs[2]), "q_out": _key(rc.rope_q.outputs[0]), "k_pool": _key(rc.write_k.outputs[0]),
+            "v_pool": _key(rc.write_v.outputs[0])}
+    return Launch(rc.rope_q, kern, bufs, lambda env: (max(1, _shape(q, env)[0]), hq + 2 * hkv),
+                  lambda env: {"hq": hq, "hkv": hkv, "head_dim": head_dim, "v_dim": v_dim, "attn_factor": a["attn_factor"]}, label="rope_kv_cache")
 
 
 @dataclass(frozen=True)
@@ -643,14 +681,25 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     glus = _find_glus(graph, groups, limits) if fuse and gpu else {}
     siblings = _find_siblings(graph, limits, glus) if fuse and gpu else {}
     in_siblings = {m.id for ns in siblings.values() for m in ns}
+    adds = residual_adds(graph, norms_at, groups, virtual, in_place) if fuse else {}
+    added = {a.id for a in adds.values()}
+    rope_caches = recognise_rope_caches(graph) if fuse else {}
+    in_rope_cache = {i for rc in rope_caches.values() for i in rc.nodes}
     for n in graph.nodes:
         cat = OPS[n.op].category
-        if n.op in ("input", "weight", "constant") or n.id in virtual:
+        if n.op in ("input", "weight", "constant") or n.id in virtual or n.id in added:
             continue
         if n.id in norms_at:
-            plan.launches.append(_rms_norm_gpu(n, norms_at[n.id], limits) if gpu else _rms_norm(n, norms_at[n.id]))
+            add = adds.get(n.id)
+            plan.launches.append(_rms_norm_gpu(n, norms_at[n.id], limits, add) if gpu else _rms_norm(n, norms_at[n.id], add))
             continue
         if n.id in inside:
+            continue
+        if n.id in in_rope_cache:
+            if n.op == "cache_write":
+                plan.aliases[_key(n.outputs[0])] = plan.aliases.get(_key(n.inputs[0]), _key(n.inputs[0]))
+            if n.id in rope_caches:
+                plan.launches.append(_rope_cache(rope_caches[n.id], gpu))
             continue
         if n.op == "reshape":
             plan.views[_key(n.outputs[0])] = plan.views.get(_key(n.inputs[0]), _key(n.inputs[0]))
@@ -683,6 +732,8 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
             plan.launches.append(_reduce(n))
         elif n.op in ("transpose", "slice", "expand", "concat"):
             plan.launches.extend(_movement(n, in_place))
+        elif n.op == "rope":
+            plan.launches.append(_rope(n, gpu))
         elif n.op == "attention":
             plan.launches.extend(_attention_gpu(n, limits) if gpu else [_attention(n)])
         elif n.op == "topk":

@@ -27,6 +27,27 @@ def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: C
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
+def add_rms_norm(a: In[f32], b: In[f32], w: In["WT"], h: Out[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128,
+                 UNIT_OFFSET: Const = False, WT: Const = "f32"):
+    """A residual add and the RMSNorm of its sum in one pass: h = a + b, y = rms_norm(h) * w; each
+    thread reads back only the values it wrote."""
+    row = group_id(0)
+    t = thread_id(0)
+    part = shared(f32, BLOCK)
+    acc = 0.0
+    for c in range(t, cols, BLOCK):
+        v = a[row * cols + c] + b[row * cols + c]
+        h[row * cols + c] = v
+        acc += v * v
+    part[t] = acc
+    reduce_shared(part, "add")
+    scale = rsqrt(part[0] / f32(cols) + eps)
+    for c in range(t, cols, BLOCK):
+        g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
+        y[row * cols + c] = h[row * cols + c] * scale * g
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
 def layer_norm(x: In[f32], w: In[f32], b: In[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128):
     """y = (x - mean) / sqrt(var + eps) * w + b, row by row (two passes: mean, then variance)."""
     row = group_id(0)
@@ -136,3 +157,32 @@ def rms_norm_lanes(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, UN
     for c in range(cols):
         g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
         y[base + c] = x[base + c] * scale * g
+
+
+@kernel(workgroup=(1, 1, 1))
+def add_rms_norm_lanes(a: In[f32], b: In[f32], w: In["WT"], h: Out[f32], y: Out[f32], cols: i32, eps: f32, UNIT_OFFSET: Const = False,
+                       WT: Const = "f32"):
+    """``add_rms_norm`` scheduled for a CPU core: h = a + b written while its squares are summed in
+    16 lanes, then y = h scaled; grid (rows,)."""
+    row = group_id(0)
+    base = row * cols
+    lanes = shared(f32, 16)
+    for i in range(16):
+        lanes[i] = 0.0
+    c16 = cols // 16 * 16
+    for c in range(0, c16, 16):
+        for i in range(16):
+            v = a[base + c + i] + b[base + c + i]
+            h[base + c + i] = v
+            lanes[i] += v * v
+    for c in range(c16, cols):
+        v = a[base + c] + b[base + c]
+        h[base + c] = v
+        lanes[0] += v * v
+    for s in static_range(4):
+        for i in range(8 >> s):
+            lanes[i] += lanes[i + (8 >> s)]
+    scale = rsqrt(lanes[0] / f32(cols) + eps)
+    for c in range(cols):
+        g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
+        y[base + c] = h[base + c] * scale * g

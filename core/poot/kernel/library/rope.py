@@ -1,5 +1,7 @@
-"""Rotary position embedding in place over [tokens, heads, head_dim], neox or interleaved pairs, partial
-rotary (dims past ROT untouched), frequencies from a table (any scaling is folded into it)."""
+"""Rotary position embedding over [tokens, heads, head_dim]: neox pairs (i, i + ROT/2) or interleaved
+pairs (2i, 2i + 1), partial rotary (dims past ROT copied), frequencies from a table (any scaling is
+folded into it). ``rope_kv_cache`` is the attention block's whole step between the projections and
+attention in one launch: q rotated, k rotated into its paged pool, v copied into its pool."""
 
 from __future__ import annotations
 
@@ -8,9 +10,9 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def rope(x: Out[f32], positions: In[i32], inv_freq: In[f32], heads: i32, head_dim: i32, attn_factor: f32,
+def rope(x: In[f32], positions: In[i32], inv_freq: In[f32], y: Out[f32], heads: i32, head_dim: i32, attn_factor: f32,
          ROT: Const = 64, NEOX: Const = True, BLOCK: Const = 64):
-    """Rotate each (token, head) vector by its token's position; grid (tokens, heads)."""
+    """y = x with each (token, head) vector rotated by its token's position; grid (tokens, heads)."""
     t = group_id(0)
     h = group_id(1)
     base = (t * heads + h) * head_dim
@@ -23,5 +25,53 @@ def rope(x: Out[f32], positions: In[i32], inv_freq: In[f32], heads: i32, head_di
         b = base + i + ROT // 2 if NEOX else base + 2 * i + 1
         x1 = x[a]
         x2 = x[b]
-        x[a] = x1 * cs - x2 * sn
-        x[b] = x2 * cs + x1 * sn
+        y[a] = x1 * cs - x2 * sn
+        y[b] = x2 * cs + x1 * sn
+    for i in range(ROT + thread_id(0), head_dim, BLOCK):
+        y[base + i] = x[base + i]
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def rope_kv_cache(q: In[f32], k: In[f32], v: In[f32], positions: In[i32], inv_freq: In[f32], slots: In[i32],
+                  q_out: Out[f32], k_pool: Out[f32], v_pool: Out[f32], hq: i32, hkv: i32, head_dim: i32, v_dim: i32, attn_factor: f32,
+                  ROT: Const = 64, NEOX: Const = True, BLOCK: Const = 64):
+    """Grid (tokens, hq + 2 hkv): workgroup (t, h) rotates query head h into q_out, key head h - hq
+    into the k pool at the token's slot, or copies value head h - hq - hkv into the v pool there (a
+    negative slot writes no k or v)."""
+    t = group_id(0)
+    h = group_id(1)
+    s = slots[t]
+    pos = f32(positions[t])
+    if h < hq:
+        src = (t * hq + h) * head_dim
+        for i in range(thread_id(0), ROT // 2, BLOCK):
+            ang = pos * inv_freq[i]
+            cs = cos(ang) * attn_factor
+            sn = sin(ang) * attn_factor
+            a = src + i if NEOX else src + 2 * i
+            b = src + i + ROT // 2 if NEOX else src + 2 * i + 1
+            x1 = q[a]
+            x2 = q[b]
+            q_out[a] = x1 * cs - x2 * sn
+            q_out[b] = x2 * cs + x1 * sn
+        for i in range(ROT + thread_id(0), head_dim, BLOCK):
+            q_out[src + i] = q[src + i]
+    if h >= hq and h < hq + hkv and s >= 0:  # flat conditions: SPIR-V wants structured exits
+        src = (t * hkv + h - hq) * head_dim
+        dst = (s * hkv + h - hq) * head_dim
+        for i in range(thread_id(0), ROT // 2, BLOCK):
+            ang = pos * inv_freq[i]
+            cs = cos(ang) * attn_factor
+            sn = sin(ang) * attn_factor
+            a = i if NEOX else 2 * i
+            b = i + ROT // 2 if NEOX else 2 * i + 1
+            x1 = k[src + a]
+            x2 = k[src + b]
+            k_pool[dst + a] = x1 * cs - x2 * sn
+            k_pool[dst + b] = x2 * cs + x1 * sn
+        for i in range(ROT + thread_id(0), head_dim, BLOCK):
+            k_pool[dst + i] = k[src + i]
+    if h >= hq + hkv and s >= 0:
+        hv = h - hq - hkv
+        for i in range(thread_id(0), v_dim, BLOCK):
+            v_pool[(s * hkv + hv) * v_dim + i] = v[(t * hkv + hv) * v_dim + i]
