@@ -24,8 +24,9 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
     if qtype == "q4_k":
         if rows <= 4:
             mr = 1 if rows == 1 else max(m for m in (1, 2, 4) if 4 * G.q8_shared_words(k, m) <= 48 * 1024)
-            kern = G.gemv_warp("q4_k", k, mr)
-            out.append((kern.name, kern, lambda n, kern=kern, mr=mr: (-(-n // (kern.threads // 32)), -(-rows // mr))))
+            for warps, unroll in ((G.Q4_K_WARPS, 2), (4, 2), (8, 2), (8, 4), (16, 4), (4, 4)):  # the planner's first
+                kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll)
+                out.append((kern.name, kern, lambda n, kern=kern, mr=mr: (-(-n // (kern.threads // 32)), -(-rows // mr))))
         return out
     if rows <= 4:
         mr = 1 if rows == 1 else 4

@@ -49,6 +49,26 @@ def test_add_rms_norm(rng, rows, cols, block, unit, lanes):
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
 
 
+@pytest.mark.parametrize("wt,cols,add", [("bf16", 301, False), ("f16", 300, False), ("bf16", 256, True)])
+def test_norms_read_16_bit_weights_as_stored(rng, wt, cols, add):
+    """RMSNorm weights bound as their 16-bit values (an odd count too): SPIR-V reads them as halves of
+    32-bit words, other targets as 16-bit loads."""
+    rows = 3
+    x = rng.standard_normal((rows, cols)).astype(np.float32)
+    w32 = (rng.standard_normal(cols) * 0.5 + 1).astype(np.float32)
+    stored = (w32.view(np.uint32) >> 16).astype(np.uint16) if wt == "bf16" else w32.astype(np.float16)
+    wide = (stored.astype(np.uint32) << 16).view(np.float32) if wt == "bf16" else stored.astype(np.float32)
+    y = poisoned((rows, cols))
+    if add:
+        b, h = rng.standard_normal((rows, cols)).astype(np.float32), poisoned((rows, cols))
+        run_host(norms.add_rms_norm.instantiate(BLOCK=64, WT=wt), (rows,), {"a": x - b, "b": b, "w": stored, "h": h, "y": y}, {"cols": cols, "eps": 1e-5})
+        x = h
+    else:
+        run_host(norms.rms_norm.instantiate(BLOCK=64, WT=wt), (rows,), {"x": x, "w": stored, "y": y}, {"cols": cols, "eps": 1e-5})
+    want = oracle(lambda g: g_rms_norm(g, g.input("x", "f32", [rows, cols]), g.weight("w", "f32", [cols]), 1e-5, False), {"x": x}, {"w": wide})
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
+
+
 @pytest.mark.parametrize("rows,cols", [(4, 50), (2, 513)])
 def test_layer_norm(rng, rows, cols):
     x = (rng.standard_normal((rows, cols)) * 3 + 1).astype(np.float32)

@@ -172,9 +172,10 @@ class SpirvLowerer(_Lowerer):
     def _check(self) -> None:
         k = self.k
         self._words = {p.name for p in k.buffers if p.dtype == dt.u8 and p.readonly}
+        self._halves = {p.name for p in k.buffers if p.dtype in (dt.bf16, dt.f16) and p.readonly}
         for p in k.params:
-            if p.name in self._words:
-                continue  # packed bytes: bound as 32-bit words, each byte read by shift and mask
+            if p.name in self._words or p.name in self._halves:
+                continue  # packed bytes and 16-bit values: bound as 32-bit words, read by shift and mask
             if p.dtype not in _MEMORY_TYPES:
                 kind = "buffer" if isinstance(p, K.Buffer) else "scalar parameter"
                 raise self._refuse(f"{kind} '{p.name}' is {p.dtype}; the Vulkan target handles f32 and i32 "
@@ -191,6 +192,7 @@ class SpirvLowerer(_Lowerer):
             roots = [getattr(st, f) for f in ("value", "index", "cond", "start", "stop") if getattr(st, f, None) is not None]
             for e in roots + list(getattr(st, "values", ())):
                 bytes_ok = {id(x.a) for x in _exprs(e) if isinstance(x, K.Cast) and x.dtype == dt.i32 and isinstance(x.a, K.Load) and x.a.buffer in self._words}
+                halves_ok = {id(x.a) for x in _exprs(e) if isinstance(x, K.Cast) and x.dtype == dt.f32 and isinstance(x.a, K.Load) and x.a.buffer in self._halves}
                 # f32(f16(x)) rounds through a half: lowered with integer operations, no f16 value
                 halves = {id(x.a) for x in _exprs(e) if _rounds_through_half(x)}
                 for x in _exprs(e):
@@ -200,7 +202,11 @@ class SpirvLowerer(_Lowerer):
                         if id(x) not in bytes_ok:
                             raise self._refuse(f"bytes of '{x.buffer}' must be widened to i32 where they are read (i32(buf[i]))")
                         continue
-                    if isinstance(x, K.Cast) and id(x.a) in bytes_ok:
+                    if isinstance(x, K.Load) and x.buffer in self._halves:
+                        if id(x) not in halves_ok:
+                            raise self._refuse(f"16-bit values of '{x.buffer}' must be widened to f32 where they are read (f32(buf[i]))")
+                        continue
+                    if isinstance(x, K.Cast) and (id(x.a) in bytes_ok or id(x.a) in halves_ok):
                         continue
                     t = getattr(x, "dtype", None)
                     if t is not None and t not in _VALUE_TYPES:
@@ -229,9 +235,9 @@ class SpirvLowerer(_Lowerer):
         set.add(fn.attributes, '"hlsl.shader"="compute"')
         self.b = L.IRBuilder(fn.append_basic_block("entry"))
         for binding, name, t, writable in bindings(k):
-            h, getp = self._binding(binding, name, dt.i32 if name in self._words else t, writable)
+            h, getp = self._binding(binding, name, dt.i32 if name in self._words or name in self._halves else t, writable)
             if name != SCALARS:
-                self.mem[name] = (h, t, None)
+                self.mem[name] = (h, dt.i32 if name in self._halves else t, None)
                 self._getptr[name] = getp
                 continue
             for j, p in enumerate(k.scalars):
@@ -285,6 +291,13 @@ class SpirvLowerer(_Lowerer):
             word = b.load(b.call(self._getptr[e.a.buffer], [base, b.ashr(i, L.Constant(I32, 2))]))
             shift = b.shl(b.and_(i, L.Constant(I32, 3)), L.Constant(I32, 3))
             return b.and_(b.lshr(word, shift), L.Constant(I32, 0xFF))
+        if isinstance(e, K.Cast) and isinstance(e.a, K.Load) and e.a.buffer in self._halves:
+            # value i of a 16-bit buffer: the half (i & 1) of word i >> 1, widened with integer operations
+            i = e.a.index
+            word = K.Load(e.a.buffer, K.Bin("shr", i, K.Const(1, dt.i32)), dt.i32)
+            bits = K.Bin("and", K.Bin("shr", word, K.Bin("shl", K.Bin("and", i, K.Const(1, dt.i32)), K.Const(4, dt.i32))), K.Const(0xFFFF, dt.i32))
+            wide = K.Bitcast(K.Bin("shl", bits, K.Const(16, dt.i32)), dt.f32) if e.a.dtype == dt.bf16 else K.HalfToF32(bits)
+            return self.expr(wide)
         return super().expr(e)
 
     # -- memory and barriers ------------------------------------------------------------------------

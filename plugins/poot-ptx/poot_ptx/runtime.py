@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from poot.codegen import TARGETS, compile_kernel
-from poot.errors import PootError
+from poot.errors import PootError, Refusal
 from poot.graph import dtypes as dt
 from poot.kernel.ir import Buffer, Kernel
 from poot.runtime import Device
@@ -76,6 +76,12 @@ class CudaKernel:
         d = ctx.driver
         self.module = _check(d, "cuModuleLoadData", d.cuModuleLoadData(art.data + b"\0"))
         self.function = _check(d, "cuModuleGetFunction", d.cuModuleGetFunction(self.module, kernel.name.encode()))
+        attr = d.CUfunction_attribute
+        most = _check(d, "cuFuncGetAttribute", d.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, self.function))
+        if kernel.threads > most:  # registers a thread times threads a workgroup exceed the SM's: refused here, not at launch
+            regs = _check(d, "cuFuncGetAttribute", d.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.function))
+            raise Refusal(kernel.name, target, f"compiled to {regs} registers a thread, it runs at most {most} threads a workgroup, "
+                          f"not the {kernel.threads} its schedule asks; pick a schedule with fewer threads")
 
     def args(self, pointers: Mapping[str, int], scalars: Mapping[str, float | int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         vals, types = [], []

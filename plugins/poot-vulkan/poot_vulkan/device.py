@@ -49,7 +49,7 @@ def _describe(vk, index: int, pd) -> Device:  # type: ignore[no-untyped-def]
     vk.vkGetPhysicalDeviceFeatures2(pd, feats2)
     mem = vk.vkGetPhysicalDeviceMemoryProperties(pd)
     local = [mem.memoryHeaps[i].size for i in range(mem.memoryHeapCount) if mem.memoryHeaps[i].flags & vk.VK_MEMORY_HEAP_DEVICE_LOCAL_BIT]
-    dtypes = {"f32", "i32", "u8", "bool"}
+    dtypes = {"f32", "i32", "u8", "bool", "bf16"}  # 16-bit weights are read as 32-bit words
     if f12.shaderFloat16:
         dtypes.add("f16")
     if f12.shaderInt8:

@@ -22,7 +22,7 @@ from poot.kernel.ir import Kernel
 __all__ = ["VulkanDevice", "VulkanKernel", "HostBuffer", "WHOLE_SIZE"]
 
 WHOLE_SIZE = 2**64 - 1  # VK_WHOLE_SIZE as a uint64: the `vulkan` package defines it as -1
-_NUMPY = {"f32": np.float32, "i32": np.int32, "u8": np.uint8}  # u8: read-only packed bytes, read as words
+_NUMPY = {"f32": np.float32, "i32": np.int32, "u8": np.uint8, "bf16": np.uint16, "f16": np.float16}  # u8, bf16, f16: read-only, read as words
 _API = (1, 3)
 
 

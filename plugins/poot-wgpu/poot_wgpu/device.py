@@ -64,7 +64,7 @@ def wgpu_devices() -> list[Device]:
     out = []
     for i, a in enumerate(adapters):
         info, lim = a.info, a.limits
-        dtypes = {"f32", "i32", "u8", "bool"} | ({"f16"} if "shader-f16" in a.features else set())
+        dtypes = {"f32", "i32", "u8", "bool", "bf16"} | ({"f16"} if "shader-f16" in a.features else set())
         caps = Capabilities(
             dtypes=frozenset(dtypes),
             compute_units=1,  # WebGPU does not expose a compute-unit count

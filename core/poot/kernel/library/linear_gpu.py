@@ -163,9 +163,9 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
     return [K.For("qi", K.Builtin("thread_id", 0), _c(mr * words), tuple(inner), step=threads), K.Barrier()]
 
 
-def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
-    """The loop body of a Q4_K warp GEMV step: eight blocks a step, eight lanes a block, each lane 16
-    quant bytes (32 values, halves of two sub-blocks) of two blocks of each weight row, against x
+def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2) -> list[K.Stmt]:
+    """The loop body of a Q4_K warp GEMV step: 4 ``un`` blocks a step, eight lanes a block, each lane 16
+    quant bytes (32 values, halves of two sub-blocks) of ``un`` blocks of each weight row, against x
     quantized to int8 in workgroup memory: the sums are dp4a's, scaled per sub-block."""
     nb, nb32 = k // 256, k // 32
     mask = _c(0x0F0F0F0F)
@@ -174,8 +174,8 @@ def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
         K.Let("c", _b("div", _r("l8"), 2)),
         K.Let("h", _b("rem", _r("l8"), 2)),
     ]
-    for u in range(2):
-        blk = _add(_mul(_r("it"), 8), _b("div", _r("lane"), 8), 4 * u)
+    for u in range(un):
+        blk = _add(_mul(_r("it"), 4 * un), _b("div", _r("lane"), 8), 4 * u)
         body: list[K.Stmt] = [K.Let(f"blk{u}", blk)]
         for p in weights:  # the weight loads first
             base = _add(_mul(_r("j"), nb * 36), _mul(_r(f"blk{u}"), 36))
@@ -229,7 +229,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
                 mins = K.Bin("mul", _f(0.5), K.Bin("add", K.Bin("mul", _r(f"{p}mnl{u}", F32), _r(f"sl{u}_{r}", F32)),
                                                    K.Bin("mul", _r(f"{p}mnh{u}", F32), _r(f"sh{u}_{r}", F32))))
                 body.append(K.Assign(f"{p}acc{r}", K.Bin("add", _r(f"{p}acc{r}", F32), K.Bin("sub", dots, mins))))
-        if nb % 8 == 0:
+        if nb % (4 * un) == 0:
             out += body
         else:
             out.append(K.If(K.Bin("lt", blk, _c(nb)), tuple(body)))
@@ -237,10 +237,11 @@ def _q4_k_rows(weights: list[str], k: int, mr: int) -> list[K.Stmt]:
 
 
 @lru_cache(maxsize=None)
-def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = ()) -> K.Kernel:
+def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int = 2) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
-    quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored.
+    quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. ``unroll``: Q4_K blocks
+    a lane loads before it sums them.
     With ``glu``: two weights ``wg`` and ``wu`` against the same x, and y = silu(x wg^T) * (x wu^T)
     (a gated MLP's first half in one pass over both weights). With ``parts`` (feature counts):
     several products of the same x in one launch, weights ``w0``, ``w1``, ... into ``y0``, ``y1``,
@@ -271,7 +272,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             inner, un = _bf16_rows(weights, k, mr)
             out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
         else:
-            out.append(K.For("it", _c(0), _c(-(-(k // 256) // 8)), tuple(_q4_k_rows(weights, k, mr))))
+            out.append(K.For("it", _c(0), _c(-(-(k // 256) // (4 * unroll))), tuple(_q4_k_rows(weights, k, mr, unroll))))
         for r in range(mr):
             for wb in weights:
                 out.append(K.Let(f"{wb}s{r}", K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))))
@@ -295,7 +296,10 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         outs = [K.Buffer("y", F32, readonly=False)]
     params = (K.Buffer("x", F32), *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
-    kern = K.Kernel(f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else ""), params, tuple(body), (threads, 1, 1), shared)
+    name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
+    if qtype == "q4_k" and (warps, unroll) != (Q4_K_WARPS, 2):
+        name += f"_W{warps}_U{unroll}"
+    kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern
 
