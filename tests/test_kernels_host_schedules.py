@@ -128,3 +128,25 @@ def test_gemv_and_gemm_f32_give_a_row_the_same_bits(rng):
         y = poisoned((1, n))
         run_host(linear_host.gemv_lanes_f32.instantiate(), (n, 1, 1), {"x": a[r : r + 1].copy(), "w": w, "y": y}, {"n": n, "k": k, "xs": 0, "ws": 0, "ys": n})
         np.testing.assert_array_equal(y[0], c[r])
+
+
+@pytest.mark.parametrize("k,mr,m,glu", [(256, 1, 1, False), (1024, 4, 3, False), (512, 4, 4, True), (2048, 1, 1, True)])
+def test_gemv_warp_bf16_with_sums_through_workgroup_memory(rng, k, mr, m, glu):
+    """The bf16 warp GEMV for targets without subgroup operations (Vulkan, WebGPU): the lanes' sums
+    finished through workgroup memory; n not a multiple of the eight warps of a workgroup."""
+    from poot.kernel.library.linear_gpu import gemv_warp
+
+    n = 37
+    ws = [rng.standard_normal((n, k)).astype(np.float32) for _ in range(2 if glu else 1)]
+    bits = [(w.view(np.uint32) >> 16).astype(np.uint16) for w in ws]
+    vals = [(b.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for b in bits]
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    kern = gemv_warp("bf16", k, mr, glu=glu, shared_sums=True)
+    names = ["wg", "wu"] if glu else ["w"]
+    run_host(kern, (-(-n // 8), -(-m // mr)), {"x": x, **{nm: b.view(np.int32) for nm, b in zip(names, bits)}, "y": y}, {"m": m, "n": n})
+    prods = [x.astype(np.float64) @ v.T for v in vals]
+    want = prods[0] / (1 + np.exp(-prods[0])) * prods[1] if glu else prods[0]
+    assert np.isfinite(y).all(), "an output element was never written"
+    scale = sum(np.abs(x) @ np.abs(v).T for v in vals) * (1 + np.abs(want))
+    assert (np.abs(y - want) <= 1e-5 * scale + 1e-6).all(), np.abs(y - want).max()

@@ -178,14 +178,23 @@ def _gemv_rows(qtype: str, k: int, limits: Limits) -> list[tuple[int, int, int]]
     return [(1, 0, 1), (fits[0], 1, 4)] if fits else []
 
 
+def _warp_gemv_fits(t: dt.DType, k: int, limits: Limits) -> bool:
+    """Whether the warp GEMV runs weights of type ``t`` and rows of ``k`` here: on 32-lane subgroups,
+    or for bf16 without subgroup operations (the lanes' sums through workgroup memory)."""
+    if t.name not in linear_gpu.GEMV_TYPES or k % 256 or not _gemv_rows(t.name, k, limits):
+        return False
+    return limits.subgroup == 32 or (t == dt.bf16 and limits.max_workgroup >= 256 and 4 * 256 * 8 <= limits.shared_bytes)
+
+
 def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
     """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
     warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
     GEMMs for more rows (bf16 weights, given mma.sync)."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
-    if limits.subgroup != 32 or w.dtype.name not in linear_gpu.GEMV_TYPES or kk % 256:
+    if not _warp_gemv_fits(w.dtype, kk, limits):
         return None
+    shared_sums = limits.subgroup != 32
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
     bufs = {"x": _key(x), "w": _key(w), "y": _key(n.outputs[0])}
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
@@ -194,7 +203,7 @@ def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
     if not few:
         return None
     for mr, lo, hi in few:
-        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr)
+        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums)
         out.append(Launch(n, k, bufs, lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, _between(lo, hi, rows)))
     if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix:
         for mt, lo, hi in ((1, 4, 16), (2, 16, 64)):  # weights streamed like a GEMV, tensor cores doing the sums
@@ -219,8 +228,6 @@ class _Glu:
 
 def _find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) -> dict[int, _Glu]:
     """Gated-MLP halves the warp GEMV can compute in one pass (GPU, few rows), by matmul node id."""
-    if limits.subgroup != 32:
-        return {}
     users = graph.users()
     found: dict[int, _Glu] = {}
     for root, members in groups.items():
@@ -240,8 +247,7 @@ def _find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) -
             continue
         wg, wu = gate.inputs[1], up.inputs[1]
         if not (gate.attrs["transpose_b"] and up.attrs["transpose_b"] and wg.rank == 2 and wu.rank == 2 and wg.dtype == wu.dtype
-                and wg.dtype.name in linear_gpu.GEMV_TYPES and wg.shape == wu.shape and wg.shape[1].value % 256 == 0
-                and _gemv_rows(wg.dtype.name, wg.shape[1].value, limits)):
+                and wg.shape == wu.shape and _warp_gemv_fits(wg.dtype, wg.shape[1].value, limits)):
             continue
         if len(users[gate.id]) != 2 or len(users[up.id]) != 1:  # the gate feeds the sigmoid and the product only
             continue
@@ -256,8 +262,9 @@ def _glu_launch(glu: _Glu, out: Value, limits: Limits) -> list[Launch]:
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
     bufs = {"x": _key(x), "wg": _key(wg), "wu": _key(glu.up.inputs[1]), "y": _key(out)}
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
-    f = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True).threads // 32  # features a workgroup
-    return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True), bufs,
+    ss = limits.subgroup != 32
+    f = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True, shared_sums=ss).threads // 32  # features a workgroup
+    return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss), bufs,
                    lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc, _between(lo, hi, rows), label="gated_mlp")
             for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits)]
 

@@ -82,3 +82,46 @@ def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Genera
     for name, a in pools.items():
         assert np.abs(a).sum() > 0, f"pool {name} was never written"
     return worst
+
+
+def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
+    """A synthetic bf16 Llama wide enough (K of 256 and 512) for the GPU's fast schedules: (graph,
+    oracle weights) traced for 4-token blocks."""
+    from ..eval.model import oracle_weights
+    from ..graph.passes import DEFAULT_PASSES, PassManager
+    from ..load import open_checkpoint
+    from ..models import StepShapes, family_for
+    from .synthetic import build_synthetic
+
+    ck = open_checkpoint(build_synthetic("llama", directory, seed, dtype="bfloat16", hidden_size=256, intermediate_size=512,
+                                         num_attention_heads=4, num_key_value_heads=2, head_dim=64))
+    fam = family_for(ck.architecture)
+    return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4))), oracle_weights(ck.weights)
+
+
+def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generator) -> float:  # type: ignore[no-untyped-def]
+    """Steps of every row-count regime a GPU planner tells apart, against the paged oracle: 85 rows
+    (three prompts), 3 decode rows, 20 rows, 9 rows, one row. Every step's argmax must agree; returns
+    the largest |logit difference|."""
+    from ..eval.model import PagedOracle
+
+    oracle = PagedOracle(graph, weights, num_blocks=64)
+    pools = {k: np.zeros_like(v) for k, v in oracle.pools.items()}
+    pages = PagedSequences(64, 4, rng)
+    for _ in range(3):
+        pages.add()
+    prompts = [rng.integers(0, 97, n).tolist() for n in (70, 11, 4)]
+    worst = 0.0
+    last: list[int | None] = [None, None, None]
+    for step in range(5):
+        chunks = [prompts, [[t] for t in last], [rng.integers(0, 97, 20).tolist(), [], []], [[], rng.integers(0, 97, 9).tolist(), []],
+                  [[last[0]], [], []]][step]
+        batch = pages.step(chunks, all_logits=step == 0, width=32)
+        got = executor.run({**batch.as_inputs(), **pools}, weights)["logits"]
+        want = oracle.step(batch)
+        assert np.isfinite(got).all(), "non-finite logits"
+        assert (got.argmax(-1) == want.argmax(-1)).all(), f"step {step}: the argmax differs from the oracle's"
+        worst = max(worst, float(np.abs(got - want).max()))
+        rows = batch.seq_ids[batch.logit_rows]
+        last = [int(want[np.nonzero(rows == s)[0][-1]].argmax()) if (rows == s).any() else last[s] for s in range(3)]
+    return worst

@@ -5,10 +5,11 @@ region per launch, a memory barrier between dispatches) that ``replay`` resubmit
 step's inputs. Values a launch reads are bound at their storage's offset, so the arena's slots
 are aligned to the device's ``minStorageBufferOffsetAlignment`` (at least 64 bytes).
 
-Memory: every buffer lives in host-visible coherent memory and stays mapped, so inputs are written
-and outputs read in place. On lavapipe and integrated GPUs that is all the memory there is; on a
-discrete GPU it is memory the GPU reads across the bus, so weights there want device-local buffers
-uploaded through staging (not done yet).
+Memory: weights, constants, KV pools, the activation arena and the scalar words live in
+device-local memory. On a discrete GPU that memory cannot be mapped: it is written through a staging
+buffer by copy commands, and the step's outputs are copied into host-visible read-back buffers by the
+step's own command buffer. Step inputs stay in host-visible memory, written in place before each
+replay. On lavapipe and integrated GPUs device-local memory is host-visible: everything is mapped.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from poot.runtime import get_device
 from poot.runtime.executor import Executor
 from poot.runtime.regions import checked_pool, checked_weight, computed_outputs, require_pools, scalar_block, value_region
 
-from .runtime import WHOLE_SIZE, HostBuffer, VulkanDevice
+from .runtime import WHOLE_SIZE, DeviceBuffer, HostBuffer, VulkanDevice, storage_buffer
 
 __all__ = ["VulkanExecutor"]
 
@@ -70,23 +71,26 @@ class _Pipeline:
 @dataclass
 class VulkanStep:
     storage: StoragePlan
-    arena: HostBuffer
+    arena: HostBuffer | DeviceBuffer
     inputs: dict[str, tuple[HostBuffer, np.dtype, tuple[int, ...]]]
-    outputs: dict[str, tuple[HostBuffer, int, np.dtype, tuple[int, ...]]]  # buffer, byte offset, dtype, shape
-    scalars: HostBuffer
+    outputs: dict[str, tuple[HostBuffer | DeviceBuffer, int, np.dtype, tuple[int, ...]]]  # buffer, byte offset, dtype, shape
+    scalars: HostBuffer | DeviceBuffer
     pool: Any  # descriptor pool (frees the step's sets)
     cmd_pool: Any
     cmd: Any
     launches: int
     binding: int
     names: list[str] = field(default_factory=list)
-    owned: list[HostBuffer] = field(default_factory=list)
+    owned: list[HostBuffer | DeviceBuffer] = field(default_factory=list)
     dispatches: list[tuple[Any, Any, tuple[int, int, int]]] = field(default_factory=list)  # pipeline, set, grid (per launch)
 
 
 class VulkanExecutor(Executor):
-    def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
+    def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False, staged: bool | None = None) -> None:
+        """``staged``: None places buffers as the device's memory wants (``storage_buffer``); True
+        writes and reads every device buffer through staging even where it could be mapped."""
         super().__init__(plan)
+        self.staged = staged
         device = get_device(plan.device)
         if device.kind != "vulkan" or not isinstance(device.index, int):
             raise PootError(f"the Vulkan executor runs plans made for a vulkan device, not {plan.device}")
@@ -125,11 +129,14 @@ class VulkanExecutor(Executor):
         self.fence = vk.vkCreateFence(self.dev.device, vk.VkFenceCreateInfo(), None)
 
     # -- buffers --------------------------------------------------------------------------------
-    def _buffer(self, a: np.ndarray | None = None, nbytes: int = 0) -> HostBuffer:
-        """A storage buffer of whole 32-bit words holding ``a`` (or ``nbytes`` of zeros)."""
+    def _buffer(self, a: np.ndarray | None = None, nbytes: int = 0, local: bool = True) -> Any:
+        """A storage buffer of whole 32-bit words holding ``a`` (or ``nbytes`` of zeros): device-local
+        (``storage_buffer``), or with ``local=False`` host-visible and mapped (step inputs, read-backs)."""
         size = a.nbytes if a is not None else nbytes
         if size > self.max_range:
             raise PootError(f"vulkan:{self.dev.index}: a buffer of {size} bytes exceeds the device's maxStorageBufferRange ({self.max_range})")
+        if local:
+            return storage_buffer(self.dev, size, None if a is None else np.ascontiguousarray(a), self.staged)
         buf = HostBuffer(self.dev, (size + 3) // 4 * 4)
         view = buf.view(np.uint8)
         view[:] = 0
@@ -158,7 +165,7 @@ class VulkanExecutor(Executor):
             if key in self._pools:
                 old, host = self._pools[key]
                 if host is a:
-                    old.view(np.uint8)[: a.nbytes] = a.reshape(-1).view(np.uint8)  # the caller's copy is the truth at bind
+                    old.write(0, a)  # the caller's copy is the truth at bind
                     continue
                 old.close()
             self._pools[key] = (self._buffer(a), a)
@@ -172,7 +179,7 @@ class VulkanExecutor(Executor):
         buf, host = entry
         row = np.ascontiguousarray(values, dtype=host.dtype).reshape(host.shape[1:])
         host[index] = row
-        buf.view(host.dtype)[index * row.size : (index + 1) * row.size] = row.reshape(-1)
+        buf.write(index * row.nbytes, row)
 
     # -- capture --------------------------------------------------------------------------------
     def capture(self, env: Mapping[str, int]) -> VulkanStep:
@@ -195,14 +202,14 @@ class VulkanExecutor(Executor):
         step_inputs: dict[str, tuple[HostBuffer, np.dtype, tuple[int, ...]]] = {}
         for name, k in sp.inputs.items():
             dtype = storage_dtype(values[k].dtype)
-            buf = self._buffer(nbytes=max(4, sp.nbytes(k, values[k].dtype)))
+            buf = self._buffer(nbytes=max(4, sp.nbytes(k, values[k].dtype)), local=False)
             owned.append(buf)
             step_inputs[name] = (buf, dtype, sp.shapes[k])
             by_root[k] = buf
 
         bound = set(self._weights) | set(self._consts) | set(self._pools)
 
-        def where(ref: Key | np.ndarray) -> tuple[HostBuffer, int, int]:
+        def where(ref: Key | np.ndarray) -> tuple[Any, int, int]:
             r = value_region(sp, values, bound, ref)
             if r.kind == "fixed":
                 if id(r.array) not in self._fixed:
@@ -240,25 +247,35 @@ class VulkanExecutor(Executor):
                 vk.vkUpdateDescriptorSets(d, len(writes), writes, 0, None)
             dispatches = [(self._pipes[id(launch.kernel)], s, (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3])
                           for launch, s in zip(sp.launches, sets)]
-            self._record(cmd, dispatches)
+            outputs: dict[str, tuple[Any, int, np.dtype, tuple[int, ...]]] = {}
+            copies: list[tuple[Any, int, Any, int]] = []  # device-local output -> its read-back buffer, by the step itself
+            for name, k in computed_outputs(g.outputs, sp, bound).items():
+                buf, o, _ = where(k)
+                dtype = storage_dtype(values[k].dtype)
+                if not buf.mapped and sp.roots[k] not in self._pools:
+                    nbytes = max(4, int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize)
+                    back = self._buffer(nbytes=nbytes, local=False)
+                    owned.append(back)
+                    copies.append((buf, o, back, nbytes))
+                    buf, o = back, 0
+                outputs[name] = (buf, o, dtype, sp.shapes[k])
+            self._record(cmd, dispatches, copies=copies)
         except BaseException:
             vk.vkDestroyCommandPool(d, cmd_pool, None)
             vk.vkDestroyDescriptorPool(d, pool, None)
             for b in owned:
                 b.close()
             raise
-        outputs: dict[str, tuple[HostBuffer, int, np.dtype, tuple[int, ...]]] = {}
-        for name, k in computed_outputs(g.outputs, sp, bound).items():
-            buf, o, _ = where(k)
-            outputs[name] = (buf, o, storage_dtype(values[k].dtype), sp.shapes[k])
         step = VulkanStep(sp, arena, step_inputs, outputs, scal, pool, cmd_pool, cmd, len(sp.launches), self._binding,
                           [l.label or l.kernel.name for l in sp.launches], owned, dispatches)
         self._steps[key] = step
         return step
 
-    def _record(self, cmd: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], queries: Any = None) -> None:
+    def _record(self, cmd: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], queries: Any = None,
+                copies: list[tuple[Any, int, Any, int]] = ()) -> None:  # type: ignore[assignment]
         """The step's dispatches, a memory barrier between each two; with ``queries``, a timestamp
-        before the first and after each."""
+        before the first and after each; then ``copies`` (source, offset, read-back buffer, bytes) of
+        device-local outputs into host-visible memory."""
         vk = self.dev.vk
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
         if queries is not None:
@@ -274,8 +291,16 @@ class VulkanExecutor(Executor):
                 vk.vkCmdDispatch(cmd, *grid)
             if queries is not None:
                 vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_BOTTOM_OF_PIPE_BIT, queries, i + 1)
-        to_host = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
-        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1, [to_host], 0, None, 0, None)
+        if copies:
+            to_copy = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT)
+            vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, [to_copy], 0, None, 0, None)
+            for src, off, dst, nbytes in copies:
+                vk.vkCmdCopyBuffer(cmd, src.buffer, dst.buffer, 1, [vk.VkBufferCopy(srcOffset=off, dstOffset=0, size=nbytes)])
+            to_host = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
+            vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1, [to_host], 0, None, 0, None)
+        else:
+            to_host = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT)
+            vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT, 0, 1, [to_host], 0, None, 0, None)
         vk.vkEndCommandBuffer(cmd)
 
     def profile(self, step: VulkanStep, inputs: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
@@ -329,7 +354,7 @@ class VulkanExecutor(Executor):
         root = step.storage.roots[(v.node.id, v.index)]
         if root in self._pools:  # a pool: refresh the caller's host copy
             pbuf, host = self._pools[root]
-            host.reshape(-1)[:] = pbuf.view(host.dtype)[: host.size]
+            host.reshape(-1)[:] = pbuf.read(0, host.nbytes).view(host.dtype)
             return host
         count = int(np.prod(shape, dtype=np.int64))
         return buf.view(np.uint8)[off : off + count * dtype.itemsize].view(dtype).reshape(shape).copy()

@@ -19,11 +19,12 @@ from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
 from poot.errors import DeviceUnavailable
 from poot.kernel.ir import Kernel
 
-__all__ = ["VulkanDevice", "VulkanKernel", "HostBuffer", "WHOLE_SIZE"]
+__all__ = ["VulkanDevice", "VulkanKernel", "HostBuffer", "DeviceBuffer", "WHOLE_SIZE"]
 
 WHOLE_SIZE = 2**64 - 1  # VK_WHOLE_SIZE as a uint64: the `vulkan` package defines it as -1
 _NUMPY = {"f32": np.float32, "i32": np.int32, "u8": np.uint8, "bf16": np.uint16, "f16": np.float16}  # u8, bf16, f16: read-only, read as words
 _API = (1, 3)
+STAGING = 64 << 20  # bytes a staging copy moves at most
 
 
 def _vk():  # type: ignore[no-untyped-def]
@@ -43,6 +44,9 @@ class VulkanDevice:
         vk = self.vk = _vk()
         self.instance = self.device = None
         self._kernels: list[VulkanKernel] = []
+        self._staging: HostBuffer | None = None
+        self._transfer: tuple | None = None
+        self._storage_bits: int | None = None
         app = vk.VkApplicationInfo(pApplicationName="poot", apiVersion=vk.VK_MAKE_VERSION(*_API, 0))
         try:
             self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
@@ -80,10 +84,53 @@ class VulkanDevice:
                 return i
         raise DeviceUnavailable(f"vulkan:{self.index} ({self.name}) has no host-visible coherent memory for a storage buffer")
 
+    def device_local_type(self, bits: int) -> int | None:
+        """A device-local memory type the host cannot map (a discrete GPU's own memory) allowed by
+        ``bits``, or None where device-local memory is host-visible too (lavapipe, integrated GPUs:
+        mapped buffers are already where the device reads)."""
+        vk = self.vk
+        for i in range(self.memory.memoryTypeCount):
+            flags = self.memory.memoryTypes[i].propertyFlags
+            if bits >> i & 1 and flags & vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT and not flags & vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT:
+                return i
+        return None
+
+    def transfer(self, record) -> None:  # type: ignore[no-untyped-def]
+        """Record copy commands with ``record(cmd)`` into a one-time command buffer, submit it and wait."""
+        vk, d = self.vk, self.device
+        if self._transfer is None:
+            pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.family, flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
+            cmd = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(commandPool=pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            self._transfer = (pool, cmd, vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None))
+        _, cmd, fence = self._transfer
+        vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        record(cmd)
+        vk.vkEndCommandBuffer(cmd)
+        vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])], fence)
+        vk.vkWaitForFences(d, 1, [fence], vk.VK_TRUE, WHOLE_SIZE)
+        vk.vkResetFences(d, 1, [fence])
+
+    def staging(self, nbytes: int) -> "HostBuffer":
+        """The device's host-visible staging buffer, at least ``min(nbytes, STAGING)`` bytes."""
+        want = min(max(nbytes, 1 << 20), STAGING)
+        if self._staging is None or self._staging.nbytes < want:
+            if self._staging is not None:
+                self._staging.close()
+            self._staging = HostBuffer(self, want)
+        return self._staging
+
     def close(self) -> None:
         vk = self.vk
         for k in list(reversed(self._kernels)):
             k.close()
+        if getattr(self, "_staging", None) is not None:
+            self._staging.close()
+            self._staging = None
+        if getattr(self, "_transfer", None) is not None and self.device is not None:
+            pool, _, fence = self._transfer
+            vk.vkDestroyFence(self.device, fence, None)
+            vk.vkDestroyCommandPool(self.device, pool, None)
+            self._transfer = None
         if self.device is not None:
             vk.vkDeviceWaitIdle(self.device)
             vk.vkDestroyDevice(self.device, None)
@@ -102,16 +149,22 @@ class VulkanDevice:
         return f"VulkanDevice({self.index}, {self.name!r})"
 
 
+def _usage(vk) -> int:  # type: ignore[no-untyped-def]
+    return vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT
+
+
 class HostBuffer:
     """A storage buffer in host-visible coherent memory, mapped for its lifetime: ``view(dtype)`` is a
     numpy array over the mapped bytes."""
+
+    mapped = True
 
     def __init__(self, dev: VulkanDevice, nbytes: int) -> None:
         vk = dev.vk
         self.dev, self.nbytes = dev, max(16, nbytes)  # a Vulkan buffer is never empty
         self.buffer = self.memory = None
         try:
-            info = vk.VkBufferCreateInfo(size=self.nbytes, usage=vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT, sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+            info = vk.VkBufferCreateInfo(size=self.nbytes, usage=_usage(vk), sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
             self.buffer = vk.vkCreateBuffer(dev.device, info, None)
             req = vk.vkGetBufferMemoryRequirements(dev.device, self.buffer)
             alloc = vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=dev.memory_type(req.memoryTypeBits))
@@ -125,6 +178,13 @@ class HostBuffer:
     def view(self, dtype: type) -> np.ndarray:
         return np.frombuffer(self._mapped, dtype=dtype)
 
+    def write(self, offset: int, data: np.ndarray) -> None:
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        self.view(np.uint8)[offset : offset + raw.nbytes] = raw
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        return self.view(np.uint8)[offset : offset + nbytes].copy()
+
     def close(self) -> None:
         vk, dev = self.dev.vk, self.dev.device
         if self.memory is not None:
@@ -135,6 +195,88 @@ class HostBuffer:
         if self.buffer is not None:
             vk.vkDestroyBuffer(dev, self.buffer, None)
             self.buffer = None
+
+
+class DeviceBuffer:
+    """A storage buffer in memory the host cannot map (a discrete GPU's own): written and read by
+    copy commands through the device's staging buffer. Zero-filled when made."""
+
+    mapped = False
+
+    def __init__(self, dev: VulkanDevice, nbytes: int, memory_type: int) -> None:
+        vk = dev.vk
+        self.dev, self.nbytes = dev, max(16, (nbytes + 3) // 4 * 4)
+        self.buffer = self.memory = None
+        try:
+            info = vk.VkBufferCreateInfo(size=self.nbytes, usage=_usage(vk), sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE)
+            self.buffer = vk.vkCreateBuffer(dev.device, info, None)
+            req = vk.vkGetBufferMemoryRequirements(dev.device, self.buffer)
+            self.memory = vk.vkAllocateMemory(dev.device, vk.VkMemoryAllocateInfo(allocationSize=req.size, memoryTypeIndex=memory_type), None)
+            vk.vkBindBufferMemory(dev.device, self.buffer, self.memory, 0)
+            dev.transfer(lambda cmd: vk.vkCmdFillBuffer(cmd, self.buffer, 0, self.nbytes, 0))
+        except BaseException:
+            self.close()
+            raise
+
+    def write(self, offset: int, data: np.ndarray) -> None:
+        """Copy ``data``'s bytes to ``offset`` (a multiple of 4) in staging-sized pieces."""
+        vk = self.dev.vk
+        raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        stage = self.dev.staging(raw.nbytes)
+        for lo in range(0, raw.nbytes, stage.nbytes):
+            piece = raw[lo : lo + stage.nbytes]
+            size = (piece.nbytes + 3) // 4 * 4
+            if size != piece.nbytes:  # the last word: keep the bytes past the data as they are
+                stage.view(np.uint8)[:size] = self.read(offset + lo, size)
+            stage.view(np.uint8)[: piece.nbytes] = piece
+            region = vk.VkBufferCopy(srcOffset=0, dstOffset=offset + lo, size=size)
+            self.dev.transfer(lambda cmd, region=region: vk.vkCmdCopyBuffer(cmd, stage.buffer, self.buffer, 1, [region]))
+
+    def read(self, offset: int, nbytes: int) -> np.ndarray:
+        vk = self.dev.vk
+        out = np.empty(nbytes, np.uint8)
+        stage = self.dev.staging(nbytes)
+        for lo in range(0, nbytes, stage.nbytes):
+            size = min(stage.nbytes, nbytes - lo)
+            region = vk.VkBufferCopy(srcOffset=offset + lo, dstOffset=0, size=size)
+            self.dev.transfer(lambda cmd, region=region: vk.vkCmdCopyBuffer(cmd, self.buffer, stage.buffer, 1, [region]))
+            out[lo : lo + size] = stage.view(np.uint8)[:size]
+        return out
+
+    def close(self) -> None:
+        vk, dev = self.dev.vk, self.dev.device
+        if self.memory is not None:
+            vk.vkFreeMemory(dev, self.memory, None)
+            self.memory = None
+        if self.buffer is not None:
+            vk.vkDestroyBuffer(dev, self.buffer, None)
+            self.buffer = None
+
+
+def storage_buffer(dev: VulkanDevice, nbytes: int, data: np.ndarray | None = None, staged: bool | None = None) -> HostBuffer | DeviceBuffer:
+    """A zero-filled storage buffer of whole words holding ``data``: in device-local memory written
+    through staging where the host cannot map it, else host-visible and mapped. ``staged=True``
+    takes the staging path on any device (device-local memory, mappable or not: how the path is
+    tested on lavapipe); ``False`` always maps."""
+    vk = dev.vk
+    if dev._storage_bits is None:
+        probe = vk.vkCreateBuffer(dev.device, vk.VkBufferCreateInfo(size=16, usage=_usage(vk), sharingMode=vk.VK_SHARING_MODE_EXCLUSIVE), None)
+        dev._storage_bits = vk.vkGetBufferMemoryRequirements(dev.device, probe).memoryTypeBits
+        vk.vkDestroyBuffer(dev.device, probe, None)
+    bits = dev._storage_bits
+    local = None if staged is False else dev.device_local_type(bits)
+    if local is None and staged:
+        local = next(i for i in range(dev.memory.memoryTypeCount)
+                     if bits >> i & 1 and dev.memory.memoryTypes[i].propertyFlags & vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+    buf: HostBuffer | DeviceBuffer
+    if local is None:
+        buf = HostBuffer(dev, (nbytes + 3) // 4 * 4)
+        buf.view(np.uint8)[:] = 0
+    else:
+        buf = DeviceBuffer(dev, nbytes, local)
+    if data is not None and data.nbytes:
+        buf.write(0, data)
+    return buf
 
 
 class VulkanKernel:

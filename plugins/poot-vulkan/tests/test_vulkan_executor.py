@@ -13,7 +13,7 @@ from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.testing.fixtures import device_or_skip
-from poot.testing.paged import PagedSequences, two_sequences_against_oracle
+from poot.testing.paged import PagedSequences, row_regimes_against_oracle, two_sequences_against_oracle, wide_bf16_llama
 
 
 @pytest.fixture(scope="module")
@@ -35,6 +35,41 @@ def test_families_on_vulkan_match_the_oracle(vulkan, name, tmp_path, rng):
     ex.close()
     print(f"{name} on vulkan:0: max |dlogit| {worst:.2g}")
     assert worst < 1e-4
+
+
+def test_device_local_buffers_written_through_staging_match_the_oracle(vulkan, tmp_path, rng):
+    """The path a discrete GPU takes (weights, pools, arena and scalars in device-local memory written
+    by copy commands through a staging buffer, outputs copied back by the step itself), forced on
+    lavapipe whose device-local memory could be mapped."""
+    from poot.testing.synthetic import build_synthetic
+    from poot_vulkan.executor import VulkanExecutor
+    from poot_vulkan.runtime import DeviceBuffer
+
+    ck = open_checkpoint(build_synthetic("llama", tmp_path / "llama", int(rng.integers(0, 2**31))))
+    fam = family_for(ck.architecture)
+    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    ex = VulkanExecutor(compile_plan(g, vulkan), staged=True)
+    worst = two_sequences_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    assert ex._weights and all(isinstance(b, DeviceBuffer) for b in ex._weights.values())
+    assert all(isinstance(b, DeviceBuffer) for b, _ in ex._pools.values())
+    ex.close()
+    assert worst < 1e-4
+
+
+def test_bf16_model_on_the_warp_gemv_matches_the_oracle(vulkan, tmp_path, rng):
+    """bf16 weights read as stored (16-bit values as halves of 32-bit words) by the warp GEMV whose
+    lanes sum through workgroup memory, in every row-count regime the planner tells apart."""
+    from poot_vulkan.executor import VulkanExecutor as Executor
+
+    g, w = wide_bf16_llama(tmp_path / "wide", int(rng.integers(0, 2**31)))
+    plan = compile_plan(g, vulkan)
+    names = {l.kernel.name.split("_K")[0] for l in plan.launches}
+    assert {"gemv_warp_bf16", "gemv_warp_glu_bf16"} <= names, names
+    ex = Executor(plan)
+    worst = row_regimes_against_oracle(ex, g, w, rng)
+    ex.close()
+    print(f"bf16 llama (warp GEMV) on vulkan:0: max |dlogit| {worst:.2g}")
+    assert worst < 1e-3
 
 
 def test_a_step_is_profiled_with_timestamp_queries(vulkan, tmp_path, rng):

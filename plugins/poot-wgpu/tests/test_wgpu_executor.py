@@ -12,7 +12,7 @@ from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.testing.fixtures import device_or_skip
-from poot.testing.paged import two_sequences_against_oracle
+from poot.testing.paged import row_regimes_against_oracle, two_sequences_against_oracle, wide_bf16_llama
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,22 @@ def test_families_on_wgpu_match_the_oracle(adapter, name, tmp_path, rng):
     ex.close()
     print(f"{name} on wgpu:0: max |dlogit| {worst:.2g}")
     assert worst < 1e-4
+
+
+def test_bf16_model_on_the_warp_gemv_matches_the_oracle(adapter, tmp_path, rng):
+    """bf16 weights read as stored (16-bit values as halves of 32-bit words) by the warp GEMV whose
+    lanes sum through workgroup memory, in every row-count regime the planner tells apart."""
+    from poot_wgpu.executor import WgpuExecutor as Executor
+
+    g, w = wide_bf16_llama(tmp_path / "wide", int(rng.integers(0, 2**31)))
+    plan = compile_plan(g, adapter)
+    names = {l.kernel.name.split("_K")[0] for l in plan.launches}
+    assert {"gemv_warp_bf16", "gemv_warp_glu_bf16"} <= names, names
+    ex = Executor(plan)
+    worst = row_regimes_against_oracle(ex, g, w, rng)
+    ex.close()
+    print(f"bf16 llama (warp GEMV) on wgpu:0: max |dlogit| {worst:.2g}")
+    assert worst < 1e-3
 
 
 @pytest.mark.slow

@@ -237,17 +237,22 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2) -> list[K.Stmt]
 
 
 @lru_cache(maxsize=None)
-def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int = 2) -> K.Kernel:
+def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int = 2,
+              shared_sums: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. ``unroll``: Q4_K blocks
-    a lane loads before it sums them.
+    a lane loads before it sums them. With ``shared_sums`` (bf16, targets without subgroup operations:
+    SPIR-V here) the 32 lanes of a warp finish their sums through workgroup memory, every thread
+    reaching the barriers (a warp past ``n`` computes row ``n - 1`` and stores nothing).
     With ``glu``: two weights ``wg`` and ``wu`` against the same x, and y = silu(x wg^T) * (x wu^T)
     (a gated MLP's first half in one pass over both weights). With ``parts`` (feature counts):
     several products of the same x in one launch, weights ``w0``, ``w1``, ... into ``y0``, ``y1``,
     ... (q, k and v, say); n is then their total."""
     if qtype not in GEMV_TYPES:
         raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
+    if shared_sums and (qtype != "bf16" or parts):
+        raise ValueError("gemv_warp: sums through workgroup memory are built for bf16 weights and one product (or a gated pair)")
     if k % 256:
         raise ValueError(f"gemv_warp {qtype} needs K a multiple of 256, got {k}")
     warps = warps or (Q4_K_WARPS if qtype == "q4_k" else 8)
@@ -273,12 +278,28 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
         else:
             out.append(K.For("it", _c(0), _c(-(-(k // 256) // (4 * unroll))), tuple(_q4_k_rows(weights, k, mr, unroll))))
-        for r in range(mr):
-            for wb in weights:
+        sums = [(r, wb) for r in range(mr) for wb in weights]
+        if shared_sums:  # lane i of a warp keeps slot i; halving strides leave the warp's sum in lane 0
+            tid = K.Builtin("thread_id", 0)
+            for i, (r, wb) in enumerate(sums):
+                out.append(K.Store("sums", _add(i * threads, tid), _r(f"{wb}acc{r}", F32)))
+            out.append(K.Barrier())
+            for step in (16, 8, 4, 2, 1):
+                adds = tuple(K.Store("sums", _add(i * threads, tid), K.Bin("add", K.Load("sums", _add(i * threads, tid), F32),
+                                                                            K.Load("sums", _add(i * threads, tid, step), F32)))
+                             for i in range(len(sums)))
+                out += [K.If(K.Bin("lt", _r("lane"), _c(step)), adds), K.Barrier()]
+            for i, (r, wb) in enumerate(sums):
+                out.append(K.Let(f"{wb}s{r}", K.Load("sums", _add(i * threads, tid), F32)))
+        else:
+            for r, wb in sums:
                 out.append(K.Let(f"{wb}s{r}", K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))))
+        for r in range(mr):
             val = _silu_mul(_r(f"wgs{r}", F32), _r(f"wus{r}", F32)) if glu else _r(f"{weights[0]}s{r}", F32)
-            out.append(K.If(K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m"))),
-                            (K.Store(y, _add(_mul(_add(_r("m0"), r), width), _r("j")), val),)))
+            cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
+            if shared_sums:
+                cond = K.Bin("and", cond, K.Bin("lt", _r("jg"), _r("n")))
+            out.append(K.If(cond, (K.Store(y, _add(_mul(_add(_r("m0"), r), width), _r("j")), val),)))
         return out
 
     if parts:
@@ -291,7 +312,11 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         outs: list[K.Param] = [K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts))]
     else:
         weights = ["wg", "wu"] if glu else ["w"]
-        body.append(K.If(K.Bin("lt", _r("jg"), _r("n")), (K.Let("j", _r("jg")), *product(weights, "y", _r("n")))))
+        if shared_sums:  # every thread reaches the barriers: warps past n compute row n - 1
+            body += [K.Let("j", K.Bin("min", _r("jg"), _b("sub", _r("n"), 1))), *product(weights, "y", _r("n"))]
+            shared = (K.Shared("sums", F32, threads * mr * len(weights)),)
+        else:
+            body.append(K.If(K.Bin("lt", _r("jg"), _r("n")), (K.Let("j", _r("jg")), *product(weights, "y", _r("n")))))
         weights_p = [K.Buffer(wb, I32) for wb in weights]
         outs = [K.Buffer("y", F32, readonly=False)]
     params = (K.Buffer("x", F32), *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
@@ -299,6 +324,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
     if qtype == "q4_k" and (warps, unroll) != (Q4_K_WARPS, 2):
         name += f"_W{warps}_U{unroll}"
+    if shared_sums:
+        name += "_shared_sums"
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern
