@@ -271,6 +271,8 @@ def main() -> None:
     ap.add_argument("--only", choices=["bf16", "q4_k"], help="measure one of poot's two models")
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events) and print the largest")
+    ap.add_argument("--also", nargs="*", default=[], metavar="DEVICE",
+                    help="other devices (vulkan:0, wgpu:0) whose bf16 batch-1 decode is measured too, as a ratio to --device's")
     args = ap.parse_args()
 
     dims = SMALL if args.small else LLAMA3_8B
@@ -302,6 +304,17 @@ def main() -> None:
             roof = bw / decode_weight_bytes(dims, args.layers, bpv)
             res[f"roofline_{name}"] = roof
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
+    for other in args.also:
+        try:
+            r = measure_poot(bf16_dir, dims.vocab, other, [1], 0, args.rounds)
+        except Exception as e:  # a device that cannot run it is reported, not fatal to the run
+            say(f"{other}: {type(e).__name__}: {e}")
+            res[f"poot_bf16@{other}"] = {"error": f"{type(e).__name__}: {e}"}
+            continue
+        res[f"poot_bf16@{other}"] = r
+        base = res.get("poot_bf16", {}).get("decode_b1")  # type: ignore[union-attr]
+        if base:
+            say(f"{other}: bf16 batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / base:.2f}x {args.device}'s")
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
@@ -317,6 +330,11 @@ def main() -> None:
         if f"roofline_{name}" in res:
             r, roof = res[f"poot_{name}"], res[f"roofline_{name}"]
             print(f"| batch-1 roofline {name} | {r['decode_b1'] / roof:.0%} of {roof:.0f} tok/s | | | |")  # type: ignore[index,operator]
+    for other in args.also:
+        r, base = res[f"poot_bf16@{other}"], res.get("poot_bf16", {}).get("decode_b1")  # type: ignore[union-attr]
+        got = r.get("decode_b1")  # type: ignore[union-attr]
+        ratio = f"{got / base:.2f}x {args.device}" if got and base else r.get("error", "-")  # type: ignore[union-attr]
+        print(f"| decode_b1 tok/s on {other} | {got:.1f} | | | {ratio} |" if got else f"| decode_b1 tok/s on {other} | - | | | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -178,7 +178,7 @@ def test_embedding_gather(rng, qtype):
 def test_rope(rng, layout, rot):
     t, h, d = 5, 3, 64
     x = rng.standard_normal((t, h, d)).astype(np.float32)
-    pos = rng.integers(0, 500, t).astype(np.int32)
+    pos = rng.integers(0, 8192, t).astype(np.int32)  # long contexts: angles of thousands of radians
     cfg = RopeConfig(rot, 10000.0, layout)
     inv, af = rope_frequencies(cfg)
     y = poisoned((t, h, d))
@@ -195,7 +195,7 @@ def test_rope_kv_cache(rng, layout, rot, dv):
     t, hq, hkv, d, nb, bs = 5, 6, 2, 64, 4, 4
     q, k = rng.standard_normal((t, hq, d)).astype(np.float32), rng.standard_normal((t, hkv, d)).astype(np.float32)
     v = rng.standard_normal((t, hkv, dv)).astype(np.float32)
-    pos = rng.integers(0, 500, t).astype(np.int32)
+    pos = rng.integers(0, 8192, t).astype(np.int32)  # long contexts: angles of thousands of radians
     slots = rng.permutation(nb * bs)[:t].astype(np.int32)
     slots[2] = -1
     cfg = RopeConfig(rot, 10000.0, layout, YarnScaling(4.0, 4096)) if layout == "neox" else RopeConfig(rot, 10000.0, layout)

@@ -546,10 +546,16 @@ class _Lowerer:
                 return self.fcall("llvm.log" if op == "log" else "llvm.log2", a)
             return b.fmul(y, L.Constant(a.type, LN2)) if op == "log" else y
         if op in ("sin", "cos"):
-            if self.t.name == "nvptx":
-                # sin.approx is accurate on [-pi, pi] only: reduce by 2*pi first (Cody-Waite, two
-                # constants), so large angles (RoPE at long positions) keep about 1e-6 absolute error
+            if self.t.name in ("nvptx", "spirv"):
+                # sin.approx (and Vulkan's sin/cos, whose precision the spec leaves open: NVIDIA's
+                # driver loses it at large angles) is accurate on [-pi, pi] only: reduce by 2*pi first
+                # (Cody-Waite, two constants; k * 6.28125 is exact below 2**15 turns), so large angles
+                # (RoPE at long positions) keep about 1e-6 absolute error
                 k = self.fcall("llvm.rint", b.fmul(a, L.Constant(F32, 0.15915494309189535)))
+                if self.t.name == "spirv":
+                    r = b.fsub(a, b.fmul(k, L.Constant(F32, 6.28125)))
+                    r = b.fsub(r, b.fmul(k, L.Constant(F32, 0.0019353071795864769)))
+                    return self.fcall(f"llvm.{op}", r)
                 r = self.fcall("llvm.fma", b.fneg(k), L.Constant(F32, 6.28125), a)
                 r = self.fcall("llvm.fma", b.fneg(k), L.Constant(F32, 0.0019353071795864769), r)
                 return b.call(self.intrinsic(f"llvm.nvvm.{op}.approx.ftz.f", F32, [F32]), [r])
