@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..codegen.targets import TARGETS
 from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
@@ -646,7 +647,10 @@ def compile_plan(graph: Graph, device: Device) -> Plan:
     caps = device.capabilities
     # SPIR-V kernels use no subgroup operations (codegen refuses them): schedules that need them are not chosen
     subgroup = 0 if device.target == "spirv" else caps.subgroup_size
-    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, caps.shared_memory_bytes, caps.dtypes, subgroup, caps.matrix_ops),
+    shared = caps.shared_memory_bytes
+    if device.target == "spirv":  # one SPIR-V module serves every Vulkan device: codegen holds kernels to Vulkan's guaranteed minimum
+        shared = min(shared, TARGETS["spirv:vulkan1.3"].max_shared)
+    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops),
                       gpu=device.target != "host")
 
 

@@ -6,7 +6,19 @@ import pytest
 
 from poot_vulkan.device import vulkan_devices
 
-HAS_LOADER = ctypes.util.find_library("vulkan") is not None
+def _has_loader() -> bool:
+    """libvulkan found by the linker's cache, or by the loader's own search (LD_LIBRARY_PATH: a loader
+    unpacked from a .deb, as scripts/vulkan-check brings it)."""
+    if ctypes.util.find_library("vulkan") is not None:
+        return True
+    try:
+        ctypes.CDLL("libvulkan.so.1")
+    except OSError:
+        return False
+    return True
+
+
+HAS_LOADER = _has_loader()
 
 
 @pytest.mark.skipif(not HAS_LOADER, reason="no Vulkan loader (libvulkan1) on this machine; CI installs it with lavapipe")
