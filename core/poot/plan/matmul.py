@@ -1,0 +1,289 @@
+"""How the planner runs a matrix product on a device: host schedules (lane GEMVs, row-block GEMMs),
+GPU schedules that use the chip (warp GEMVs, tensor-core GEMMs) and the generic GPU ones, each for
+the row counts it suits; and the products a GPU computes in one launch (a gated MLP's pair, products of
+one x)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import Refusal
+from ..graph import dtypes as dt
+from ..graph.ir import Graph, Node, Value
+from ..kernel.library import linear, linear_gpu, linear_host
+from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
+from .common import Env
+from .common import key as _key
+from .common import shape as _shape
+from .plan import Launch, When
+
+__all__ = ["Limits", "between", "matmul_host", "matmul_gpu", "find_glus", "glu_launches", "find_siblings", "siblings_launches"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a plan's kernels may use on a device (from its ``Capabilities``)."""
+
+    max_workgroup: int = 1024
+    shared_bytes: int = 1 << 20
+    dtypes: frozenset[str] = frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"})
+    subgroup: int = 1
+    matrix: frozenset[str] = frozenset()
+
+
+def _blocks(t: dt.DType, k: int) -> tuple[int, int]:
+    """(values, bytes) of the blocks a schedule walks a weight row in: the quantization's blocks, or
+    runs of WIDE_BLOCK 16-bit floats where the row divides into them."""
+    bs, bb, _ = BODIES[t.name]
+    if bs == 1 and k % WIDE_BLOCK == 0:
+        return WIDE_BLOCK, WIDE_BLOCK * bb
+    return bs, bb
+
+
+def matmul_host(n: Node, shared_bytes: int) -> list[Launch]:
+    """x @ w^T against a 2-D weight. Host schedules: a lane GEMV while few rows come (decode), and a
+    row-block GEMM that dequantizes weight rows once for every token (prefill); the generic
+    GPU-style kernels where those do not apply."""
+    x, w = n.inputs
+    if not n.attrs["transpose_b"] or w.rank not in (2, 3) or (w.rank == 3 and x.rank != 3):
+        raise Refusal("matmul", "host", "the planner runs x @ w^T with a 2-D weight, or [B, T, K] x [E, N, K] per expert")
+    out = n.outputs[0]
+    nn, kk = w.shape[-2].value, w.shape[-1].value
+    batch = w.shape[0].value if w.rank == 3 else 1
+    shared_x = w.rank == 2 or x.shape[0] == 1
+    if not shared_x and x.shape[0] != w.shape[0]:
+        raise Refusal("matmul", "host", f"batch of x {x.shape[0]} matches neither 1 nor the weight's {w.shape[0]}")
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1])) // (1 if shared_x else batch)  # noqa: E731
+    few = When("rows <= 2", lambda env: rows(env) <= 2)
+    many = When("rows > 2", lambda env: rows(env) > 2)
+    packed = w.dtype.name in BODIES
+    if not packed and w.dtype != dt.f32:
+        raise Refusal("matmul", "host", f"weights of type {w.dtype} need a cast first")
+    xk, wk, ok = _key(x), _key(w), _key(out)
+    row_bytes = kk // BODIES[w.dtype.name][0] * BODIES[w.dtype.name][1] if packed else kk
+
+    def strides(env: Env) -> dict[str, int]:  # per expert: x (0 when shared), w and y
+        return {"xs": 0 if shared_x else rows(env) * kk, "ws": nn * row_bytes if batch > 1 else 0, "ys": rows(env) * nn}
+
+    if packed:
+        bs, bb = _blocks(w.dtype, kk)
+        lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
+        if w.dtype.name in linear_host.LANE_TYPES and kk % 32 == 0:
+            k = linear_host.gemv_lanes.instantiate(QTYPE=w.dtype.name)
+            gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env), batch),
+                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)})
+        elif bs % 16 == 0 and kk % bs == 0:
+            k = linear_host.gemv_lanes_any.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb)
+            gemv = Launch(n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (nn, rows(env), batch),
+                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)})
+        elif batch == 1:
+            k = linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=32)
+            gemv = Launch(n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (-(-nn // 4), rows(env)),
+                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
+        else:
+            gemv = None
+        if kk % 16 or kk % bs or (4 * kk + 256) * 4 > shared_bytes:  # gemm_rows holds 4 dequantized rows
+            if gemv is None:
+                raise Refusal("matmul", "host", f"per-expert {w.dtype} weights with rows of {kk} values have no host schedule")
+            return [gemv]
+        k = linear_host.gemm_rows.instantiate(QTYPE=w.dtype.name, K=kk, BS=bs, BB=bb, NR=4, TM=4)
+        gemm = Launch(n, k, {"a": xk, "w": wk, "lut": lut, "c": ok}, lambda env: (-(-nn // 4), batch),
+                      lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes, **strides(env)}, many)
+        if gemv is None:
+            gemm.when = None
+            return [gemm]
+    else:
+        k = linear_host.gemv_lanes_f32.instantiate()
+        gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env), batch), lambda env: {"n": nn, "k": kk, **strides(env)})
+        if kk % 16:
+            return [gemv]
+        k = linear_host.gemm_rows_f32.instantiate(K=kk, NR=4, TM=4)
+        gemm = Launch(n, k, {"a": xk, "w": wk, "c": ok}, lambda env: (-(-nn // 4), batch), lambda env: {"m": rows(env), "n": nn, **strides(env)}, many)
+    gemv.when = few
+    return [gemv, gemm]
+
+
+def between(lo: int, hi: int | None, rows: Callable[[Env], int]) -> When:
+    if hi is None:
+        return When(f"rows > {lo}", lambda env: rows(env) > lo)
+    if lo == 0:
+        return When(f"rows <= {hi}", lambda env: rows(env) <= hi)
+    return When(f"{lo} < rows <= {hi}", lambda env: lo < rows(env) <= hi)
+
+
+def _gemv_rows(qtype: str, k: int, limits: Limits) -> list[tuple[int, int, int]]:
+    """The warp GEMV's (rows a workgroup, fewest rows, most rows) for 1 and 2-4 rows of x: the Q4_K
+    one keeps its rows of x, quantized, in workgroup memory, so K bounds how many fit."""
+    if qtype != "q4_k":
+        return [(1, 0, 1), (4, 1, 4)]
+    fits = [mr for mr in (4, 2, 1) if 4 * linear_gpu.q8_shared_words(k, mr) <= limits.shared_bytes]
+    return [(1, 0, 1), (fits[0], 1, 4)] if fits else []
+
+
+def _warp_gemv_fits(t: dt.DType, k: int, limits: Limits) -> bool:
+    """Whether the warp GEMV runs weights of type ``t`` and rows of ``k`` here: on 32-lane subgroups,
+    or for bf16 without subgroup operations (the lanes' sums through workgroup memory)."""
+    if t.name not in linear_gpu.GEMV_TYPES or k % 256 or not _gemv_rows(t.name, k, limits):
+        return False
+    return limits.subgroup == 32 or (t == dt.bf16 and limits.max_workgroup >= 256 and 4 * 256 * 8 <= limits.shared_bytes)
+
+
+def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
+    """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
+    warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
+    GEMMs for more rows (bf16 weights, given mma.sync)."""
+    x, w = n.inputs
+    nn, kk = w.shape[0].value, w.shape[1].value
+    if not _warp_gemv_fits(w.dtype, kk, limits):
+        return None
+    shared_sums = limits.subgroup != 32
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    bufs = {"x": _key(x), "w": _key(w), "y": _key(n.outputs[0])}
+    sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+    out = []
+    few = _gemv_rows(w.dtype.name, kk, limits)
+    if not few:
+        return None
+    for mr, lo, hi in few:
+        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums)
+        out.append(Launch(n, k, bufs, lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
+    if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix:
+        for mt, lo, hi in ((1, 4, 16), (2, 16, 64)):  # weights streamed like a GEMV, tensor cores doing the sums
+            k = linear_gpu.gemm_warp(kk, mt, 4, 8)
+            out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
+        k = linear_gpu.gemm_mma(kk, 2, 2, 2, 4)  # 64 x 64 tiles staged through workgroup memory
+        out.append(Launch(n, k, bufs, lambda env: (-(-nn // 64), -(-rows(env) // 64)), sc, between(64, None, rows)))
+    else:
+        out.extend(l for l in _matmul_gpu_generic(n) if l.when is not None and l.when.doc.startswith("rows >"))
+        out[-1].when = between(4, None, rows)
+    return out
+
+
+@dataclass(frozen=True)
+class Glu:
+    """silu(x @ wg^T) * (x @ wu^T) whose two products feed only the elementwise group ``root``."""
+
+    root: int
+    gate: Node
+    up: Node
+
+
+def find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) -> dict[int, Glu]:
+    """Gated-MLP halves the warp GEMV can compute in one pass (GPU, few rows), by matmul node id."""
+    users = graph.users()
+    found: dict[int, Glu] = {}
+    for root, members in groups.items():
+        if sorted(m.op for m in members) != ["mul", "mul", "sigmoid"]:
+            continue
+        sig = next(m for m in members if m.op == "sigmoid")
+        g = sig.inputs[0]
+        inner = next((m for m in members if m.op == "mul" and {_key(v) for v in m.inputs} == {_key(g), _key(sig.outputs[0])}), None)
+        outer = next((m for m in members if m.op == "mul" and m is not inner), None)
+        if inner is None or outer is None or outer.id != root:
+            continue
+        u = next((v for v in outer.inputs if _key(v) != _key(inner.outputs[0])), None)
+        if u is None or {_key(v) for v in outer.inputs} != {_key(u), _key(inner.outputs[0])}:
+            continue
+        gate, up = g.node, u.node
+        if gate.op != "matmul" or up.op != "matmul" or gate is up or _key(gate.inputs[0]) != _key(up.inputs[0]):
+            continue
+        wg, wu = gate.inputs[1], up.inputs[1]
+        if not (gate.attrs["transpose_b"] and up.attrs["transpose_b"] and wg.rank == 2 and wu.rank == 2 and wg.dtype == wu.dtype
+                and wg.shape == wu.shape and _warp_gemv_fits(wg.dtype, wg.shape[1].value, limits)):
+            continue
+        if len(users[gate.id]) != 2 or len(users[up.id]) != 1:  # the gate feeds the sigmoid and the product only
+            continue
+        glu = Glu(root, gate, up)
+        found[gate.id] = found[up.id] = glu
+    return found
+
+
+def glu_launches(glu: Glu, out: Value, limits: Limits) -> list[Launch]:
+    x, wg = glu.gate.inputs
+    nn, kk = wg.shape[0].value, wg.shape[1].value
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    bufs = {"x": _key(x), "wg": _key(wg), "wu": _key(glu.up.inputs[1]), "y": _key(out)}
+    sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+    ss = limits.subgroup != 32
+    f = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True, shared_sums=ss).threads // 32  # features a workgroup
+    return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss), bufs,
+                   lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows), label="gated_mlp")
+            for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits)]
+
+
+def find_siblings(graph: Graph, limits: Limits, taken: Mapping[int, Any]) -> dict[int, list[Node]]:
+    """Products of one x by several weights of one type (q, k and v) that a single warp-GEMV launch
+    can compute for few rows: the first matmul's id -> all of them (in graph order)."""
+    if limits.subgroup != 32:
+        return {}
+    by_x: dict[tuple[int, int], list[Node]] = {}
+    for n in graph.nodes:
+        if n.op != "matmul" or n.id in taken or not n.attrs["transpose_b"]:
+            continue
+        w = n.inputs[1]
+        if w.rank == 2 and w.dtype.name in linear_gpu.GEMV_TYPES and w.shape[1].value % 256 == 0 and _gemv_rows(w.dtype.name, w.shape[1].value, limits):
+            by_x.setdefault(_key(n.inputs[0]), []).append(n)
+    out: dict[int, list[Node]] = {}
+    for ns in by_x.values():
+        first = ns[0].inputs[1]
+        same = [m for m in ns if m.inputs[1].dtype == first.dtype and m.inputs[1].shape[1] == first.shape[1]]
+        if len(same) >= 2:
+            out[same[0].id] = same[:4]
+    return out
+
+
+def siblings_launches(ns: list[Node], limits: Limits) -> list[Launch]:
+    x, w = ns[0].inputs
+    kk = w.shape[1].value
+    parts = tuple(m.inputs[1].shape[0].value for m in ns)
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    bufs: dict[str, Any] = {"x": _key(x)}
+    for i, m in enumerate(ns):
+        bufs[f"w{i}"], bufs[f"y{i}"] = _key(m.inputs[1]), _key(m.outputs[0])
+    total = sum(parts)
+    f = linear_gpu.gemv_warp(w.dtype.name, kk, 1, parts=parts).threads // 32  # features a workgroup
+    return [Launch(ns[0], linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts), bufs, lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
+                   lambda env: {"m": rows(env), "n": total}, between(lo, hi, rows), label=f"{len(ns)} matmuls")
+            for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits)]
+
+
+def matmul_gpu(n: Node, limits: Limits) -> list[Launch]:
+    x, w = n.inputs
+    if n.attrs["transpose_b"] and w.rank == 3:  # per-expert weights: the lane schedules, one thread per workgroup (correct, not yet fast)
+        return matmul_host(n, 1 << 20)
+    if not n.attrs["transpose_b"] or w.rank != 2:
+        raise Refusal("matmul", "gpu", "the GPU planner runs x @ w^T with a 2-D weight, or per expert")
+    return _matmul_fast_gpu(n, limits) or _matmul_gpu_generic(n)
+
+
+def _matmul_gpu_generic(n: Node) -> list[Launch]:
+    """GPU schedules for any weight type: a GEMV whose workgroups split K across threads for few
+    rows, a 16x16 tiled GEMM through workgroup memory for many; weights dequantized in registers."""
+    x, w = n.inputs
+    out = n.outputs[0]
+    nn, kk = w.shape[0].value, w.shape[1].value
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    few = When("rows <= 2", lambda env: rows(env) <= 2)
+    many = When("rows > 2", lambda env: rows(env) > 2)
+    xk, wk, ok = _key(x), _key(w), _key(out)
+    if w.dtype.name in BODIES:
+        bs, bb = _blocks(w.dtype, kk)
+        row_bytes = kk // bs * bb
+        lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
+        gemv = Launch(n, linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=64), {"x": xk, "w": wk, "lut": lut, "y": ok},
+                      lambda env: (-(-nn // 4), rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes}, few)
+        gemm = Launch(n, linear.gemm_packed.instantiate(QTYPE=w.dtype.name), {"a": xk, "w": wk, "lut": lut, "c": ok},
+                      lambda env: (-(-nn // 16), -(-rows(env) // 16)), lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes}, many)
+        return [gemv, gemm]
+    if w.dtype != dt.f32:
+        raise Refusal("matmul", "gpu", f"weights of type {w.dtype} need a cast first")
+    gemv = Launch(n, linear.gemv_f32.instantiate(BLOCK=128), {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk}, few)
+    gemm = Launch(n, linear.gemm_f32.instantiate(), {"a": xk, "w": wk, "c": ok}, lambda env: (-(-nn // 16), -(-rows(env) // 16)),
+                  lambda env: {"m": rows(env), "n": nn, "k": kk}, many)
+    return [gemv, gemm]
+
+
