@@ -57,6 +57,16 @@ class PagedSequences:
         return StepBatch(np.array(tokens), np.array(positions), np.array(seq_ids), np.array(slots), np.array(self.lengths), tables, np.array(rows))
 
 
+def _step_against_oracle(executor, oracle, batch: StepBatch, pools, weights, step: int) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
+    """One step on ``executor`` and on the paged oracle: the oracle's logits and the largest |logit
+    difference|, after checking the executor's logits are finite and pick the oracle's argmax."""
+    got = executor.run({**batch.as_inputs(), **pools}, weights)["logits"]
+    want = oracle.step(batch)
+    assert np.isfinite(got).all(), "non-finite logits"
+    assert (got.argmax(-1) == want.argmax(-1)).all(), f"step {step}: the argmax differs from the oracle's"
+    return want, float(np.abs(got - want).max())
+
+
 def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Generator, vocab: int = 97, steps: int = 3) -> float:  # type: ignore[no-untyped-def]
     """Run ``executor`` (a plan of ``graph``) and the paged oracle side by side: two sequences of 11 and
     4 random tokens prefilled into one pool of shuffled 4-token blocks (every position's logits), then
@@ -72,11 +82,8 @@ def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Genera
     worst = 0.0
     for step in range(steps):
         batch = pages.step(chunks, all_logits=step == 0, width=8)
-        got = executor.run({**batch.as_inputs(), **pools}, weights)["logits"]
-        want = oracle.step(batch)
-        assert np.isfinite(got).all(), "non-finite logits"
-        assert (got.argmax(-1) == want.argmax(-1)).all(), f"step {step}: the argmax differs from the oracle's"
-        worst = max(worst, float(np.abs(got - want).max()))
+        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step)
+        worst = max(worst, diff)
         rows = batch.seq_ids[batch.logit_rows]
         chunks = [[int(want[np.nonzero(rows == s)[0][-1]].argmax())] for s in range(2)]
     for name, a in pools.items():
@@ -117,11 +124,8 @@ def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generato
         chunks = [prompts, [[t] for t in last], [rng.integers(0, 97, 20).tolist(), [], []], [[], rng.integers(0, 97, 9).tolist(), []],
                   [[last[0]], [], []]][step]
         batch = pages.step(chunks, all_logits=step == 0, width=32)
-        got = executor.run({**batch.as_inputs(), **pools}, weights)["logits"]
-        want = oracle.step(batch)
-        assert np.isfinite(got).all(), "non-finite logits"
-        assert (got.argmax(-1) == want.argmax(-1)).all(), f"step {step}: the argmax differs from the oracle's"
-        worst = max(worst, float(np.abs(got - want).max()))
+        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step)
+        worst = max(worst, diff)
         rows = batch.seq_ids[batch.logit_rows]
         last = [int(want[np.nonzero(rows == s)[0][-1]].argmax()) if (rows == s).any() else last[s] for s in range(3)]
     return worst
