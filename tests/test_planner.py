@@ -127,3 +127,44 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
     assert few == ["gemv_warp_glu_bf16_K512_MR1_shared_sums", "gemv_warp_bf16_K768_MR1_shared_sums"]
     many = [l.kernel.name for l in generic.launches if l.when is None or l.when({"tokens": 9})]
     assert not any("warp" in k or "mma" in k for k in many) and "gemm_packed" in many
+
+
+def _block(pool_dtype="f32", norm_reads_sum_late=False):
+    """x -> residual add -> RMSNorm -> attention block (q/k RoPE, KV writes) -> residual add -> RMSNorm."""
+    from poot.graph.compose import AttentionConfig, AttentionWeights, KvState, attention_block, rms_norm
+    from poot.graph.rope import RopeConfig
+
+    b = GraphBuilder()
+    T, D, H, Dh = sym("tokens"), 64, 4, 16
+    w = AttentionWeights(*(b.weight(k, "f32", [H * Dh, D] if k != "o" else [D, H * Dh]) for k in "qkvo"))
+    kv = KvState(b.input("kp", pool_dtype, [8, 4, H, Dh]), b.input("vp", pool_dtype, [8, 4, H, Dh]), b.input("slots", "i32", [T]),
+                 b.input("pos", "i32", [T]), b.input("seq", "i32", [T]), b.input("ctx", "i32", [sym("batch")]), b.input("bt", "i32", [sym("batch"), 4]))
+    h = b.add(b.input("x", "f32", [T, D]), b.input("r", "f32", [T, D]))
+    outs = {}
+    if norm_reads_sum_late:
+        outs["early"] = b.exp(h)  # read before the norm: the add stays its own kernel
+    a, _, _ = attention_block(b, rms_norm(b, h, b.weight("n1", "f32", [D]), 1e-5), w, AttentionConfig(H, H, Dh, RopeConfig(Dh)), kv)
+    h2 = b.add(h, a)
+    outs["y"] = rms_norm(b, h2, b.weight("n2", "f32", [D]), 1e-5)
+    return PassManager(DEFAULT_PASSES).run(b.build(outs))
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_rope_with_kv_writes_and_residual_adds_with_norms_are_one_launch_each(gpu):
+    plan = plan_graph(_block(), gpu=gpu, limits=Limits(1024, 48 * 1024, subgroup=32 if gpu else 1))
+    labels = collections.Counter(l.label or l.node.op for l in plan.launches)
+    assert labels["rope_kv_cache"] == 1 and labels["rope"] == 0 and labels["cache_write"] == 0, labels
+    assert labels["add_rms_norm"] == 2 and labels["rms_norm"] == 0, labels
+    assert not any(l.kernel.name.startswith("ew_add") for l in plan.launches)
+    assert len(plan.aliases) == 2  # the pools are written in place
+
+
+def test_fusions_leave_what_they_cannot_prove():
+    """A pool of another type (a cast between) keeps its own RoPE and KV writes; a sum read before its
+    norm keeps its add kernel."""
+    plan = plan_graph(_block(pool_dtype="f16"), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
+    labels = collections.Counter(l.label or l.node.op for l in plan.launches)
+    assert labels["rope_kv_cache"] == 0 and labels["rope"] == 2 and labels["cache_write"] == 2, labels
+    plan = plan_graph(_block(norm_reads_sum_late=True), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
+    labels = collections.Counter(l.label or l.node.op for l in plan.launches)
+    assert labels["rms_norm"] == 1 and labels["add_rms_norm"] == 1, labels

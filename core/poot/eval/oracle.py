@@ -299,8 +299,9 @@ class Oracle:
         x = self.widen(x)
         ang = f(self.widen(f(positions.astype(np.float64)))[:, None] * self.widen(f(a["inv_freq"].array))[None, :])
         cos, sin = f(np.cos(ang)), f(np.sin(ang))
-        if a["attn_factor"] != 1.0:
-            cos, sin = f(cos * a["attn_factor"]), f(sin * a["attn_factor"])
+        if a["attn_factor"] != 1.0:  # a kernel's f32 scalar
+            af = self.widen(np.asarray(np.float32(a["attn_factor"])))
+            cos, sin = f(cos * af), f(sin * af)
         cos, sin = cos[:, None, :], sin[:, None, :]
         out = x.copy()
         if a["layout"] == "neox":

@@ -298,8 +298,8 @@ def _rope(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
     x, pos = t
     if x.rank != 3 or x.dtype != dt.f32:
         raise _fail("rope", f"rotates f32 [tokens, heads, head_dim] values, got {x}")
-    if pos.rank != 1 or not pos.dtype.is_int or pos.shape[0] != x.shape[0]:
-        raise _fail("rope", f"positions must be an int [tokens] tensor matching {x}, got {pos}")
+    if pos.rank != 1 or pos.dtype != dt.i32 or pos.shape[0] != x.shape[0]:
+        raise _fail("rope", f"positions must be an i32 [tokens] tensor matching {x}, got {pos}")
     dim, head = a["dim"], x.shape[2]
     if dim <= 0 or dim % 2 or not head.is_static or dim > head.value:
         raise _fail("rope", f"rotary dim {dim} must be even and at most the head width {head}")

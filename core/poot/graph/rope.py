@@ -117,5 +117,5 @@ def apply_rope(b: GraphBuilder, x: Value, positions: Value, cfg: RopeConfig) -> 
     if not head.is_static or cfg.dim > head.value:
         raise ValueError(f"rotary dim {cfg.dim} exceeds head width {head}")
     inv, af = rope_frequencies(cfg)
-    out = b.rope(b.cast(x, dt.f32), positions, inv.astype(np.float32), dim=cfg.dim, layout=cfg.layout, attn_factor=af)
+    out = b.rope(b.cast(x, dt.f32), b.cast(positions, dt.i32), inv.astype(np.float32), dim=cfg.dim, layout=cfg.layout, attn_factor=af)
     return b.cast(out, x.dtype)

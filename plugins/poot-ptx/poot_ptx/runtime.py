@@ -80,6 +80,7 @@ class CudaKernel:
         most = _check(d, "cuFuncGetAttribute", d.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, self.function))
         if kernel.threads > most:  # registers a thread times threads a workgroup exceed the SM's: refused here, not at launch
             regs = _check(d, "cuFuncGetAttribute", d.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.function))
+            _check(d, "cuModuleUnload", d.cuModuleUnload(self.module))
             raise Refusal(kernel.name, target, f"compiled to {regs} registers a thread, it runs at most {most} threads a workgroup, "
                           f"not the {kernel.threads} its schedule asks; pick a schedule with fewer threads")
 

@@ -8,8 +8,9 @@ are aligned to the device's ``minStorageBufferOffsetAlignment`` (at least 64 byt
 Memory: weights, constants, KV pools, the activation arena and the scalar words live in
 device-local memory. On a discrete GPU that memory cannot be mapped: it is written through a staging
 buffer by copy commands, and the step's outputs are copied into host-visible read-back buffers by the
-step's own command buffer. Step inputs stay in host-visible memory, written in place before each
-replay. On lavapipe and integrated GPUs device-local memory is host-visible: everything is mapped.
+step's own command buffer (outputs up to ``EAGER_READBACK`` bytes; larger ones, the logits, are
+copied back when read). Step inputs stay in host-visible memory, written in place before each replay.
+On lavapipe and integrated GPUs device-local memory is host-visible: everything is mapped.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from .runtime import WHOLE_SIZE, DeviceBuffer, HostBuffer, VulkanDevice, storage
 __all__ = ["VulkanExecutor"]
 
 Key = tuple[int, int]
+EAGER_READBACK = 256 << 10  # outputs up to this size (tokens, log-probabilities) are copied back by every step
 
 
 class _Pipeline:
@@ -252,8 +254,8 @@ class VulkanExecutor(Executor):
             for name, k in computed_outputs(g.outputs, sp, bound).items():
                 buf, o, _ = where(k)
                 dtype = storage_dtype(values[k].dtype)
-                if not buf.mapped and sp.roots[k] not in self._pools:
-                    nbytes = max(4, int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize)
+                nbytes = max(4, int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize)
+                if not buf.mapped and sp.roots[k] not in self._pools and nbytes <= EAGER_READBACK:
                     back = self._buffer(nbytes=nbytes, local=False)
                     owned.append(back)
                     copies.append((buf, o, back, nbytes))
@@ -278,6 +280,10 @@ class VulkanExecutor(Executor):
         device-local outputs into host-visible memory."""
         vk = self.dev.vk
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
+        # uploads and pool writes of earlier submissions made visible to the shaders
+        uploads = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+                                     dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [uploads], 0, None, 0, None)
         if queries is not None:
             vk.vkCmdResetQueryPool(cmd, queries, 0, len(dispatches) + 1)
             vk.vkCmdWriteTimestamp(cmd, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT, queries, 0)
@@ -357,6 +363,8 @@ class VulkanExecutor(Executor):
             host.reshape(-1)[:] = pbuf.read(0, host.nbytes).view(host.dtype)
             return host
         count = int(np.prod(shape, dtype=np.int64))
+        if not buf.mapped:  # a large output (logits) only when asked for: copied back through staging now
+            return buf.read(off, count * dtype.itemsize).view(dtype).reshape(shape)
         return buf.view(np.uint8)[off : off + count * dtype.itemsize].view(dtype).reshape(shape).copy()
 
     # -- lifetime -------------------------------------------------------------------------------

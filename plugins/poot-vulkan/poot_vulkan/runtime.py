@@ -104,7 +104,15 @@ class VulkanDevice:
             self._transfer = (pool, cmd, vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None))
         _, cmd, fence = self._transfer
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
+        # a fence wait does not make device writes visible to later commands or to the host: barriers do
+        before = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_HOST_WRITE_BIT,
+                                    dstAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, [before], 0, None, 0, None)
         record(cmd)
+        after = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+                                   dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
+                                0, 1, [after], 0, None, 0, None)
         vk.vkEndCommandBuffer(cmd)
         vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])], fence)
         vk.vkWaitForFences(d, 1, [fence], vk.VK_TRUE, WHOLE_SIZE)
@@ -112,7 +120,7 @@ class VulkanDevice:
 
     def staging(self, nbytes: int) -> "HostBuffer":
         """The device's host-visible staging buffer, at least ``min(nbytes, STAGING)`` bytes."""
-        want = min(max(nbytes, 1 << 20), STAGING)
+        want = min(max(nbytes, 1 << 20), STAGING) + 255 & ~255  # whole words
         if self._staging is None or self._staging.nbytes < want:
             if self._staging is not None:
                 self._staging.close()
@@ -219,17 +227,15 @@ class DeviceBuffer:
             raise
 
     def write(self, offset: int, data: np.ndarray) -> None:
-        """Copy ``data``'s bytes to ``offset`` (a multiple of 4) in staging-sized pieces."""
+        """Copy ``data``'s bytes to ``offset`` in staging-sized pieces (a buffer copy has no alignment
+        rule: the bytes past the data stay as they are)."""
         vk = self.dev.vk
         raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         stage = self.dev.staging(raw.nbytes)
         for lo in range(0, raw.nbytes, stage.nbytes):
             piece = raw[lo : lo + stage.nbytes]
-            size = (piece.nbytes + 3) // 4 * 4
-            if size != piece.nbytes:  # the last word: keep the bytes past the data as they are
-                stage.view(np.uint8)[:size] = self.read(offset + lo, size)
             stage.view(np.uint8)[: piece.nbytes] = piece
-            region = vk.VkBufferCopy(srcOffset=0, dstOffset=offset + lo, size=size)
+            region = vk.VkBufferCopy(srcOffset=0, dstOffset=offset + lo, size=piece.nbytes)
             self.dev.transfer(lambda cmd, region=region: vk.vkCmdCopyBuffer(cmd, stage.buffer, self.buffer, 1, [region]))
 
     def read(self, offset: int, nbytes: int) -> np.ndarray:
