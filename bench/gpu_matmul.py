@@ -24,9 +24,15 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
     if qtype == "q4_k":
         if rows <= 4:
             mr = 1 if rows == 1 else max(m for m in (1, 2, 4) if 4 * G.q8_shared_words(k, m) <= 48 * 1024)
-            for warps, unroll in ((G.Q4_K_WARPS, 2), (4, 2), (8, 2), (8, 4), (16, 4), (4, 4)):  # the planner's first
+            for warps, unroll in ((G.Q4_K_WARPS, 2), (16, 4)):  # the planner's first
                 kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll)
                 out.append((kern.name, kern, lambda n, kern=kern, mr=mr: (-(-n // (kern.threads // 32)), -(-rows // mr))))
+            # x quantized once by its own launch (timed with the GEMV: "+q8"), the GEMV without a prologue
+            q8 = G.quantize_q8x2(k)
+            for warps, unroll in ((4, 2), (4, 4), (8, 2), (8, 4), (2, 4)):
+                kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=True)
+                out.append((kern.name + "+q8", (q8, kern),
+                            lambda n, kern=kern, mr=mr: ((-(-rows * k // 4 // G.Q8_THREADS),), (-(-n // (kern.threads // 32)), -(-rows // mr)))))
         return out
     if rows <= 4:
         mr = 1 if rows == 1 else 4
@@ -78,19 +84,23 @@ def main() -> int:
         for rows in args.rows:
             x = rng.standard_normal((rows, k)).astype(np.float32)
             xp, yp = ctx.alloc(x.nbytes), ctx.alloc(rows * n * 4)
+            xq, xr, xds = ctx.alloc(rows * k), ctx.alloc(rows * k), ctx.alloc(rows * k // 4)  # quantized x: bytes, bytes, f32 per 16 values
             ctx.upload(xp, x)
             for sname, kern, grid in schedules(rows, k, args.qtype):
+                kerns = kern if isinstance(kern, tuple) else (kern,)  # launches timed together
                 try:
-                    ck = CudaKernel(ctx, kern, target_for(dev))
+                    cks = [CudaKernel(ctx, kk, target_for(dev)) for kk in kerns]
                 except Refusal as e:  # (more workgroup memory than the target has, say)
                     print(f"| {sname} | {rows} | {name} {n}x{k} | refused: {e.reason} | | |")
                     continue
-                ptrs = {"x": xp, "w": wp, "y": yp}
+                grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
+                ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds}
                 start, end = (_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2))
                 times = []
                 for _ in range(args.repeat + 2):
                     _check(d, "cuEventRecord", d.cuEventRecord(start, 0))
-                    ck.launch(grid(n), ptrs, {"m": rows, "n": n})
+                    for ck, g in zip(cks, grids):
+                        ck.launch(g, {p.name: ptrs[p.name] for p in ck.kernel.buffers}, {sc.name: {"m": rows, "n": n}[sc.name] for sc in ck.kernel.scalars})
                     _check(d, "cuEventRecord", d.cuEventRecord(end, 0))
                     _check(d, "cuEventSynchronize", d.cuEventSynchronize(end))
                     times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(start, end)) / 1e3)
@@ -98,8 +108,8 @@ def main() -> int:
                 print(f"| {sname} | {rows} | {name} {n}x{k} | {t * 1e6:.1f} | {w.nbytes / t / 1e12:.2f} | {2 * rows * n * k / t / 1e12:.1f} |", flush=True)
                 d.cuEventDestroy(start)
                 d.cuEventDestroy(end)
-            ctx.free(xp)
-            ctx.free(yp)
+            for ptr in (xp, yp, xq, xr, xds):
+                ctx.free(ptr)
         ctx.free(wp)
     return 0
 

@@ -13,7 +13,7 @@ import pytest
 
 from poot.codegen import compile_kernel
 from poot.codegen.targets import target
-from poot.kernel.library.linear_gpu import gemm_mma, gemm_warp, gemv_warp
+from poot.kernel.library.linear_gpu import Q8_THREADS, gemm_mma, gemm_warp, gemv_warp, quantize_q8x2
 from poot.quant import quantization
 from poot.testing.kernels import poisoned, run_host
 
@@ -100,14 +100,36 @@ def test_gemv_warp_bf16(rng, k, mr, m):
 @gpu_only
 @pytest.mark.parametrize("k", [512, 1024, 256 * 7])  # two blocks a row (guarded), four, seven
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
-def test_gemv_warp_q4_k(rng, k, mr, m):
+@pytest.mark.parametrize("unroll", [2, 4])
+def test_gemv_warp_q4_k(rng, k, mr, m, unroll):
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, :32] = 0  # a block of zeros: scale 0, nothing divided by it
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr)
+    kern = gemv_warp("q4_k", k, mr, unroll=unroll)
     run_host(kern, (-(-n // (kern.threads // 32)), -(-m // mr)), {"x": x, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
+    want, flip, bound, exact = _q4_k_products(x, raw)
+    _close(y, want, np.abs(x) @ np.abs(quantization("q4_k").dequantize(raw)).T, slack=flip)
+    assert (np.abs(y - exact) <= bound).all(), "further from the exact product than two int8 terms allow"
+
+
+@gpu_only
+@pytest.mark.parametrize("k", [512, 4096, 256 * 7])
+@pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 4)])
+def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll):
+    """x quantized once by its own kernel into global buffers, then the GEMV without a prologue:
+    the same values as the workgroup-memory version computes (numpy emulation) and the same bound."""
+    n = 21
+    raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, :32] = 0
+    xq, xr, xds = poisoned((m * k // 4,), np.int32), poisoned((m * k // 4,), np.int32), poisoned((m * k // 16,))
+    run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
+    assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all(), "a quantized word was never written"
+    y = poisoned((m, n))
+    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=True)
+    run_host(kern, (-(-n // warps), -(-m // mr)), {"xq": xq, "xr": xr, "xds": xds, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
     want, flip, bound, exact = _q4_k_products(x, raw)
     _close(y, want, np.abs(x) @ np.abs(quantization("q4_k").dequantize(raw)).T, slack=flip)
     assert (np.abs(y - exact) <= bound).all(), "further from the exact product than two int8 terms allow"

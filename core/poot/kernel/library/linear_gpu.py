@@ -25,7 +25,7 @@ from ...graph import dtypes as dt
 from .. import ir as K
 from ..verify import verify_kernel
 
-__all__ = ["gemv_warp", "gemm_warp", "gemm_mma", "GEMV_TYPES", "MMA_PAD", "Q4_K_WARPS", "q8_shared_words"]
+__all__ = ["gemv_warp", "gemm_warp", "gemm_mma", "quantize_q8x2", "GEMV_TYPES", "MMA_PAD", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
 
 GEMV_TYPES = ("bf16", "q4_k")
 MMA_PAD = 4  # words of padding per staged row: eight rows of a fragment load hit 32 different banks
@@ -136,7 +136,15 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
     take part in each step."""
     words = k // 4
     row = K.Bin("min", _add(_r("m0"), _b("div", _r("qi"), words)), _b("sub", _r("m"), 1))
-    inner: list[K.Stmt] = [K.VecLoad(tuple(f"qv{j}" for j in range(4)), "x", _add(_mul(row, k), _mul(_b("rem", _r("qi"), words), 4)), F32)]
+    inner = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r("qi"), words), 4)))
+    return [K.For("qi", K.Builtin("thread_id", 0), _c(mr * words), tuple(inner), step=threads), K.Barrier()]
+
+
+def _q8_word(at: K.Expr) -> list[K.Stmt]:
+    """Word ``qi`` of x as two int8 terms (``_quantize_x_q8``): its four values loaded from x at ``at``,
+    its block's max and sum shared by shuffles, stored at ``qi`` of ``xq``/``xr`` and, by the block's
+    first thread, at ``2 (qi / 8)`` of ``xds``."""
+    inner: list[K.Stmt] = [K.VecLoad(tuple(f"qv{j}" for j in range(4)), "x", at, F32)]
     v = [_r(f"qv{j}", F32) for j in range(4)]
     inner += [K.Let("qmax", K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
               K.Let("qsum", K.Bin("add", K.Bin("add", v[0], v[1]), K.Bin("add", v[2], v[3])))]
@@ -160,10 +168,29 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
     inner += [K.Store("xq", _r("qi"), word(b1)), K.Store("xr", _r("qi"), word(b2)),
               K.If(K.Bin("eq", _b("rem", _r("qi"), 8), _c(0)),
                    (K.VecStore("xds", _b("div", _r("qi"), 4), (_r("qd", F32), _r("qsum", F32))),))]
-    return [K.For("qi", K.Builtin("thread_id", 0), _c(mr * words), tuple(inner), step=threads), K.Barrier()]
+    return inner
 
 
-def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2) -> list[K.Stmt]:
+Q8_THREADS = 256
+
+
+@lru_cache(maxsize=None)
+def quantize_q8x2(k: int) -> K.Kernel:
+    """x [m, k] as the Q4_K GEMV's two int8 terms (``_quantize_x_q8``), once for every GEMV that
+    reads it, into buffers ``xq``, ``xr`` (m k / 4 words each) and ``xds`` (m k / 16 floats): a
+    thread a word; grid (ceil(m k / 4 / Q8_THREADS),). K a multiple of 256, so warps are whole."""
+    if k % 256:
+        raise ValueError(f"quantize_q8x2 needs K a multiple of 256, got {k}")
+    body: list[K.Stmt] = [K.Let("qi", _add(_mul(K.Builtin("group_id", 0), Q8_THREADS), K.Builtin("thread_id", 0))),
+                          K.If(K.Bin("lt", _r("qi"), _mul(_r("m"), k // 4)), tuple(_q8_word(_mul(_r("qi"), 4))))]
+    params = (K.Buffer("x", F32), K.Buffer("xq", I32, readonly=False), K.Buffer("xr", I32, readonly=False), K.Buffer("xds", F32, readonly=False),
+              K.ScalarParam("m", I32))
+    kern = K.Kernel(f"quantize_q8x2_K{k}", params, tuple(body), (Q8_THREADS, 1, 1), ())
+    verify_kernel(kern)
+    return kern
+
+
+def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool = False) -> list[K.Stmt]:
     """The loop body of a Q4_K warp GEMV step: 4 ``un`` blocks a step, eight lanes a block, each lane 16
     quant bytes (32 values, halves of two sub-blocks) of ``un`` blocks of each weight row, against x
     quantized to int8 in workgroup memory: the sums are dp4a's, scaled per sub-block."""
@@ -182,9 +209,10 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2) -> list[K.Stmt]
             body += [K.Let(f"{p}base{u}", base),  # a block is 36 words: 16-byte aligned
                      K.VecLoad(tuple(f"{p}q{u}_{i}" for i in range(4)), p, _add(_r(f"{p}base{u}"), 4, _mul(_r("l8"), 4)), I32),
                      K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), p, _r(f"{p}base{u}"), I32)]
-        for r in range(mr):
-            xw = _add(r * (k // 4), _mul(_r(f"blk{u}"), 64), _mul(_r("c"), 16), _mul(_r("h"), 4))
-            sb = _add(r * nb32, _mul(_r(f"blk{u}"), 8), _mul(_r("c"), 2))
+        for r in range(mr):  # x's row r: in workgroup memory, or row min(m0 + r, m - 1) of the quantized buffers
+            xrow: K.Expr = K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)) if xglobal else _c(r)
+            xw = _add(_mul(xrow, k // 4), _mul(_r(f"blk{u}"), 64), _mul(_r("c"), 16), _mul(_r("h"), 4))
+            sb = _add(_mul(xrow, nb32), _mul(_r(f"blk{u}"), 8), _mul(_r("c"), 2))
             body += [K.VecLoad(tuple(f"xl{u}_{r}_{i}" for i in range(4)), "xq", xw, I32),
                      K.VecLoad(tuple(f"xh{u}_{r}_{i}" for i in range(4)), "xq", _add(xw, 8), I32),
                      K.VecLoad(tuple(f"yl{u}_{r}_{i}" for i in range(4)), "xr", xw, I32),
@@ -238,11 +266,13 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2) -> list[K.Stmt]
 
 @lru_cache(maxsize=None)
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int = 2,
-              shared_sums: bool = False) -> K.Kernel:
+              shared_sums: bool = False, xglobal: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. ``unroll``: Q4_K blocks
-    a lane loads before it sums them. With ``shared_sums`` (bf16, targets without subgroup operations:
+    a lane loads before it sums them. With ``xglobal`` (Q4_K) x comes already quantized, by
+    ``quantize_q8x2``, in buffers ``xq``, ``xr`` and ``xds`` instead of ``x``: no workgroup memory, no
+    barrier, any number of warps a workgroup. With ``shared_sums`` (bf16, targets without subgroup operations:
     SPIR-V here) the 32 lanes of a warp finish their sums through workgroup memory, every thread
     reaching the barriers (a warp past ``n`` computes row ``n - 1`` and stores nothing).
     With ``glu``: two weights ``wg`` and ``wu`` against the same x, and y = silu(x wg^T) * (x wu^T)
@@ -263,7 +293,9 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
     ]
     shared: tuple[K.Shared, ...] = ()
-    if qtype == "q4_k":
+    if xglobal and qtype != "q4_k":
+        raise ValueError("gemv_warp: x comes quantized for Q4_K weights only")
+    if qtype == "q4_k" and not xglobal:
         body += _quantize_x_q8(k, mr, threads)
         shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
     else:
@@ -277,7 +309,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             inner, un = _bf16_rows(weights, k, mr)
             out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
         else:
-            out.append(K.For("it", _c(0), _c(-(-(k // 256) // (4 * unroll))), tuple(_q4_k_rows(weights, k, mr, unroll))))
+            out.append(K.For("it", _c(0), _c(-(-(k // 256) // (4 * unroll))), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal))))
         sums = [(r, wb) for r in range(mr) for wb in weights]
         if shared_sums:  # lane i of a warp keeps slot i; halving strides leave the warp's sum in lane 0
             tid = K.Builtin("thread_id", 0)
@@ -319,13 +351,16 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             body.append(K.If(K.Bin("lt", _r("jg"), _r("n")), (K.Let("j", _r("jg")), *product(weights, "y", _r("n")))))
         weights_p = [K.Buffer(wb, I32) for wb in weights]
         outs = [K.Buffer("y", F32, readonly=False)]
-    params = (K.Buffer("x", F32), *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
+    xs: tuple[K.Param, ...] = (K.Buffer("xq", I32), K.Buffer("xr", I32), K.Buffer("xds", F32)) if xglobal else (K.Buffer("x", F32),)
+    params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
     name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
     if qtype == "q4_k" and (warps, unroll) != (Q4_K_WARPS, 2):
         name += f"_W{warps}_U{unroll}"
     if shared_sums:
         name += "_shared_sums"
+    if xglobal:
+        name += "_xq"
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern
