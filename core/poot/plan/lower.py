@@ -285,9 +285,16 @@ def _logprobs(n: Node, block: int = 256) -> Launch:
                   When("log-probabilities asked for", lambda env: env.get(WANT_LOGPROBS, 1) != 0))
 
 
-def _attention_gpu(n: Node, limits: Limits) -> list[Launch]:
+SPLIT_CONTEXT = 1024  # decode attention splits a context this long (or longer) across workgroups
+SPLITS = 8
+
+
+def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
-    one output dimension per thread."""
+    one output dimension per thread. Decode over a long context (block tables of ``SPLIT_CONTEXT``
+    positions or more) with few (token, head) pairs splits the context in ``SPLITS`` parts, each a
+    workgroup writing its partial sums to scratch memory, merged by a second launch (flash-decoding);
+    prefill takes blocks of 16 query tokens that share each key/value tile."""
     a = _attention_operands(n, "gpu")
     spec, ops = a.spec, a.ops
     if a.dk + a.dr > 1024:
@@ -304,16 +311,26 @@ def _attention_gpu(n: Node, limits: Limits) -> list[Launch]:
     tokens = lambda env: max(1, _shape(ops["q"], env)[0])  # noqa: E731
     batch = lambda env: max(1, _shape(ops["ctx_lens"], env)[0])  # noqa: E731
     per_token = Launch(n, kern, bufs, lambda env: (tokens(env), a.hq, 1), scalars)
+    decode = lambda env: tokens(env) < 8 * batch(env)  # noqa: E731
+    long = lambda env: _shape(ops["block_tables"], env)[1] * a.bs >= SPLIT_CONTEXT and tokens(env) * a.hq <= 512  # noqa: E731
+    parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
+    acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
+    split_k = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block)
+    split_when = When(f"tokens < 8 * batch, context >= {SPLIT_CONTEXT}", lambda env: decode(env) and long(env))
+    split = [Launch(n, split_k, {**a.buffers, "out": acc, "part_m": pm, "part_l": pl}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when),
+             Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=min(block, 128)), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
+                    lambda env: (tokens(env) * a.hq,), lambda env: {"dv": a.dv}, split_when, label="attention_merge")]
+    per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}", lambda env: decode(env) and not long(env))
     width = max(a.dk + a.dr, a.dv)
     bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128)
     if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:
-        return [per_token]
+        per_token.when = When(f"context < {SPLIT_CONTEXT} or many tokens", lambda env: not (decode(env) and long(env)))
+        return [per_token, *split]
     # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new tokens)
     blocks = Launch(n, bk, a.buffers,
                     lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
                     When("tokens >= 8 * batch", lambda env: tokens(env) >= 8 * batch(env)))
-    per_token.when = When("tokens < 8 * batch", lambda env: tokens(env) < 8 * batch(env))
-    return [per_token, blocks]
+    return [per_token, *split, blocks]
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
@@ -484,7 +501,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         elif n.op == "rope":
             plan.launches.append(_rope(n, gpu))
         elif n.op == "attention":
-            plan.launches.extend(_attention_gpu(n, limits) if gpu else [_attention(n)])
+            plan.launches.extend(_attention_gpu(n, limits, plan) if gpu else [_attention(n)])
         elif n.op == "topk":
             plan.launches.append(_topk(n))
         else:

@@ -71,8 +71,12 @@ class StoragePlan:
     arena_offsets: dict[Key, int]  # activation root -> byte offset in the arena
     arena_bytes: int  # the planned peak: the arena's size
     live_bytes: int  # the most activation bytes alive at once (a lower bound on any arena)
+    scratch: frozenset[Key] = frozenset()  # the plan's scratch areas this step uses (f32 words in the arena)
 
-    def nbytes(self, key: Key, dtype: dt.DType) -> int:
+    def nbytes(self, key: Key, dtype: dt.DType | None = None) -> int:
+        """Bytes of value ``key`` stored as ``dtype`` (a scratch area: its f32 words)."""
+        if key in self.scratch:
+            return int(self.shapes[key][0]) * 4
         return int(np.prod(self.shapes[key], dtype=np.int64)) * storage_dtype(dtype).itemsize
 
 
@@ -94,6 +98,10 @@ def plan_storage(plan: Plan, env: Mapping[str, int], alignment: int = 64) -> Sto
             shapes[k] = _value_shape(v, env)
             src = plan.views.get(k) or plan.aliases.get(k)
             roots[k] = roots.get(src, src) if src is not None else k
+    scratch = {r for l in launches for r in l.buffers.values() if isinstance(r, tuple) and r in plan.scratch}
+    for k in scratch:
+        roots[k] = k
+        shapes[k] = (max(1, plan.scratch[k].words(env)),)
     pool_roots = {roots[k] for k in plan.aliases}
     inputs: dict[str, Key] = {}
     pools: dict[str, Key] = {}
@@ -114,7 +122,7 @@ def plan_storage(plan: Plan, env: Mapping[str, int], alignment: int = 64) -> Sto
         r = roots[(v.node.id, v.index)]
         if r in first:
             last[r] = len(launches)  # read back after the step
-    lifetimes = [Lifetime(r, max(1, int(np.prod(shapes[r], dtype=np.int64))) * storage_dtype(values[r].dtype).itemsize, first[r], last[r])
+    lifetimes = [Lifetime(r, max(1, int(np.prod(shapes[r], dtype=np.int64))) * (4 if r in scratch else storage_dtype(values[r].dtype).itemsize), first[r], last[r])
                  for r in first]
     arena = plan_arena(lifetimes, alignment)
-    return StoragePlan(env, launches, roots, shapes, inputs, pools, arena.offsets, arena.size, live_peak(lifetimes, alignment))
+    return StoragePlan(env, launches, roots, shapes, inputs, pools, arena.offsets, arena.size, live_peak(lifetimes, alignment), frozenset(scratch))

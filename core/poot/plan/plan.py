@@ -14,7 +14,7 @@ from ..graph.ir import Graph, Node
 from ..kernel import ir as K
 from .common import Env
 
-__all__ = ["Launch", "Plan", "When", "WANT_LOGPROBS"]
+__all__ = ["Launch", "Plan", "Scratch", "When", "WANT_LOGPROBS"]
 
 # a step symbol that is not a shape: 0 when no sequence of the step asks for log-probabilities,
 # so their launch is left out of that step (executors capture a step per symbol values)
@@ -30,6 +30,16 @@ class When:
 
     def __call__(self, env: Env) -> bool:
         return self.test(env)
+
+
+@dataclass(frozen=True)
+class Scratch:
+    """Working memory some launches share that is no graph value (split attention's partial results):
+    ``words(env)`` f32 words in the step's arena, alive from its first launch to its last. A launch
+    names it by ``key`` (negative: never a graph value's) like a value."""
+
+    key: tuple[int, int]
+    words: Callable[[Env], int]
 
 
 @dataclass
@@ -58,6 +68,7 @@ class Plan:
     graph: Graph
     launches: list[Launch]
     views: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # value -> the value whose storage it shares
+    scratch: dict[tuple[int, int], Scratch] = field(default_factory=dict)  # working memory by key
     aliases: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # in-place outputs (cache_write)
     device: str = "host"
 
@@ -65,6 +76,12 @@ class Plan:
     def inputs(self) -> dict[str, Any]:
         """The graph's inputs by name (looked up on every step: computed once)."""
         return self.graph.inputs()
+
+    def add_scratch(self, words: Callable[[Env], int]) -> tuple[int, int]:
+        """A new scratch area of ``words(env)`` f32 words; its key, for launches' buffers."""
+        key = (-1 - len(self.scratch), 0)
+        self.scratch[key] = Scratch(key, words)
+        return key
 
     def describe(self, env: Mapping[str, int] | None = None) -> str:
         """A listing: one line per launch with its kernel, schedule condition, grid (evaluated when
@@ -89,7 +106,8 @@ class Plan:
                 ref = l.buffers.get(p.name) if isinstance(p, K.Buffer) else None
                 if ref is None or not isinstance(ref, tuple):
                     continue
-                (reads if p.readonly else writes).append(_name(names, ref, types[ref]))
+                label = f"scratch{-ref[0]}:f32[{'by shape' if env is None else self.scratch[ref].words(env)}]" if ref in self.scratch else _name(names, ref, types[ref])
+                (reads if p.readonly else writes).append(label)
             grid = "x".join(str(d) for d in l.grid(env)) if env is not None else "by shape"
             cond = f" [{getattr(l.when, 'doc', 'some shapes')}]" if l.when is not None and env is None else ""
             lines.append(f"{i:4d} {l.label or l.node.op:11s} {l.kernel.name}{cond}  grid {grid}\n       {', '.join(reads)} -> {', '.join(writes)}")

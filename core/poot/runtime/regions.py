@@ -47,7 +47,7 @@ def value_region(sp: StoragePlan, values: Mapping[Key, Value], bound: set[Key] |
         return Region("bound", root)
     if root in sp.inputs.values():
         return Region("input", root)
-    size = max(4, sp.nbytes(root, values[root].dtype))
+    size = max(4, sp.nbytes(root, None if root in sp.scratch else values[root].dtype))
     return Region("arena", root, sp.arena_offsets[root], (size + 3) // 4 * 4)
 
 

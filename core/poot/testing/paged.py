@@ -129,3 +129,26 @@ def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generato
         rows = batch.seq_ids[batch.logit_rows]
         last = [int(want[np.nonzero(rows == s)[0][-1]].argmax()) if (rows == s).any() else last[s] for s in range(3)]
     return worst
+
+
+def long_context_against_oracle(executor, graph, weights, rng: np.random.Generator, context: int = 1040, vocab: int = 97) -> tuple[float, list[str]]:  # type: ignore[no-untyped-def]
+    """One sequence prefilled with ``context`` random tokens, then two greedy decode steps over that
+    long context (where GPU plans split decode attention), against the paged oracle: (the largest
+    |logit difference|, the launch names of the last step)."""
+    from ..eval.model import PagedOracle
+    from ..runtime.executor import step_env
+
+    blocks = context // 4 + 8
+    oracle = PagedOracle(graph, weights, num_blocks=blocks)
+    pools = {k: np.zeros_like(v) for k, v in oracle.pools.items()}
+    pages = PagedSequences(blocks, 4, rng)
+    pages.add()
+    chunks = [rng.integers(0, vocab, context).tolist()]
+    worst, names = 0.0, []
+    for step in range(3):
+        batch = pages.step(chunks, width=-(-(context + 4) // 4))
+        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step)
+        worst = max(worst, diff)
+        names = executor.capture(step_env(executor.plan, {**batch.as_inputs(), **pools})).names
+        chunks = [[int(want[-1].argmax())]]
+    return worst, names

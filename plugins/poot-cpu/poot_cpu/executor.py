@@ -176,6 +176,9 @@ class HostExecutor(Executor):
 
         def array(ref: Key) -> np.ndarray:
             root = sp.roots[ref]
+            if root in sp.scratch:  # working memory of the plan's own: f32 words in the arena
+                off = sp.arena_offsets[root]
+                return arena[off : off + sp.nbytes(root)].view(np.float32)
             v = values[ref]
             shape = sp.shapes[ref]
             if root in by_root:

@@ -40,6 +40,22 @@ def test_families_on_cuda_match_the_oracle(cuda, name, tmp_path, rng):
     assert worst < 1e-4
 
 
+def test_decode_over_a_long_context_splits_attention(cuda, tmp_path, rng):
+    """Decode steps over 1,040 positions: the context split across workgroups, merged by a second launch."""
+    from poot.testing.paged import long_context_against_oracle
+    from poot.testing.synthetic import build_synthetic
+    from poot_ptx.executor import CudaExecutor as Executor
+
+    ck = open_checkpoint(build_synthetic("llama", tmp_path / "llama", int(rng.integers(0, 2**31))))
+    fam = family_for(ck.architecture)
+    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    ex = Executor(compile_plan(g, cuda))
+    worst, names = long_context_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    ex.close()
+    assert "attention_merge" in names, names
+    assert worst < 1e-4
+
+
 def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng):
     """A bf16 Llama wide enough (K of 256 and 512) for the warp GEMVs and the tensor-core GEMMs, in
     every row-count regime: 1, 2-4, 5-16, 17-64 and more than 64 rows a step."""

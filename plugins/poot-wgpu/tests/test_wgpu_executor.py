@@ -35,6 +35,22 @@ def test_families_on_wgpu_match_the_oracle(adapter, name, tmp_path, rng):
     assert worst < 1e-4
 
 
+def test_decode_over_a_long_context_splits_attention(adapter, tmp_path, rng):
+    """Decode steps over 1,040 positions: the context split across workgroups, merged by a second launch."""
+    from poot.testing.paged import long_context_against_oracle
+    from poot.testing.synthetic import build_synthetic
+    from poot_wgpu.executor import WgpuExecutor as Executor
+
+    ck = open_checkpoint(build_synthetic("llama", tmp_path / "llama", int(rng.integers(0, 2**31))))
+    fam = family_for(ck.architecture)
+    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    ex = Executor(compile_plan(g, adapter))
+    worst, names = long_context_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    ex.close()
+    assert "attention_merge" in names, names
+    assert worst < 1e-4
+
+
 def test_bf16_model_on_the_warp_gemv_matches_the_oracle(adapter, tmp_path, rng):
     """bf16 weights read as stored (16-bit values as halves of 32-bit words) by the warp GEMV whose
     lanes sum through workgroup memory, in every row-count regime the planner tells apart."""
