@@ -115,6 +115,32 @@ def test_gemv_warp_q4_k(rng, k, mr, m, unroll):
 
 
 @gpu_only
+@pytest.mark.parametrize("block,cols,add", [(1024, 4096, True), (1024, 4096, False), (256, 1000, True), (64, 77, False)])
+def test_norms_sum_by_subgroup_reductions(rng, block, cols, add):
+    """RMSNorm (and the residual add before it) with the sum of squares by subgroup reductions."""
+    from poot.eval import evaluate
+    from poot.graph import GraphBuilder
+    from poot.graph.compose import rms_norm as g_rms_norm
+    from poot.kernel.library import norms
+
+    rows = 3
+    a, b = (rng.standard_normal((rows, cols)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(cols).astype(np.float32)
+    y = poisoned((rows, cols))
+    if add:
+        h = poisoned((rows, cols))
+        run_host(norms.add_rms_norm.instantiate(BLOCK=block, SUBGROUP=32), (rows,), {"a": a, "b": b, "w": w, "h": h, "y": y}, {"cols": cols, "eps": 1e-5})
+        np.testing.assert_array_equal(h, a + b)
+        x = a + b
+    else:
+        run_host(norms.rms_norm.instantiate(BLOCK=block, SUBGROUP=32), (rows,), {"x": a, "w": w, "y": y}, {"cols": cols, "eps": 1e-5})
+        x = a
+    g = GraphBuilder()
+    want = evaluate(g.build({"y": g_rms_norm(g, g.input("x", "f32", [rows, cols]), g.weight("w", "f32", [cols]), 1e-5, False)}), {"x": x}, {"w": w})["y"]
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
+
+
+@gpu_only
 @pytest.mark.parametrize("k", [512, 4096, 256 * 7])
 @pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 4)])
 def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll):

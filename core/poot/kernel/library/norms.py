@@ -8,9 +8,11 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128, UNIT_OFFSET: Const = False, WT: Const = "f32"):
+def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128, UNIT_OFFSET: Const = False, WT: Const = "f32",
+             SUBGROUP: Const = 0):
     """y = x / sqrt(mean(x^2) + eps) * w (Gemma: * (1 + w)), row by row; the weight as stored (WT:
-    f32, f16 or bf16)."""
+    f32, f16 or bf16). SUBGROUP (32 on NVIDIA GPUs, 0 elsewhere): the sum of squares by subgroup
+    reductions, two barriers instead of a tree of log2(BLOCK)."""
     row = group_id(0)
     t = thread_id(0)
     part = shared(f32, BLOCK)
@@ -18,8 +20,20 @@ def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: C
     for c in range(t, cols, BLOCK):
         v = x[row * cols + c]
         acc += v * v
-    part[t] = acc
-    reduce_shared(part, "add")
+    if SUBGROUP > 0:
+        s = subgroup_add(acc)
+        if t % SUBGROUP == 0:
+            part[t // SUBGROUP] = s
+        barrier()
+        if t < SUBGROUP:  # the first subgroup sums the others' sums
+            u = part[t] if t < BLOCK // SUBGROUP else 0.0
+            u = subgroup_add(u)
+            if t == 0:
+                part[0] = u
+        barrier()
+    else:
+        part[t] = acc
+        reduce_shared(part, "add")
     scale = rsqrt(part[0] / f32(cols) + eps)
     for c in range(t, cols, BLOCK):
         g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
@@ -28,9 +42,9 @@ def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: C
 
 @kernel(workgroup=("BLOCK", 1, 1))
 def add_rms_norm(a: In[f32], b: In[f32], w: In["WT"], h: Out[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128,
-                 UNIT_OFFSET: Const = False, WT: Const = "f32"):
+                 UNIT_OFFSET: Const = False, WT: Const = "f32", SUBGROUP: Const = 0):
     """A residual add and the RMSNorm of its sum in one pass: h = a + b, y = rms_norm(h) * w; each
-    thread reads back only the values it wrote."""
+    thread reads back only the values it wrote. SUBGROUP as for ``rms_norm``."""
     row = group_id(0)
     t = thread_id(0)
     part = shared(f32, BLOCK)
@@ -39,8 +53,20 @@ def add_rms_norm(a: In[f32], b: In[f32], w: In["WT"], h: Out[f32], y: Out[f32], 
         v = a[row * cols + c] + b[row * cols + c]
         h[row * cols + c] = v
         acc += v * v
-    part[t] = acc
-    reduce_shared(part, "add")
+    if SUBGROUP > 0:
+        s = subgroup_add(acc)
+        if t % SUBGROUP == 0:
+            part[t // SUBGROUP] = s
+        barrier()
+        if t < SUBGROUP:
+            u = part[t] if t < BLOCK // SUBGROUP else 0.0
+            u = subgroup_add(u)
+            if t == 0:
+                part[0] = u
+        barrier()
+    else:
+        part[t] = acc
+        reduce_shared(part, "add")
     scale = rsqrt(part[0] / f32(cols) + eps)
     for c in range(t, cols, BLOCK):
         g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
