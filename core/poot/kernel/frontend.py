@@ -315,7 +315,7 @@ class _Translator:
                     name = self._memory(n.value.args[0])
                     vals = tuple(self._value_for(name, a) for a in n.value.args[2:])
                     return [ir.VecStore(name, self.index(n.value.args[1]), vals)]
-                if f == "reduce_shared" and len(n.value.args) == 2:
+                if f == "reduce_shared" and len(n.value.args) in (2, 3):
                     return self._reduce_shared(n.value)
                 if f == "mma_tile" and len(n.value.args) == 3:
                     a, b, cc = (self._memory(x) for x in n.value.args)
@@ -389,15 +389,22 @@ class _Translator:
         raise c.err(n, f"{type(n).__name__} statements are not supported in kernels")
 
     def _reduce_shared(self, call: ast.Call) -> list[ir.Stmt]:
-        """reduce_shared(arr, "add"|"max"|"min"): barrier, then a tree over the shared array (one
-        element per thread, power-of-two size); afterwards arr[0] holds the result for every thread."""
+        """reduce_shared(arr, "add"|"max"|"min"[, subgroup]): barrier, then a tree over the shared
+        array (one element per thread, power-of-two size); afterwards arr[0] holds the result for
+        every thread. With a compile-time ``subgroup`` > 0 (the device's subgroup size): each
+        subgroup reduces its elements by a subgroup operation and the first subgroup those partial
+        results, three barriers instead of log2(size) + 1."""
         c = self.c
         name = self._memory(call.args[0])
         op = self.expr(call.args[1])
+        sub = self.expr(call.args[2]) if len(call.args) > 2 else 0
         sh = c.shared.get(name)
-        if sh is None or sh.size & (sh.size - 1) or op not in ("add", "max", "min"):
-            raise c.err(call, "reduce_shared(shared_array, 'add'|'max'|'min') needs a shared array of power-of-two size")
+        if sh is None or sh.size & (sh.size - 1) or op not in ("add", "max", "min") or not isinstance(sub, int):
+            raise c.err(call, "reduce_shared(shared_array, 'add'|'max'|'min'[, subgroup]) needs a shared array of power-of-two size "
+                              "and a compile-time subgroup size")
         tid = ir.Builtin("thread_id", 0)
+        if sub > 0:
+            return self._reduce_subgroups(name, sh, op, sub)
         out: list[ir.Stmt] = [ir.Barrier()]
         step = sh.size // 2
         while step:
@@ -407,6 +414,25 @@ class _Translator:
             out.append(ir.Barrier())
             step //= 2
         return out
+
+    def _reduce_subgroups(self, name: str, sh: ir.Shared, op: str, sub: int) -> list[ir.Stmt]:
+        self._reductions = getattr(self, "_reductions", 0) + 1
+        part_v, all_v = f"_sub_part{self._reductions}", f"_sub_all{self._reductions}"
+        tid = ir.Builtin("thread_id", 0)
+        i32 = lambda v: ir.Const(v, dt.i32)  # noqa: E731
+        identity = ir.Const({"add": 0.0, "max": -3.0e38, "min": 3.0e38}[op], sh.dtype) if sh.dtype.is_float else ir.Const(0, sh.dtype)
+        own = ir.Load(name, tid, sh.dtype)
+        first = ir.Bin("lt", tid, i32(sub))
+        partial = ir.Select(ir.Bin("lt", tid, i32(max(1, sh.size // sub))), ir.Load(name, ir.Bin("min", tid, i32(sh.size - 1)), sh.dtype), identity)
+        return [
+            ir.Let(part_v, ir.SubgroupReduce(op, own)),
+            ir.Barrier(),  # every thread has read its element before a subgroup's result overwrites one
+            ir.If(ir.Bin("eq", ir.Bin("rem", tid, i32(sub)), i32(0)), (ir.Store(name, ir.Bin("div", tid, i32(sub)), ir.Ref(part_v, sh.dtype)),)),
+            ir.Barrier(),
+            ir.If(first, (ir.Let(all_v, ir.SubgroupReduce(op, partial)),
+                          ir.If(ir.Bin("eq", tid, i32(0)), (ir.Store(name, i32(0), ir.Ref(all_v, sh.dtype)),)))),
+            ir.Barrier(),
+        ]
 
     def _value_for(self, name: str, node: ast.expr) -> ir.Expr:
         mem = self.c.buffers.get(name) or self.c.shared[name]

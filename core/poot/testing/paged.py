@@ -91,19 +91,25 @@ def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Genera
     return worst
 
 
-def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
-    """A synthetic bf16 Llama wide enough (K of 256 and 512) for the GPU's fast schedules: (graph,
-    oracle weights) traced for 4-token blocks."""
+def synthetic_graph(name: str, directory, seed: int, dtype: str = "float32", **overrides):  # type: ignore[no-untyped-def]
+    """A synthetic checkpoint of family ``name`` written under ``directory``, traced for 4-token blocks
+    and run through the default passes: (graph, oracle weights)."""
     from ..eval.model import oracle_weights
     from ..graph.passes import DEFAULT_PASSES, PassManager
     from ..load import open_checkpoint
     from ..models import StepShapes, family_for
     from .synthetic import build_synthetic
 
-    ck = open_checkpoint(build_synthetic("llama", directory, seed, dtype="bfloat16", hidden_size=256, intermediate_size=512,
-                                         num_attention_heads=4, num_key_value_heads=2, head_dim=64))
+    ck = open_checkpoint(build_synthetic(name, directory, seed, dtype=dtype, **overrides))
     fam = family_for(ck.architecture)
     return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4))), oracle_weights(ck.weights)
+
+
+def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
+    """A synthetic bf16 Llama wide enough (K of 256 and 512) for the GPU's fast schedules: (graph,
+    oracle weights)."""
+    return synthetic_graph("llama", directory, seed, dtype="bfloat16", hidden_size=256, intermediate_size=512, num_attention_heads=4,
+                           num_key_value_heads=2, head_dim=64)
 
 
 def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generator) -> float:  # type: ignore[no-untyped-def]

@@ -13,7 +13,7 @@ from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.runtime import get_device
-from poot.testing.paged import row_regimes_against_oracle, two_sequences_against_oracle, wide_bf16_llama
+from poot.testing.paged import long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama
 from poot.testing.synthetic import SYNTHETIC
 
 
@@ -42,15 +42,11 @@ def test_families_on_cuda_match_the_oracle(cuda, name, tmp_path, rng):
 
 def test_decode_over_a_long_context_splits_attention(cuda, tmp_path, rng):
     """Decode steps over 1,040 positions: the context split across workgroups, merged by a second launch."""
-    from poot.testing.paged import long_context_against_oracle
-    from poot.testing.synthetic import build_synthetic
     from poot_ptx.executor import CudaExecutor as Executor
 
-    ck = open_checkpoint(build_synthetic("llama", tmp_path / "llama", int(rng.integers(0, 2**31))))
-    fam = family_for(ck.architecture)
-    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    g, w = synthetic_graph("llama", tmp_path / "llama", int(rng.integers(0, 2**31)))
     ex = Executor(compile_plan(g, cuda))
-    worst, names = long_context_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    worst, names = long_context_against_oracle(ex, g, w, rng)
     ex.close()
     assert "attention_merge" in names, names
     assert worst < 1e-4

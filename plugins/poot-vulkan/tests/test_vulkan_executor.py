@@ -13,7 +13,7 @@ from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.testing.fixtures import device_or_skip
-from poot.testing.paged import PagedSequences, row_regimes_against_oracle, two_sequences_against_oracle, wide_bf16_llama
+from poot.testing.paged import PagedSequences, long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama
 
 
 @pytest.fixture(scope="module")
@@ -59,15 +59,11 @@ def test_device_local_buffers_written_through_staging_match_the_oracle(vulkan, t
 def test_decode_over_a_long_context_splits_attention(vulkan, tmp_path, rng):
     """Decode steps over 1,040 positions: the context split across workgroups (partial sums in the
     plan's scratch memory, merged by a second launch) gives the oracle's logits."""
-    from poot.testing.paged import long_context_against_oracle
-    from poot.testing.synthetic import build_synthetic
     from poot_vulkan.executor import VulkanExecutor
 
-    ck = open_checkpoint(build_synthetic("llama", tmp_path / "llama", int(rng.integers(0, 2**31))))
-    fam = family_for(ck.architecture)
-    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    g, w = synthetic_graph("llama", tmp_path / "llama", int(rng.integers(0, 2**31)))
     ex = VulkanExecutor(compile_plan(g, vulkan))
-    worst, names = long_context_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    worst, names = long_context_against_oracle(ex, g, w, rng)
     ex.close()
     assert "attention_merge" in names, names
     assert worst < 1e-4

@@ -12,7 +12,7 @@ from poot.load import open_checkpoint
 from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.testing.fixtures import device_or_skip
-from poot.testing.paged import row_regimes_against_oracle, two_sequences_against_oracle, wide_bf16_llama
+from poot.testing.paged import long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama
 
 
 @pytest.fixture(scope="module")
@@ -37,15 +37,11 @@ def test_families_on_wgpu_match_the_oracle(adapter, name, tmp_path, rng):
 
 def test_decode_over_a_long_context_splits_attention(adapter, tmp_path, rng):
     """Decode steps over 1,040 positions: the context split across workgroups, merged by a second launch."""
-    from poot.testing.paged import long_context_against_oracle
-    from poot.testing.synthetic import build_synthetic
     from poot_wgpu.executor import WgpuExecutor as Executor
 
-    ck = open_checkpoint(build_synthetic("llama", tmp_path / "llama", int(rng.integers(0, 2**31))))
-    fam = family_for(ck.architecture)
-    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    g, w = synthetic_graph("llama", tmp_path / "llama", int(rng.integers(0, 2**31)))
     ex = Executor(compile_plan(g, adapter))
-    worst, names = long_context_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    worst, names = long_context_against_oracle(ex, g, w, rng)
     ex.close()
     assert "attention_merge" in names, names
     assert worst < 1e-4

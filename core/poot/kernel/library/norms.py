@@ -12,7 +12,7 @@ def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: C
              SUBGROUP: Const = 0):
     """y = x / sqrt(mean(x^2) + eps) * w (Gemma: * (1 + w)), row by row; the weight as stored (WT:
     f32, f16 or bf16). SUBGROUP (32 on NVIDIA GPUs, 0 elsewhere): the sum of squares by subgroup
-    reductions, two barriers instead of a tree of log2(BLOCK)."""
+    reductions (``reduce_shared``'s third argument) instead of a tree of log2(BLOCK) steps."""
     row = group_id(0)
     t = thread_id(0)
     part = shared(f32, BLOCK)
@@ -20,20 +20,8 @@ def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: C
     for c in range(t, cols, BLOCK):
         v = x[row * cols + c]
         acc += v * v
-    if SUBGROUP > 0:
-        s = subgroup_add(acc)
-        if t % SUBGROUP == 0:
-            part[t // SUBGROUP] = s
-        barrier()
-        if t < SUBGROUP:  # the first subgroup sums the others' sums
-            u = part[t] if t < BLOCK // SUBGROUP else 0.0
-            u = subgroup_add(u)
-            if t == 0:
-                part[0] = u
-        barrier()
-    else:
-        part[t] = acc
-        reduce_shared(part, "add")
+    part[t] = acc
+    reduce_shared(part, "add", SUBGROUP)
     scale = rsqrt(part[0] / f32(cols) + eps)
     for c in range(t, cols, BLOCK):
         g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
@@ -53,20 +41,8 @@ def add_rms_norm(a: In[f32], b: In[f32], w: In["WT"], h: Out[f32], y: Out[f32], 
         v = a[row * cols + c] + b[row * cols + c]
         h[row * cols + c] = v
         acc += v * v
-    if SUBGROUP > 0:
-        s = subgroup_add(acc)
-        if t % SUBGROUP == 0:
-            part[t // SUBGROUP] = s
-        barrier()
-        if t < SUBGROUP:
-            u = part[t] if t < BLOCK // SUBGROUP else 0.0
-            u = subgroup_add(u)
-            if t == 0:
-                part[0] = u
-        barrier()
-    else:
-        part[t] = acc
-        reduce_shared(part, "add")
+    part[t] = acc
+    reduce_shared(part, "add", SUBGROUP)
     scale = rsqrt(part[0] / f32(cols) + eps)
     for c in range(t, cols, BLOCK):
         g = f32(w[c]) + 1.0 if UNIT_OFFSET else f32(w[c])
