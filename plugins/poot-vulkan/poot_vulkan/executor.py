@@ -55,7 +55,7 @@ class _Pipeline:
             self.set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(pBindings=slots), None)
             self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(pSetLayouts=[self.set_layout]), None)
             stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=ENTRY)
-            self.pipeline = vk.vkCreateComputePipelines(d, vk.VK_NULL_HANDLE, 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
+            self.pipeline = vk.vkCreateComputePipelines(d, dev.pipeline_cache(), 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
         except BaseException:
             self.close()
             raise

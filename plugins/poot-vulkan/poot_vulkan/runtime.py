@@ -13,10 +13,14 @@ The command buffer is recorded once per grid and resubmitted while the grid and 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 
 from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
 from poot.errors import DeviceUnavailable
+from poot.load import cache_dir
 from poot.kernel.ir import Kernel
 
 __all__ = ["VulkanDevice", "VulkanKernel", "HostBuffer", "DeviceBuffer", "WHOLE_SIZE"]
@@ -47,6 +51,7 @@ class VulkanDevice:
         self._staging: HostBuffer | None = None
         self._transfer: tuple | None = None
         self._storage_bits: int | None = None
+        self._pipeline_cache: object | None = None
         app = vk.VkApplicationInfo(pApplicationName="poot", apiVersion=vk.VK_MAKE_VERSION(*_API, 0))
         try:
             self.instance = vk.vkCreateInstance(vk.VkInstanceCreateInfo(pApplicationInfo=app), None)
@@ -127,10 +132,54 @@ class VulkanDevice:
             self._staging = HostBuffer(self, want)
         return self._staging
 
+    def pipeline_cache(self) -> object:
+        """The device's VkPipelineCache, seeded from the file ``pipeline_cache_path()`` names (the
+        driver's compiled pipelines of earlier runs: a driver ignores data that is not its own);
+        ``close()`` writes it back."""
+        if self._pipeline_cache is None:
+            vk = self.vk
+            path = self.pipeline_cache_path()
+            data = path.read_bytes() if path.is_file() else b""
+            info = vk.VkPipelineCacheCreateInfo(initialDataSize=len(data), pInitialData=vk.ffi.from_buffer(data) if data else vk.ffi.NULL)
+            try:
+                self._pipeline_cache = vk.vkCreatePipelineCache(self.device, info, None)
+            except vk.VkError:  # data the driver refuses: start empty
+                self._pipeline_cache = vk.vkCreatePipelineCache(self.device, vk.VkPipelineCacheCreateInfo(), None)
+        return self._pipeline_cache
+
+    def pipeline_cache_path(self) -> Path:
+        """Where this device's pipeline cache lives: under poot's cache directory, one file per device
+        (vendor, device id and driver version: another driver's data is of no use)."""
+        props = self.vk.vkGetPhysicalDeviceProperties(self.physical)
+        return cache_dir() / "vulkan" / f"pipelines-{props.vendorID:04x}-{props.deviceID:04x}-{props.driverVersion:08x}.bin"
+
+    def _save_pipeline_cache(self) -> None:
+        vk = self.vk  # (the binding wraps no vkGetPipelineCacheData: the loader's own, through cffi)
+        size = vk.ffi.new("size_t *")
+        if vk.lib.vkGetPipelineCacheData(self.device, self._pipeline_cache, size, vk.ffi.NULL) != vk.VK_SUCCESS or not size[0]:
+            return
+        data = vk.ffi.new("char[]", size[0])
+        if vk.lib.vkGetPipelineCacheData(self.device, self._pipeline_cache, size, data) != vk.VK_SUCCESS:
+            return
+        raw = vk.ffi.buffer(data, size[0])[:]
+        if raw:
+            path = self.pipeline_cache_path()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_bytes(raw)
+            os.replace(tmp, path)  # whole or not at all: another process may be reading it
+
     def close(self) -> None:
         vk = self.vk
         for k in list(reversed(self._kernels)):
             k.close()
+        if getattr(self, "_pipeline_cache", None) is not None and self.device is not None:
+            try:
+                self._save_pipeline_cache()
+            except OSError:
+                pass  # a read-only cache directory: the next run compiles again
+            vk.vkDestroyPipelineCache(self.device, self._pipeline_cache, None)
+            self._pipeline_cache = None
         if getattr(self, "_staging", None) is not None:
             self._staging.close()
             self._staging = None
@@ -304,7 +353,7 @@ class VulkanKernel:
             self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(pSetLayouts=[self.set_layout]), None)
             stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=ENTRY)
             info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
-            self.pipeline = vk.vkCreateComputePipelines(d, vk.VK_NULL_HANDLE, 1, [info], None)[0]
+            self.pipeline = vk.vkCreateComputePipelines(d, device.pipeline_cache(), 1, [info], None)[0]
             sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(1, len(self.bindings)))]
             self.pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(maxSets=1, pPoolSizes=sizes), None)
             alloc = vk.VkDescriptorSetAllocateInfo(descriptorPool=self.pool, pSetLayouts=[self.set_layout])

@@ -38,3 +38,32 @@ def test_devices_have_driver_capabilities():
 def test_no_loader_is_reported():
     (d,) = vulkan_devices()
     assert not d.available() and d.unavailable.code in ("no-driver", "no-binding")
+
+
+@pytest.mark.skipif(not HAS_LOADER, reason="no Vulkan loader (libvulkan1) on this machine; CI installs it with lavapipe")
+def test_pipelines_go_through_a_cache_kept_on_disk(tmp_path, monkeypatch):
+    """Pipelines are created through the device's VkPipelineCache, written under poot's cache
+    directory when the device closes (the driver's header names this device) and read back by the
+    next run."""
+    import numpy as np
+
+    from poot.codegen import TARGETS, compile_kernel
+    from poot.kernel.library import norms
+    from poot_vulkan.runtime import VulkanDevice, VulkanKernel
+
+    monkeypatch.setenv("POOT_CACHE", str(tmp_path))
+    k = norms.rms_norm.instantiate(BLOCK=64)
+    spirv = compile_kernel(k, TARGETS["spirv:vulkan1.3"]).data
+    dev = VulkanDevice(0)
+    VulkanKernel(k, spirv, dev)
+    path = dev.pipeline_cache_path()
+    props = dev.vk.vkGetPhysicalDeviceProperties(dev.physical)
+    dev.close()
+    header = np.frombuffer(path.read_bytes()[:16], np.uint32)
+    assert path.parent == tmp_path / "vulkan" and header[1] == 1 and (header[2], header[3]) == (props.vendorID, props.deviceID)
+    dev = VulkanDevice(0)  # seeded from the file
+    y = np.full((2, 100), np.nan, np.float32)
+    x = np.random.default_rng(0).standard_normal((2, 100)).astype(np.float32)
+    VulkanKernel(k, spirv, dev).run((2,), {"x": x, "w": np.ones(100, np.float32), "y": y}, {"cols": 100, "eps": 1e-5})
+    dev.close()
+    np.testing.assert_allclose(y, x / np.sqrt((x * x).mean(axis=1, keepdims=True) + 1e-5), rtol=1e-5)
