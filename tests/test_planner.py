@@ -168,3 +168,12 @@ def test_fusions_leave_what_they_cannot_prove():
     plan = plan_graph(_block(norm_reads_sum_late=True), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
     labels = collections.Counter(l.label or l.node.op for l in plan.launches)
     assert labels["rms_norm"] == 1 and labels["add_rms_norm"] == 1, labels
+
+
+def test_a_weight_larger_than_the_device_binds_is_refused_by_name():
+    b = GraphBuilder()
+    x = b.input("x", "f32", [sym("tokens"), 256])
+    graph = b.build({"y": b.linear(x, b.weight("big.weight", "bf16", [1024, 256]))})  # 512 KiB stored
+    with pytest.raises(Refusal, match=r"weight 'big.weight' takes 524288 bytes.*at most 262144"):
+        plan_graph(graph, device="vulkan:0", gpu=True, limits=Limits(1024, 32 * 1024, max_buffer_bytes=256 * 1024))
+    plan_graph(graph, device="vulkan:0", gpu=True, limits=Limits(1024, 32 * 1024, max_buffer_bytes=1 << 20))

@@ -30,6 +30,7 @@ from .common import strides as _strides
 from .matmul import Limits, between, find_glus, find_siblings, glu_launches, matmul_gpu, matmul_host, siblings_launches
 from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
                      virtual_views)
+from .memory import stored_nbytes
 from .plan import WANT_LOGPROBS, Launch, Plan, When
 from ..runtime.device import Device
 
@@ -405,8 +406,8 @@ def compile_plan(graph: Graph, device: Device) -> Plan:
     shared = caps.shared_memory_bytes
     if device.target == "spirv":  # one SPIR-V module serves every Vulkan device: codegen holds kernels to Vulkan's guaranteed minimum
         shared = min(shared, TARGETS["spirv:vulkan1.3"].max_shared)
-    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops),
-                      gpu=device.target != "host")
+    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops,
+                                                               caps.max_buffer_bytes), gpu=device.target != "host")
 
 
 def _check(plan: Plan, limits: Limits) -> None:
@@ -414,6 +415,9 @@ def _check(plan: Plan, limits: Limits) -> None:
         for v in n.outputs:
             if not v.dtype.is_packed and v.dtype.name not in limits.dtypes:
                 raise Refusal(n.op, plan.device, f"{v.dtype} values are not supported (the device has {', '.join(sorted(limits.dtypes))})")
+        if n.op == "weight" and limits.max_buffer_bytes is not None and (size := stored_nbytes(n.outputs[0])) > limits.max_buffer_bytes:
+            raise Refusal("weight", plan.device, f"weight '{n.attrs['name']}' takes {size} bytes; a kernel on this device binds at most "
+                                                 f"{limits.max_buffer_bytes} bytes a buffer (a smaller quantization or another device is needed)")
     for l in plan.launches:
         k = l.kernel
         if k.threads > limits.max_workgroup:

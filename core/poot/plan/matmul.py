@@ -33,6 +33,7 @@ class Limits:
     dtypes: frozenset[str] = frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"})
     subgroup: int = 1
     matrix: frozenset[str] = frozenset()
+    max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (None: no limit)
 
 
 def _blocks(t: dt.DType, k: int) -> tuple[int, int]:

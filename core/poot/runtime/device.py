@@ -58,6 +58,7 @@ class Capabilities:
     vector_bits: int = 0
     matrix_ops: frozenset[str] = frozenset()
     details: tuple[tuple[str, str], ...] = ()
+    max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (Vulkan's storage buffer range, WebGPU's binding size)
 
     def summary(self) -> str:
         gib = self.memory_bytes / 2**30

@@ -61,6 +61,7 @@ def _describe(vk, index: int, pd) -> Device:  # type: ignore[no-untyped-def]
     lim = props.limits
     caps = Capabilities(
         dtypes=frozenset(dtypes),
+        max_buffer_bytes=int(lim.maxStorageBufferRange),
         compute_units=1,  # Vulkan does not expose a compute-unit count
         max_workgroup_size=lim.maxComputeWorkGroupInvocations,
         shared_memory_bytes=lim.maxComputeSharedMemorySize,

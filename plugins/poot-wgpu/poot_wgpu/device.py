@@ -72,6 +72,7 @@ def wgpu_devices() -> list[Device]:
             shared_memory_bytes=lim["max-compute-workgroup-storage-size"],
             subgroup_size=int(info.get("subgroup_min_size") or info.get("stackgroup_min_size") or 0) or 1,
             memory_bytes=0,  # not exposed by WebGPU
+            max_buffer_bytes=int(lim["max-storage-buffer-binding-size"]),
             details=(
                 ("backend", str(info.get("backend_type"))),
                 ("type", str(info.get("adapter_type"))),
