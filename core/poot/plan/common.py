@@ -1,16 +1,30 @@
-"""Shared helpers of the planner: value keys, shapes and strides under a symbol environment."""
+"""Shared helpers of the planner: what a device lets plans use, value keys, shapes and strides under a
+symbol environment."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from ..graph.dims import Dim
 from ..graph.ir import Value
 from ..kernel.library.elementwise import MAX_RANK
 
-__all__ = ["Env", "key", "shape", "strides", "pad"]
+__all__ = ["Env", "Limits", "key", "shape", "strides", "pad"]
 
 Env = Mapping[str, int]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What a plan's kernels may use on a device (from its ``Capabilities``)."""
+
+    max_workgroup: int = 1024
+    shared_bytes: int = 1 << 20
+    dtypes: frozenset[str] = frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"})
+    subgroup: int = 1
+    matrix: frozenset[str] = frozenset()
+    max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (None: no limit)
 
 
 def key(v: Value) -> tuple[int, int]:

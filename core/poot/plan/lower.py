@@ -27,7 +27,8 @@ from .common import key as _key
 from .common import pad as _pad
 from .common import shape as _shape
 from .common import strides as _strides
-from .matmul import Limits, between, find_glus, find_siblings, glu_launches, matmul_gpu, matmul_host, siblings_launches
+from .common import Limits
+from .matmul import between, find_glus, find_siblings, glu_launches, matmul_gpu, matmul_host, siblings_launches
 from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
                      virtual_views)
 from .memory import stored_nbytes

@@ -16,24 +16,12 @@ from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
 from ..kernel.library import linear, linear_gpu, linear_host
 from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
-from .common import Env
+from .common import Env, Limits
 from .common import key as _key
 from .common import shape as _shape
 from .plan import Launch, When
 
-__all__ = ["Limits", "between", "matmul_host", "matmul_gpu", "find_glus", "glu_launches", "find_siblings", "siblings_launches"]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What a plan's kernels may use on a device (from its ``Capabilities``)."""
-
-    max_workgroup: int = 1024
-    shared_bytes: int = 1 << 20
-    dtypes: frozenset[str] = frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"})
-    subgroup: int = 1
-    matrix: frozenset[str] = frozenset()
-    max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (None: no limit)
+__all__ = ["between", "matmul_host", "matmul_gpu", "find_glus", "glu_launches", "find_siblings", "siblings_launches"]
 
 
 def _blocks(t: dt.DType, k: int) -> tuple[int, int]:

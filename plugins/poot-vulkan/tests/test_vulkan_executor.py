@@ -7,10 +7,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poot.eval.model import oracle_weights
-from poot.graph.passes import DEFAULT_PASSES, PassManager
-from poot.load import open_checkpoint
-from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.testing.fixtures import device_or_skip
 from poot.testing.paged import PagedSequences, long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama
@@ -24,14 +20,11 @@ def vulkan():
 # dense with GQA and llama3 RoPE; q/k norms; MLA with MoE (per-expert products, shared key part)
 @pytest.mark.parametrize("name", ["llama", "qwen3", "deepseek_v2"])
 def test_families_on_vulkan_match_the_oracle(vulkan, name, tmp_path, rng):
-    from poot.testing.synthetic import build_synthetic
     from poot_vulkan.executor import VulkanExecutor
 
-    ck = open_checkpoint(build_synthetic(name, tmp_path / name, int(rng.integers(0, 2**31))))
-    fam = family_for(ck.architecture)
-    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    g, w = synthetic_graph(name, tmp_path / name, int(rng.integers(0, 2**31)))
     ex = VulkanExecutor(compile_plan(g, vulkan))
-    worst = two_sequences_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    worst = two_sequences_against_oracle(ex, g, w, rng)
     ex.close()
     print(f"{name} on vulkan:0: max |dlogit| {worst:.2g}")
     assert worst < 1e-4
@@ -41,15 +34,12 @@ def test_device_local_buffers_written_through_staging_match_the_oracle(vulkan, t
     """The path a discrete GPU takes (weights, pools, arena and scalars in device-local memory written
     by copy commands through a staging buffer, outputs copied back by the step itself), forced on
     lavapipe whose device-local memory could be mapped."""
-    from poot.testing.synthetic import build_synthetic
     from poot_vulkan.executor import VulkanExecutor
     from poot_vulkan.runtime import DeviceBuffer
 
-    ck = open_checkpoint(build_synthetic("llama", tmp_path / "llama", int(rng.integers(0, 2**31))))
-    fam = family_for(ck.architecture)
-    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    g, w = synthetic_graph("llama", tmp_path / "llama", int(rng.integers(0, 2**31)))
     ex = VulkanExecutor(compile_plan(g, vulkan), staged=True)
-    worst = two_sequences_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    worst = two_sequences_against_oracle(ex, g, w, rng)
     assert ex._weights and all(isinstance(b, DeviceBuffer) for b in ex._weights.values())
     assert all(isinstance(b, DeviceBuffer) for b, _ in ex._pools.values())
     ex.close()
@@ -87,14 +77,10 @@ def test_bf16_model_on_the_warp_gemv_matches_the_oracle(vulkan, tmp_path, rng):
 
 def test_a_step_is_profiled_with_timestamp_queries(vulkan, tmp_path, rng):
     from poot.runtime.executor import step_env
-    from poot.testing.synthetic import build_synthetic
     from poot_vulkan.executor import VulkanExecutor
 
-    ck = open_checkpoint(build_synthetic("qwen2", tmp_path / "q", int(rng.integers(0, 2**31))))
-    fam = family_for(ck.architecture)
-    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    g, w = synthetic_graph("qwen2", tmp_path / "q", int(rng.integers(0, 2**31)))
     ex = VulkanExecutor(compile_plan(g, vulkan))
-    w = oracle_weights(ck.weights)
     pools = {k: np.zeros((8,) + tuple(d.value for d in v.shape[1:]), np.float32) for k, v in g.inputs().items() if "_cache." in k}
     ex.bind(w, pools)
     pages = PagedSequences(8, 4, rng)

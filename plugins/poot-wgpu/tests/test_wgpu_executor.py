@@ -6,10 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from poot.eval.model import oracle_weights
-from poot.graph.passes import DEFAULT_PASSES, PassManager
-from poot.load import open_checkpoint
-from poot.models import StepShapes, family_for
 from poot.plan import compile_plan
 from poot.testing.fixtures import device_or_skip
 from poot.testing.paged import long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama
@@ -22,14 +18,11 @@ def adapter():
 
 @pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3"])
 def test_families_on_wgpu_match_the_oracle(adapter, name, tmp_path, rng):
-    from poot.testing.synthetic import build_synthetic
     from poot_wgpu.executor import WgpuExecutor
 
-    ck = open_checkpoint(build_synthetic(name, tmp_path / name, int(rng.integers(0, 2**31))))
-    fam = family_for(ck.architecture)
-    g = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4)))
+    g, w = synthetic_graph(name, tmp_path / name, int(rng.integers(0, 2**31)))
     ex = WgpuExecutor(compile_plan(g, adapter))
-    worst = two_sequences_against_oracle(ex, g, oracle_weights(ck.weights), rng)
+    worst = two_sequences_against_oracle(ex, g, w, rng)
     ex.close()
     print(f"{name} on wgpu:0: max |dlogit| {worst:.2g}")
     assert worst < 1e-4
