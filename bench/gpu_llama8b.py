@@ -215,6 +215,9 @@ def measure_transformers(path: Path, vocab: int, batches: list[int], prefill: in
 def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
     """Time each launch of every step shape the first time it is replayed, and print the largest."""
     ex = next(iter(m._executors.values()))
+    if not hasattr(ex, "profile"):
+        say(f"profile: {type(ex).__name__} has no per-launch timing; not profiled")
+        return
     replay, seen = ex.replay, set()
 
     def profiled(step, inputs):  # type: ignore[no-untyped-def]
@@ -270,7 +273,7 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
     ap.add_argument("--only", choices=["bf16", "q4_k"], help="measure one of poot's two models")
     ap.add_argument("--json", help="write the figures here too")
-    ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events) and print the largest")
+    ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest")
     ap.add_argument("--also", nargs="*", default=[], metavar="DEVICE",
                     help="other devices (vulkan:0, wgpu:0) whose bf16 batch-1 decode is measured too, as a ratio to --device's")
     args = ap.parse_args()
@@ -306,7 +309,7 @@ def main() -> None:
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
     for other in args.also:
         try:
-            r = measure_poot(bf16_dir, dims.vocab, other, [1], 0, args.rounds)
+            r = measure_poot(bf16_dir, dims.vocab, other, [1], 0, args.rounds, args.profile)
         except Exception as e:  # a device that cannot run it is reported, not fatal to the run
             say(f"{other}: {type(e).__name__}: {e}")
             res[f"poot_bf16@{other}"] = {"error": f"{type(e).__name__}: {e}"}

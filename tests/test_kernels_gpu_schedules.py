@@ -1,6 +1,9 @@
-"""The GPU matrix schedules (warp-per-feature GEMVs with 16-byte loads; tensor-core GEMMs). They need
-32-lane subgroups and mma.sync, so they run where ``POOT_TEST_DEVICE`` names an NVIDIA GPU
-(``scripts/gpu-check``); everywhere they are compiled to PTX and their instructions checked."""
+"""The GPU matrix schedules (warp-per-feature GEMVs with 16-byte loads; tensor-core GEMMs) and the
+norms that sum by subgroup reductions. The GEMVs need 32-lane subgroups, the GEMMs mma.sync, the
+norms subgroup operations of any width: each runs where ``POOT_TEST_DEVICE`` names a device that has
+what it needs (``cuda:0`` through ``scripts/gpu-check``; ``vulkan:0`` on an NVIDIA GPU through
+``scripts/vulkan-check``, or on lavapipe for the norms); everywhere they are compiled to PTX and their
+instructions checked."""
 
 from __future__ import annotations
 
@@ -17,8 +20,25 @@ from poot.kernel.library.linear_gpu import Q8_THREADS, gemm_mma, gemm_warp, gemv
 from poot.quant import quantization
 from poot.testing.kernels import poisoned, run_host
 
-ON_GPU = os.environ.get("POOT_TEST_DEVICE", "").startswith("cuda")
-gpu_only = pytest.mark.skipif(not ON_GPU, reason="needs 32-lane subgroups and mma.sync: set POOT_TEST_DEVICE=cuda:0 on an NVIDIA GPU")
+
+
+def _test_device() -> tuple[int, frozenset[str]]:
+    """POOT_TEST_DEVICE's subgroup width (0 where kernels may not use subgroup operations) and matrix ops."""
+    name = os.environ.get("POOT_TEST_DEVICE", "cpu")
+    if name == "cpu":
+        return 0, frozenset()
+    from poot.runtime import get_device
+
+    caps = get_device(name).capabilities
+    if caps is None:
+        return 0, frozenset()
+    return (caps.subgroup_size if caps.subgroup_ops else 0), caps.matrix_ops
+
+
+SUBGROUP, MATRIX = _test_device()
+gpu_only = pytest.mark.skipif(SUBGROUP != 32, reason="needs 32-lane subgroups: set POOT_TEST_DEVICE=cuda:0 (or vulkan:0) on an NVIDIA GPU")
+mma_only = pytest.mark.skipif(SUBGROUP != 32 or "mma.sync.bf16" not in MATRIX, reason="needs mma.sync: set POOT_TEST_DEVICE=cuda:0 on an NVIDIA GPU")
+subgroups_only = pytest.mark.skipif(SUBGROUP < 2, reason="needs subgroup operations: set POOT_TEST_DEVICE to a GPU (or vulkan:0 on lavapipe)")
 
 
 def _bf16(rng, shape):
@@ -114,7 +134,7 @@ def test_gemv_warp_q4_k(rng, k, mr, m, unroll):
     assert (np.abs(y - exact) <= bound).all(), "further from the exact product than two int8 terms allow"
 
 
-@gpu_only
+@subgroups_only
 @pytest.mark.parametrize("block,cols,add", [(1024, 4096, True), (1024, 4096, False), (256, 1000, True), (64, 77, False)])
 def test_norms_sum_by_subgroup_reductions(rng, block, cols, add):
     """RMSNorm (and the residual add before it) with the sum of squares by subgroup reductions."""
@@ -129,11 +149,11 @@ def test_norms_sum_by_subgroup_reductions(rng, block, cols, add):
     y = poisoned((rows, cols))
     if add:
         h = poisoned((rows, cols))
-        run_host(norms.add_rms_norm.instantiate(BLOCK=block, SUBGROUP=32), (rows,), {"a": a, "b": b, "w": w, "h": h, "y": y}, {"cols": cols, "eps": 1e-5})
+        run_host(norms.add_rms_norm.instantiate(BLOCK=block, SUBGROUP=SUBGROUP), (rows,), {"a": a, "b": b, "w": w, "h": h, "y": y}, {"cols": cols, "eps": 1e-5})
         np.testing.assert_array_equal(h, a + b)
         x = a + b
     else:
-        run_host(norms.rms_norm.instantiate(BLOCK=block, SUBGROUP=32), (rows,), {"x": a, "w": w, "y": y}, {"cols": cols, "eps": 1e-5})
+        run_host(norms.rms_norm.instantiate(BLOCK=block, SUBGROUP=SUBGROUP), (rows,), {"x": a, "w": w, "y": y}, {"cols": cols, "eps": 1e-5})
         x = a
     g = GraphBuilder()
     want = evaluate(g.build({"y": g_rms_norm(g, g.input("x", "f32", [rows, cols]), g.weight("w", "f32", [cols]), 1e-5, False)}), {"x": x}, {"w": w})["y"]
@@ -161,7 +181,7 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll):
     assert (np.abs(y - exact) <= bound).all(), "further from the exact product than two int8 terms allow"
 
 
-@gpu_only
+@mma_only
 @pytest.mark.parametrize("shape", [(2, 2, 2, 4), (1, 4, 1, 1)])
 @pytest.mark.parametrize("m,n,k", [(5, 37, 96), (70, 72, 128), (16, 64, 4096)])
 def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, m, n, k):
@@ -178,7 +198,7 @@ def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, m, n, k):
     assert np.abs(rounded - want).max() > 10 * np.abs(y - want).max()
 
 
-@gpu_only
+@mma_only
 @pytest.mark.parametrize("mt,tn,wk", [(1, 4, 8), (2, 4, 8), (1, 2, 2)])
 @pytest.mark.parametrize("m,n,k", [(1, 37, 512), (9, 64, 1024), (16, 40, 2048), (23, 33, 512)])
 def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, m, n, k):

@@ -57,6 +57,7 @@ def cmd_devices(args: argparse.Namespace) -> int:
                         "max_workgroup_size": caps.max_workgroup_size,
                         "shared_memory_bytes": caps.shared_memory_bytes,
                         "subgroup_size": caps.subgroup_size,
+                        "subgroup_ops": caps.subgroup_ops,
                         "memory_bytes": caps.memory_bytes,
                         "vector_bits": caps.vector_bits,
                         "matrix_ops": sorted(caps.matrix_ops),

@@ -58,6 +58,11 @@ def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
 
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
+    if tgt.name == "spirv":
+        # SimplifyCFG sinks a store that sibling branches make to different buffers into their join,
+        # through a phi of the two buffer handles, which LLVM 22's SPIR-V backend cannot select (it
+        # asserts). The option is process-wide: this runs in a worker retired after each SPIR-V module.
+        llvm.set_option("", "-simplifycfg-sink-common=false")
     mod = llvm.parse_assembly(ir_text)
     mod.verify()
     target = llvm.Target.from_triple(tgt.triple)

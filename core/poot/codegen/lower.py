@@ -50,8 +50,9 @@ class _Lowerer:
         shared_bytes = sum(s.size * max(1, s.dtype.bits // 8) for s in k.shared)
         if shared_bytes > tgt.max_shared:
             raise Refusal(f"kernel {k.name}", tgt.key, f"{shared_bytes} bytes of workgroup memory exceed the target's {tgt.max_shared}")
-        if uses_subgroups(k) and tgt.name == "spirv":
-            raise Refusal(f"kernel {k.name}", tgt.key, "subgroup operations are not lowered for SPIR-V yet")
+        if uses_subgroups(k) and tgt.name == "spirv" and tgt.subgroup <= 1:
+            raise Refusal(f"kernel {k.name}", tgt.key, "subgroup operations need the device's subgroup width: compile for "
+                                                        "spirv_target(n) on a Vulkan device whose subgroups run them")
         self.barriers = uses_barriers(k)
         self.vars: dict[str, tuple[str, L.Value, DType]] = {}  # name -> (kind, storage, type)
         self.values: dict[str, L.Value] = {}  # scalar params

@@ -160,7 +160,7 @@ class SpirvLowerer(_Lowerer):
     """Kernel IR -> a Vulkan compute shader module (its interface: the module docstring)."""
 
     def __init__(self, k: K.Kernel, tgt) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(k, tgt)  # refuses subgroup operations and oversized workgroups / shared memory
+        super().__init__(k, tgt)  # refuses oversized workgroups / shared memory, and subgroup operations at width 1
         self.m = SpirvModule(k.name)
         self.m.triple = tgt.triple
         self._getptr: dict[str, L.Function] = {}
@@ -211,8 +211,8 @@ class SpirvLowerer(_Lowerer):
                     t = getattr(x, "dtype", None)
                     if t is not None and t not in _VALUE_TYPES:
                         raise self._refuse(f"{type(x).__name__} computes in {t}; the Vulkan target handles f32, i32 and bool")
-                    if isinstance(x, K.Builtin) and x.kind in ("lane_id", "subgroup_size"):
-                        raise self._refuse(f"builtin {x.kind}(): subgroup operations are not lowered for SPIR-V yet")
+                    if isinstance(x, K.Builtin) and x.kind in ("lane_id", "subgroup_size") and self.t.subgroup <= 1:
+                        raise self._refuse(f"builtin {x.kind}(): subgroup operations need spirv_target(n), n the device's subgroup width")
 
     # -- module and entry point ---------------------------------------------------------------------
     def lower(self) -> L.Module:
@@ -263,6 +263,25 @@ class SpirvLowerer(_Lowerer):
         g.initializer = L.Constant(L.ArrayType(L.IntType(8), len(label)), bytearray(label))
         args = [L.Constant(I32, v) for v in (0, binding, 1, 0)] + [g.bitcast(L.PointerType())]  # set, binding, range, index, name
         return self.b.call(make, args, name=f"h.{name}"), getp
+
+    # -- subgroups (spirv_target(n)): GroupNonUniform operations at Subgroup scope ----------------------
+    def builtin(self, e: K.Builtin) -> L.Value:
+        if e.kind == "lane_id":  # the SubgroupLocalInvocationId input
+            return self.b.call(self.intrinsic("llvm.spv.subgroup.local.invocation.id", I32, []), [])
+        return super().builtin(e)
+
+    def subgroup_reduce(self, op: str, v: L.Value, t: DType) -> L.Value:
+        """OpGroupNonUniform{F,I}Add / {F,S}Max / {F,S}Min, Reduce: every active lane gets the result."""
+        name = {"add": "sum", "max": "max", "min": "min"}[op]
+        suffix = "f32" if t.is_float else "i32"
+        return self.b.call(self.intrinsic(f"llvm.spv.wave.reduce.{name}.{suffix}", v.type, [v.type]), [v])
+
+    def shuffle(self, v: L.Value, lane: L.Value, t: DType, xor: bool) -> L.Value:
+        """OpGroupNonUniformShuffle (the lane index may differ per lane)."""
+        if xor:
+            lane = self.b.xor(self.builtin(K.Builtin("lane_id")), lane)
+        suffix = "f32" if t.is_float else "i32"
+        return self.b.call(self.intrinsic(f"llvm.spv.wave.readlane.{suffix}", v.type, [v.type, I32]), [v, lane])
 
     # -- expressions --------------------------------------------------------------------------------
     def bitcast(self, v: L.Value, to: L.Type) -> L.Value:

@@ -2,15 +2,18 @@
 
 Every target compiles with no hardware present. ``subgroup`` is the subgroup width kernels see
 (1 on the host, where a workgroup's threads run as a loop on one core and LLVM vectorises the loop).
+A Vulkan device's subgroup width is the driver's (8 on lavapipe, 32 on NVIDIA, 64 or 32 on AMD):
+``spirv_target(n)`` is the SPIR-V target whose kernels may use subgroup operations of that width;
+``spirv:vulkan1.3`` (width 1) is the one that serves every Vulkan device and uses none.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import Refusal
 
-__all__ = ["Target", "TARGETS", "target", "host_target"]
+__all__ = ["Target", "TARGETS", "target", "host_target", "spirv_target"]
 
 
 @dataclass(frozen=True)
@@ -29,7 +32,9 @@ class Target:
 
     @property
     def key(self) -> str:
-        """Short name for messages: 'host:znver4', 'nvptx:sm_90'."""
+        """Short name for messages (and compile-cache keys): 'host:znver4', 'nvptx:sm_90', 'spirv:subgroup32'."""
+        if self.name == "spirv" and self.subgroup > 1:
+            return f"spirv:subgroup{self.subgroup}"
         return f"{self.name}:{self.cpu}" if self.cpu else self.name
 
 
@@ -60,3 +65,15 @@ def target(name: str) -> Target:
     if name not in TARGETS:
         raise Refusal("compile", name, f"unknown target (known: host, {', '.join(TARGETS)})")
     return TARGETS[name]
+
+
+def spirv_target(subgroup: int = 1) -> Target:
+    """The Vulkan SPIR-V target for a device whose subgroups are ``subgroup`` lanes wide and run
+    reductions and shuffles in compute shaders (GroupNonUniformArithmetic and -Shuffle); 1 (or 0):
+    kernels use no subgroup operations, the module serves any Vulkan device."""
+    base = TARGETS["spirv:vulkan1.3"]
+    if subgroup <= 1:
+        return base
+    if subgroup & (subgroup - 1) or subgroup > 128:
+        raise Refusal("compile", "spirv", f"a subgroup of {subgroup} lanes (Vulkan subgroups are powers of two up to 128)")
+    return replace(base, subgroup=subgroup)

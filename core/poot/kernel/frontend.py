@@ -392,8 +392,8 @@ class _Translator:
         """reduce_shared(arr, "add"|"max"|"min"[, subgroup]): barrier, then a tree over the shared
         array (one element per thread, power-of-two size); afterwards arr[0] holds the result for
         every thread. With a compile-time ``subgroup`` > 0 (the device's subgroup size): each
-        subgroup reduces its elements by a subgroup operation and the first subgroup those partial
-        results, three barriers instead of log2(size) + 1."""
+        subgroup reduces its elements by a subgroup operation, then the subgroups' results are
+        reduced the same way: three barriers for up to subgroup**2 elements instead of log2(size) + 1."""
         c = self.c
         name = self._memory(call.args[0])
         op = self.expr(call.args[1])
@@ -416,23 +416,31 @@ class _Translator:
         return out
 
     def _reduce_subgroups(self, name: str, sh: ir.Shared, op: str, sub: int) -> list[ir.Stmt]:
+        """Each subgroup reduces its elements and stores its result at its index; the results are
+        reduced the same way, level by level, until one is left (two levels for 1,024 elements on
+        32-lane subgroups, four on 8-lane ones)."""
         self._reductions = getattr(self, "_reductions", 0) + 1
-        part_v, all_v = f"_sub_part{self._reductions}", f"_sub_all{self._reductions}"
         tid = ir.Builtin("thread_id", 0)
         i32 = lambda v: ir.Const(v, dt.i32)  # noqa: E731
         identity = ir.Const({"add": 0.0, "max": -3.0e38, "min": 3.0e38}[op], sh.dtype) if sh.dtype.is_float else ir.Const(0, sh.dtype)
-        own = ir.Load(name, tid, sh.dtype)
-        first = ir.Bin("lt", tid, i32(sub))
-        partial = ir.Select(ir.Bin("lt", tid, i32(max(1, sh.size // sub))), ir.Load(name, ir.Bin("min", tid, i32(sh.size - 1)), sh.dtype), identity)
-        return [
-            ir.Let(part_v, ir.SubgroupReduce(op, own)),
-            ir.Barrier(),  # every thread has read its element before a subgroup's result overwrites one
-            ir.If(ir.Bin("eq", ir.Bin("rem", tid, i32(sub)), i32(0)), (ir.Store(name, ir.Bin("div", tid, i32(sub)), ir.Ref(part_v, sh.dtype)),)),
-            ir.Barrier(),
-            ir.If(first, (ir.Let(all_v, ir.SubgroupReduce(op, partial)),
-                          ir.If(ir.Bin("eq", tid, i32(0)), (ir.Store(name, i32(0), ir.Ref(all_v, sh.dtype)),)))),
-            ir.Barrier(),
-        ]
+        leader = ir.Bin("eq", ir.Bin("rem", tid, i32(sub)), i32(0))
+        out: list[ir.Stmt] = []
+        count, level = sh.size, 0
+        while count > 1 or level == 0:
+            v = f"_sub{self._reductions}_{level}"
+            mine = ir.Load(name, tid, sh.dtype) if level == 0 else \
+                ir.Select(ir.Bin("lt", tid, i32(count)), ir.Load(name, ir.Bin("min", tid, i32(sh.size - 1)), sh.dtype), identity)
+            nxt = -(-count // sub)
+            if level and nxt == 1:  # the last level: one subgroup reads what is left and lane 0 stores it
+                out += [ir.If(ir.Bin("lt", tid, i32(sub)), (ir.Let(v, ir.SubgroupReduce(op, mine)),
+                                                              ir.If(ir.Bin("eq", tid, i32(0)), (ir.Store(name, i32(0), ir.Ref(v, sh.dtype)),)))),
+                        ir.Barrier()]
+            else:  # every thread has read its element before a subgroup's result overwrites one
+                keep = leader if level == 0 else ir.Bin("and", leader, ir.Bin("lt", tid, i32(count)))
+                out += [ir.Let(v, ir.SubgroupReduce(op, mine)), ir.Barrier(),
+                        ir.If(keep, (ir.Store(name, ir.Bin("div", tid, i32(sub)), ir.Ref(v, sh.dtype)),)), ir.Barrier()]
+            count, level = nxt, level + 1
+        return out
 
     def _value_for(self, name: str, node: ast.expr) -> ir.Expr:
         mem = self.c.buffers.get(name) or self.c.shared[name]

@@ -402,8 +402,9 @@ def compile_plan(graph: Graph, device: Device) -> Plan:
     if device.capabilities is None or device.target not in ("host", "nvptx", "spirv"):
         raise Refusal("plan", device.name, f"the planner has schedules for the host CPU, NVIDIA GPUs and Vulkan/WebGPU; target '{device.target}' gets them with its backend")
     caps = device.capabilities
-    # SPIR-V kernels use no subgroup operations (codegen refuses them): schedules that need them are not chosen
-    subgroup = 0 if device.target == "spirv" else caps.subgroup_size
+    # schedules that reduce or shuffle across subgroups are chosen only where the device runs them
+    # (a Vulkan device's SPIR-V is then compiled for its subgroup width: codegen.spirv_target)
+    subgroup = caps.subgroup_size if caps.subgroup_ops else 0
     shared = caps.shared_memory_bytes
     if device.target == "spirv":  # one SPIR-V module serves every Vulkan device: codegen holds kernels to Vulkan's guaranteed minimum
         shared = min(shared, TARGETS["spirv:vulkan1.3"].max_shared)

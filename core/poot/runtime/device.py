@@ -59,6 +59,7 @@ class Capabilities:
     matrix_ops: frozenset[str] = frozenset()
     details: tuple[tuple[str, str], ...] = ()
     max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (Vulkan's storage buffer range, WebGPU's binding size)
+    subgroup_ops: bool = True  # kernels may reduce and shuffle across a subgroup of subgroup_size lanes
 
     def summary(self) -> str:
         gib = self.memory_bytes / 2**30
@@ -67,7 +68,7 @@ class Capabilities:
             f"{gib:.1f} GiB",
             f"wg<={self.max_workgroup_size}",
             f"shared {self.shared_memory_bytes // 1024} KiB",
-            f"subgroup {self.subgroup_size}",
+            f"subgroup {self.subgroup_size}" + ("" if self.subgroup_ops or self.subgroup_size <= 1 else " (no subgroup operations)"),
         ]
         if self.vector_bits:
             parts.append(f"vector {self.vector_bits}b")

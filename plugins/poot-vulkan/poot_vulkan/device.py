@@ -4,10 +4,21 @@ from __future__ import annotations
 
 from poot.runtime import Capabilities, Device, Unavailable
 
-__all__ = ["vulkan_devices", "MIN_API"]
+__all__ = ["vulkan_devices", "subgroup_width", "MIN_API"]
 
 MIN_API = (1, 3)  # codegen emits SPIR-V for the vulkan1.3 environment
 _TYPES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
+
+
+def subgroup_width(vk, sub) -> int:  # type: ignore[no-untyped-def]
+    """The subgroup width kernels may use on a device whose VkPhysicalDeviceSubgroupProperties are
+    ``sub``: its subgroup size where compute shaders run subgroup reductions and shuffles, else 1
+    (kernels then use none; codegen.spirv_target(1) serves any device)."""
+    need = vk.VK_SUBGROUP_FEATURE_BASIC_BIT | vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT
+    n = int(sub.subgroupSize)
+    if sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT and sub.supportedOperations & need == need and n > 1 and not n & (n - 1):
+        return n
+    return 1
 
 
 def _placeholder(code: str, message: str) -> list[Device]:
@@ -66,6 +77,7 @@ def _describe(vk, index: int, pd) -> Device:  # type: ignore[no-untyped-def]
         max_workgroup_size=lim.maxComputeWorkGroupInvocations,
         shared_memory_bytes=lim.maxComputeSharedMemorySize,
         subgroup_size=sub.subgroupSize,
+        subgroup_ops=subgroup_width(vk, sub) > 1,
         memory_bytes=max(local, default=0),
         details=(
             ("type", _TYPES.get(props.deviceType, str(props.deviceType))),

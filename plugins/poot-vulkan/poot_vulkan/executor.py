@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from poot.codegen import TARGETS, compile_kernel
-from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
+from poot.codegen import compile_kernel, spirv_target
+from poot.codegen.spirv import SCALARS, bindings, scalar_words
 from poot.errors import PootError
 from poot.kernel.ir import Kernel
 from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
@@ -47,15 +47,14 @@ class _Pipeline:
         self.dev, self.kernel = dev, kernel
         self.bindings = bindings(kernel)
         self.module = self.set_layout = self.layout = self.pipeline = None
-        code = compile_kernel(kernel, TARGETS["spirv:vulkan1.3"]).data
+        code = compile_kernel(kernel, spirv_target(self.dev.subgroup)).data
         try:
             self.module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
             slots = [vk.VkDescriptorSetLayoutBinding(binding=b, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
                                                      stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for b, *_ in self.bindings]
             self.set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(pBindings=slots), None)
             self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(pSetLayouts=[self.set_layout]), None)
-            stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=ENTRY)
-            self.pipeline = vk.vkCreateComputePipelines(d, dev.pipeline_cache(), 1, [vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
+            self.pipeline = dev.compute_pipeline(kernel, self.module, self.layout)
         except BaseException:
             self.close()
             raise

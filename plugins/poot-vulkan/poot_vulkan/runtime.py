@@ -2,7 +2,7 @@
 mapped as numpy views, and one compute pipeline per kernel.
 
     with VulkanDevice(0) as dev:
-        k = VulkanKernel(kernel, compile_kernel(kernel, target("spirv:vulkan1.3")).data, dev)
+        k = VulkanKernel(kernel, compile_kernel(kernel, spirv_target(dev.subgroup)).data, dev)
         k.run((groups, 1, 1), {"x": x, "y": y}, {"n": len(x)})
 
 A kernel's descriptor set 0 follows ``poot.codegen.spirv.bindings``: one storage buffer per Buffer
@@ -22,6 +22,9 @@ from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
 from poot.errors import DeviceUnavailable
 from poot.load import cache_dir
 from poot.kernel.ir import Kernel
+from poot.kernel.verify import uses_subgroups
+
+from .device import subgroup_width
 
 __all__ = ["VulkanDevice", "VulkanKernel", "HostBuffer", "DeviceBuffer", "WHOLE_SIZE"]
 
@@ -72,13 +75,46 @@ class VulkanDevice:
             if self.family is None:
                 raise DeviceUnavailable(f"vulkan:{index} ({self.name}) has no compute queue")
             queue = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=self.family, queueCount=1, pQueuePriorities=[1.0])
-            self.device = vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(pQueueCreateInfos=[queue]), None)
+            self.device = vk.vkCreateDevice(self.physical, vk.VkDeviceCreateInfo(pNext=self._features(), pQueueCreateInfos=[queue]), None)
             self.queue = vk.vkGetDeviceQueue(self.device, self.family, 0)
             self.memory = vk.vkGetPhysicalDeviceMemoryProperties(self.physical)
         except BaseException:
             self.close()
             raise
         self.index = index
+
+    def _features(self):  # type: ignore[no-untyped-def]
+        """The optional features kernels may need, enabled where the device has them: shaderInt8
+        (packed-weight kernels compute with bytes), and subgroup size control with full compute
+        subgroups (kernels that use subgroup operations get exactly ``subgroup`` lanes a subgroup,
+        every subgroup full). Sets ``subgroup`` (codegen.spirv_target's width) and ``full_subgroups``."""
+        vk = self.vk
+        sub = vk.VkPhysicalDeviceSubgroupProperties()
+        p13 = vk.VkPhysicalDeviceVulkan13Properties(pNext=sub)
+        vk.vkGetPhysicalDeviceProperties2(self.physical, vk.VkPhysicalDeviceProperties2(pNext=p13))
+        f13 = vk.VkPhysicalDeviceVulkan13Features()
+        f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f13)
+        vk.vkGetPhysicalDeviceFeatures2(self.physical, vk.VkPhysicalDeviceFeatures2(pNext=f12))
+        self.subgroup = subgroup_width(vk, sub)
+        self.full_subgroups = bool(self.subgroup > 1 and f13.subgroupSizeControl and f13.computeFullSubgroups
+                                   and p13.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
+                                   and p13.minSubgroupSize <= self.subgroup <= p13.maxSubgroupSize)
+        self.int8 = bool(f12.shaderInt8)
+        return vk.VkPhysicalDeviceVulkan12Features(shaderInt8=self.int8, pNext=vk.VkPhysicalDeviceVulkan13Features(
+            subgroupSizeControl=self.full_subgroups, computeFullSubgroups=self.full_subgroups))
+
+    def compute_pipeline(self, kernel: Kernel, module, layout):  # type: ignore[no-untyped-def]
+        """The compute pipeline of ``kernel``'s shader ``module`` (through the pipeline cache). A
+        kernel that uses subgroup operations gets exactly the width it was compiled for, in full
+        subgroups (lane i of subgroup s is thread s * subgroup + i), where the device can promise it."""
+        vk = self.vk
+        extra = {}
+        if self.full_subgroups and uses_subgroups(kernel) and kernel.workgroup[0] % self.subgroup == 0:
+            extra = {"pNext": vk.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(requiredSubgroupSize=self.subgroup),
+                     "flags": vk.VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT}  # the 1.3 core name is missing from the binding
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName=ENTRY, **extra)
+        info = vk.VkComputePipelineCreateInfo(stage=stage, layout=layout)
+        return vk.vkCreateComputePipelines(self.device, self.pipeline_cache(), 1, [info], None)[0]
 
     def memory_type(self, bits: int) -> int:
         """A host-visible, host-coherent memory type allowed by ``bits`` (a memoryTypeBits mask)."""
@@ -335,7 +371,8 @@ def storage_buffer(dev: VulkanDevice, nbytes: int, data: np.ndarray | None = Non
 
 
 class VulkanKernel:
-    """A compute pipeline for ``kernel`` from its SPIR-V (poot's ``spirv:vulkan1.3`` artifact)."""
+    """A compute pipeline for ``kernel`` from its SPIR-V (codegen's ``spirv_target(device.subgroup)``
+    artifact)."""
 
     def __init__(self, kernel: Kernel, spirv: bytes, device: VulkanDevice) -> None:
         vk = device.vk
@@ -351,9 +388,7 @@ class VulkanKernel:
                                                      stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for b, *_ in self.bindings]
             self.set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(pBindings=slots), None)
             self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(pSetLayouts=[self.set_layout]), None)
-            stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module, pName=ENTRY)
-            info = vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)
-            self.pipeline = vk.vkCreateComputePipelines(d, device.pipeline_cache(), 1, [info], None)[0]
+            self.pipeline = device.compute_pipeline(kernel, self.module, self.layout)
             sizes = [vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=max(1, len(self.bindings)))]
             self.pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(maxSets=1, pPoolSizes=sizes), None)
             alloc = vk.VkDescriptorSetAllocateInfo(descriptorPool=self.pool, pSetLayouts=[self.set_layout])
@@ -465,7 +500,7 @@ class VulkanKernel:
 def kernel_runner(device: VulkanDevice):  # type: ignore[no-untyped-def]
     """``run(kernel, grid, buffers, scalars)`` on ``device`` for the kernel tests: SPIR-V from codegen,
     one pipeline per kernel kept for reuse, writable buffers copied back into the arrays."""
-    from poot.codegen import TARGETS, compile_kernel
+    from poot.codegen import compile_kernel, spirv_target
 
     loaded: dict[str, VulkanKernel] = {}
 
@@ -473,7 +508,7 @@ def kernel_runner(device: VulkanDevice):  # type: ignore[no-untyped-def]
         key = repr(k)
         vk = loaded.get(key)
         if vk is None:
-            vk = loaded[key] = VulkanKernel(k, compile_kernel(k, TARGETS["spirv:vulkan1.3"]).data, device)
+            vk = loaded[key] = VulkanKernel(k, compile_kernel(k, spirv_target(device.subgroup)).data, device)
         vk.run(tuple(grid), {p.name: buffers[p.name] for p in k.buffers}, dict(scalars))
 
     return run

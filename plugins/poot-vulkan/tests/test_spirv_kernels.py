@@ -93,6 +93,21 @@ def subgroup_sum(x: In[f32], out: Out[f32]):
     out[i] = subgroup_add(x[i])
 
 
+@kernel(workgroup=(64, 1, 1))
+def subgroup_ops(x: In[f32], n: In[i32], out: Out[f32], iout: Out[i32], MASK: Const = 1):
+    """Every subgroup operation codegen lowers, one output column each."""
+    i = group_id(0) * 64 + thread_id(0)
+    v = x[i]
+    out[i * 5] = subgroup_add(v)
+    out[i * 5 + 1] = subgroup_max(v)
+    out[i * 5 + 2] = subgroup_min(v)
+    out[i * 5 + 3] = shuffle_xor(v, MASK)
+    out[i * 5 + 4] = shuffle(v, (lane_id() + 1) % subgroup_size())
+    iout[i * 3] = subgroup_add(n[i])
+    iout[i * 3 + 1] = subgroup_max(n[i])
+    iout[i * 3 + 2] = lane_id()
+
+
 # -- fixtures and helpers ---------------------------------------------------------------------------
 
 
@@ -210,6 +225,48 @@ def test_post_pass_rewrites_barrier_semantics(tmp_path):
 def test_subgroup_operations_are_refused():
     with pytest.raises(Refusal, match="subgroup"):
         codegen.compile_kernel(subgroup_sum.instantiate(), TARGET, use_cache=False)
+
+
+def test_subgroup_operations_at_the_devices_width(device, rng):
+    """Reductions (f32 and i32 add, max, min), shuffles by lane and by xor, and lane ids, compiled for
+    the device's subgroup width (8 on lavapipe) and run in full subgroups of consecutive threads."""
+    if device.subgroup < 2:
+        pytest.skip(f"{device.name} runs no subgroup reductions and shuffles in compute shaders")
+    sg = device.subgroup
+    k = subgroup_ops.instantiate(MASK=sg // 2)
+    art = codegen.compile_kernel(k, codegen.spirv_target(sg), use_cache=False)
+    S.validate(art.data, k.name)
+    groups = 3
+    x = rng.standard_normal(64 * groups).astype(np.float32)
+    n = rng.integers(-1000, 1000, 64 * groups).astype(np.int32)
+    out, iout = poisoned((64 * groups, 5)), poisoned((64 * groups, 3), np.int32)
+    run(device, k, art.data, (groups, 1, 1), {"x": x, "n": n, "out": out, "iout": iout}, {})
+    xs, ns = x.reshape(-1, sg).astype(np.float64), n.reshape(-1, sg)
+    np.testing.assert_allclose(out[:, 0], np.repeat(xs.sum(axis=1), sg), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[:, 1], np.repeat(x.reshape(-1, sg).max(axis=1), sg))
+    np.testing.assert_array_equal(out[:, 2], np.repeat(x.reshape(-1, sg).min(axis=1), sg))
+    lanes = np.tile(np.arange(sg), 64 * groups // sg)
+    base = np.arange(64 * groups) - lanes
+    np.testing.assert_array_equal(out[:, 3], x[base + (lanes ^ (sg // 2))])
+    np.testing.assert_array_equal(out[:, 4], x[base + (lanes + 1) % sg])
+    np.testing.assert_array_equal(iout[:, 0], np.repeat(ns.sum(axis=1), sg))
+    np.testing.assert_array_equal(iout[:, 1], np.repeat(ns.max(axis=1), sg))
+    np.testing.assert_array_equal(iout[:, 2], lanes)
+
+
+def test_warp_schedules_compile_for_32_lane_subgroups(tmp_path):
+    """The decode GEMVs (bf16 and Q4_K, single, gated, several products) for a Vulkan device with
+    32-lane subgroups (NVIDIA's): valid modules whose sums are subgroup reductions."""
+    from poot.kernel.library.linear_gpu import gemv_warp
+
+    for k in (gemv_warp("bf16", 4096, 1), gemv_warp("bf16", 4096, 4, glu=True), gemv_warp("bf16", 4096, 1, parts=(64, 16, 16)),
+              gemv_warp("q4_k", 4096, 1)):
+        art = codegen.compile_kernel(k, codegen.spirv_target(32), use_cache=False)
+        S.validate(art.data, k.name)
+        text = disassemble(art.data, tmp_path)
+        assert "OpGroupNonUniformFAdd" in text and "Reduce" in text, k.name
+    with pytest.raises(Refusal, match="subgroup"):
+        codegen.spirv_target(24)
 
 
 def test_module_interface():

@@ -71,6 +71,7 @@ def wgpu_devices() -> list[Device]:
             max_workgroup_size=lim["max-compute-invocations-per-workgroup"],
             shared_memory_bytes=lim["max-compute-workgroup-storage-size"],
             subgroup_size=int(info.get("subgroup_min_size") or info.get("stackgroup_min_size") or 0) or 1,
+            subgroup_ops=False,  # WebGPU gives a range of widths, not the one kernels would be compiled for
             memory_bytes=0,  # not exposed by WebGPU
             max_buffer_bytes=int(lim["max-storage-buffer-binding-size"]),
             details=(
