@@ -107,12 +107,30 @@ def scalar_words(k: K.Kernel, values: dict[str, float | int]) -> np.ndarray:
     return words
 
 
-def _buffer_type(t: DType, writable: bool) -> str:
-    return f'target("spirv.VulkanBuffer", [0 x {_SPELL[t]}], 12, {int(writable)})'
+def _buffer_type(t: DType, writable: bool, width: int = 1) -> str:
+    elem = _SPELL[t] if width == 1 else f"<{width} x {_SPELL[t]}>"
+    return f'target("spirv.VulkanBuffer", [0 x {elem}], 12, {int(writable)})'
 
 
-def _mangled(t: DType, writable: bool) -> str:
-    return f"tspirv.VulkanBuffer_a0{_MANGLE[t]}_12_{int(writable)}t"
+def _mangled(t: DType, writable: bool, width: int = 1) -> str:
+    return f"tspirv.VulkanBuffer_a0{'' if width == 1 else f'v{width}'}{_MANGLE[t]}_12_{int(writable)}t"
+
+
+def _vec4_buffers(k: K.Kernel) -> set[str]:
+    """Read-only 32-bit buffers that the kernel reads only four elements at a time (VecLoad: the
+    index a multiple of four): bound as arrays of 4-vectors, so that each read is one 16-byte load."""
+    seen: dict[str, bool] = {}
+    for st in _stmts(k.body):
+        if isinstance(st, K.VecLoad):
+            seen[st.buffer] = seen.get(st.buffer, True) and len(st.names) == 4
+        elif getattr(st, "buffer", None) is not None:  # stores and atomics
+            seen[st.buffer] = False  # type: ignore[union-attr]
+        roots = [getattr(st, f) for f in ("value", "index", "cond", "start", "stop") if getattr(st, f, None) is not None]
+        for e in roots + list(getattr(st, "values", ())):
+            for x in _exprs(e):
+                if isinstance(x, K.Load):
+                    seen[x.buffer] = False
+    return {p.name for p in k.buffers if p.readonly and p.dtype in _MEMORY_TYPES and seen.get(p.name)}
 
 
 class SpirvModule(L.Module):
@@ -173,6 +191,7 @@ class SpirvLowerer(_Lowerer):
         k = self.k
         self._words = {p.name for p in k.buffers if p.dtype == dt.u8 and p.readonly}
         self._halves = {p.name for p in k.buffers if p.dtype in (dt.bf16, dt.f16) and p.readonly}
+        self._vec4 = _vec4_buffers(k) - self._words - self._halves
         for p in k.params:
             if p.name in self._words or p.name in self._halves:
                 continue  # packed bytes and 16-bit values: bound as 32-bit words, read by shift and mask
@@ -235,7 +254,7 @@ class SpirvLowerer(_Lowerer):
         set.add(fn.attributes, '"hlsl.shader"="compute"')
         self.b = L.IRBuilder(fn.append_basic_block("entry"))
         for binding, name, t, writable in bindings(k):
-            h, getp = self._binding(binding, name, dt.i32 if name in self._words or name in self._halves else t, writable)
+            h, getp = self._binding(binding, name, dt.i32 if name in self._words or name in self._halves else t, writable, 4 if name in self._vec4 else 1)
             if name != SCALARS:
                 self.mem[name] = (h, dt.i32 if name in self._halves else t, None)
                 self._getptr[name] = getp
@@ -246,14 +265,16 @@ class SpirvLowerer(_Lowerer):
         self.block(k.body)
         self.b.ret_void()
 
-    def _binding(self, binding: int, name: str, t: DType, writable: bool) -> tuple[L.Value, L.Function]:
-        """The binding's resource handle, made in the entry block, and its getpointer function."""
+    def _binding(self, binding: int, name: str, t: DType, writable: bool, width: int = 1) -> tuple[L.Value, L.Function]:
+        """The binding's resource handle, made in the entry block, and its getpointer function
+        (``width`` 4: the buffer is an array of 4-vectors, read 16 bytes a load)."""
         m = self.m
         ph = m.context.get_identified_type(f"poot.spv.handle.{binding}")
-        mangled = _mangled(t, writable)
+        mangled = _mangled(t, writable, width)
         make = L.Function(m, L.FunctionType(ph, [I32, I32, I32, I32, L.PointerType()]), f"poot.spv.bind.{binding}")
-        getp = L.Function(m, L.FunctionType(L.PointerType(llvm_type(t), STORAGE_AS), [ph, I32]), f"poot.spv.ptr.{binding}")
-        m.replace[f'%"poot.spv.handle.{binding}"'] = _buffer_type(t, writable)
+        elem = llvm_type(t) if width == 1 else L.VectorType(llvm_type(t), width)
+        getp = L.Function(m, L.FunctionType(L.PointerType(elem, STORAGE_AS), [ph, I32]), f"poot.spv.ptr.{binding}")
+        m.replace[f'%"poot.spv.handle.{binding}"'] = _buffer_type(t, writable, width)
         m.replace[f'@"poot.spv.bind.{binding}"'] = f"@llvm.spv.resource.handlefrombinding.{mangled}"
         m.replace[f'@"poot.spv.ptr.{binding}"'] = f"@llvm.spv.resource.getpointer.p{STORAGE_AS}.{mangled}"
         label = name.encode() + b"\0"  # one distinct name string per binding
@@ -333,6 +354,14 @@ class SpirvLowerer(_Lowerer):
         if isinstance(st, K.AtomicAdd):  # device scope: Vulkan rejects LLVM's default (system: CrossDevice)
             ptr, _ = self.address(st.buffer, st.index)
             self.b.atomic_rmw("add", ptr, self.expr(st.value), 'syncscope("device") monotonic')
+        elif isinstance(st, K.VecLoad) and st.buffer in self._vec4:  # element index / 4 of an array of 4-vectors
+            base, t, _ = self.mem[st.buffer]
+            b = self.b
+            v = b.load(b.call(self._getptr[st.buffer], [base, b.ashr(self.expr(st.index), L.Constant(I32, 2))]))
+            for i, name in enumerate(st.names):
+                self.stmt(K.Let(name, K.Const(0, t)))  # declares the local (typed), then its value
+                ptr_v, _ = self._var_ptr(name)
+                b.store(b.extract_element(v, L.Constant(I32, i)), ptr_v)
         elif isinstance(st, K.VecLoad):  # element by element: the backend aborts on a vector load from an array element
             for i, name in enumerate(st.names):
                 self.stmt(K.Let(name, K.Load(st.buffer, K.Bin("add", st.index, K.Const(i, dt.i32)), st.dtype)))

@@ -265,6 +265,8 @@ def test_warp_schedules_compile_for_32_lane_subgroups(tmp_path):
         S.validate(art.data, k.name)
         text = disassemble(art.data, tmp_path)
         assert "OpGroupNonUniformFAdd" in text and "Reduce" in text, k.name
+        if "bf16" in k.name:  # weights (and x) read 16 bytes a load, from arrays of 4-vectors
+            assert sum("OpLoad" in line and "Aligned 16" in line for line in text.splitlines()) >= 2, k.name
     with pytest.raises(Refusal, match="subgroup"):
         codegen.spirv_target(24)
 
