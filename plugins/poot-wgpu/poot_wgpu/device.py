@@ -11,6 +11,8 @@ import os
 
 from poot.runtime import Capabilities, Device, Unavailable
 
+from .subgroups import subgroup_width
+
 __all__ = ["wgpu_devices", "COMPUTE_BACKENDS"]
 
 COMPUTE_BACKENDS = ("Vulkan", "Metal", "D3D12")
@@ -64,14 +66,15 @@ def wgpu_devices() -> list[Device]:
     out = []
     for i, a in enumerate(adapters):
         info, lim = a.info, a.limits
+        width = subgroup_width(a)
         dtypes = {"f32", "i32", "u8", "bool", "bf16"} | ({"f16"} if "shader-f16" in a.features else set())
         caps = Capabilities(
             dtypes=frozenset(dtypes),
             compute_units=1,  # WebGPU does not expose a compute-unit count
             max_workgroup_size=lim["max-compute-invocations-per-workgroup"],
             shared_memory_bytes=lim["max-compute-workgroup-storage-size"],
-            subgroup_size=int(info.get("subgroup_min_size") or info.get("stackgroup_min_size") or 0) or 1,
-            subgroup_ops=False,  # WebGPU gives a range of widths, not the one kernels would be compiled for
+            subgroup_size=width if width > 1 else int(info.get("subgroup_min_size") or info.get("stackgroup_min_size") or 0) or 1,
+            subgroup_ops=width > 1,  # WebGPU gives a range of widths: the one kernels are compiled for is measured
             memory_bytes=0,  # not exposed by WebGPU
             max_buffer_bytes=int(lim["max-storage-buffer-binding-size"]),
             details=(

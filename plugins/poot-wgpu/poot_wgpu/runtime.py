@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from poot.codegen import TARGETS, compile_kernel
+from poot.codegen import compile_kernel, spirv_target
 from poot.codegen.spirv import ENTRY, SCALARS, bindings, for_wgpu, scalar_words
 from poot.errors import DeviceUnavailable, Refusal
 from poot.kernel.ir import Kernel
 
 from .device import COMPUTE_BACKENDS, _quiet_stderr, _restrict_backends
+from .subgroups import FEATURE, subgroup_width
 
 __all__ = ["WgpuDevice", "WgpuPipeline", "kernel_runner"]
 
@@ -46,7 +47,8 @@ class WgpuDevice:
         want = {k: self.adapter.limits[k] for k in _LIMITS if k in self.adapter.limits}
         # (not 'shader-int64': kernels whose SPIR-V holds 64-bit integers stay refused; with it,
         # lavapipe's LLVM aborted the process compiling what naga made of them)
-        self.device = self.adapter.request_device_sync(required_limits=want)
+        self.subgroup = subgroup_width(self.adapter)  # codegen.spirv_target's width (1: no subgroup operations)
+        self.device = self.adapter.request_device_sync(required_limits=want, required_features=[FEATURE] if self.subgroup > 1 else [])
         self.limits = self.device.limits
         self.queue = self.device.queue
 
@@ -76,7 +78,7 @@ class WgpuPipeline:
     def __init__(self, dev: WgpuDevice, kernel: Kernel) -> None:
         wgpu = dev.wgpu
         self.kernel, self.bindings = kernel, bindings(kernel)
-        code = for_wgpu(compile_kernel(kernel, TARGETS["spirv:vulkan1.3"]).data)
+        code = for_wgpu(compile_kernel(kernel, spirv_target(dev.subgroup)).data)
         # codegen's SPIR-V declares every buffer read-write (no NonWritable decoration), which naga keeps
         entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": wgpu.BufferBindingType.storage}}
                    for b, _name, _t, _writable in self.bindings]
