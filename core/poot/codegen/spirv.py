@@ -809,12 +809,33 @@ def _signed_operands(m: _Spv) -> None:
     m.insts = out
 
 
+_GROUP_VALUE = {345: 3, 346: 3, **{op: 4 for op in range(349, 359)}}  # OpGroupNonUniform Shuffle(Xor), arithmetic: value operand
+
+
+def _group_ops_not_first(m: _Spv) -> None:
+    """naga 29 panics (aborting the process) on a subgroup operation that is the first instruction
+    of a block, or that follows another: its expression emitter has not been (re)started. Such an
+    operation gets a copy of its value (OpCopyObject) before it, which starts the emitter."""
+    out: list[list] = []
+    for i, (op, ops) in enumerate(m.insts):
+        at = _GROUP_VALUE.get(op)
+        if at is not None and i and (m.insts[i - 1][0] == _OP_LABEL or m.insts[i - 1][0] in _GROUP_VALUE) and len(ops) > at:
+            new = m.header[3]
+            m.header[3] += 1
+            out.append([_OP_COPY, [ops[0], new, ops[at]]])
+            ops[at] = new
+        out.append([op, ops])
+    m.insts = out
+
+
 def for_wgpu(spv: bytes) -> bytes:
     """The module as naga takes it: without the ``Aligned`` memory operands of OpLoad/OpStore (naga
-    rejects them), and signed instructions given signed operands (see ``_signed_operands``)."""
+    rejects them), signed instructions given signed operands (see ``_signed_operands``), and no
+    subgroup operation first in its block (``_group_ops_not_first``)."""
     m = _Spv(spv, "(for wgpu)")
     _widen_narrow_ints(m)
     _signed_operands(m)
+    _group_ops_not_first(m)
     for op, ops in m.insts:
         at = {_OP_LOAD: 3, _OP_STORE: 2}.get(op)
         if at is None or len(ops) <= at:
