@@ -158,3 +158,21 @@ def long_context_against_oracle(executor, graph, weights, rng: np.random.Generat
         names = executor.capture(step_env(executor.plan, {**batch.as_inputs(), **pools})).names
         chunks = [[int(want[-1].argmax())]]
     return worst, names
+
+
+def profiled_step(executor, graph, weights, rng: np.random.Generator) -> tuple[list[tuple[str, float]], object, float]:  # type: ignore[no-untyped-def]
+    """Bind ``weights``, capture a prefill step of three tokens and ``profile`` it: (seconds per
+    launch, the captured step, the wall seconds ``profile`` took)."""
+    import time
+
+    from ..runtime.executor import step_env
+
+    pools = {k: np.zeros((8,) + tuple(d.value for d in v.shape[1:]), np.float32) for k, v in graph.inputs().items() if "_cache." in k}
+    executor.bind(weights, pools)
+    pages = PagedSequences(8, 4, rng)
+    pages.add()
+    inputs = pages.step([[1, 2, 3]], width=4).as_inputs()
+    step = executor.capture(step_env(executor.plan, {**inputs, **pools}))
+    t = time.perf_counter()
+    times = executor.profile(step, inputs)
+    return times, step, time.perf_counter() - t

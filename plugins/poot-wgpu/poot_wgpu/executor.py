@@ -2,7 +2,9 @@
 constants and KV pools in storage buffers bound once, and each captured step a list of (pipeline,
 bind group, grid) made once. WebGPU command buffers are single-use, so ``replay`` encodes that list
 into one compute pass and submits it: the per-step Python work is three calls a launch, with every
-bind group, pipeline and grid already made. Values are bound at their storage's offset, so the
+bind group, pipeline and grid already made. Small outputs (tokens, log-probabilities: up to
+``EAGER_READBACK`` bytes) are copied by the step's own encoder into mappable buffers made at capture,
+so reading them is one map; larger ones (logits) are copied back when read. Values are bound at their storage's offset, so the
 arena's slots are aligned to the adapter's ``min-storage-buffer-offset-alignment``.
 """
 
@@ -28,6 +30,7 @@ from .runtime import WgpuDevice, WgpuPipeline
 __all__ = ["WgpuExecutor"]
 
 Key = tuple[int, int]
+EAGER_READBACK = 256 << 10
 
 
 @dataclass
@@ -40,6 +43,7 @@ class WgpuStep:
     binding: int
     names: list[str] = field(default_factory=list)
     owned: list[Any] = field(default_factory=list)
+    copies: list[tuple[Any, int, Any, int]] = field(default_factory=list)  # source, offset, mappable buffer, bytes
 
 
 class WgpuExecutor(Executor):
@@ -163,11 +167,20 @@ class WgpuExecutor(Executor):
             grid = (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3]
             dispatches.append((pipe.pipeline, pipe.bind_group(self.dev, res), grid))
         outputs: dict[str, tuple[Any, int, np.dtype, tuple[int, ...]]] = {}
+        copies: list[tuple[Any, int, Any, int]] = []
         for name, k in computed_outputs(g.outputs, sp, bound).items():
             buf, o, _ = where(k)
-            outputs[name] = (buf, o, storage_dtype(values[k].dtype), sp.shapes[k])
+            dtype = storage_dtype(values[k].dtype)
+            nbytes = int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize
+            if sp.roots[k] not in self._pools and 0 < nbytes <= EAGER_READBACK and o % 4 == 0:
+                size = -(-nbytes // 4) * 4
+                back = self.dev.device.create_buffer(size=size, usage=self.dev.wgpu.BufferUsage.MAP_READ | self.dev.wgpu.BufferUsage.COPY_DST)
+                owned.append(back)
+                copies.append((buf, o, back, size))
+                buf, o = back, 0
+            outputs[name] = (buf, o, dtype, sp.shapes[k])
         step = WgpuStep(sp, step_inputs, outputs, dispatches, len(sp.launches), self._binding,
-                        [l.label or l.kernel.name for l in sp.launches], owned)
+                        [l.label or l.kernel.name for l in sp.launches], owned, copies)
         self._steps[key] = step
         return step
 
@@ -191,7 +204,42 @@ class WgpuExecutor(Executor):
                 cpass.set_bind_group(0, group)
                 cpass.dispatch_workgroups(*grid)
         cpass.end()
+        for src, off, back, size in step.copies:
+            enc.copy_buffer_to_buffer(src, off, back, 0, size)
         q.submit([enc.finish()])
+
+    def profile(self, step: WgpuStep, inputs: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
+        """Seconds per launch (median of ``repeat`` runs of the step), in plan order, from timestamp
+        queries: each launch in a compute pass of its own whose beginning and end are timestamped
+        (the adapter's ``timestamp-query`` feature; WebGPU timestamps are nanoseconds)."""
+        wgpu, d = self.dev.wgpu, self.dev.device
+        if "timestamp-query" not in d.features:
+            raise PootError(f"wgpu:{self.dev.index} ({self.dev.name}): no timestamp-query feature: launches cannot be timed")
+        n = len(step.dispatches)
+        qs = d.create_query_set(type=wgpu.QueryType.timestamp, count=2 * max(1, n))
+        resolved = d.create_buffer(size=16 * max(1, n), usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        self.replay(step, inputs)  # the inputs in place (and a warm-up)
+        times = np.zeros((repeat, n))
+        try:
+            for r in range(repeat):
+                enc = d.create_command_encoder()
+                for i, (pipeline, group, grid) in enumerate(step.dispatches):
+                    cpass = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i,
+                                                                     "end_of_pass_write_index": 2 * i + 1})
+                    if min(grid) >= 1:
+                        cpass.set_pipeline(pipeline)
+                        cpass.set_bind_group(0, group)
+                        cpass.dispatch_workgroups(*grid)
+                    cpass.end()
+                if n:
+                    enc.resolve_query_set(qs, 0, 2 * n, resolved, 0)
+                self.dev.queue.submit([enc.finish()])
+                ticks = np.frombuffer(self.dev.read(resolved, 0, 16 * n), np.uint64).reshape(n, 2).astype(np.float64)
+                times[r] = (ticks[:, 1] - ticks[:, 0]) * 1e-9
+        finally:
+            qs.destroy()
+            resolved.destroy()
+        return list(zip(step.names, np.median(times, axis=0).tolist()))
 
     def read(self, step: WgpuStep, name: str) -> np.ndarray:
         if name not in step.outputs:
@@ -204,7 +252,17 @@ class WgpuExecutor(Executor):
             host.reshape(-1).view(np.uint8)[:] = self.dev.read(pbuf, 0, host.nbytes)
             return host
         count = int(np.prod(shape, dtype=np.int64))
+        if buf in self._mappable(step):  # copied by the step itself: map, copy out, unmap
+            buf.map_sync(self.dev.wgpu.MapMode.READ)
+            try:
+                return np.frombuffer(buf.read_mapped(0, buf.size), np.uint8)[: count * dtype.itemsize].view(dtype).reshape(shape).copy()
+            finally:
+                buf.unmap()
         return self.dev.read(buf, off, count * dtype.itemsize).view(dtype).reshape(shape).copy()
+
+    @staticmethod
+    def _mappable(step: WgpuStep) -> list[Any]:
+        return [back for _, _, back, _ in step.copies]
 
     def close(self) -> None:
         for step in self._steps.values():

@@ -48,7 +48,8 @@ class WgpuDevice:
         # (not 'shader-int64': kernels whose SPIR-V holds 64-bit integers stay refused; with it,
         # lavapipe's LLVM aborted the process compiling what naga made of them)
         self.subgroup = subgroup_width(self.adapter)  # codegen.spirv_target's width (1: no subgroup operations)
-        self.device = self.adapter.request_device_sync(required_limits=want, required_features=[FEATURE] if self.subgroup > 1 else [])
+        features = ([FEATURE] if self.subgroup > 1 else []) + (["timestamp-query"] if "timestamp-query" in self.adapter.features else [])
+        self.device = self.adapter.request_device_sync(required_limits=want, required_features=features)
         self.limits = self.device.limits
         self.queue = self.device.queue
 

@@ -8,7 +8,7 @@ import pytest
 
 from poot.plan import compile_plan
 from poot.testing.fixtures import device_or_skip
-from poot.testing.paged import long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama
+from poot.testing.paged import long_context_against_oracle, profiled_step, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +26,23 @@ def test_families_on_wgpu_match_the_oracle(adapter, name, tmp_path, rng):
     ex.close()
     print(f"{name} on wgpu:0: max |dlogit| {worst:.2g}")
     assert worst < 1e-4
+
+
+def test_a_step_is_profiled_with_timestamp_queries(adapter, tmp_path, rng):
+    """Each launch timed in a compute pass of its own; WebGPU timestamps are nanoseconds, so the
+    launches' sum is a fraction of the wall time profile() took for three runs."""
+    from poot_wgpu.executor import WgpuExecutor
+
+    g, w = synthetic_graph("qwen2", tmp_path / "q", int(rng.integers(0, 2**31)))
+    ex = WgpuExecutor(compile_plan(g, adapter))
+    if "timestamp-query" not in ex.dev.device.features:
+        ex.close()
+        pytest.skip("this adapter has no timestamp-query feature")
+    times, step, wall = profiled_step(ex, g, w, rng)
+    assert [n for n, _ in times] == step.names and len(times) == step.launches
+    assert all(t >= 0 for _, t in times)
+    assert wall / 1000 < sum(t for _, t in times) < wall
+    ex.close()
 
 
 def test_decode_over_a_long_context_splits_attention(adapter, tmp_path, rng):
