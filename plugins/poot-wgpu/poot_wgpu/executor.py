@@ -4,7 +4,10 @@ bind group, grid) made once. WebGPU command buffers are single-use, so ``replay`
 into one compute pass and submits it: the per-step Python work is three calls a launch, with every
 bind group, pipeline and grid already made. Small outputs (tokens, log-probabilities: up to
 ``EAGER_READBACK`` bytes) are copied by the step's own encoder into mappable buffers made at capture,
-so reading them is one map; larger ones (logits) are copied back when read. Values are bound at their storage's offset, so the
+so reading them is one map; larger ones (logits) are copied back when read. Encoding a step's few
+hundred dispatches costs milliseconds of Python and wgpu work, and a command buffer does not depend
+on the inputs (they are written to their buffers before it is submitted): so after each submit the
+step's next command buffer is encoded while the GPU runs this one. Values are bound at their storage's offset, so the
 arena's slots are aligned to the adapter's ``min-storage-buffer-offset-alignment``.
 """
 
@@ -44,6 +47,7 @@ class WgpuStep:
     names: list[str] = field(default_factory=list)
     owned: list[Any] = field(default_factory=list)
     copies: list[tuple[Any, int, Any, int]] = field(default_factory=list)  # source, offset, mappable buffer, bytes
+    ready: Any = None  # the next replay's command buffer, encoded after the last submit
 
 
 class WgpuExecutor(Executor):
@@ -196,6 +200,13 @@ class WgpuExecutor(Executor):
             if data.nbytes % 4:
                 data = np.concatenate([data, np.zeros(4 - data.nbytes % 4, np.uint8)])
             q.write_buffer(buf, 0, data)
+        ready, step.ready = step.ready or self._encode(step), None
+        q.submit([ready])
+        step.ready = self._encode(step)  # the next replay's commands, encoded while the GPU runs these
+
+    def _encode(self, step: WgpuStep) -> Any:
+        """The step's dispatches in one compute pass, then the copies of its small outputs, as a
+        finished command buffer (its inputs are written before it is submitted)."""
         enc = self.dev.device.create_command_encoder()
         cpass = enc.begin_compute_pass()
         for pipeline, group, grid in step.dispatches:
@@ -206,7 +217,7 @@ class WgpuExecutor(Executor):
         cpass.end()
         for src, off, back, size in step.copies:
             enc.copy_buffer_to_buffer(src, off, back, 0, size)
-        q.submit([enc.finish()])
+        return enc.finish()
 
     def profile(self, step: WgpuStep, inputs: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
         """Seconds per launch (median of ``repeat`` runs of the step), in plan order, from timestamp
