@@ -10,15 +10,25 @@ MIN_API = (1, 3)  # codegen emits SPIR-V for the vulkan1.3 environment
 _TYPES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
 
 
-def subgroup_width(vk, sub) -> int:  # type: ignore[no-untyped-def]
-    """The subgroup width kernels may use on a device whose VkPhysicalDeviceSubgroupProperties are
-    ``sub``: its subgroup size where compute shaders run subgroup reductions and shuffles, else 1
-    (kernels then use none; codegen.spirv_target(1) serves any device)."""
+def subgroup_width(vk, physical) -> tuple[int, bool]:  # type: ignore[no-untyped-def]
+    """(the subgroup width kernels may use on ``physical``, whether pipelines can demand it in full
+    subgroups). The width is the device's subgroup size where compute shaders run subgroup
+    reductions and shuffles and every compute subgroup is that wide: the size is fixed (minimum =
+    maximum), or subgroup size control can require it of a pipeline (Vulkan 1.3). Else 1: kernels
+    use no subgroup operations (codegen.spirv_target(1) serves any device)."""
+    sub = vk.VkPhysicalDeviceSubgroupProperties()
+    p13 = vk.VkPhysicalDeviceVulkan13Properties(pNext=sub)
+    vk.vkGetPhysicalDeviceProperties2(physical, vk.VkPhysicalDeviceProperties2(pNext=p13))
+    f13 = vk.VkPhysicalDeviceVulkan13Features()
+    vk.vkGetPhysicalDeviceFeatures2(physical, vk.VkPhysicalDeviceFeatures2(pNext=f13))
     need = vk.VK_SUBGROUP_FEATURE_BASIC_BIT | vk.VK_SUBGROUP_FEATURE_ARITHMETIC_BIT | vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT
     n = int(sub.subgroupSize)
-    if sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT and sub.supportedOperations & need == need and n > 1 and not n & (n - 1):
-        return n
-    return 1
+    if not (sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT and sub.supportedOperations & need == need and n > 1 and not n & (n - 1)):
+        return 1, False
+    control = bool(f13.subgroupSizeControl and f13.computeFullSubgroups and p13.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
+                   and p13.minSubgroupSize <= n <= p13.maxSubgroupSize)
+    fixed = p13.minSubgroupSize == p13.maxSubgroupSize == n
+    return (n, control) if control or fixed else (1, False)
 
 
 def _placeholder(code: str, message: str) -> list[Device]:
@@ -77,7 +87,7 @@ def _describe(vk, index: int, pd) -> Device:  # type: ignore[no-untyped-def]
         max_workgroup_size=lim.maxComputeWorkGroupInvocations,
         shared_memory_bytes=lim.maxComputeSharedMemorySize,
         subgroup_size=sub.subgroupSize,
-        subgroup_ops=subgroup_width(vk, sub) > 1,
+        subgroup_ops=subgroup_width(vk, pd)[0] > 1,
         memory_bytes=max(local, default=0),
         details=(
             ("type", _TYPES.get(props.deviceType, str(props.deviceType))),

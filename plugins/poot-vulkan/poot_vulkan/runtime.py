@@ -89,16 +89,9 @@ class VulkanDevice:
         subgroups (kernels that use subgroup operations get exactly ``subgroup`` lanes a subgroup,
         every subgroup full). Sets ``subgroup`` (codegen.spirv_target's width) and ``full_subgroups``."""
         vk = self.vk
-        sub = vk.VkPhysicalDeviceSubgroupProperties()
-        p13 = vk.VkPhysicalDeviceVulkan13Properties(pNext=sub)
-        vk.vkGetPhysicalDeviceProperties2(self.physical, vk.VkPhysicalDeviceProperties2(pNext=p13))
-        f13 = vk.VkPhysicalDeviceVulkan13Features()
-        f12 = vk.VkPhysicalDeviceVulkan12Features(pNext=f13)
+        f12 = vk.VkPhysicalDeviceVulkan12Features()
         vk.vkGetPhysicalDeviceFeatures2(self.physical, vk.VkPhysicalDeviceFeatures2(pNext=f12))
-        self.subgroup = subgroup_width(vk, sub)
-        self.full_subgroups = bool(self.subgroup > 1 and f13.subgroupSizeControl and f13.computeFullSubgroups
-                                   and p13.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
-                                   and p13.minSubgroupSize <= self.subgroup <= p13.maxSubgroupSize)
+        self.subgroup, self.full_subgroups = subgroup_width(vk, self.physical)
         self.int8 = bool(f12.shaderInt8)
         return vk.VkPhysicalDeviceVulkan12Features(shaderInt8=self.int8, pNext=vk.VkPhysicalDeviceVulkan13Features(
             subgroupSizeControl=self.full_subgroups, computeFullSubgroups=self.full_subgroups))

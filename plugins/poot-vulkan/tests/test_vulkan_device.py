@@ -34,6 +34,20 @@ def test_devices_have_driver_capabilities():
         assert (major, minor) >= (1, 3)
 
 
+@pytest.mark.skipif(not HAS_LOADER, reason="no Vulkan loader (libvulkan1) on this machine; CI installs it with lavapipe")
+def test_the_planner_and_the_runtime_agree_on_the_subgroup_width():
+    """Plans choose subgroup schedules from the capabilities; the runtime compiles them for its own
+    width: both come from one rule (subgroup_width), and a device with the operations gets them."""
+    from poot_vulkan.runtime import VulkanDevice
+
+    d = next(d for d in vulkan_devices() if d.available())
+    with VulkanDevice(d.index) as dev:
+        if d.capabilities.subgroup_ops:
+            assert dev.subgroup == d.capabilities.subgroup_size > 1
+        else:
+            assert dev.subgroup == 1 and not dev.full_subgroups
+
+
 @pytest.mark.skipif(HAS_LOADER, reason="this machine has a Vulkan loader; the no-loader path cannot be seen here")
 def test_no_loader_is_reported():
     (d,) = vulkan_devices()
