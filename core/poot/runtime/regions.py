@@ -20,7 +20,9 @@ from ..graph.ir import Value
 from ..kernel.ir import Kernel
 from ..plan.memory import StoragePlan, storage_dtype, stored_nbytes, weight_array
 
-__all__ = ["Region", "value_region", "scalar_block", "computed_outputs", "require_pools", "checked_weight", "checked_pool"]
+__all__ = ["Region", "value_region", "scalar_block", "computed_outputs", "require_pools", "checked_weight", "checked_pool", "EAGER_READBACK"]
+
+EAGER_READBACK = 256 << 10  # outputs up to this size (tokens, log-probabilities) are copied back by the step itself; larger ones when read
 
 Key = tuple[int, int]
 

@@ -26,14 +26,13 @@ from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
-from poot.runtime.regions import checked_pool, checked_weight, computed_outputs, require_pools, scalar_block, value_region
+from poot.runtime.regions import EAGER_READBACK, checked_pool, checked_weight, computed_outputs, require_pools, scalar_block, value_region
 
 from .runtime import WgpuDevice, WgpuPipeline
 
 __all__ = ["WgpuExecutor"]
 
 Key = tuple[int, int]
-EAGER_READBACK = 256 << 10
 
 
 @dataclass

@@ -58,8 +58,9 @@ def test_decode_over_a_long_context_splits_attention(adapter, tmp_path, rng):
 
 
 def test_bf16_model_on_the_warp_gemv_matches_the_oracle(adapter, tmp_path, rng):
-    """bf16 weights read as stored (16-bit values as halves of 32-bit words) by the warp GEMV whose
-    lanes sum through workgroup memory, in every row-count regime the planner tells apart."""
+    """bf16 weights read as stored (16-bit values as halves of 32-bit words) by the warp GEMV (its
+    lanes summing by subgroup reductions on 32-lane subgroups, through workgroup memory elsewhere),
+    in every row-count regime the planner tells apart."""
     from poot_wgpu.executor import WgpuExecutor as Executor
 
     g, w = wide_bf16_llama(tmp_path / "wide", int(rng.integers(0, 2**31)))
