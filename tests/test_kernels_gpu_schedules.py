@@ -18,7 +18,7 @@ from poot.codegen import compile_kernel
 from poot.codegen.targets import target
 from poot.kernel.library.linear_gpu import Q8_THREADS, gemm_mma, gemm_warp, gemv_warp, quantize_q8x2
 from poot.quant import quantization
-from poot.testing.kernels import poisoned, run_host
+from poot.testing.kernels import poisoned, q8x2_reference, run_host
 
 
 
@@ -42,6 +42,7 @@ q4_k_spirv = pytest.mark.xfail(ON_SPIRV, reason="the Q4_K warp GEMVs compute wro
 gpu_only = pytest.mark.skipif(SUBGROUP != 32, reason="needs 32-lane subgroups: set POOT_TEST_DEVICE=cuda:0 (or vulkan:0) on an NVIDIA GPU")
 mma_only = pytest.mark.skipif(SUBGROUP != 32 or "mma.sync.bf16" not in MATRIX, reason="needs mma.sync: set POOT_TEST_DEVICE=cuda:0 on an NVIDIA GPU")
 subgroups_only = pytest.mark.skipif(SUBGROUP < 2, reason="needs subgroup operations: set POOT_TEST_DEVICE to a GPU (or vulkan:0 on lavapipe)")
+eight_lanes = pytest.mark.skipif(SUBGROUP < 8, reason="needs subgroups of 8 lanes or more: set POOT_TEST_DEVICE to a GPU (or vulkan:0 on lavapipe)")
 
 
 def _bf16(rng, shape):
@@ -162,6 +163,28 @@ def test_norms_sum_by_subgroup_reductions(rng, block, cols, add):
     g = GraphBuilder()
     want = evaluate(g.build({"y": g_rms_norm(g, g.input("x", "f32", [rows, cols]), g.weight("w", "f32", [cols]), 1e-5, False)}), {"x": x}, {"w": w})["y"]
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
+
+
+def check_q8x2(x, xq, xr, xds):
+    """The quantizer's words against numpy's (``q8x2_reference``): q1 exact; q2 exact but where the
+    device fused x - q1 d into one FMA and the product fell on a rounding tie (one step, rarely)."""
+    wq, wr, wds = q8x2_reference(x)
+    np.testing.assert_array_equal(xq.view(np.int8), wq.view(np.int8))
+    off = np.abs(xr.view(np.int8).astype(np.int32) - wr.view(np.int8))
+    assert off.max() <= 1 and (off > 0).mean() < 0.01, f"{(off > 0).sum()} second terms off, by up to {off.max()}"
+    np.testing.assert_allclose(xds, wds, rtol=1e-5, atol=1e-5)
+
+
+@eight_lanes
+@pytest.mark.parametrize("m,k", [(1, 4096), (3, 256 * 7)])
+def test_x_quantized_once_as_two_int8_terms(rng, m, k):
+    """quantize_q8x2 (eight lanes a block of 32, sharing max and sum by shuffles) against numpy, with
+    a block of zeros (scale 0) and values that are not small multiples of the scale."""
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10, (m, k // 32)).repeat(32, axis=1)).astype(np.float32)
+    x[0, 32:64] = 0
+    xq, xr, xds = poisoned((m * k // 4,), np.int32), poisoned((m * k // 4,), np.int32), poisoned((m * k // 16,))
+    run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
+    check_q8x2(x, xq, xr, xds)
 
 
 @gpu_only

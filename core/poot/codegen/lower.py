@@ -530,6 +530,8 @@ class _Lowerer:
             return b.fdiv(one, self.fcall("llvm.sqrt", a))
         if op == "floor":
             return self.fcall("llvm.floor", a)
+        if op == "rint":  # to nearest, ties to even
+            return self.fcall("llvm.rint", a)
         if op == "erf":
             return self._erf(a)
         gpu = self.t.name in ("nvptx", "amdgcn")

@@ -26,7 +26,7 @@ i32 = dt.i32
 
 BIN_OPS = ("add", "sub", "mul", "div", "rem", "min", "max", "and", "or", "xor", "shl", "shr", "pow")
 CMP_OPS = ("lt", "le", "gt", "ge", "eq", "ne")
-UN_OPS = ("neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "erf", "recip")
+UN_OPS = ("neg", "not", "abs", "exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "rint", "erf", "recip")
 BUILTINS = ("thread_id", "group_id", "group_size", "num_groups", "lane_id", "subgroup_size")
 
 

@@ -15,7 +15,7 @@ from .ir import (
 __all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups"]
 
 SCALAR_TYPES = (dt.f32, dt.f16, dt.bf16, dt.i32, dt.i64, dt.i8, dt.u8, dt.boolean, dt.f64)
-FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "erf", "recip", "pow"}
+FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "rint", "erf", "recip", "pow"}
 INT_ONLY = {"and", "or", "xor", "shl", "shr", "rem"}
 
 

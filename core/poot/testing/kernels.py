@@ -15,7 +15,7 @@ from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
-__all__ = ["run_host", "poisoned", "kernel_suites_on"]
+__all__ = ["run_host", "poisoned", "kernel_suites_on", "q8x2_reference"]
 
 _LOADED: dict[str, HostKernel] = {}
 _RUNNERS: dict[str, object] = {}
@@ -26,6 +26,25 @@ def poisoned(shape: Sequence[int], dtype: type = np.float32) -> np.ndarray:
     if np.dtype(dtype).kind == "f":
         return np.full(shape, np.nan, dtype)
     return np.full(shape, np.iinfo(dtype).min, dtype)
+
+
+def q8x2_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """What ``quantize_q8x2`` writes for x [m, k], in numpy with the kernel's f32 operations: per 32
+    values d = max|x| / 127, q1 = rint(x * (127 / max|x|)) and q2 = rint((x - q1 d) * (127 / max|x|) * 254),
+    each packed four bytes a word (``xq``, ``xr``), and (d, sum of the 32) pairs (``xds``)."""
+    m = x.shape[0]
+    b = x.reshape(m, -1, 32).astype(np.float32)
+    qmax = np.abs(b).max(axis=2, keepdims=True)
+    with np.errstate(divide="ignore"):
+        qinv = np.where(qmax > 0, np.float32(127) / qmax, np.float32(0)).astype(np.float32)
+    qd = (qmax / np.float32(127)).astype(np.float32)
+    q1 = np.rint(b * qinv).astype(np.float32)
+    q2 = np.rint((b - q1 * qd) * (qinv * np.float32(254))).astype(np.float32)
+
+    def words(q: np.ndarray) -> np.ndarray:
+        return q.astype(np.int8).reshape(-1).view(np.int32).copy()
+
+    return words(q1), words(q2), np.stack([qd[..., 0], b.sum(axis=2, dtype=np.float32)], axis=-1).reshape(-1)
 
 
 def _device_runner():  # type: ignore[no-untyped-def]
@@ -67,13 +86,15 @@ def run_host(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], 
 
 
 KERNEL_SUITES = ("tests/test_kernels_host.py", "tests/test_kernels_host_schedules.py")
+GPU_SCHEDULES = ("tests/test_kernels_gpu_schedules.py",)  # the cases a device's subgroups (or tensor cores) allow
 
 
-def kernel_suites_on(device: str, root: str | os.PathLike) -> tuple[int, int, str]:
-    """Run the kernel test suites of the source tree at ``root`` with ``POOT_TEST_DEVICE=device`` in a
-    fresh interpreter: (passed, skipped, the output's tail). A failure raises AssertionError with the tail."""
+def kernel_suites_on(device: str, root: str | os.PathLike, suites: Sequence[str] = KERNEL_SUITES) -> tuple[int, int, str]:
+    """Run the kernel test suites (``suites``: files under ``root``) of the source tree at ``root`` with
+    ``POOT_TEST_DEVICE=device`` in a fresh interpreter: (passed, skipped, the output's tail). A failure
+    raises AssertionError with the tail."""
     r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib -ra",
-                        *(os.path.join(root, s) for s in KERNEL_SUITES)],
+                        *(os.path.join(root, s) for s in suites)],
                        env={**os.environ, "POOT_TEST_DEVICE": device}, cwd=root, capture_output=True, text=True, timeout=2400)
     tail = r.stdout[-4000:]
     summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from poot.testing.fixtures import device_or_skip
-from poot.testing.kernels import kernel_suites_on
+from poot.testing.kernels import GPU_SCHEDULES, kernel_suites_on
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -20,3 +20,15 @@ def test_every_kernel_case_passes_on_vulkan():
     passed, skipped, tail = kernel_suites_on("vulkan:0", ROOT)
     assert passed >= 178 and skipped <= 12, tail  # skipped: only the host lane attention cases
     print(f"vulkan:0 kernel suites: {passed} passed, {skipped} skipped")
+
+
+def test_subgroup_schedules_pass_on_vulkan():
+    """The GPU schedule suite's cases that the device's subgroups allow (on lavapipe, 8 lanes: the
+    norms that sum by subgroup reductions and the Q4_K GEMVs' activation quantizer)."""
+    dev = device_or_skip("vulkan:0")
+    caps = dev.capabilities
+    if caps is None or not caps.subgroup_ops or caps.subgroup_size < 8:
+        pytest.skip(f"{dev.name}: no subgroup operations 8 lanes wide or more in compute shaders")
+    passed, skipped, tail = kernel_suites_on("vulkan:0", ROOT, GPU_SCHEDULES)
+    assert passed >= 12, tail
+    print(f"vulkan:0 GPU schedule suite: {passed} passed, {skipped} skipped")

@@ -115,7 +115,6 @@ def _bf16_rows(weights: list[str], k: int, mr: int) -> tuple[list[K.Stmt], int]:
     return inner, un
 
 
-Q8_MAGIC = 12582912.0  # 1.5 * 2**23: adding it leaves round-to-nearest-even(v) in the low mantissa bits
 Q8_SPLIT = 254  # the second int8 term's scale is the first's / Q8_SPLIT (its values are within half a step)
 Q4_K_WARPS = 16  # a workgroup's quantized x serves this many features (512 threads: up to 128 registers each)
 
@@ -131,9 +130,10 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
     ``xq``) as llama.cpp's Q8_1, then the remainder's q2 = rint((x - d q1) Q8_SPLIT / d) (``xr``),
     which keeps about 15 bits of each value where one int8 keeps 7; the exact f32 sum of the 32
     values sits beside d (``xds``: d, sum). A thread a word (four values), the eight threads of a
-    block exchanging max and sum by shuffles: short, so the GEMV starts soon. Rounding by adding
-    ``Q8_MAGIC``. Ends with a barrier. ``mr * k / 4`` is a multiple of 32 (k of 256): whole warps
-    take part in each step."""
+    block exchanging max and sum by shuffles: short, so the GEMV starts soon. Rounding by ``rint``,
+    not by adding and subtracting 1.5 * 2**23: SPIR-V lets a driver fold (t + c) - c to t (Mesa's
+    does: every q2 came out zero). Ends with a barrier. ``mr * k / 4`` is a multiple of 32 (k of
+    256): whole warps take part in each step."""
     words = k // 4
     row = K.Bin("min", _add(_r("m0"), _b("div", _r("qi"), words)), _b("sub", _r("m"), 1))
     inner = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r("qi"), words), 4)))
@@ -155,12 +155,11 @@ def _q8_word(at: K.Expr) -> list[K.Stmt]:
               K.Let("qinv2", K.Bin("mul", _r("qinv", F32), _f(float(Q8_SPLIT)))),
               K.Let("qd", K.Bin("div", _r("qmax", F32), _f(127.0)))]
     b1, b2 = [], []
-    for j in range(4):  # t = q1 + MAGIC; the remainder x - d q1
-        t = K.Bin("add", K.Bin("mul", v[j], _r("qinv", F32)), _f(Q8_MAGIC))
-        inner.append(K.Let(f"qt{j}", t))
-        rem = K.Bin("sub", v[j], K.Bin("mul", K.Bin("sub", _r(f"qt{j}", F32), _f(Q8_MAGIC)), _r("qd", F32)))
-        b1.append(_b("and", K.Bitcast(_r(f"qt{j}", F32), I32), 255))
-        b2.append(_b("and", K.Bitcast(K.Bin("add", K.Bin("mul", rem, _r("qinv2", F32)), _f(Q8_MAGIC)), I32), 255))
+    for j in range(4):  # q1 = rint(x / d); the remainder x - d q1, and its q2
+        inner.append(K.Let(f"qt{j}", K.Un("rint", K.Bin("mul", v[j], _r("qinv", F32)))))
+        rem = K.Bin("sub", v[j], K.Bin("mul", _r(f"qt{j}", F32), _r("qd", F32)))
+        b1.append(_b("and", K.Cast(_r(f"qt{j}", F32), I32), 255))
+        b2.append(_b("and", K.Cast(K.Un("rint", K.Bin("mul", rem, _r("qinv2", F32))), I32), 255))
 
     def word(b: list[K.Expr]) -> K.Expr:
         return _b("or", _b("or", b[0], _b("shl", b[1], 8)), _b("or", _b("shl", b[2], 16), _b("shl", b[3], 24)))
