@@ -275,7 +275,7 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest")
     ap.add_argument("--also", nargs="*", default=[], metavar="DEVICE",
-                    help="other devices (vulkan:0, wgpu:0) whose bf16 batch-1 decode is measured too, as a ratio to --device's")
+                    help="other devices (vulkan:0, wgpu:0) whose batch-1 decode of the same models is measured too, as a ratio to --device's")
     args = ap.parse_args()
 
     dims = SMALL if args.small else LLAMA3_8B
@@ -307,17 +307,19 @@ def main() -> None:
             roof = bw / decode_weight_bytes(dims, args.layers, bpv)
             res[f"roofline_{name}"] = roof
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
-    for other in args.also:
-        try:
-            r = measure_poot(bf16_dir, dims.vocab, other, [1], 0, args.rounds, args.profile)
-        except Exception as e:  # a device that cannot run it is reported, not fatal to the run
-            say(f"{other}: {type(e).__name__}: {e}")
-            res[f"poot_bf16@{other}"] = {"error": f"{type(e).__name__}: {e}"}
-            continue
-        res[f"poot_bf16@{other}"] = r
-        base = res.get("poot_bf16", {}).get("decode_b1")  # type: ignore[union-attr]
-        if base:
-            say(f"{other}: bf16 batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / base:.2f}x {args.device}'s")
+    models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k)) if not args.only or args.only == n]
+    for name, path in models:  # the same model's batch-1 decode on the other devices
+        for other in args.also:
+            try:
+                r = measure_poot(path, dims.vocab, other, [1], 0, args.rounds, args.profile)
+            except Exception as e:  # a device that cannot run it is reported, not fatal to the run
+                say(f"{other}: {type(e).__name__}: {e}")
+                res[f"poot_{name}@{other}"] = {"error": f"{type(e).__name__}: {e}"}
+                continue
+            res[f"poot_{name}@{other}"] = r
+            base = res.get(f"poot_{name}", {}).get("decode_b1")  # type: ignore[union-attr]
+            if base:
+                say(f"{other}: {name} batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / base:.2f}x {args.device}'s")
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
@@ -333,12 +335,12 @@ def main() -> None:
         if f"roofline_{name}" in res:
             r, roof = res[f"poot_{name}"], res[f"roofline_{name}"]
             print(f"| batch-1 roofline {name} | {r['decode_b1'] / roof:.0%} of {roof:.0f} tok/s | | | |")  # type: ignore[index,operator]
-    for other in args.also:
-        r, base = res[f"poot_bf16@{other}"], res.get("poot_bf16", {}).get("decode_b1")  # type: ignore[union-attr]
-        got = r.get("decode_b1")  # type: ignore[union-attr]
-        ratio = f"{got / base:.2f}x {args.device}" if got and base else r.get("error", "-")  # type: ignore[union-attr]
-        print(f"| decode_b1 tok/s on {other} | {got:.1f} | | | {ratio} |" if got else f"| decode_b1 tok/s on {other} | - | | | {ratio} |")
-
+    for name, _ in models:
+        for other in args.also:
+            r, base = res[f"poot_{name}@{other}"], res.get(f"poot_{name}", {}).get("decode_b1")  # type: ignore[union-attr]
+            got = r.get("decode_b1")  # type: ignore[union-attr]
+            ratio = f"{got / base:.2f}x {args.device}" if got and base else r.get("error", "-")  # type: ignore[union-attr]
+            print(f"| {name} decode_b1 tok/s on {other} | {got:.1f} | | | {ratio} |" if got else f"| {name} decode_b1 tok/s on {other} | - | | | {ratio} |")
 
 if __name__ == "__main__":
     main()

@@ -36,9 +36,6 @@ def _test_device() -> tuple[int, frozenset[str]]:
 
 
 SUBGROUP, MATRIX = _test_device()
-ON_SPIRV = os.environ.get("POOT_TEST_DEVICE", "").startswith(("vulkan", "wgpu"))
-# planner: not chosen for SPIR-V (plan/matmul.py); strict, so that a fix is noticed
-q4_k_spirv = pytest.mark.xfail(ON_SPIRV, reason="the Q4_K warp GEMVs compute wrong sums through NVIDIA's Vulkan driver", strict=True)
 gpu_only = pytest.mark.skipif(SUBGROUP != 32, reason="needs 32-lane subgroups: set POOT_TEST_DEVICE=cuda:0 (or vulkan:0) on an NVIDIA GPU")
 mma_only = pytest.mark.skipif(SUBGROUP != 32 or "mma.sync.bf16" not in MATRIX, reason="needs mma.sync: set POOT_TEST_DEVICE=cuda:0 on an NVIDIA GPU")
 subgroups_only = pytest.mark.skipif(SUBGROUP < 2, reason="needs subgroup operations: set POOT_TEST_DEVICE to a GPU (or vulkan:0 on lavapipe)")
@@ -125,7 +122,6 @@ def test_gemv_warp_bf16(rng, k, mr, m):
 @pytest.mark.parametrize("k", [512, 1024, 256 * 7])  # two blocks a row (guarded), four, seven
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
 @pytest.mark.parametrize("unroll", [2, 4])
-@q4_k_spirv
 def test_gemv_warp_q4_k(rng, k, mr, m, unroll):
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
@@ -190,7 +186,6 @@ def test_x_quantized_once_as_two_int8_terms(rng, m, k):
 @gpu_only
 @pytest.mark.parametrize("k", [512, 4096, 256 * 7])
 @pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 4)])
-@q4_k_spirv
 def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll):
     """x quantized once by its own kernel into global buffers, then the GEMV without a prologue:
     the same values as the workgroup-memory version computes (numpy emulation) and the same bound."""
@@ -239,7 +234,7 @@ def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, m, n, k
 
 
 @gpu_only
-@pytest.mark.parametrize("qtype", ["bf16", pytest.param("q4_k", marks=q4_k_spirv)])
+@pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
 def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m):
     n, k = 29, 1024
@@ -263,7 +258,7 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
 
 
 @gpu_only
-@pytest.mark.parametrize("qtype", ["bf16", pytest.param("q4_k", marks=q4_k_spirv)])
+@pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 2)])
 def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m):
     parts, k = (24, 8, 13), 512

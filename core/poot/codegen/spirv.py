@@ -645,7 +645,7 @@ def post_pass(obj: bytes, name: str) -> bytes:
 
 _OP_BITCAST, _OP_EXT_INST, _OP_EXT_INST_IMPORT = 124, 12, 11
 # opcodes whose integer operands are signed whatever their type: (operand positions, result is an integer)
-_SIGNED_OPS = {111: ((2,), False), 126: ((2,), True), 135: ((2, 3), True), 138: ((2, 3), True), 139: ((2, 3), True),
+_SIGNED_OPS = {110: ((), True), 111: ((2,), False), 126: ((2,), True), 135: ((2, 3), True), 138: ((2, 3), True), 139: ((2, 3), True),
                173: ((2, 3), False), 175: ((2, 3), False), 177: ((2, 3), False), 179: ((2, 3), False), 195: ((2,), True)}
 _GLSL_SIGNED = {5, 7, 39, 42, 45}  # GLSL.std.450 SAbs, SSign, SMin, SMax, SClamp
 _NO_RESULT_TYPE = {5, 6, 15, 16, 71, 72} | set(range(19, 40))  # names, entry points, decorations, type declarations
@@ -755,7 +755,8 @@ def _signed_operands(m: _Spv) -> None:
     """Signed integer instructions on operands of signedless (unsigned-declared) integer types, as
     LLVM emits them, given operands bitcast to a signed type (and results bitcast back): naga takes an
     instruction's signedness from its operands' types, so ``OpConvertSToF`` of an unsigned-typed -1
-    would give 4294967295 and ``OpShiftRightArithmetic`` would shift in zeros."""
+    would give 4294967295 and ``OpShiftRightArithmetic`` would shift in zeros; and from its result
+    type, so ``OpConvertFToS`` to an unsigned type clamped -3.0 to 0."""
     unsigned = {ops[0]: ops[1] for ops in m.of(_OP_TYPE_INT) if ops[2] == 0}
     glsl = {ops[0] for ops in m.of(_OP_EXT_INST_IMPORT) if _string(ops[1:]) == "GLSL.std.450"}
     type_of: dict[int, int] = {}
@@ -771,7 +772,11 @@ def _signed_operands(m: _Spv) -> None:
         return None
 
     unsigned = {t: w for t, w in unsigned.items() if w == 32}  # the only integer width naga takes here
-    todo = [(op, ops) for op, ops in m.insts if (p := positions(op, ops)) and any(type_of.get(ops[i]) in unsigned for i in p[0])]
+
+    def unsigned_use(ops: list[int], p: tuple[tuple[int, ...], bool]) -> bool:
+        return any(type_of.get(ops[i]) in unsigned for i in p[0]) or (p[1] and ops[0] in unsigned)
+
+    todo = [(op, ops) for op, ops in m.insts if (p := positions(op, ops)) and unsigned_use(ops, p)]
     if not todo:
         return
     signed: dict[int, int] = {ops[1]: ops[0] for ops in m.of(_OP_TYPE_INT) if ops[2] == 1}  # width -> id
@@ -789,7 +794,7 @@ def _signed_operands(m: _Spv) -> None:
     out: list[list] = []
     for op, ops in m.insts:
         p = positions(op, ops)
-        if p is None or not any(type_of.get(ops[i]) in unsigned for i in p[0]):
+        if p is None or not unsigned_use(ops, p):
             out.append([op, ops])
             continue
         idx, int_result = p

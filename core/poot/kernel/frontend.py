@@ -63,7 +63,7 @@ Const = _ConstAnn()
 
 _DTYPES = {"f32": dt.f32, "f16": dt.f16, "bf16": dt.bf16, "f64": dt.f64, "i32": dt.i32, "i64": dt.i64, "i8": dt.i8, "u8": dt.u8, "bool": dt.boolean}
 _BUILTINS = {"thread_id", "group_id", "group_size", "num_groups", "lane_id", "subgroup_size"}
-_MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "abs", "floor", "erf", "recip"}
+_MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "abs", "floor", "rint", "erf", "recip"}
 _BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "div", ast.Mod: "rem", ast.BitAnd: "and",
            ast.BitOr: "or", ast.BitXor: "xor", ast.LShift: "shl", ast.RShift: "shr", ast.Pow: "pow"}
 _CMPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}

@@ -25,7 +25,6 @@ class Limits:
     subgroup: int = 1
     matrix: frozenset[str] = frozenset()
     max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (None: no limit)
-    target: str = ""  # the codegen target's kind (host, nvptx, spirv), for schedules verified on some only
 
 
 def key(v: Value) -> tuple[int, int]:

@@ -409,7 +409,7 @@ def compile_plan(graph: Graph, device: Device) -> Plan:
     if device.target == "spirv":  # one SPIR-V module serves every Vulkan device: codegen holds kernels to Vulkan's guaranteed minimum
         shared = min(shared, TARGETS["spirv:vulkan1.3"].max_shared)
     return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops,
-                                                               caps.max_buffer_bytes, device.target), gpu=device.target != "host")
+                                                               caps.max_buffer_bytes), gpu=device.target != "host")
 
 
 def _check(plan: Plan, limits: Limits) -> None:

@@ -109,10 +109,7 @@ def _gemv_rows(qtype: str, k: int, limits: Limits) -> list[tuple[int, int, int]]
     one keeps its rows of x, quantized, in workgroup memory, so K bounds how many fit."""
     if qtype != "q4_k":
         return [(1, 0, 1), (4, 1, 4)]
-    if "i8" not in limits.dtypes or limits.target == "spirv":
-        # its sums are of int8 products (SPIR-V: the Int8 capability). Through NVIDIA's Vulkan driver
-        # the Q4_K warp GEMVs compute wrong sums (the bf16 ones are right): not chosen for SPIR-V
-        # until tests/test_kernels_gpu_schedules.py passes on vulkan:0 there
+    if "i8" not in limits.dtypes:  # its sums are of int8 products (SPIR-V: the Int8 capability)
         return []
     fits = [mr for mr in (4, 2, 1) if 4 * linear_gpu.q8_shared_words(k, mr) <= limits.shared_bytes]
     return [(1, 0, 1), (fits[0], 1, 4)] if fits else []

@@ -31,6 +31,15 @@ def device_or_skip(name: str):  # type: ignore[no-untyped-def]
     return dev
 
 
+def subgroups_or_skip(name: str, lanes: int = 8):  # type: ignore[no-untyped-def]
+    """The device ``name`` if its kernels may use subgroup operations at least ``lanes`` wide, or a skip."""
+    dev = device_or_skip(name)
+    caps = dev.capabilities
+    if caps is None or not caps.subgroup_ops or caps.subgroup_size < lanes:
+        pytest.skip(f"{name} ({dev.name}): no subgroup operations {lanes} lanes wide or more in compute shaders")
+    return dev
+
+
 def _real_model(name: str):  # type: ignore[no-untyped-def]
     from ..errors import LoadError
     from ..load import resolve_model

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from poot.testing.fixtures import device_or_skip
+from poot.testing.fixtures import device_or_skip, subgroups_or_skip
 from poot.testing.kernels import GPU_SCHEDULES, kernel_suites_on
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -25,10 +25,7 @@ def test_every_kernel_case_passes_on_vulkan():
 def test_subgroup_schedules_pass_on_vulkan():
     """The GPU schedule suite's cases that the device's subgroups allow (on lavapipe, 8 lanes: the
     norms that sum by subgroup reductions and the Q4_K GEMVs' activation quantizer)."""
-    dev = device_or_skip("vulkan:0")
-    caps = dev.capabilities
-    if caps is None or not caps.subgroup_ops or caps.subgroup_size < 8:
-        pytest.skip(f"{dev.name}: no subgroup operations 8 lanes wide or more in compute shaders")
+    subgroups_or_skip("vulkan:0")
     passed, skipped, tail = kernel_suites_on("vulkan:0", ROOT, GPU_SCHEDULES)
     assert passed >= 12, tail
     print(f"vulkan:0 GPU schedule suite: {passed} passed, {skipped} skipped")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from poot.testing.fixtures import device_or_skip
-from poot.testing.kernels import kernel_suites_on
+from poot.testing.fixtures import device_or_skip, subgroups_or_skip
+from poot.testing.kernels import GPU_SCHEDULES, kernel_suites_on
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -20,3 +20,13 @@ def test_every_kernel_case_passes_on_wgpu():
     passed, skipped, tail = kernel_suites_on("wgpu:0", ROOT)
     assert passed >= 178 and skipped <= 12, tail  # skipped: only the host lane attention cases
     print(f"wgpu:0 kernel suites: {passed} passed, {skipped} skipped")
+
+
+def test_subgroup_schedules_pass_on_wgpu():
+    """The GPU schedule suite's cases that the adapter's subgroups allow, through naga (on lavapipe,
+    8 lanes: the norms that sum by subgroup reductions and the Q4_K GEMVs' activation quantizer,
+    whose f32-to-i32 conversions naga clamped at 0 until ``for_wgpu`` typed them signed)."""
+    subgroups_or_skip("wgpu:0")
+    passed, skipped, tail = kernel_suites_on("wgpu:0", ROOT, GPU_SCHEDULES)
+    assert passed >= 12, tail
+    print(f"wgpu:0 GPU schedule suite: {passed} passed, {skipped} skipped")
