@@ -666,6 +666,16 @@ _OP_CONVERT_S_TO_F = 111
 _OP_SHL, _OP_SHR_ARITH, _OP_AND, _OP_COPY = 196, 195, 199, 83
 
 
+def _id_operands(op: int, ops: list[int]) -> list[int]:
+    """The ids among an instruction's operands after its result type and result id, leaving out the
+    literals of those that have them: an extended instruction's number and a group operation (one
+    literal, ids after it), memory operands, component indices."""
+    if op == _OP_EXT_INST or 349 <= op <= 358:  # GroupNonUniform IAdd .. FMax
+        return [ops[2], *ops[4:]]
+    end = {_OP_LOAD: 3, _OP_STORE: 2, 79: 4, 81: 3, 82: 4}.get(op, len(ops))  # VectorShuffle, CompositeExtract, CompositeInsert
+    return ops[2:end]
+
+
 def _widen_narrow_ints(m: _Spv) -> bool:
     """8- and 16-bit integer arithmetic (LLVM narrows index math whose range it knows) rewritten in
     32 bits, each narrow value held zero-extended: naga takes no narrow integers. Returns False
@@ -689,7 +699,7 @@ def _widen_narrow_ints(m: _Spv) -> bool:
     for op, ops in m.insts:
         if op in _NO_RESULT_TYPE or len(ops) < 2:
             continue
-        if (ops[0] in narrow or any(o in width for o in ops[2:])) and op not in known:
+        if (ops[0] in narrow or any(o in width for o in _id_operands(op, ops))) and op not in known:
             return False
     needed = set(consts.values()) | {(1 << w) - 1 for w in narrow.values()} | {32 - w for w in narrow.values()}
     c32 = {v: m.constant(u32, v) for v in sorted(needed)}  # declared first: declaring edits m.insts

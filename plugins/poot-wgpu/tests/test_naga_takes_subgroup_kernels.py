@@ -15,7 +15,7 @@ CHILD = textwrap.dedent("""
     from poot.codegen import compile_kernel, spirv_target
     from poot.codegen.spirv import for_wgpu
     from poot.kernel.library import catalogue, norms
-    from poot.kernel.library.linear_gpu import gemv_warp
+    from poot.kernel.library.linear_gpu import gemv_warp, quantize_q8x2
     try:
         a = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
         d = a.request_device_sync(required_features=["subgroup"])
@@ -25,6 +25,9 @@ CHILD = textwrap.dedent("""
     kernels += [(k, 32) for k in (gemv_warp("bf16", 4096, 1), gemv_warp("bf16", 4096, 4), gemv_warp("bf16", 4096, 1, glu=True),
                                   gemv_warp("bf16", 4096, 4, glu=True), gemv_warp("bf16", 4096, 1, parts=(64, 16, 16)),
                                   gemv_warp("bf16", 4096, 4, parts=(64, 16, 16)))]
+    kernels += [(k, 32) for k in (gemv_warp("q4_k", 1024, 1), gemv_warp("q4_k", 1024, 2), gemv_warp("q4_k", 1024, 4), gemv_warp("q4_k", 1792, 4, unroll=4),
+                                  gemv_warp("q4_k", 1024, 4, glu=True), gemv_warp("q4_k", 1024, 4, parts=(64, 16, 16)),
+                                  gemv_warp("q4_k", 4096, 4, 8, xglobal=True), quantize_q8x2(4096))]
     kernels += [(norms.add_rms_norm.instantiate(BLOCK=1024, SUBGROUP=n), n) for n in (8, 32)]
     for k, n in kernels:
         print(k.name, flush=True)
