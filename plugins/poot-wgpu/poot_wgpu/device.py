@@ -67,7 +67,9 @@ def wgpu_devices() -> list[Device]:
     for i, a in enumerate(adapters):
         info, lim = a.info, a.limits
         width = subgroup_width(a)
-        dtypes = {"f32", "i32", "u8", "bool", "bf16"} | ({"f16"} if "shader-f16" in a.features else set())
+        # i8: kernels may compute on 8-bit integers (LLVM narrows some arithmetic to them): naga takes
+        # none, and for_wgpu redoes it in 32 bits, so every adapter runs it
+        dtypes = {"f32", "i32", "i8", "u8", "bool", "bf16"} | ({"f16"} if "shader-f16" in a.features else set())
         caps = Capabilities(
             dtypes=frozenset(dtypes),
             compute_units=1,  # WebGPU does not expose a compute-unit count
