@@ -55,18 +55,12 @@ def _close(got, want, scale, slack=0.0):
 
 
 def _q8_rows(x):
-    """x as the Q4_K GEMV quantizes it (numpy, independently of the kernel): per 32 values
-    d = max|x| / 127, q1 = rint(x * (127 / max|x|)), q2 = rint((x - d q1) * (127 / max|x|) * 254);
+    """x as the Q4_K GEMV quantizes it (``q8x2_reference``: numpy, independently of the kernel):
     returns (x rebuilt as d (q1 + q2 / 254), the step of q2 per value)."""
-    b = x.reshape(x.shape[0], -1, 32).astype(np.float32)
-    amax = np.abs(b).max(axis=2, keepdims=True)
-    with np.errstate(divide="ignore"):
-        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
-    d = (amax / np.float32(127)).astype(np.float32)
-    q1 = np.rint(b * inv).astype(np.float32)
-    q2 = np.rint((b - q1 * d) * (inv * np.float32(254))).astype(np.float32)
-    rebuilt = d.astype(np.float64) * (q1.astype(np.float64) + q2.astype(np.float64) / 254)
-    return rebuilt.reshape(x.shape), np.broadcast_to(d / 254, b.shape).reshape(x.shape).astype(np.float64)
+    xq, xr, xds = q8x2_reference(x)
+    d = np.repeat(xds.reshape(-1, 2)[:, 0].astype(np.float64), 32).reshape(x.shape)
+    q1, q2 = (w.view(np.int8).reshape(x.shape).astype(np.float64) for w in (xq, xr))
+    return d * (q1 + q2 / 254), d / 254
 
 
 def _q4_k_products(x, raw):
