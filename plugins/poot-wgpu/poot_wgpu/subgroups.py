@@ -6,7 +6,8 @@ adapter and driver: a probe kernel of 128 threads writes what a subgroup sum of 
 thread, and its lane id. The adapter's kernels may use subgroup operations of width ``n`` when every
 thread saw ``n`` (a power of two from 4 to 128) and lane ``t mod n``: full subgroups of consecutive
 threads. Otherwise (no ``subgroup`` feature, naga refusing the module, uneven subgroups) the width is
-1 and kernels use none. Results are kept in ``cache_dir()/wgpu/subgroups.json``.
+1 and kernels use none. Measured results are kept in ``cache_dir()/wgpu/subgroups.json``; a probe
+that could not run (naga or the driver refusing it, the device lost) is tried again next time.
 """
 
 from __future__ import annotations
@@ -54,6 +55,8 @@ def subgroup_width(adapter: Any) -> int:
     if isinstance(known.get(key), int):
         return known[key]
     width = _measure(adapter)
+    if width is None:  # not measured: not remembered either
+        return 1
     known[key] = width
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
@@ -62,7 +65,8 @@ def subgroup_width(adapter: Any) -> int:
     return width
 
 
-def _measure(adapter: Any) -> int:
+def _measure(adapter: Any) -> int | None:
+    """The width the probe saw (1 for uneven or partial subgroups), None where it could not run."""
     import wgpu
 
     from poot.codegen import compile_kernel, spirv_target
@@ -82,8 +86,8 @@ def _measure(adapter: Any) -> int:
         cpass.end()
         dev.queue.submit([enc.finish()])
         got = np.frombuffer(dev.queue.read_buffer(out), np.int32).reshape(_THREADS, 2)
-    except Exception:  # noqa: BLE001 - naga, the driver or the device refused the probe: no subgroup operations
-        return 1
+    except Exception:  # noqa: BLE001 - naga, the driver or the device refused the probe: no subgroup operations now
+        return None
     n = int(got[0, 0])
     if not 4 <= n <= _THREADS or n & (n - 1):
         return 1

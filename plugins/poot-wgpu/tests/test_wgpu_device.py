@@ -38,3 +38,27 @@ def test_the_subgroup_width_is_measured():
     vk = [d for d in vulkan_devices() if d.capabilities is not None and d.capabilities.subgroup_ops]
     if dict(dev.capabilities.details).get("backend") == "Vulkan" and len(vk) == 1:
         assert vk[0].capabilities.subgroup_size == n
+
+
+def test_a_probe_that_could_not_run_is_not_remembered(tmp_path, monkeypatch):
+    """A probe that raised (naga, the driver, a lost device) gives width 1 now and is tried again
+    next time; a measured width is kept in the cache."""
+    wgpu = pytest.importorskip("wgpu")
+    from poot_wgpu import subgroups
+
+    try:
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except Exception as e:  # noqa: BLE001 - no adapter at all
+        pytest.skip(f"no wgpu adapter: {e}")
+    if subgroups.FEATURE not in adapter.features:
+        pytest.skip("this adapter has no subgroup feature")
+    monkeypatch.setenv("POOT_CACHE", str(tmp_path))
+    real = subgroups._measure
+    monkeypatch.setattr(subgroups, "_measure", lambda a: None)
+    assert subgroups.subgroup_width(adapter) == 1
+    assert not (tmp_path / "wgpu" / "subgroups.json").exists()
+    monkeypatch.setattr(subgroups, "_measure", real)
+    n = subgroups.subgroup_width(adapter)
+    assert (tmp_path / "wgpu" / "subgroups.json").exists()
+    monkeypatch.setattr(subgroups, "_measure", lambda a: pytest.fail("a measured width is measured again"))
+    assert subgroups.subgroup_width(adapter) == n
