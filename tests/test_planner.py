@@ -159,6 +159,13 @@ def test_rope_with_kv_writes_and_residual_adds_with_norms_are_one_launch_each(gp
     assert len(plan.aliases) == 2  # the pools are written in place
 
 
+@pytest.mark.parametrize("subgroup", [0, 8, 32])
+def test_norms_sum_by_subgroup_reductions_where_the_device_runs_them(subgroup):
+    plan = plan_graph(_block(), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=subgroup))
+    names = [l.kernel.name for l in plan.launches if l.label == "add_rms_norm"]
+    assert len(names) == 2 and all(f"_SUBGROUP{subgroup}_" in n for n in names), names
+
+
 def test_fusions_leave_what_they_cannot_prove():
     """A pool of another type (a cast between) keeps its own RoPE and KV writes; a sum read before its
     norm keeps its add kernel."""

@@ -346,7 +346,10 @@ def _rms_norm_gpu(n: Node, r: RmsNorm, limits: Limits, add: Node | None = None) 
     cols = r.x.shape[-1].value
     block = _pow2_at_most(1024 if cols >= 4096 else 256 if cols >= 1024 else 128, limits.max_workgroup)  # fewer serial steps a row
     lib = norms.add_rms_norm if add is not None else norms.rms_norm
-    return _norm_launch(n, r, lib.instantiate(BLOCK=block, UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name), add)
+    # the sum of squares by subgroup reductions where the device runs them (two levels at 32 lanes, not
+    # a tree of log2(BLOCK) barriers)
+    sub = limits.subgroup if 2 <= limits.subgroup <= block else 0
+    return _norm_launch(n, r, lib.instantiate(BLOCK=block, UNIT_OFFSET=r.unit_offset, WT=r.weight.dtype.name, SUBGROUP=sub), add)
 
 
 def _rms_norm(n: Node, r: RmsNorm, add: Node | None = None) -> Launch:
