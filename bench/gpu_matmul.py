@@ -24,9 +24,10 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
     if qtype == "q4_k":
         if rows <= 4:
             mr = 1 if rows == 1 else max(m for m in (1, 2, 4) if 4 * G.q8_shared_words(k, m) <= 48 * 1024)
-            for warps, unroll in ((G.Q4_K_WARPS, 2), (16, 4)):  # the planner's first
-                kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll)
-                out.append((kern.name, kern, lambda n, kern=kern, mr=mr: (-(-n // (kern.threads // 32)), -(-rows // mr))))
+            # the planner's first; then several features a warp (fewer workgroups quantizing x)
+            for warps, unroll, per_warp in ((G.Q4_K_WARPS, 2, 1), (16, 4, 1), (G.Q4_K_WARPS, 2, 2), (G.Q4_K_WARPS, 2, 4), (8, 2, 4)):
+                kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll, per_warp=per_warp)
+                out.append((kern.name, kern, lambda n, kern=kern, mr=mr, f=per_warp: (-(-n // (kern.threads // 32 * f)), -(-rows // mr))))
             # x quantized once by its own launch (timed with the GEMV: "+q8"), the GEMV without a prologue
             q8 = G.quantize_q8x2(k)
             for warps, unroll in ((4, 2), (4, 4), (8, 2), (8, 4), (2, 4)):
@@ -36,8 +37,9 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
         return out
     if rows <= 4:
         mr = 1 if rows == 1 else 4
-        kern = G.gemv_warp("bf16", k, mr)
-        out.append((kern.name, kern, lambda n, kern=kern, mr=mr: (-(-n // 8), -(-rows // mr))))
+        for per_warp in (1, 2):
+            kern = G.gemv_warp("bf16", k, mr, per_warp=per_warp)
+            out.append((kern.name, kern, lambda n, mr=mr, f=per_warp: (-(-n // (8 * f)), -(-rows // mr))))
     if rows > 1:
         for mt in (1, 2, 4):
             if 16 * mt <= 2 * max(16, rows):

@@ -101,13 +101,13 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
 
 @gpu_only
 @pytest.mark.parametrize("k", [256, 512, 1024 * 3])
-@pytest.mark.parametrize("mr,m", [(1, 1), (4, 2), (4, 4), (4, 7)])
-def test_gemv_warp_bf16(rng, k, mr, m):
+@pytest.mark.parametrize("mr,m,per_warp", [(1, 1, 1), (4, 2, 1), (4, 4, 1), (4, 7, 1), (1, 1, 2), (4, 7, 3)])
+def test_gemv_warp_bf16(rng, k, mr, m, per_warp):
     n = 37  # not a multiple of the eight warps of a workgroup
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    run_host(gemv_warp("bf16", k, mr), (-(-n // 8), -(-m // mr)), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
+    run_host(gemv_warp("bf16", k, mr, per_warp=per_warp), (-(-n // (8 * per_warp)), -(-m // mr)), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
 
@@ -115,15 +115,15 @@ def test_gemv_warp_bf16(rng, k, mr, m):
 @gpu_only
 @pytest.mark.parametrize("k", [512, 1024, 256 * 7])  # two blocks a row (guarded), four, seven
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
-@pytest.mark.parametrize("unroll", [2, 4])
-def test_gemv_warp_q4_k(rng, k, mr, m, unroll):
+@pytest.mark.parametrize("unroll,per_warp", [(2, 1), (4, 1), (2, 3)])
+def test_gemv_warp_q4_k(rng, k, mr, m, unroll, per_warp):
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, :32] = 0  # a block of zeros: scale 0, nothing divided by it
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, unroll=unroll)
-    run_host(kern, (-(-n // (kern.threads // 32)), -(-m // mr)), {"x": x, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
+    kern = gemv_warp("q4_k", k, mr, unroll=unroll, per_warp=per_warp)
+    run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
     want, flip, bound, exact = _q4_k_products(x, raw)
     _close(y, want, np.abs(x) @ np.abs(quantization("q4_k").dequantize(raw)).T, slack=flip)
     assert (np.abs(y - exact) <= bound).all(), "further from the exact product than two int8 terms allow"
@@ -229,8 +229,8 @@ def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, m, n, k
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
-def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m):
+@pytest.mark.parametrize("mr,m,per_warp", [(1, 1, 1), (4, 3, 1), (1, 1, 3), (4, 3, 2)])
+def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp):
     n, k = 29, 1024
     if qtype == "bf16":
         (wg, bg), (wu, bu) = _bf16(rng, (n, k)), _bf16(rng, (n, k))
@@ -240,8 +240,8 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
         bg, bu = np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    kern = gemv_warp(qtype, k, mr, glu=True)
-    run_host(kern, (-(-n // (kern.threads // 32)), -(-m // mr)), {"x": x, "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
+    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp)
+    run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
     if qtype == "bf16":
         g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
     else:  # against x quantized to int8 as the kernel does (test_gemv_warp_q4_k bounds that)
@@ -253,8 +253,9 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m", [(1, 1), (4, 2)])
-def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m):
+@pytest.mark.parametrize("mr,m,per_warp", [(1, 1, 1), (4, 2, 1), (1, 1, 2), (4, 2, 3)])
+def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp):
+    """Parts of 24, 8 and 13 features: with several features a warp, one warp's features span parts."""
     parts, k = (24, 8, 13), 512
     q = quantization("q4_k")
     ws, bufs = [], {}
@@ -267,8 +268,8 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m):
         ws.append(w)
         bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
     x = rng.standard_normal((m, k)).astype(np.float32)
-    kern = gemv_warp(qtype, k, mr, parts=parts)
-    run_host(kern, (-(-sum(parts) // (kern.threads // 32)), -(-m // mr)), {"x": x, **bufs}, {"m": m, "n": sum(parts)})
+    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp)
+    run_host(kern, (-(-sum(parts) // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, **bufs}, {"m": m, "n": sum(parts)})
     for i, w in enumerate(ws):
         if qtype == "bf16":
             _close(bufs[f"y{i}"], x.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)

@@ -130,10 +130,12 @@ def test_gemv_and_gemm_f32_give_a_row_the_same_bits(rng):
         np.testing.assert_array_equal(y[0], c[r])
 
 
-@pytest.mark.parametrize("k,mr,m,glu", [(256, 1, 1, False), (1024, 4, 3, False), (512, 4, 4, True), (2048, 1, 1, True)])
-def test_gemv_warp_bf16_with_sums_through_workgroup_memory(rng, k, mr, m, glu):
+@pytest.mark.parametrize("k,mr,m,glu,per_warp", [(256, 1, 1, False, 1), (1024, 4, 3, False, 1), (512, 4, 4, True, 1), (2048, 1, 1, True, 1),
+                                                 (256, 1, 1, False, 3), (512, 4, 3, True, 2)])
+def test_gemv_warp_bf16_with_sums_through_workgroup_memory(rng, k, mr, m, glu, per_warp):
     """The bf16 warp GEMV for targets without subgroup operations (Vulkan, WebGPU): the lanes' sums
-    finished through workgroup memory; n not a multiple of the eight warps of a workgroup."""
+    finished through workgroup memory; n not a multiple of the eight warps of a workgroup (nor of
+    their features, with ``per_warp`` features a warp, one after the other)."""
     from poot.kernel.library.linear_gpu import gemv_warp
 
     n = 37
@@ -142,9 +144,9 @@ def test_gemv_warp_bf16_with_sums_through_workgroup_memory(rng, k, mr, m, glu):
     vals = [(b.astype(np.uint32) << 16).view(np.float32).astype(np.float64) for b in bits]
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    kern = gemv_warp("bf16", k, mr, glu=glu, shared_sums=True)
+    kern = gemv_warp("bf16", k, mr, glu=glu, shared_sums=True, per_warp=per_warp)
     names = ["wg", "wu"] if glu else ["w"]
-    run_host(kern, (-(-n // 8), -(-m // mr)), {"x": x, **{nm: b.view(np.int32) for nm, b in zip(names, bits)}, "y": y}, {"m": m, "n": n})
+    run_host(kern, (-(-n // (8 * per_warp)), -(-m // mr)), {"x": x, **{nm: b.view(np.int32) for nm, b in zip(names, bits)}, "y": y}, {"m": m, "n": n})
     prods = [x.astype(np.float64) @ v.T for v in vals]
     want = prods[0] / (1 + np.exp(-prods[0])) * prods[1] if glu else prods[0]
     assert np.isfinite(y).all(), "an output element was never written"

@@ -265,7 +265,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool =
 
 @lru_cache(maxsize=None)
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int = 2,
-              shared_sums: bool = False, xglobal: bool = False) -> K.Kernel:
+              shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. ``unroll``: Q4_K blocks
@@ -277,11 +277,15 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     With ``glu``: two weights ``wg`` and ``wu`` against the same x, and y = silu(x wg^T) * (x wu^T)
     (a gated MLP's first half in one pass over both weights). With ``parts`` (feature counts):
     several products of the same x in one launch, weights ``w0``, ``w1``, ... into ``y0``, ``y1``,
-    ... (q, k and v, say); n is then their total."""
+    ... (q, k and v, say); n is then their total. ``per_warp``: features a warp computes one after
+    the other (grid (ceil(n / (warps per_warp)), ...)): fewer workgroups, so a Q4_K workgroup's
+    quantization of x serves more features."""
     if qtype not in GEMV_TYPES:
         raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
     if shared_sums and (qtype != "bf16" or parts):
         raise ValueError("gemv_warp: sums through workgroup memory are built for bf16 weights and one product (or a gated pair)")
+    if per_warp < 1:
+        raise ValueError(f"gemv_warp: per_warp must be positive, got {per_warp}")
     if k % 256:
         raise ValueError(f"gemv_warp {qtype} needs K a multiple of 256, got {k}")
     warps = warps or (Q4_K_WARPS if qtype == "q4_k" else 8)
@@ -333,29 +337,36 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             out.append(K.If(cond, (K.Store(y, _add(_mul(_add(_r("m0"), r), width), _r("j")), val),)))
         return out
 
+    feature: list[K.Stmt] = []  # one feature jf of this warp (jg its first of per_warp)
     if parts:
         off = 0
-        for i, size in enumerate(parts):  # a warp's rows lie in one part: the branch is uniform
-            inside = K.Bin("and", K.Bin("ge", _r("jg"), _c(off)), K.Bin("lt", _r("jg"), _c(off + size)))
-            body.append(K.If(inside, (K.Let("j", _b("sub", _r("jg"), off)), *product([f"w{i}"], f"y{i}", _c(size)))))
+        for i, size in enumerate(parts):  # one feature lies in one part: the branch is uniform
+            inside = K.Bin("and", K.Bin("ge", _r("jf"), _c(off)), K.Bin("lt", _r("jf"), _c(off + size)))
+            feature.append(K.If(inside, (K.Let("j", _b("sub", _r("jf"), off)), *product([f"w{i}"], f"y{i}", _c(size)))))
             off += size
         weights_p: list[K.Param] = [K.Buffer(f"w{i}", I32) for i in range(len(parts))]
         outs: list[K.Param] = [K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts))]
     else:
         weights = ["wg", "wu"] if glu else ["w"]
         if shared_sums:  # every thread reaches the barriers: warps past n compute row n - 1
-            body += [K.Let("j", K.Bin("min", _r("jg"), _b("sub", _r("n"), 1))), *product(weights, "y", _r("n"))]
+            feature += [K.Let("j", K.Bin("min", _r("jf"), _b("sub", _r("n"), 1))), *product(weights, "y", _r("n"))]
             shared = (K.Shared("sums", F32, threads * mr * len(weights)),)
         else:
-            body.append(K.If(K.Bin("lt", _r("jg"), _r("n")), (K.Let("j", _r("jg")), *product(weights, "y", _r("n")))))
+            feature.append(K.If(K.Bin("lt", _r("jf"), _r("n")), (K.Let("j", _r("jf")), *product(weights, "y", _r("n")))))
         weights_p = [K.Buffer(wb, I32) for wb in weights]
         outs = [K.Buffer("y", F32, readonly=False)]
+    if per_warp == 1:
+        body += [K.Let("jf", _r("jg")), *feature]
+    else:
+        body.append(K.For("fi", _c(0), _c(per_warp), (K.Let("jf", _add(_mul(_r("jg"), per_warp), _r("fi"))), *feature)))
     xs: tuple[K.Param, ...] = (K.Buffer("xq", I32), K.Buffer("xr", I32), K.Buffer("xds", F32)) if xglobal else (K.Buffer("x", F32),)
     params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
     name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
     if qtype == "q4_k" and (warps, unroll) != (Q4_K_WARPS, 2):
         name += f"_W{warps}_U{unroll}"
+    if per_warp != 1:
+        name += f"_F{per_warp}"
     if shared_sums:
         name += "_shared_sums"
     if xglobal:
