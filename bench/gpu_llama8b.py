@@ -311,7 +311,7 @@ def main() -> None:
     for name, path in models:  # the same model's batch-1 decode on the other devices
         for other in args.also:
             try:
-                r = measure_poot(path, dims.vocab, other, [1], 0, args.rounds, args.profile)
+                r = measure_poot(path, dims.vocab, other, [1], args.prefill if name == "bf16" else 0, args.rounds, args.profile)
             except Exception as e:  # a device that cannot run it is reported, not fatal to the run
                 say(f"{other}: {type(e).__name__}: {e}")
                 res[f"poot_{name}@{other}"] = {"error": f"{type(e).__name__}: {e}"}
@@ -341,6 +341,9 @@ def main() -> None:
             got = r.get("decode_b1")  # type: ignore[union-attr]
             ratio = f"{got / base:.2f}x {args.device}" if got and base else r.get("error", "-")  # type: ignore[union-attr]
             print(f"| {name} decode_b1 tok/s on {other} | {got:.1f} | | | {ratio} |" if got else f"| {name} decode_b1 tok/s on {other} | - | | | {ratio} |")
+            pre, base = r.get(f"prefill_{args.prefill}"), res.get(f"poot_{name}", {}).get(f"prefill_{args.prefill}")  # type: ignore[union-attr]
+            if pre:
+                print(f"| {name} prefill_{args.prefill} tok/s on {other} | {pre:.1f} | | | {f'{pre / base:.2f}x {args.device}' if base else '-'} |")
 
 if __name__ == "__main__":
     main()

@@ -152,3 +152,21 @@ def test_gemv_warp_bf16_with_sums_through_workgroup_memory(rng, k, mr, m, glu, p
     assert np.isfinite(y).all(), "an output element was never written"
     scale = sum(np.abs(x) @ np.abs(v).T for v in vals) * (1 + np.abs(want))
     assert (np.abs(y - want) <= 1e-5 * scale + 1e-6).all(), np.abs(y - want).max()
+
+
+@pytest.mark.parametrize("m,n,k,bk", [(5, 37, 256, 32), (64, 64, 512, 32), (70, 130, 256, 16), (1, 3, 512, 16)])
+def test_gemm_simt_bf16_tiles(rng, m, n, k, bk):
+    """The register-tiled GEMM for GPUs without matrix instructions: 64 x 64 tiles, 4 x 4 a thread,
+    bf16 weights widened exactly, f32 sums; m and n not multiples of the tile (guarded rows and
+    features), K in steps of 16 and 32."""
+    from poot.kernel.library.linear_simt import SIMT_TILE, gemm_simt
+
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    bits = (w.view(np.uint32) >> 16).astype(np.uint16)
+    wv = (bits.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    run_host(gemm_simt(k, bk), (-(-n // SIMT_TILE), -(-m // SIMT_TILE)), {"x": x, "w": bits.view(np.int32), "y": y}, {"m": m, "n": n})
+    want = x.astype(np.float64) @ wv.T
+    assert np.isfinite(y).all(), "an output element was never written"
+    assert (np.abs(y - want) <= 1e-5 * (np.abs(x) @ np.abs(wv).T) + 1e-6).all(), np.abs(y - want).max()

@@ -121,12 +121,14 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
     assert one == ["gemv_warp_3x_bf16_K512_MR1_512_128_128"]
     assert len([l for l in qkv.launches if l.when is None or l.when({"tokens": 30})]) == 3
     # without subgroup operations (SPIR-V): bf16 warp GEMVs summing through workgroup memory for few
-    # rows (the gated pair fused), the generic GEMM for more, no tensor cores
+    # rows (the gated pair fused), the register-tiled GEMM for more, no tensor cores
     generic = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))
     few = [l.kernel.name for l in generic.launches if l.when is None or l.when({"tokens": 1})]
     assert few == ["gemv_warp_glu_bf16_K512_MR1_shared_sums", "gemv_warp_bf16_K768_MR1_shared_sums"]
     many = [l.kernel.name for l in generic.launches if l.when is None or l.when({"tokens": 9})]
-    assert not any("warp" in k or "mma" in k for k in many) and "gemm_packed" in many
+    assert not any("warp" in k or "mma" in k for k in many) and "gemm_simt_bf16_K512_BK32" in many and "gemm_simt_bf16_K768_BK32" in many
+    small = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 16 * 1024))  # WebGPU's default workgroup memory
+    assert "gemm_simt_bf16_K512_BK16" in [l.kernel.name for l in small.launches if l.when is None or l.when({"tokens": 9})]
 
 
 def _block(pool_dtype="f32", norm_reads_sum_late=False):

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
-from ..kernel.library import linear, linear_gpu, linear_host
+from ..kernel.library import linear, linear_gpu, linear_host, linear_simt
 from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
 from .common import Env, Limits
 from .common import key as _key
@@ -126,7 +126,7 @@ def _warp_gemv_fits(t: dt.DType, k: int, limits: Limits) -> bool:
 def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
     """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
     warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
-    GEMMs for more rows (bf16 weights, given mma.sync)."""
+    GEMMs for more rows (bf16 weights, given mma.sync), else a register-tiled GEMM for bf16."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     if not _warp_gemv_fits(w.dtype, kk, limits):
@@ -148,6 +148,10 @@ def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
             out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
         k = linear_gpu.gemm_mma(kk, 2, 2, 2, 4)  # 64 x 64 tiles staged through workgroup memory
         out.append(Launch(n, k, bufs, lambda env: (-(-nn // 64), -(-rows(env) // 64)), sc, between(64, None, rows)))
+    elif w.dtype == dt.bf16 and limits.max_workgroup >= 256 and linear_simt.simt_shared_bytes(16) <= limits.shared_bytes:
+        bk = 32 if linear_simt.simt_shared_bytes(32) <= limits.shared_bytes else 16  # register tiles on CUDA cores
+        t = linear_simt.SIMT_TILE
+        out.append(Launch(n, linear_simt.gemm_simt(kk, bk), bufs, lambda env: (-(-nn // t), -(-rows(env) // t)), sc, between(4, None, rows)))
     else:
         out.extend(l for l in _matmul_gpu_generic(n) if l.when is not None and l.when.doc.startswith("rows >"))
         out[-1].when = between(4, None, rows)

@@ -62,13 +62,14 @@ def test_decode_over_a_long_context_splits_attention(vulkan, tmp_path, rng):
 def test_bf16_model_on_the_warp_gemv_matches_the_oracle(vulkan, tmp_path, rng):
     """bf16 weights read as stored (16-bit values as halves of 32-bit words) by the warp GEMV (its
     lanes summing by subgroup reductions on 32-lane subgroups, through workgroup memory elsewhere),
-    in every row-count regime the planner tells apart."""
+    and for more rows by the register-tiled GEMM (`gemm_simt`), in every row-count regime the planner
+    tells apart."""
     from poot_vulkan.executor import VulkanExecutor as Executor
 
     g, w = wide_bf16_llama(tmp_path / "wide", int(rng.integers(0, 2**31)))
     plan = compile_plan(g, vulkan)
     names = {l.kernel.name.split("_K")[0] for l in plan.launches}
-    assert {"gemv_warp_bf16", "gemv_warp_glu_bf16"} <= names, names
+    assert {"gemv_warp_bf16", "gemv_warp_glu_bf16", "gemm_simt_bf16"} <= names, names
     ex = Executor(plan)
     worst = row_regimes_against_oracle(ex, g, w, rng)
     ex.close()

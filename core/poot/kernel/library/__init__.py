@@ -41,4 +41,7 @@ def catalogue() -> list[Kernel]:
         ks.append(linear.gemv_blocks.instantiate(QTYPE=q, BS=bs, BB=bb, ROWS=4, BLOCK=64))
         ks.append(gather.gather_packed.instantiate(QTYPE=q, BLOCK=128))
     ks.append(linear.gemm_packed.instantiate(QTYPE="q4_k"))
+    from .linear_simt import gemm_simt
+
+    ks += [gemm_simt(4096), gemm_simt(4096, 16)]
     return ks
