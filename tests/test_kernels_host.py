@@ -144,6 +144,22 @@ def test_gemm_packed(rng, qtype, m, n):
     np.testing.assert_allclose(c, a.astype(np.float64) @ q.dequantize(raw).astype(np.float64).T, rtol=1e-4, atol=1e-3)
 
 
+@pytest.mark.parametrize("qtype", sorted(BODIES))
+def test_gemm_simt_every_packed_type(rng, qtype):
+    """The register-tiled GEMM dequantizing packed weights once per workgroup: 64 x 64 tiles, rows
+    and features not multiples of them, K in steps of 32 (16 for the 16-bit floats)."""
+    from poot.kernel.library.linear_simt import SIMT_TILE, gemm_simt
+
+    bs, _, _ = BODIES[qtype]
+    m, n, k = 70, 37, max(bs, 32) * 2
+    raw, lut, q = _packed(rng, qtype, n, k)
+    a = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    kern = gemm_simt(k, 16 if bs == 1 else 32, qtype, words=False)
+    run_host(kern, (-(-n // SIMT_TILE), -(-m // SIMT_TILE)), {"x": a, "w": raw, "lut": lut, "y": y}, {"m": m, "n": n, "row_bytes": raw.shape[1]})
+    np.testing.assert_allclose(y, a.astype(np.float64) @ q.dequantize(raw).astype(np.float64).T, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 5, 7), (19, 35, 40), (33, 16, 16)])
 def test_gemm_and_gemv_f32(rng, m, n, k):
     a = rng.standard_normal((m, k)).astype(np.float32)

@@ -148,12 +148,11 @@ def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
             out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
         k = linear_gpu.gemm_mma(kk, 2, 2, 2, 4)  # 64 x 64 tiles staged through workgroup memory
         out.append(Launch(n, k, bufs, lambda env: (-(-nn // 64), -(-rows(env) // 64)), sc, between(64, None, rows)))
-    elif w.dtype == dt.bf16 and limits.max_workgroup >= 256 and linear_simt.simt_shared_bytes(16) <= limits.shared_bytes:
-        bk = 32 if linear_simt.simt_shared_bytes(32) <= limits.shared_bytes else 16  # register tiles on CUDA cores
-        t = linear_simt.SIMT_TILE
+    elif w.dtype == dt.bf16 and _simt_step(kk, limits):  # register tiles on CUDA cores, bf16 read as words
+        bk, t = _simt_step(kk, limits), linear_simt.SIMT_TILE
         out.append(Launch(n, linear_simt.gemm_simt(kk, bk), bufs, lambda env: (-(-nn // t), -(-rows(env) // t)), sc, between(4, None, rows)))
     else:
-        out.extend(l for l in _matmul_gpu_generic(n) if l.when is not None and l.when.doc.startswith("rows >"))
+        out.extend(l for l in _matmul_gpu_generic(n, limits) if l.when is not None and l.when.doc.startswith("rows >"))
         out[-1].when = between(4, None, rows)
     return out
 
@@ -252,12 +251,20 @@ def matmul_gpu(n: Node, limits: Limits) -> list[Launch]:
         return matmul_host(n, 1 << 20)
     if not n.attrs["transpose_b"] or w.rank != 2:
         raise Refusal("matmul", "gpu", "the GPU planner runs x @ w^T with a 2-D weight, or per expert")
-    return _matmul_fast_gpu(n, limits) or _matmul_gpu_generic(n)
+    return _matmul_fast_gpu(n, limits) or _matmul_gpu_generic(n, limits)
 
 
-def _matmul_gpu_generic(n: Node) -> list[Launch]:
+def _simt_step(k: int, limits: Limits) -> int:
+    """The K step ``gemm_simt`` takes here (32 or 16 values), 0 where it does not fit."""
+    if limits.max_workgroup < 256:
+        return 0
+    return next((bk for bk in (32, 16) if k % bk == 0 and linear_simt.simt_shared_bytes(bk) <= limits.shared_bytes), 0)
+
+
+def _matmul_gpu_generic(n: Node, limits: Limits) -> list[Launch]:
     """GPU schedules for any weight type: a GEMV whose workgroups split K across threads for few
-    rows, a 16x16 tiled GEMM through workgroup memory for many; weights dequantized in registers."""
+    rows; for many, packed weights dequantized once per workgroup into the register-tiled GEMM
+    (``gemm_simt``) where it fits, else a 16x16 tiled GEMM dequantizing in registers."""
     x, w = n.inputs
     out = n.outputs[0]
     nn, kk = w.shape[0].value, w.shape[1].value
@@ -271,8 +278,14 @@ def _matmul_gpu_generic(n: Node) -> list[Launch]:
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
         gemv = Launch(n, linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=64), {"x": xk, "w": wk, "lut": lut, "y": ok},
                       lambda env: (-(-nn // 4), rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes}, few)
-        gemm = Launch(n, linear.gemm_packed.instantiate(QTYPE=w.dtype.name), {"a": xk, "w": wk, "lut": lut, "c": ok},
-                      lambda env: (-(-nn // 16), -(-rows(env) // 16)), lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes}, many)
+        bk = _simt_step(kk, limits)
+        if bk:
+            t = linear_simt.SIMT_TILE
+            gemm = Launch(n, linear_simt.gemm_simt(kk, bk, w.dtype.name, words=False), {"x": xk, "w": wk, "lut": lut, "y": ok},
+                          lambda env: (-(-nn // t), -(-rows(env) // t)), lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, many)
+        else:
+            gemm = Launch(n, linear.gemm_packed.instantiate(QTYPE=w.dtype.name), {"a": xk, "w": wk, "lut": lut, "c": ok},
+                          lambda env: (-(-nn // 16), -(-rows(env) // 16)), lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes}, many)
         return [gemv, gemm]
     if w.dtype != dt.f32:
         raise Refusal("matmul", "gpu", f"weights of type {w.dtype} need a cast first")
