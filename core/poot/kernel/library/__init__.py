@@ -43,5 +43,5 @@ def catalogue() -> list[Kernel]:
     ks.append(linear.gemm_packed.instantiate(QTYPE="q4_k"))
     from .linear_simt import gemm_simt
 
-    ks += [gemm_simt(4096), gemm_simt(4096, 16)]
+    ks += [gemm_simt(4096), gemm_simt(4096, 16), gemm_simt(4096, 32, "q4_k", words=False)]
     return ks
