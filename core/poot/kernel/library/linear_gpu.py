@@ -333,7 +333,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             val = _silu_mul(_r(f"wgs{r}", F32), _r(f"wus{r}", F32)) if glu else _r(f"{weights[0]}s{r}", F32)
             cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
             if shared_sums:
-                cond = K.Bin("and", cond, K.Bin("lt", _r("jg"), _r("n")))
+                cond = K.Bin("and", cond, K.Bin("lt", _r("jf"), _r("n")))
             out.append(K.If(cond, (K.Store(y, _add(_mul(_add(_r("m0"), r), width), _r("j")), val),)))
         return out
 
