@@ -345,5 +345,6 @@ def main() -> None:
             if pre:
                 print(f"| {name} prefill_{args.prefill} tok/s on {other} | {pre:.1f} | | | {f'{pre / base:.2f}x {args.device}' if base else '-'} |")
 
+
 if __name__ == "__main__":
     main()
