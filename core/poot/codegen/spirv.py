@@ -39,7 +39,8 @@ O3 pipeline canonicalises away the ones it needs (facts checked against llvmlite
 semantics 0x148 (the fences' OpMemoryBarriers, which have no storage-class bits and which Vulkan
 rejects, are dropped: the barrier's own semantics cover them); 64-bit GEP indices narrowed to 32 bits,
 so the module needs no Int64; the Int8 capability of the binding-name strings removed after
-dead-code elimination; a Linkage capability (an unresolved call) reported as an error. It also
+dead-code elimination; 8- and 16-bit arithmetic that LLVM narrowed index math to redone in 32 bits
+(``_widen_narrow_ints``), so no kernel needs shaderInt8 or shaderInt16; a Linkage capability (an unresolved call) reported as an error. It also
 repairs three defects of LLVM 22's output: block labels that now and then reuse module-level ids,
 merge instructions scheduled away from their branch, and OpConstantNull struct indices. Because the
 backend carries state from one module to the next within a process, lowering a kernel for this target
@@ -637,6 +638,8 @@ def post_pass(obj: bytes, name: str) -> bytes:
     m = _Spv(_dce(m.to_bytes(), name), name)  # drops the binding-name strings (8-bit integers)
     if narrow_indices(m):
         m = _Spv(_dce(m.to_bytes(), name), name)  # drops the 64-bit conversions and constants
+    if any(w in (8, 16) for w in m.int_types().values()) and _widen_narrow_ints(m):
+        m = _Spv(_dce(m.to_bytes(), name), name)  # 8/16-bit arithmetic in 32 bits: no shaderInt8/16 needed
     _drop_unused_int_capabilities(m)
     spv = m.to_bytes()
     validate(spv, name)
