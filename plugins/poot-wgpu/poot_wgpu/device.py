@@ -68,7 +68,7 @@ def wgpu_devices() -> list[Device]:
         info, lim = a.info, a.limits
         width = subgroup_width(a)
         # i8: kernels may compute on 8-bit integers (LLVM narrows some arithmetic to them): naga takes
-        # none, and for_wgpu redoes it in 32 bits, so every adapter runs it
+        # none, and the SPIR-V post-pass redoes it in 32 bits, so every adapter runs it
         dtypes = {"f32", "i32", "i8", "u8", "bool", "bf16"} | ({"f16"} if "shader-f16" in a.features else set())
         caps = Capabilities(
             dtypes=frozenset(dtypes),
