@@ -681,8 +681,8 @@ def _id_operands(op: int, ops: list[int]) -> list[int]:
 
 def _widen_narrow_ints(m: _Spv) -> bool:
     """8- and 16-bit integer arithmetic (LLVM narrows index math whose range it knows) rewritten in
-    32 bits, each narrow value held zero-extended: naga takes no narrow integers. Returns False
-    (module unchanged) where an instruction it does not know uses them."""
+    32 bits, each narrow value held zero-extended: Vulkan would need shaderInt8/16, naga takes none.
+    Returns False (module unchanged) where an instruction it does not know uses them."""
     ints = {ops[0]: (ops[1], ops[2]) for ops in m.of(_OP_TYPE_INT)}
     narrow = {t: w for t, (w, _) in ints.items() if w in (8, 16)}
     if not narrow:
@@ -850,8 +850,7 @@ def for_wgpu(spv: bytes) -> bytes:
     """The module as naga takes it: without the ``Aligned`` memory operands of OpLoad/OpStore (naga
     rejects them), signed instructions given signed operands (see ``_signed_operands``), and no
     subgroup operation first in its block (``_group_ops_not_first``)."""
-    m = _Spv(spv, "(for wgpu)")
-    _widen_narrow_ints(m)
+    m = _Spv(spv, "(for wgpu)")  # (its 8/16-bit arithmetic is widened already, by post_pass)
     _signed_operands(m)
     _group_ops_not_first(m)
     for op, ops in m.insts:

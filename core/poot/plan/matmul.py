@@ -109,7 +109,7 @@ def _gemv_rows(qtype: str, k: int, limits: Limits) -> list[tuple[int, int, int]]
     one keeps its rows of x, quantized, in workgroup memory, so K bounds how many fit."""
     if qtype != "q4_k":
         return [(1, 0, 1), (4, 1, 4)]
-    if "i8" not in limits.dtypes:  # its sums are of int8 products (SPIR-V: the Int8 capability)
+    if "i8" not in limits.dtypes:  # its sums are of int8 products: devices that report 8-bit integer arithmetic
         return []
     fits = [mr for mr in (4, 2, 1) if 4 * linear_gpu.q8_shared_words(k, mr) <= limits.shared_bytes]
     return [(1, 0, 1), (fits[0], 1, 4)] if fits else []
