@@ -1,5 +1,5 @@
 """The GPU matrix schedules alone on an NVIDIA GPU: each (rows, features, K) of the Llama-3-8B shape
-through every schedule that can run it, timed with CUDA events (median of repeats), as TB/s of
+through every schedule that can run it, timed with CUDA events (median of repeats, each the mean of 8 runs queued back to back), as TB/s of
 weights read and TFLOP/s of useful work. Used to choose the planner's row thresholds.
 
     python bench/gpu_matmul.py [--rows 1 16 64 256] [--repeat 20]
@@ -13,6 +13,7 @@ import sys
 
 import numpy as np
 
+BATCH = 8  # runs a timing (their mean)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate/up": (14336, 4096), "down": (4096, 14336), "lm_head": (128256, 4096)}
 
 
@@ -40,16 +41,35 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
         for per_warp in (1, 2):
             kern = G.gemv_warp("bf16", k, mr, per_warp=per_warp)
             out.append((kern.name, kern, lambda n, mr=mr, f=per_warp: (-(-n // (8 * f)), -(-rows // mr))))
+    split = G.split_bf16x2(k)
+    split_grid = (-(-rows * k // 8 // G.SPLIT_THREADS),)
     if rows > 1:
-        for mt in (1, 2, 4):
+        for mt in (1, 2):
             if 16 * mt <= 2 * max(16, rows):
                 kern = G.gemm_warp(k, mt, 4, 8)
                 out.append((kern.name, kern, lambda n, mt=mt: (-(-rows // (16 * mt)), -(-n // 32))))
+        # x split into bf16 terms once, by its own launch (timed with the GEMM: "+split"); wider
+        # feature tiles read x fewer times
+        for mt, tn, wk in ((1, 4, 8), (2, 4, 8), (1, 8, 8), (1, 4, 16)):
+            if 16 * mt <= 2 * max(16, rows):
+                kern = G.gemm_warp(k, mt, tn, wk, xsplit=True)
+                out.append((kern.name + "+split", (split, kern), lambda n, mt=mt, tn=tn: (split_grid, (-(-rows // (16 * mt)), -(-n // (8 * tn))))))
     if rows > 4:
         kern = G.gemm_mma(k, 2, 2, 2, 4)
         out.append((kern.name, kern, lambda n: (-(-n // 64), -(-rows // 64))))
-        kern = G.gemm_mma(k, 1, 4, 1, 2)
-        out.append((kern.name, kern, lambda n: (-(-n // 64), -(-rows // 16))))
+        if rows <= 64:  # K split among workgroups (parts added by sum_parts): as many workgroups as 64 x 128 tiles allow
+            for parts in (4, 8):
+                if k % (32 * parts) == 0:
+                    kern = G.gemm_mma(k, 2, 4, 2, 4, xsplit=True, ksplit=parts)
+                    add = G.sum_parts(parts)
+                    out.append((kern.name + "+split+sum", (split, kern, add),
+                                lambda n, parts=parts: (split_grid, (-(-n // 128), -(-rows // 64), parts), (-(-rows * n // 4 // G.SPLIT_THREADS),))))
+        for wm, wn, tm, tn in ((2, 2, 2, 4), (4, 2, 2, 4), (2, 4, 4, 4), (2, 2, 4, 4), (4, 4, 2, 4), (1, 4, 1, 2)):
+            if rows < 64 and 16 * wm * tm > 64:
+                continue
+            kern = G.gemm_mma(k, wm, wn, tm, tn, xsplit=True)
+            bm, bn = 16 * wm * tm, 8 * wn * tn
+            out.append((kern.name + "+split", (split, kern), lambda n, bm=bm, bn=bn: (split_grid, (-(-n // bn), -(-rows // bm)))))
     return out
 
 
@@ -58,6 +78,8 @@ def main() -> int:
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 32, 64, 256])
     ap.add_argument("--qtype", choices=["bf16", "q4_k"], default="bf16")
     ap.add_argument("--repeat", type=int, default=20)
+    ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    ap.add_argument("--only", default="", help="schedules whose name contains this (under a profiler, say)")
     args = ap.parse_args()
     from poot.errors import Refusal
     from poot.quant import quantization
@@ -74,6 +96,8 @@ def main() -> int:
     print("| schedule | rows | shape (n x k) | us | weight TB/s | TFLOP/s |")
     print("|---|---|---|---|---|---|")
     for name, (n, k) in SHAPES.items():
+        if name not in args.shapes:
+            continue
         if args.qtype == "q4_k" and name == "lm_head":
             continue  # (quantizing it takes a minute; its K is o's)
         if args.qtype == "q4_k":
@@ -87,8 +111,12 @@ def main() -> int:
             x = rng.standard_normal((rows, k)).astype(np.float32)
             xp, yp = ctx.alloc(x.nbytes), ctx.alloc(rows * n * 4)
             xq, xr, xds = ctx.alloc(rows * k), ctx.alloc(rows * k), ctx.alloc(rows * k // 4)  # quantized x: bytes, bytes, f32 per 16 values
+            xs = ctx.alloc(rows * k * 4)  # x split into two bf16 terms
+            parts = ctx.alloc(8 * rows * n * 4)  # a K-split GEMM's parts
             ctx.upload(xp, x)
             for sname, kern, grid in schedules(rows, k, args.qtype):
+                if args.only not in sname:
+                    continue
                 kerns = kern if isinstance(kern, tuple) else (kern,)  # launches timed together
                 try:
                     cks = [CudaKernel(ctx, kk, target_for(dev)) for kk in kerns]
@@ -96,21 +124,27 @@ def main() -> int:
                     print(f"| {sname} | {rows} | {name} {n}x{k} | refused: {e.reason} | | |")
                     continue
                 grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
-                ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds}
+                ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xs": xs}
                 start, end = (_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2))
                 times = []
-                for _ in range(args.repeat + 2):
+                def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
+                    named = {**ptrs, "p": parts, "y": parts} if "_S" in ck.kernel.name else {**ptrs, "p": parts}
+                    return {p.name: named[p.name] for p in ck.kernel.buffers}
+
+                args_of = [(bufs(ck), {sc.name: {"m": rows, "n": n, "count": rows * n}[sc.name] for sc in ck.kernel.scalars}) for ck in cks]
+                for _ in range(args.repeat + 2):  # a timing is BATCH runs queued back to back: the host's launch time stays out of it
                     _check(d, "cuEventRecord", d.cuEventRecord(start, 0))
-                    for ck, g in zip(cks, grids):
-                        ck.launch(g, {p.name: ptrs[p.name] for p in ck.kernel.buffers}, {sc.name: {"m": rows, "n": n}[sc.name] for sc in ck.kernel.scalars})
+                    for _ in range(BATCH):
+                        for ck, g, (bufs, scal) in zip(cks, grids, args_of):
+                            ck.launch(g, bufs, scal)
                     _check(d, "cuEventRecord", d.cuEventRecord(end, 0))
                     _check(d, "cuEventSynchronize", d.cuEventSynchronize(end))
-                    times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(start, end)) / 1e3)
+                    times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(start, end)) / 1e3 / BATCH)
                 t = statistics.median(times[2:])
                 print(f"| {sname} | {rows} | {name} {n}x{k} | {t * 1e6:.1f} | {w.nbytes / t / 1e12:.2f} | {2 * rows * n * k / t / 1e12:.1f} |", flush=True)
                 d.cuEventDestroy(start)
                 d.cuEventDestroy(end)
-            for ptr in (xp, yp, xq, xr, xds):
+            for ptr in (xp, yp, xq, xr, xds, xs, parts):
                 ctx.free(ptr)
         ctx.free(wp)
     return 0

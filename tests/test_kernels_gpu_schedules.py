@@ -16,9 +16,9 @@ import pytest
 
 from poot.codegen import compile_kernel
 from poot.codegen.targets import target
-from poot.kernel.library.linear_gpu import Q8_THREADS, gemm_mma, gemm_warp, gemv_warp, quantize_q8x2
+from poot.kernel.library.linear_gpu import Q8_THREADS, SPLIT_THREADS, gemm_mma, gemm_warp, gemv_warp, quantize_q8x2, split_bf16x2, sum_parts
 from poot.quant import quantization
-from poot.testing.kernels import poisoned, q8x2_reference, run_host
+from poot.testing.kernels import poisoned, q8x2_reference, run_host, split_reference
 
 
 
@@ -82,7 +82,8 @@ def _q4_k_products(x, raw):
 
 
 @pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 1), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
-                                  gemm_warp(4096), gemm_warp(14336, 2, 4, 8)],
+                                  gemm_mma(4096, xsplit=True), gemm_mma(4096, 2, 4, 4, 4, xsplit=True),
+                                  gemm_warp(4096), gemm_warp(14336, 2, 4, 8), gemm_warp(4096, xsplit=True), gemm_warp(14336, 2, 4, 8, xsplit=True)],
                          ids=lambda k: k.name)
 def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
@@ -198,15 +199,58 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll):
     assert (np.abs(y - exact) <= bound).all(), "further from the exact product than two int8 terms allow"
 
 
+@pytest.mark.parametrize("m,k", [(1, 8), (3, 96), (7, 4096), (130, 512)])
+def test_x_split_once_into_two_bf16_terms(rng, m, k):
+    """``split_bf16x2`` writes the nearest bf16 of each value and of its remainder, bit for bit as
+    numpy rounds them, every word of both planes (runs everywhere: no subgroups needed)."""
+    x = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-20, 20, (m, k)))).astype(np.float32)
+    xs = poisoned((m * k,), np.int32)
+    run_host(split_bf16x2(k), (-(-m * k // 8 // SPLIT_THREADS),), {"x": x, "xs": xs}, {"m": m})
+    want = split_reference(x)
+    assert (xs == want).all(), f"{(xs != want).sum()} of {xs.size} words differ"
+    hi, lo = (p.view(np.uint16).astype(np.uint32) << 16 for p in np.split(xs, 2))
+    assert np.abs(hi.view(np.float32) + lo.view(np.float32) - x.reshape(-1)).max() <= np.abs(x).max() * 2.0**-16
+
+
+@pytest.mark.parametrize("parts,count", [(2, 4), (4, 1000), (8, 4096 * 3 + 4)])
+def test_sum_parts_adds_a_split_products_parts(rng, parts, count):
+    p = rng.standard_normal(parts * count).astype(np.float32)
+    y = poisoned((count,))
+    run_host(sum_parts(parts), (-(-count // 4 // SPLIT_THREADS),), {"p": p, "y": y}, {"count": count})
+    want = p[:count].copy()
+    for s in range(1, parts):  # in the kernel's order: bit for bit
+        want += p[s * count:(s + 1) * count]
+    assert (y == want).all()
+
+
 @mma_only
-@pytest.mark.parametrize("shape", [(2, 2, 2, 4), (1, 4, 1, 1)])
-@pytest.mark.parametrize("m,n,k", [(5, 37, 96), (70, 72, 128), (16, 64, 4096)])
-def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, m, n, k):
+@pytest.mark.parametrize("parts", [2, 8])
+@pytest.mark.parametrize("m,n,k", [(17, 72, 512), (64, 136, 4096), (40, 24, 14336)])
+def test_gemm_mma_split_along_k_then_summed(rng, parts, m, n, k):
+    """Few rows: K split among workgroups, each part stored apart and added by ``sum_parts``."""
+    w, bits = _bf16(rng, (n, k))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    part = poisoned((parts, m, n))
+    run_host(gemm_mma(k, 2, 4, 2, 4, xsplit=True, ksplit=parts), (-(-n // 128), -(-m // 64), parts), {"xs": split_reference(x), "w": bits, "y": part}, {"m": m, "n": n})
+    y = poisoned((m, n))
+    run_host(sum_parts(parts), (-(-m * n // 4 // SPLIT_THREADS),), {"p": part, "y": y}, {"count": m * n})
+    want = x.astype(np.float64) @ w.T.astype(np.float64)
+    _close(y, want, np.abs(x) @ np.abs(w).T)
+    kp = k // parts  # each part is its own slice of K
+    _close(part[1], x[:, kp:2 * kp].astype(np.float64) @ w[:, kp:2 * kp].T.astype(np.float64), np.abs(x[:, kp:2 * kp]) @ np.abs(w[:, kp:2 * kp]).T)
+
+
+@mma_only
+@pytest.mark.parametrize("shape", [(2, 2, 2, 4), (1, 4, 1, 1), (2, 4, 4, 4)])
+@pytest.mark.parametrize("xsplit", [False, True])
+@pytest.mark.parametrize("m,n,k", [(5, 37, 96), (70, 72, 128), (16, 64, 4096), (200, 300, 256)])
+def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, xsplit, m, n, k):
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
     wm, wn, tm, tn = shape
-    run_host(gemm_mma(k, *shape), (-(-n // (8 * wn * tn)), -(-m // (16 * wm * tm))), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
+    xb = {"xs": split_reference(x)} if xsplit else {"x": x}
+    run_host(gemm_mma(k, *shape, xsplit=xsplit), (-(-n // (8 * wn * tn)), -(-m // (16 * wm * tm))), {**xb, "w": bits, "y": y}, {"m": m, "n": n})
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
     # rounding the activations to bf16 instead would be ~100x further off: the split is what holds the bound
@@ -217,12 +261,14 @@ def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, m, n, k):
 
 @mma_only
 @pytest.mark.parametrize("mt,tn,wk", [(1, 4, 8), (2, 4, 8), (1, 2, 2)])
+@pytest.mark.parametrize("xsplit", [False, True])
 @pytest.mark.parametrize("m,n,k", [(1, 37, 512), (9, 64, 1024), (16, 40, 2048), (23, 33, 512)])
-def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, m, n, k):
+def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, xsplit, m, n, k):
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    run_host(gemm_warp(k, mt, tn, wk), (-(-m // (16 * mt)), -(-n // (8 * tn))), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
+    xb = {"xs": split_reference(x)} if xsplit else {"x": x}
+    run_host(gemm_warp(k, mt, tn, wk, xsplit=xsplit), (-(-m // (16 * mt)), -(-n // (8 * tn))), {**xb, "w": bits, "y": y}, {"m": m, "n": n})
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
 

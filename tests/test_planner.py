@@ -108,10 +108,14 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
 
     assert kernels(1) == ["gemv_warp_glu_bf16_K512_MR1", "gemv_warp_bf16_K768_MR1"]
     assert kernels(3) == ["gemv_warp_glu_bf16_K512_MR4", "gemv_warp_bf16_K768_MR4"]
+    # more rows: x split into two bf16 terms once for both products that read it, then tensor cores
     k9 = kernels(9)
-    assert k9[:2] == ["gemm_warp_bf16_K512_1x4_W8_split"] * 2 and k9[2].startswith("ew_") and k9[3] == "gemm_warp_bf16_K768_1x4_W8_split"
-    assert kernels(40)[0] == "gemm_warp_bf16_K512_2x4_W8_split"
-    assert kernels(300)[0] == "gemm_mma_bf16_K512_2x2_2x4_split"
+    assert k9[:3] == ["split_bf16x2_K512"] + ["gemm_warp_bf16_K512_1x4_W8_xs"] * 2 and k9[3].startswith("ew_")
+    assert k9[4:] == ["split_bf16x2_K768", "gemm_warp_bf16_K768_1x4_W8_xs"]
+    shared = [l for l in plan.launches if l.kernel.name.startswith("gemm_warp_bf16_K512")]
+    assert {l.buffers["xs"] for l in shared} == {next(l for l in plan.launches if l.label == "split_x").buffers["xs"]}
+    assert kernels(40)[:2] == ["split_bf16x2_K512", "gemm_warp_bf16_K512_2x4_W8_xs"]
+    assert kernels(300)[:2] == ["split_bf16x2_K512", "gemm_mma_bf16_K512_2x4_4x4_xs"]
     # products of one x (q, k and v) share one launch while the rows are few
     b = GraphBuilder()
     x = b.input("x", "f32", [sym("tokens"), 512])
@@ -119,7 +123,7 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
     qkv = plan_graph(b.build(outs), device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"})))
     one = [l.kernel.name for l in qkv.launches if l.when is None or l.when({"tokens": 1})]
     assert one == ["gemv_warp_3x_bf16_K512_MR1_512_128_128"]
-    assert len([l for l in qkv.launches if l.when is None or l.when({"tokens": 30})]) == 3
+    assert len([l for l in qkv.launches if l.when is None or l.when({"tokens": 30})]) == 4  # x split once, three GEMMs
     # without subgroup operations (SPIR-V): bf16 warp GEMVs summing through workgroup memory for few
     # rows (the gated pair fused), the register-tiled GEMM for more, no tensor cores
     generic = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))

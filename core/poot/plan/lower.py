@@ -28,7 +28,7 @@ from .common import pad as _pad
 from .common import shape as _shape
 from .common import strides as _strides
 from .common import Limits
-from .matmul import between, find_glus, find_siblings, glu_launches, matmul_gpu, matmul_host, siblings_launches
+from .matmul import SplitX, between, find_glus, find_siblings, glu_launches, matmul_gpu, matmul_host, siblings_launches
 from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
                      virtual_views)
 from .memory import stored_nbytes
@@ -448,6 +448,7 @@ def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Li
 
 def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     plan = Plan(graph, [])
+    split = SplitX(plan)
     norms_at = recognise_rms_norms(graph) if fuse else {}
     inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
     groups = elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
@@ -495,7 +496,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
                     plan.launches.extend(fused)
                 plan.launches.append(ew)
         elif n.op == "matmul":
-            ls = matmul_gpu(n, limits) if gpu else matmul_host(n, limits.shared_bytes)
+            ls = matmul_gpu(n, limits, split) if gpu else matmul_host(n, limits.shared_bytes)
             if n.id in glus or n.id in in_siblings:  # few rows: a fused launch computes this product (or its use)
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
             if n.id in siblings:

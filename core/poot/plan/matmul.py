@@ -6,7 +6,7 @@ one x)."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -19,9 +19,9 @@ from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
 from .common import Env, Limits
 from .common import key as _key
 from .common import shape as _shape
-from .plan import Launch, When
+from .plan import Launch, Plan, When
 
-__all__ = ["between", "matmul_host", "matmul_gpu", "find_glus", "glu_launches", "find_siblings", "siblings_launches"]
+__all__ = ["between", "matmul_host", "matmul_gpu", "find_glus", "glu_launches", "find_siblings", "siblings_launches", "SplitX"]
 
 
 def _blocks(t: dt.DType, k: int) -> tuple[int, int]:
@@ -123,10 +123,31 @@ def _warp_gemv_fits(t: dt.DType, k: int, limits: Limits) -> bool:
     return limits.subgroup == 32 or (t == dt.bf16 and limits.max_workgroup >= 256 and 4 * 256 * 8 <= limits.shared_bytes)
 
 
-def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
+@dataclass
+class SplitX:
+    """x split into two bf16 terms (``split_bf16x2``) once for all the tensor-core products that read
+    it (q, k and v; gate and up): a scratch area of the plan's by x, written by one launch placed
+    before the first of them."""
+
+    plan: Plan
+    areas: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+
+    def of(self, n: Node, x: Value, k: int, rows: Callable[[Env], int], when: When) -> tuple[tuple[int, int], list[Launch]]:
+        """The scratch area holding x split, and the launch that writes it (none when one already does)."""
+        xk = _key(x)
+        if xk in self.areas:
+            return self.areas[xk], []
+        xs = self.areas[xk] = self.plan.add_scratch(lambda env: rows(env) * k)  # hi and lo planes: 4 bytes a value
+        kern = linear_gpu.split_bf16x2(k)
+        return xs, [Launch(n, kern, {"x": xk, "xs": xs}, lambda env: (-(-rows(env) * k // 8 // linear_gpu.SPLIT_THREADS),),
+                           lambda env: {"m": rows(env)}, when, label="split_x")]
+
+
+def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch] | None:
     """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
     warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
-    GEMMs for more rows (bf16 weights, given mma.sync), else a register-tiled GEMM for bf16."""
+    GEMMs for more rows (bf16 weights, given mma.sync; x split into two bf16 terms once, by ``split``),
+    else a register-tiled GEMM for bf16."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     if not _warp_gemv_fits(w.dtype, kk, limits):
@@ -143,11 +164,23 @@ def _matmul_fast_gpu(n: Node, limits: Limits) -> list[Launch] | None:
         k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums)
         out.append(Launch(n, k, bufs, lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
     if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix:
-        for mt, lo, hi in ((1, 4, 16), (2, 16, 64)):  # weights streamed like a GEMV, tensor cores doing the sums
-            k = linear_gpu.gemm_warp(kk, mt, 4, 8)
+        xsplit = split is not None
+        if split is not None:
+            xs, pre = split.of(n, x, kk, rows, between(4, None, rows))
+            out += pre
+            bufs = {"xs": xs, "w": bufs["w"], "y": bufs["y"]}
+        # weights streamed like a GEMV, tensor cores doing the sums; long rows split K among 16 warps
+        # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
+        wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
+        for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64)):
+            k = linear_gpu.gemm_warp(kk, mt, 4, wk, xsplit=xsplit)
             out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
-        k = linear_gpu.gemm_mma(kk, 2, 2, 2, 4)  # 64 x 64 tiles staged through workgroup memory
-        out.append(Launch(n, k, bufs, lambda env: (-(-nn // 64), -(-rows(env) // 64)), sc, between(64, None, rows)))
+        # tiles staged through workgroup memory: 128 x 128 (8 warps of 64 x 32), or 128 x 64 where K
+        # is long (the tiles of x then outgrow the L2 cache's share)
+        wm, wn, tm, tn = (2, 4, 4, 4) if xsplit and kk < 8192 else (2, 2, 4, 4) if xsplit else (2, 2, 2, 4)
+        k = linear_gpu.gemm_mma(kk, wm, wn, tm, tn, xsplit=xsplit)
+        bm, bn = 16 * wm * tm, 8 * wn * tn
+        out.append(Launch(n, k, bufs, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
     elif w.dtype == dt.bf16 and _simt_step(kk, limits):  # register tiles on CUDA cores, bf16 read as words
         bk, t = _simt_step(kk, limits), linear_simt.SIMT_TILE
         out.append(Launch(n, linear_simt.gemm_simt(kk, bk), bufs, lambda env: (-(-nn // t), -(-rows(env) // t)), sc, between(4, None, rows)))
@@ -245,13 +278,14 @@ def siblings_launches(ns: list[Node], limits: Limits) -> list[Launch]:
             for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits)]
 
 
-def matmul_gpu(n: Node, limits: Limits) -> list[Launch]:
+def matmul_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch]:
+    """The GPU launches of matmul ``n``; with ``split``, tensor-core products read x split once."""
     x, w = n.inputs
     if n.attrs["transpose_b"] and w.rank == 3:  # per-expert weights: the lane schedules, one thread per workgroup (correct, not yet fast)
         return matmul_host(n, 1 << 20)
     if not n.attrs["transpose_b"] or w.rank != 2:
         raise Refusal("matmul", "gpu", "the GPU planner runs x @ w^T with a 2-D weight, or per expert")
-    return _matmul_fast_gpu(n, limits) or _matmul_gpu_generic(n, limits)
+    return _matmul_fast_gpu(n, limits, split) or _matmul_gpu_generic(n, limits)
 
 
 def _simt_step(k: int, limits: Limits) -> int:

@@ -15,7 +15,7 @@ from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
-__all__ = ["run_host", "poisoned", "kernel_suites_on", "q8x2_reference"]
+__all__ = ["run_host", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference"]
 
 _LOADED: dict[str, HostKernel] = {}
 _RUNNERS: dict[str, object] = {}
@@ -64,6 +64,20 @@ def _device_runner():  # type: ignore[no-untyped-def]
             raise RuntimeError(f"POOT_TEST_DEVICE={name}: no installed plugin runs single kernels there")
         _RUNNERS[name] = runner
     return _RUNNERS[name]
+
+
+def split_reference(x: np.ndarray) -> np.ndarray:
+    """What ``split_bf16x2`` writes for x [m, k], in numpy: the nearest bf16 of each value (ties to
+    even), then the nearest bf16 of the remainder, two values a word (the first in the low half) —
+    the hi plane, then the lo plane, as int32 words."""
+
+    def nearest(v: np.ndarray) -> np.ndarray:
+        b = v.astype(np.float32).view(np.uint32).astype(np.uint64)
+        return (((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).astype(np.uint16)
+
+    hi = nearest(x)
+    lo = nearest(x.astype(np.float32) - (hi.astype(np.uint32) << 16).view(np.float32))
+    return np.concatenate([hi.reshape(-1), lo.reshape(-1)]).view(np.int32).copy()
 
 
 def run_host(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, float | int] | None = None, threads: int = 2) -> None:
