@@ -64,7 +64,7 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
                     add = G.sum_parts(parts)
                     out.append((kern.name + "+split+sum", (split, kern, add),
                                 lambda n, parts=parts: (split_grid, (-(-n // 128), -(-rows // 64), parts), (-(-rows * n // 4 // G.SPLIT_THREADS),))))
-        for wm, wn, tm, tn in ((2, 2, 2, 4), (4, 2, 2, 4), (2, 4, 4, 4), (2, 2, 4, 4), (4, 4, 2, 4), (1, 4, 1, 2)):
+        for wm, wn, tm, tn in ((2, 2, 2, 4), (2, 4, 4, 4), (2, 2, 4, 4), (2, 2, 4, 8), (2, 4, 4, 8), (4, 2, 2, 8)):
             if rows < 64 and 16 * wm * tm > 64:
                 continue
             kern = G.gemm_mma(k, wm, wn, tm, tn, xsplit=True)

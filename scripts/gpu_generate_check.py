@@ -11,7 +11,14 @@ import time
 import poot
 from poot.llm import SamplingParams
 
-PROMPTS = ["The history of the printing press", "def fibonacci(n):", "Three facts about the ocean:"]
+# the last prompt is long enough (over 100 tokens) that its prefill runs the blocked attention
+# schedule (on tensor cores where the heads are 64 or 128 wide)
+PROMPTS = ["The history of the printing press", "def fibonacci(n):", "Three facts about the ocean:",
+           "The river starts high in the mountains, where snow melts each spring and feeds a hundred small streams. "
+           "They join in the valleys, pass through forests of pine and birch, turn the wheels of old mills, and slow down "
+           "as the land flattens. Towns grew along its banks because the water carried boats, fish and trade. Today the "
+           "river is cleaner than it was fifty years ago, and people swim in it again in the summer. Write a short poem "
+           "about this river, then explain in two sentences why rivers matter to the towns built beside them."]
 
 
 def main() -> int:
@@ -22,11 +29,11 @@ def main() -> int:
     results = {}
     for dev in ("cpu", "cuda:0"):
         params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=5 if dev == "cpu" else None)
-        m = poot.load(args.path, dev, max_seqs=3, max_context=256, progress=False)
+        m = poot.load(args.path, dev, max_seqs=len(PROMPTS), max_context=256, progress=False)
         m.complete(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4), raw=True)  # warm: captures
         t = time.perf_counter()
         results[dev] = m.complete(PROMPTS, params, raw=True)
-        print(f"{dev}: 3 x 64 greedy tokens in {time.perf_counter() - t:.2f} s")
+        print(f"{dev}: {len(PROMPTS)} x 64 greedy tokens in {time.perf_counter() - t:.2f} s")
         m.close()
     equal = ties = 0
     for p, a, b in zip(PROMPTS, results["cpu"], results["cuda:0"]):
@@ -41,8 +48,8 @@ def main() -> int:
         ties += tie
         print(f"{p!r}: differs at token {diff}: cpu {a.tokens[diff]}, cuda:0 {b.tokens[diff]}, "
               f"log-probability gap on the cpu {gap:.3g} ({'a near tie' if tie else 'NOT a near tie'}); equal before it")
-    print(f"greedy tokens cuda:0 vs cpu: {equal}/3 prompts equal, {ties} first differences at near ties")
-    return 0 if equal + ties == 3 else 1
+    print(f"greedy tokens cuda:0 vs cpu: {equal}/{len(PROMPTS)} prompts equal, {ties} first differences at near ties")
+    return 0 if equal + ties == len(PROMPTS) else 1
 
 
 if __name__ == "__main__":

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from poot.codegen import compile_kernel
+from poot.eval import evaluate
+from poot.graph import GraphBuilder
 from poot.codegen.targets import target
+from poot.kernel.library.attention_gpu import MMA_QROWS, attention_mma
 from poot.kernel.library.linear_gpu import Q8_THREADS, SPLIT_THREADS, gemm_mma, gemm_warp, gemv_warp, quantize_q8x2, split_bf16x2, sum_parts
 from poot.quant import quantization
 from poot.testing.kernels import poisoned, q8x2_reference, run_host, split_reference
@@ -83,12 +86,16 @@ def _q4_k_products(x, raw):
 
 @pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 1), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
                                   gemm_mma(4096, xsplit=True), gemm_mma(4096, 2, 4, 4, 4, xsplit=True),
-                                  gemm_warp(4096), gemm_warp(14336, 2, 4, 8), gemm_warp(4096, xsplit=True), gemm_warp(14336, 2, 4, 8, xsplit=True)],
+                                  gemm_warp(4096), gemm_warp(14336, 2, 4, 8), gemm_warp(4096, xsplit=True), gemm_warp(14336, 2, 4, 8, xsplit=True),
+                                  attention_mma(128), attention_mma(64, False)],
                          ids=lambda k: k.name)
 def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
-    assert "ld.global.nc.v4.b32" in ptx  # 16-byte weight loads through the read-only path
-    if kern.name.startswith("gemm_"):
+    if kern.name.startswith("attention_"):
+        assert "ld.global.nc.v4.b32" in ptx and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # 16-byte key/value loads; tensor cores
+    else:
+        assert "ld.global.nc.v4.b32" in ptx  # 16-byte weight loads through the read-only path
+    if kern.name.startswith(("gemm_", "attention_")):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     else:
         assert "shfl.sync.bfly" in ptx
@@ -241,7 +248,7 @@ def test_gemm_mma_split_along_k_then_summed(rng, parts, m, n, k):
 
 
 @mma_only
-@pytest.mark.parametrize("shape", [(2, 2, 2, 4), (1, 4, 1, 1), (2, 4, 4, 4)])
+@pytest.mark.parametrize("shape", [(2, 2, 2, 4), (1, 4, 1, 1), (2, 4, 4, 4), (2, 2, 4, 8)])
 @pytest.mark.parametrize("xsplit", [False, True])
 @pytest.mark.parametrize("m,n,k", [(5, 37, 96), (70, 72, 128), (16, 64, 4096), (200, 300, 256)])
 def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, xsplit, m, n, k):
@@ -322,3 +329,55 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
         else:
             want, flip, _, _ = _q4_k_products(x, w)
             _close(bufs[f"y{i}"], want, np.abs(x) @ np.abs(q.dequantize(w)).T, slack=flip)
+
+
+def _prefill_case(rng, hq, hkv, d, bs=16):
+    """Three sequences' prompts (some long, some resuming a context) over shuffled blocks of KV
+    pools; the tokens are shuffled too, so blocks of 64 query tokens mix sequences."""
+    ctx = np.array([150, 37, 90])
+    new = np.array([150, 5, 70])
+    seq_ids = np.concatenate([np.full(n, s) for s, n in enumerate(new)]).astype(np.int32)
+    positions = np.concatenate([np.arange(c - n, c) for c, n in zip(ctx, new)]).astype(np.int32)
+    perm = rng.permutation(len(seq_ids))
+    nblk = [(c + bs - 1) // bs for c in ctx]
+    nb, mb = sum(nblk) + 2, max(nblk) + 1
+    order, tables, at = rng.permutation(nb), np.zeros((len(ctx), mb), np.int32), 0
+    for s in range(len(ctx)):
+        tables[s, : nblk[s]] = order[at : at + nblk[s]]
+        at += nblk[s]
+    t = len(seq_ids)
+    return dict(q=rng.standard_normal((t, hq, d)).astype(np.float32), k=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
+                v=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32), positions=positions[perm], seq_ids=seq_ids[perm],
+                ctx_lens=ctx.astype(np.int32), block_tables=tables), bs, mb
+
+
+@mma_only
+@pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
+@pytest.mark.parametrize("d,hq,hkv", [(128, 4, 1), (64, 6, 2)])
+def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
+    """``attention_mma`` (q k^T and P v on tensor cores, both sides split into two bf16 terms) against
+    the graph evaluator's attention, over paged pools, several sequences a block."""
+
+    data, bs, mb = _prefill_case(rng, hq, hkv, d)
+    t = len(data["seq_ids"])
+    causal, window, softcap, scale = mask != "full", 40 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
+    out = poisoned((t, hq, d))
+    bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": np.zeros(1, np.float32), "positions": data["positions"],
+            "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out}
+    run_host(attention_mma(d, causal), (-(-t // MMA_QROWS), hq), bufs,
+             {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
+    def reference(d_):  # type: ignore[no-untyped-def]
+        b = GraphBuilder()
+        ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in d_.items()}
+        y = b.attention(ins["q"], ins["k"], ins["v"], positions=ins["positions"], seq_ids=ins["seq_ids"], ctx_lens=ins["ctx_lens"],
+                        block_tables=ins["block_tables"], causal=causal, window=window or None, softcap=softcap or None, scale=scale)
+        return evaluate(b.build({"y": y}), d_)["y"].astype(np.float64)
+
+    want = reference(data)
+    assert np.isfinite(out).all(), "an output element was never written"
+    err = np.abs(out - want)
+    # about 16 bits of each operand: a score is off by ~1e-5 (the dropped lo x lo terms), an output by a few times that
+    assert err.max() < 3e-4 and err.mean() < 5e-6, f"max error {err.max():.3g}, mean {err.mean():.3g}"
+    # q and k rounded to bf16 instead (one product) would be far off: the split is what holds the bound
+    rounded = {**data, **{n: ((data[n].view(np.uint32) + 0x7FFF + ((data[n].view(np.uint32) >> 16) & 1)) & 0xFFFF0000).view(np.float32) for n in ("q", "k")}}
+    assert np.abs(reference(rounded) - want).max() > 10 * err.max()

@@ -115,7 +115,7 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
     shared = [l for l in plan.launches if l.kernel.name.startswith("gemm_warp_bf16_K512")]
     assert {l.buffers["xs"] for l in shared} == {next(l for l in plan.launches if l.label == "split_x").buffers["xs"]}
     assert kernels(40)[:2] == ["split_bf16x2_K512", "gemm_warp_bf16_K512_2x4_W8_xs"]
-    assert kernels(300)[:2] == ["split_bf16x2_K512", "gemm_mma_bf16_K512_2x4_4x4_xs"]
+    assert kernels(300)[:2] == ["split_bf16x2_K512", "gemm_mma_bf16_K512_2x2_4x8_xs"]
     # products of one x (q, k and v) share one launch while the rows are few
     b = GraphBuilder()
     x = b.input("x", "f32", [sym("tokens"), 512])

@@ -15,6 +15,7 @@ from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
 from ..kernel.library import attention as attn_lib
+from ..kernel.library import attention_gpu as attn_gpu
 from ..kernel.library import gather as gather_lib
 from ..graph.ops import OPS, SAMPLE_OPERANDS
 from ..kernel.library import movement, norms
@@ -328,9 +329,14 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:
         per_token.when = When(f"context < {SPLIT_CONTEXT} or many tokens", lambda env: not (decode(env) and long(env)))
         return [per_token, *split]
-    # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new tokens)
+    # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new
+    # tokens); on tensor cores (mma.sync), blocks of 64 (FlashAttention-2) where the heads suit them
+    qt = 16
+    if "mma.sync.bf16" in limits.matrix and limits.subgroup == 32 and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0 \
+            and ops["k"].dtype == ops["v"].dtype == ops["q"].dtype == dt.f32:
+        bk, qt = attn_gpu.attention_mma(a.dk, spec.causal), attn_gpu.MMA_QROWS
     blocks = Launch(n, bk, a.buffers,
-                    lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
+                    lambda env: (-(-tokens(env) // qt), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
                     When("tokens >= 8 * batch", lambda env: tokens(env) >= 8 * batch(env)))
     return [per_token, *split, blocks]
 

@@ -175,9 +175,9 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> li
         for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64)):
             k = linear_gpu.gemm_warp(kk, mt, 4, wk, xsplit=xsplit)
             out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
-        # tiles staged through workgroup memory: 128 x 128 (8 warps of 64 x 32), or 128 x 64 where K
-        # is long (the tiles of x then outgrow the L2 cache's share)
-        wm, wn, tm, tn = (2, 4, 4, 4) if xsplit and kk < 8192 else (2, 2, 4, 4) if xsplit else (2, 2, 2, 4)
+        # tiles staged through workgroup memory: 128 x 128, four warps of 64 x 64 (the fewest bytes
+        # of workgroup memory read a tensor-core product: what bounds this schedule)
+        wm, wn, tm, tn = (2, 2, 4, 8) if xsplit else (2, 2, 2, 4)
         k = linear_gpu.gemm_mma(kk, wm, wn, tm, tn, xsplit=xsplit)
         bm, bn = 16 * wm * tm, 8 * wn * tn
         out.append(Launch(n, k, bufs, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
