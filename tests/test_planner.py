@@ -135,13 +135,14 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
     assert "gemm_simt_bf16_K512_BK16" in [l.kernel.name for l in small.launches if l.when is None or l.when({"tokens": 9})]
 
 
-def _block(pool_dtype="f32", norm_reads_sum_late=False):
+def _block(pool_dtype="f32", norm_reads_sum_late=False, head_dim=16):
     """x -> residual add -> RMSNorm -> attention block (q/k RoPE, KV writes) -> residual add -> RMSNorm."""
     from poot.graph.compose import AttentionConfig, AttentionWeights, KvState, attention_block, rms_norm
     from poot.graph.rope import RopeConfig
 
     b = GraphBuilder()
-    T, D, H, Dh = sym("tokens"), 64, 4, 16
+    T, D, Dh = sym("tokens"), 64, head_dim
+    H = D // Dh
     w = AttentionWeights(*(b.weight(k, "f32", [H * Dh, D] if k != "o" else [D, H * Dh]) for k in "qkvo"))
     kv = KvState(b.input("kp", pool_dtype, [8, 4, H, Dh]), b.input("vp", pool_dtype, [8, 4, H, Dh]), b.input("slots", "i32", [T]),
                  b.input("pos", "i32", [T]), b.input("seq", "i32", [T]), b.input("ctx", "i32", [sym("batch")]), b.input("bt", "i32", [sym("batch"), 4]))
@@ -170,6 +171,22 @@ def test_norms_sum_by_subgroup_reductions_where_the_device_runs_them(subgroup):
     plan = plan_graph(_block(), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=subgroup))
     names = [l.kernel.name for l in plan.launches if l.label == "add_rms_norm"]
     assert len(names) == 2 and all(f"_SUBGROUP{subgroup}_" in n for n in names), names
+
+
+def test_prefill_attention_runs_on_tensor_cores_where_the_heads_suit_them():
+    """Many new tokens (prefill) with heads of 64 or 128 values and f32 pools, given mma.sync: the
+    tensor-core attention; otherwise, and for decode, the CUDA-core schedules."""
+    mma = Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}))
+
+    def names(plan, tokens, batch):
+        env = {"tokens": tokens, "batch": batch}
+        return [l.kernel.name for l in plan.launches if l.node.op == "attention" and (l.when is None or l.when(env))]
+
+    wide = plan_graph(_block(head_dim=64), gpu=True, limits=mma)
+    assert names(wide, 128, 2) == ["attention_mma_D64_causal"]
+    assert len(names(wide, 2, 2)) == 1 and names(wide, 2, 2)[0].startswith("attention_BLOCK")  # decode: a workgroup a (token, head)
+    assert names(plan_graph(_block(), gpu=True, limits=mma), 128, 2)[0].startswith("attention_blocks")  # heads of 16
+    assert names(plan_graph(_block(head_dim=64), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32)), 128, 2)[0].startswith("attention_blocks")
 
 
 def test_fusions_leave_what_they_cannot_prove():
