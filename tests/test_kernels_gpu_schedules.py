@@ -381,3 +381,50 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
     # q and k rounded to bf16 instead (one product) would be far off: the split is what holds the bound
     rounded = {**data, **{n: ((data[n].view(np.uint32) + 0x7FFF + ((data[n].view(np.uint32) >> 16) & 1)) & 0xFFFF0000).view(np.float32) for n in ("q", "k")}}
     assert np.abs(reference(rounded) - want).max() > 10 * err.max()
+
+
+def _decode_case(rng, hq, hkv, d, bs=16):
+    """Five sequences, one new token each, over contexts from 1 to 1,100 positions in shuffled blocks."""
+    ctx = np.array([1, 37, 300, 1100, 64])
+    nblk = [(c + bs - 1) // bs for c in ctx]
+    nb, mb = sum(nblk) + 2, max(nblk) + 1
+    order, tables, at = rng.permutation(nb), np.zeros((len(ctx), mb), np.int32), 0
+    for s in range(len(ctx)):
+        tables[s, : nblk[s]] = order[at : at + nblk[s]]
+        at += nblk[s]
+    perm = rng.permutation(len(ctx))
+    return dict(q=rng.standard_normal((len(ctx), hq, d)).astype(np.float32), k=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
+                v=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32), positions=(ctx - 1)[perm].astype(np.int32),
+                seq_ids=perm.astype(np.int32), ctx_lens=ctx.astype(np.int32), block_tables=tables), bs, mb
+
+
+@gpu_only
+@pytest.mark.parametrize("splits", [1, 8])
+@pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
+@pytest.mark.parametrize("d,hq,hkv", [(128, 8, 2), (64, 3, 3)])
+def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv):
+    """``attention_decode`` (one pass, or the context split in 8 and merged by ``attention_merge``)
+    against the graph evaluator's attention over paged pools, contexts of 1 to 1,100 positions."""
+    from poot.kernel.library import attention as attn_lib
+    from poot.kernel.library.attention_gpu import attention_decode
+
+    data, bs, mb = _decode_case(rng, hq, hkv, d)
+    t = len(data["seq_ids"])
+    causal, window, softcap, scale = mask != "full", 300 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
+    out = poisoned((t, hq, splits * d))
+    pm, pl = poisoned((t * hq * splits,)), poisoned((t * hq * splits,))
+    bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": np.zeros(1, np.float32), "positions": data["positions"],
+            "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out, "part_m": pm, "part_l": pl}
+    run_host(attention_decode(d, causal, splits), (t, hq, splits), bufs,
+             {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
+    if splits > 1:
+        final = poisoned((t, hq, d))
+        run_host(attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=min(d, 128)), (t * hq,), {"part_acc": out, "part_m": pm, "part_l": pl, "out": final}, {"dv": d})
+        out = final
+    b = GraphBuilder()
+    ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in data.items()}
+    y = b.attention(ins["q"], ins["k"], ins["v"], positions=ins["positions"], seq_ids=ins["seq_ids"], ctx_lens=ins["ctx_lens"],
+                    block_tables=ins["block_tables"], causal=causal, window=window or None, softcap=softcap or None, scale=scale)
+    want = evaluate(b.build({"y": y}), data)["y"]
+    assert np.isfinite(out).all(), "an output element was never written"
+    np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)

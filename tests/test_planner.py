@@ -173,9 +173,10 @@ def test_norms_sum_by_subgroup_reductions_where_the_device_runs_them(subgroup):
     assert len(names) == 2 and all(f"_SUBGROUP{subgroup}_" in n for n in names), names
 
 
-def test_prefill_attention_runs_on_tensor_cores_where_the_heads_suit_them():
-    """Many new tokens (prefill) with heads of 64 or 128 values and f32 pools, given mma.sync: the
-    tensor-core attention; otherwise, and for decode, the CUDA-core schedules."""
+def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
+    """Prompts of 64+ new tokens on average with heads of 64 or 128 values and f32 pools, given
+    mma.sync: the tensor-core attention; decode there: a warp a position; otherwise the thread-a-position
+    schedules."""
     mma = Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}))
 
     def names(plan, tokens, batch):
@@ -184,9 +185,12 @@ def test_prefill_attention_runs_on_tensor_cores_where_the_heads_suit_them():
 
     wide = plan_graph(_block(head_dim=64), gpu=True, limits=mma)
     assert names(wide, 128, 2) == ["attention_mma_D64_causal"]
-    assert len(names(wide, 2, 2)) == 1 and names(wide, 2, 2)[0].startswith("attention_BLOCK")  # decode: a workgroup a (token, head)
-    assert names(plan_graph(_block(), gpu=True, limits=mma), 128, 2)[0].startswith("attention_blocks")  # heads of 16
-    assert names(plan_graph(_block(head_dim=64), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32)), 128, 2)[0].startswith("attention_blocks")
+    assert names(wide, 40, 2)[0].startswith("attention_blocks")  # short prompts: the CUDA-core blocks
+    assert names(wide, 2, 2) == ["attention_decode_D64_causal_S1"]  # decode: a warp a position
+    narrow = plan_graph(_block(), gpu=True, limits=mma)  # heads of 16: the CUDA-core schedules
+    assert names(narrow, 128, 2)[0].startswith("attention_blocks") and names(narrow, 2, 2)[0].startswith("attention_BLOCK")
+    plain = plan_graph(_block(head_dim=64), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))  # 32 lanes, no mma.sync (Vulkan on NVIDIA)
+    assert names(plain, 128, 2)[0].startswith("attention_blocks") and names(plain, 2, 2)[0].startswith("attention_BLOCK")
 
 
 def test_fusions_leave_what_they_cannot_prove():

@@ -294,16 +294,26 @@ SPLITS = 8
 
 def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
-    one output dimension per thread. Decode over a long context (block tables of ``SPLIT_CONTEXT``
-    positions or more) with few (token, head) pairs splits the context in ``SPLITS`` parts, each a
-    workgroup writing its partial sums to scratch memory, merged by a second launch (flash-decoding);
-    prefill takes blocks of 16 query tokens that share each key/value tile."""
+    one output dimension per thread; on 32-lane subgroups with heads of 64 or 128, a warp per
+    position instead (``attention_gpu.attention_decode``). Decode over a long context (block tables
+    of ``SPLIT_CONTEXT`` positions or more) with few (token, head) pairs splits the context in
+    ``SPLITS`` parts, each a workgroup writing its partial sums to scratch memory, merged by a second
+    launch (flash-decoding); prefill takes blocks of 16 query tokens that share each key/value tile,
+    or of 64 on tensor cores."""
     a = _attention_operands(n, "gpu")
     spec, ops = a.spec, a.ops
     if a.dk + a.dr > 1024:
         raise Refusal("attention", "gpu", f"query heads of {a.dk + a.dr} values: the GPU schedule holds at most 1024 in workgroup memory")
     block = 64 if a.dv <= 64 else (128 if a.dv <= 128 else 256)
     kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block)
+    # heads of 64 or 128 values on 32-lane subgroups: a warp a position (coalesced key and value
+    # rows). Chosen where mma.sync is (NVIDIA through PTX, where it is verified); Vulkan and WebGPU
+    # devices keep the thread-a-position schedule until it has run there
+    f32_pools = ops["k"].dtype == ops["v"].dtype == ops["q"].dtype == dt.f32
+    warp_decode = (limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0
+                   and f32_pools)
+    if warp_decode:
+        kern = attn_gpu.attention_decode(a.dk, spec.causal, 1)
     dummy = np.zeros(1, np.float32)
     bufs = {**a.buffers, "part_m": dummy, "part_l": dummy}
 
@@ -318,7 +328,7 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     long = lambda env: _shape(ops["block_tables"], env)[1] * a.bs >= SPLIT_CONTEXT and tokens(env) * a.hq <= 512  # noqa: E731
     parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
     acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
-    split_k = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block)
+    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block)
     split_when = When(f"tokens < 8 * batch, context >= {SPLIT_CONTEXT}", lambda env: decode(env) and long(env))
     split = [Launch(n, split_k, {**a.buffers, "out": acc, "part_m": pm, "part_l": pl}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when),
              Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=min(block, 128)), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
@@ -331,14 +341,19 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
         return [per_token, *split]
     # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new
     # tokens); on tensor cores (mma.sync), blocks of 64 (FlashAttention-2) where the heads suit them
-    qt = 16
-    if "mma.sync.bf16" in limits.matrix and limits.subgroup == 32 and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0 \
-            and ops["k"].dtype == ops["v"].dtype == ops["q"].dtype == dt.f32:
-        bk, qt = attn_gpu.attention_mma(a.dk, spec.causal), attn_gpu.MMA_QROWS
-    blocks = Launch(n, bk, a.buffers,
-                    lambda env: (-(-tokens(env) // qt), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
-                    When("tokens >= 8 * batch", lambda env: tokens(env) >= 8 * batch(env)))
-    return [per_token, *split, blocks]
+    # and sequences average 64+ new tokens (its workgroups walk a block's sequences one by one, each
+    # found by a serial scan that short prompts do not repay: 3.9 ms against 0.9 ms for the CUDA-core
+    # blocks in a 32-token, two-sequence step of the 8B model)
+    prefill = lambda env: tokens(env) >= 8 * batch(env)  # noqa: E731
+    blocks = Launch(n, bk, a.buffers, lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
+                    When("tokens >= 8 * batch", prefill))
+    if not warp_decode:
+        return [per_token, *split, blocks]
+    long_prompts = lambda env: tokens(env) >= attn_gpu.MMA_QROWS * batch(env)  # noqa: E731
+    blocks.when = When(f"8 * batch <= tokens < {attn_gpu.MMA_QROWS} * batch", lambda env: prefill(env) and not long_prompts(env))
+    mma = Launch(n, attn_gpu.attention_mma(a.dk, spec.causal), a.buffers, lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
+                 lambda env: {"ntok": tokens(env), **scalars(env)}, When(f"tokens >= {attn_gpu.MMA_QROWS} * batch", long_prompts))
+    return [per_token, *split, blocks, mma]
 
 
 def _pow2_at_most(n: int, cap: int) -> int:

@@ -47,13 +47,15 @@ def test_decode_over_a_long_context_splits_attention(cuda, tmp_path, rng):
 
 def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng):
     """A bf16 Llama wide enough (K of 256 and 512) for the warp GEMVs and the tensor-core GEMMs, in
-    every row-count regime: 1, 2-4, 5-16, 17-64 and more than 64 rows a step."""
+    every row-count regime: 1, 2-4, 5-16, 17-64 and more than 64 rows a step; its heads of 64 take
+    the tensor-core prefill attention and the warp-per-position decode attention."""
     from poot_ptx.executor import CudaExecutor
 
     g, w = wide_bf16_llama(tmp_path / "wide", int(rng.integers(0, 2**31)))
     plan = compile_plan(g, cuda)
     names = {l.kernel.name.split("_K")[0] for l in plan.launches}
-    assert {"gemv_warp_bf16", "gemm_warp_bf16", "gemm_mma_bf16"} <= names, names
+    assert {"gemv_warp_bf16", "gemm_warp_bf16", "gemm_mma_bf16", "split_bf16x2"} <= names, names
+    assert {"attention_mma", "attention_decode"} <= {nm.split("_D")[0] for nm in names}, names
     ex = CudaExecutor(plan)
     worst = row_regimes_against_oracle(ex, g, w, rng)
     ex.close()

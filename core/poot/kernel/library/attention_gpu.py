@@ -29,7 +29,7 @@ from .. import ir as K
 from ..verify import verify_kernel
 from .linear_gpu import _add, _b, _bf16_bits, _c, _f, _mul, _pair, _r
 
-__all__ = ["attention_mma", "MMA_QROWS"]
+__all__ = ["attention_mma", "attention_decode", "MMA_QROWS", "DECODE_UNROLL"]
 
 F32, I32 = dt.f32, dt.i32
 MMA_QROWS = 64  # query tokens a workgroup (four warps of 16)
@@ -243,5 +243,94 @@ def attention_mma(d: int = 128, causal: bool = True) -> K.Kernel:
               K.Shared("vt_hi", I32, d * vstride), K.Shared("vt_lo", I32, d * vstride),
               K.Shared("rseq", I32, MMA_QROWS), K.Shared("rpos", I32, MMA_QROWS), K.Shared("rdone", I32, MMA_QROWS), K.Shared("sinfo", I32, 4))
     kern = K.Kernel(f"attention_mma_D{d}{'_causal' if causal else ''}", params, tuple(body), (128, 1, 1), shared)
+    verify_kernel(kern)
+    return kern
+
+
+DECODE_UNROLL = 4  # positions a warp scores per step (their key and value loads in flight together)
+
+
+@lru_cache(maxsize=None)
+def attention_decode(d: int = 128, causal: bool = True, splits: int = 1) -> K.Kernel:
+    """Decode attention with a warp per position: out[t, h, :] = softmax(scale * q.k) v over token t's
+    visible context, the parameters of ``attention.attention`` (``splits`` > 1: this workgroup's share
+    of the context, partial results for ``attention.attention_merge``). Four warps walk the context
+    ``DECODE_UNROLL`` positions each a step; the 32 lanes of a warp hold d / 32 dimensions each, so a
+    key or value row is one coalesced load a warp, and a score is a subgroup sum. Each warp keeps
+    its own running max, sum and output; the four are combined at the end through workgroup memory.
+    Heads of ``d`` = 64 or 128 values (keys and values), no shared key part. Grid (tokens, hq, splits)."""
+    if d not in (64, 128):
+        raise ValueError(f"attention_decode: head width 64 or 128, got {d}")
+    e, un, warps = d // 32, DECODE_UNROLL, 4
+    body: list[K.Stmt] = [
+        K.Let("t", K.Builtin("group_id", 0)), K.Let("h", K.Builtin("group_id", 1)), K.Let("split", K.Builtin("group_id", 2)),
+        K.Let("tid", K.Builtin("thread_id", 0)), K.Let("lane", _b("rem", _r("tid"), 32)), K.Let("warp", _b("div", _r("tid"), 32)),
+        K.Let("kvh", _b("div", _r("h"), _b("div", _r("hq"), _r("hkv")))),
+        K.Let("s", K.Load("seq_ids", _r("t"), I32)), K.Let("pos", K.Load("positions", _r("t"), I32)),
+        K.Let("wend", K.Bin("min", K.Load("ctx_lens", _r("s"), I32), _add(_r("pos"), 1)) if causal else K.Load("ctx_lens", _r("s"), I32)),
+        K.Let("wstart", K.Select(K.Bin("gt", _r("window"), _c(0)), K.Bin("max", _c(0), _add(_b("sub", _r("pos"), _r("window")), 1)), _c(0))),
+    ]
+    if splits > 1:  # this workgroup's share, in runs of 32 positions
+        body += [K.Let("runs", _b("div", _add(_b("sub", _r("wend"), _r("wstart")), 31), 32)),
+                 K.Let("per", _b("div", _add(_r("runs"), splits - 1), splits)),
+                 K.Let("s0", _add(_r("wstart"), _mul(_mul(_r("split"), _r("per")), 32))),
+                 K.Assign("wend", K.Bin("min", _r("wend"), _add(_r("s0"), _mul(_r("per"), 32)))),
+                 K.Assign("wstart", _r("s0"))]
+    body.append(K.VecLoad(tuple(f"q{i}" for i in range(e)), "q", _add(_mul(_add(_mul(_r("t"), _r("hq")), _r("h")), d), _mul(_r("lane"), e)), F32))
+    body += [K.Let("m", _f(_NEG)), K.Let("l", _f(0.0))] + [K.Let(f"acc{i}", _f(0.0)) for i in range(e)]
+    step: list[K.Stmt] = []
+    for u in range(un):  # every load of the step first
+        step += [K.Let(f"j{u}", _add(_r("jb"), _r("warp"), warps * u)),
+                 K.Let(f"jc{u}", K.Bin("min", _r(f"j{u}"), _b("sub", _r("wend"), 1))),
+                 K.Let(f"sl{u}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"jc{u}"), _r("bs"))), I32), _r("bs")),
+                                      _b("rem", _r(f"jc{u}"), _r("bs")))),
+                 K.Let(f"row{u}", _add(_mul(_add(_mul(_r(f"sl{u}"), _r("hkv")), _r("kvh")), d), _mul(_r("lane"), e))),
+                 K.VecLoad(tuple(f"k{u}_{i}" for i in range(e)), "k_pool", _r(f"row{u}"), F32),
+                 K.VecLoad(tuple(f"v{u}_{i}" for i in range(e)), "v_pool", _r(f"row{u}"), F32)]
+    for u in range(un):
+        dot: K.Expr = K.Bin("mul", _r("q0", F32), _r(f"k{u}_0", F32))
+        for i in range(1, e):
+            dot = K.Bin("add", dot, K.Bin("mul", _r(f"q{i}", F32), _r(f"k{u}_{i}", F32)))
+        step.append(K.Let(f"dot{u}", K.SubgroupReduce("add", dot)))
+        sv: K.Expr = K.Bin("mul", _r(f"dot{u}", F32), _r("scale", F32))
+        sv = K.Select(K.Bin("gt", _r("softcap", F32), _f(0.0)), K.Bin("mul", K.Un("tanh", K.Bin("div", sv, _r("softcap", F32))), _r("softcap", F32)), sv)
+        step.append(K.Let(f"sc{u}", K.Select(K.Bin("lt", _r(f"j{u}"), _r("wend")), sv, _f(_NEG))))
+    mx: K.Expr = _r("m", F32)
+    for u in range(un):
+        mx = _fmax(mx, _r(f"sc{u}", F32))
+    step += [K.Let("mn", mx), K.Let("corr", K.Un("exp", K.Bin("sub", _r("m", F32), _r("mn", F32)))), K.Assign("m", _r("mn", F32)),
+             K.Assign("l", K.Bin("mul", _r("l", F32), _r("corr", F32)))]
+    step += [K.Assign(f"acc{i}", K.Bin("mul", _r(f"acc{i}", F32), _r("corr", F32))) for i in range(e)]
+    for u in range(un):
+        step += [K.Let(f"p{u}", K.Select(K.Bin("gt", _r(f"sc{u}", F32), _f(-1.0e38)), K.Un("exp", K.Bin("sub", _r(f"sc{u}", F32), _r("mn", F32))), _f(0.0))),
+                 K.Assign("l", K.Bin("add", _r("l", F32), _r(f"p{u}", F32)))]
+        step += [K.Assign(f"acc{i}", K.Bin("add", _r(f"acc{i}", F32), K.Bin("mul", _r(f"p{u}", F32), _r(f"v{u}_{i}", F32)))) for i in range(e)]
+    body.append(K.For("jb", _r("wstart"), _r("wend"), tuple(step), step=warps * un))
+    # the four warps' results combined: out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M)
+    body += [K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("wm", _r("warp"), _r("m", F32)), K.Store("wl", _r("warp"), _r("l", F32)))),
+             K.VecStore("wacc", _add(_mul(_r("warp"), d), _mul(_r("lane"), e)), tuple(_r(f"acc{i}", F32) for i in range(e))),
+             K.Barrier()]
+    fin: list[K.Stmt] = [K.Let("mm", _fmax(_fmax(K.Load("wm", _c(0), F32), K.Load("wm", _c(1), F32)), _fmax(K.Load("wm", _c(2), F32), K.Load("wm", _c(3), F32)))),
+                         K.Let("ll", _f(0.0)), K.Let("aa", _f(0.0))]
+    for w in range(warps):
+        fin += [K.Let(f"f{w}", K.Un("exp", K.Bin("sub", K.Load("wm", _c(w), F32), _r("mm", F32)))),
+                K.Assign("ll", K.Bin("add", _r("ll", F32), K.Bin("mul", K.Load("wl", _c(w), F32), _r(f"f{w}", F32)))),
+                K.Assign("aa", K.Bin("add", _r("aa", F32), K.Bin("mul", K.Load("wacc", _add(_c(w * d), _r("tid")), F32), _r(f"f{w}", F32))))]
+    row = _add(_mul(_r("t"), _r("hq")), _r("h"))
+    if splits > 1:
+        part = _add(_mul(row, splits), _r("split"))
+        fin += [K.Store("out", _add(_mul(part, d), _r("tid")), _r("aa", F32)),
+                K.If(K.Bin("eq", _r("tid"), _c(0)), (K.Store("part_m", part, _r("mm", F32)), K.Store("part_l", part, _r("ll", F32))))]
+    else:
+        fin.append(K.Store("out", _add(_mul(row, d), _r("tid")),
+                           K.Select(K.Bin("gt", _r("ll", F32), _f(0.0)), K.Bin("div", _r("aa", F32), _r("ll", F32)), _f(0.0))))
+    body.append(K.If(K.Bin("lt", _r("tid"), _c(d)), tuple(fin)))
+    params = (K.Buffer("q", F32), K.Buffer("k_pool", F32), K.Buffer("v_pool", F32), K.Buffer("ks_pool", F32),
+              K.Buffer("positions", I32), K.Buffer("seq_ids", I32), K.Buffer("ctx_lens", I32), K.Buffer("block_tables", I32),
+              K.Buffer("out", F32, readonly=False), K.Buffer("part_m", F32, readonly=False), K.Buffer("part_l", F32, readonly=False),
+              *(K.ScalarParam(nm, I32) for nm in ("hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
+              K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
+    shared = (K.Shared("wm", F32, warps), K.Shared("wl", F32, warps), K.Shared("wacc", F32, warps * d))
+    kern = K.Kernel(f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}", params, tuple(body), (32 * warps, 1, 1), shared)
     verify_kernel(kern)
     return kern
