@@ -331,6 +331,17 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
             _close(bufs[f"y{i}"], want, np.abs(x) @ np.abs(q.dequantize(w)).T, slack=flip)
 
 
+def _block_tables(rng, ctx, bs):
+    """Block tables for contexts ``ctx`` over shuffled blocks of ``bs`` (two spare): (blocks, table width, tables)."""
+    nblk = [(c + bs - 1) // bs for c in ctx]
+    nb, mb = sum(nblk) + 2, max(nblk) + 1
+    order, tables, at = rng.permutation(nb), np.zeros((len(ctx), mb), np.int32), 0
+    for s in range(len(ctx)):
+        tables[s, : nblk[s]] = order[at : at + nblk[s]]
+        at += nblk[s]
+    return nb, mb, tables
+
+
 def _prefill_case(rng, hq, hkv, d, bs=16):
     """Three sequences' prompts (some long, some resuming a context) over shuffled blocks of KV
     pools; the tokens are shuffled too, so blocks of 64 query tokens mix sequences."""
@@ -339,12 +350,7 @@ def _prefill_case(rng, hq, hkv, d, bs=16):
     seq_ids = np.concatenate([np.full(n, s) for s, n in enumerate(new)]).astype(np.int32)
     positions = np.concatenate([np.arange(c - n, c) for c, n in zip(ctx, new)]).astype(np.int32)
     perm = rng.permutation(len(seq_ids))
-    nblk = [(c + bs - 1) // bs for c in ctx]
-    nb, mb = sum(nblk) + 2, max(nblk) + 1
-    order, tables, at = rng.permutation(nb), np.zeros((len(ctx), mb), np.int32), 0
-    for s in range(len(ctx)):
-        tables[s, : nblk[s]] = order[at : at + nblk[s]]
-        at += nblk[s]
+    nb, mb, tables = _block_tables(rng, ctx, bs)
     t = len(seq_ids)
     return dict(q=rng.standard_normal((t, hq, d)).astype(np.float32), k=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
                 v=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32), positions=positions[perm], seq_ids=seq_ids[perm],
@@ -386,12 +392,7 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
 def _decode_case(rng, hq, hkv, d, bs=16):
     """Five sequences, one new token each, over contexts from 1 to 1,100 positions in shuffled blocks."""
     ctx = np.array([1, 37, 300, 1100, 64])
-    nblk = [(c + bs - 1) // bs for c in ctx]
-    nb, mb = sum(nblk) + 2, max(nblk) + 1
-    order, tables, at = rng.permutation(nb), np.zeros((len(ctx), mb), np.int32), 0
-    for s in range(len(ctx)):
-        tables[s, : nblk[s]] = order[at : at + nblk[s]]
-        at += nblk[s]
+    nb, mb, tables = _block_tables(rng, ctx, bs)
     perm = rng.permutation(len(ctx))
     return dict(q=rng.standard_normal((len(ctx), hq, d)).astype(np.float32), k=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
                 v=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32), positions=(ctx - 1)[perm].astype(np.int32),

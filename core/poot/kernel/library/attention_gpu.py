@@ -27,7 +27,7 @@ from functools import lru_cache
 from ...graph import dtypes as dt
 from .. import ir as K
 from ..verify import verify_kernel
-from .linear_gpu import _add, _b, _bf16_bits, _c, _f, _mul, _pair, _r
+from .linear_gpu import _add, _b, _bf16_bits, _c, _f, _mma_lanes, _mul, _pair, _r
 
 __all__ = ["attention_mma", "attention_decode", "MMA_QROWS", "DECODE_UNROLL"]
 
@@ -59,11 +59,7 @@ def attention_mma(d: int = 128, causal: bool = True) -> K.Kernel:
     kstride = d // 2 + _PAD  # words a staged key row (pairs of dims)
     vstride = _KT // 2 + _PAD  # words a staged value column (pairs of keys)
     body: list[K.Stmt] = [
-        K.Let("tid", K.Builtin("thread_id", 0)),
-        K.Let("lane", _b("rem", _r("tid"), 32)),
-        K.Let("warp", _b("div", _r("tid"), 32)),
-        K.Let("g", _b("div", _r("lane"), 4)),
-        K.Let("t4", _b("rem", _r("lane"), 4)),
+        *_mma_lanes(),
         K.Let("tb", _mul(K.Builtin("group_id", 0), MMA_QROWS)),
         K.Let("h", K.Builtin("group_id", 1)),
         K.Let("kvh", _b("div", _r("h"), _b("div", _r("hq"), _r("hkv")))),

@@ -83,6 +83,13 @@ def _pair(lo: K.Expr, hi: K.Expr) -> K.Expr:
     return _b("or", lo, _b("shl", hi, 16))
 
 
+def _mma_lanes() -> list[K.Stmt]:
+    """A thread's place in an mma.sync fragment: ``tid``, ``lane``, ``warp``, and the lane's group
+    ``g`` (lane / 4: its rows) and ``t4`` (lane % 4: its pair of columns)."""
+    return [K.Let("tid", K.Builtin("thread_id", 0)), K.Let("lane", _b("rem", _r("tid"), 32)), K.Let("warp", _b("div", _r("tid"), 32)),
+            K.Let("g", _b("div", _r("lane"), 4)), K.Let("t4", _b("rem", _r("lane"), 4))]
+
+
 # -- decode: one warp per output feature ------------------------------------------------------------
 
 
@@ -443,11 +450,7 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
         raise ValueError(f"gemm_mma: a {bm}x{bn} tile does not divide among {threads} threads")
     halves = ("hi", "lo") if split else ("hi",)
     body: list[K.Stmt] = [
-        K.Let("tid", K.Builtin("thread_id", 0)),
-        K.Let("lane", _b("rem", _r("tid"), 32)),
-        K.Let("warp", _b("div", _r("tid"), 32)),
-        K.Let("g", _b("div", _r("lane"), 4)),
-        K.Let("t4", _b("rem", _r("lane"), 4)),
+        *_mma_lanes(),
         K.Let("wr", _mul(_b("rem", _r("warp"), wm), 16 * tm)),
         K.Let("wc", _mul(_b("div", _r("warp"), wm), 8 * tn)),
         K.Let("row0", _mul(K.Builtin("group_id", 1), bm)),
@@ -576,11 +579,7 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     halves = ("hi", "lo") if split else ("hi",)
     nacc = mt * tn * 4
     body: list[K.Stmt] = [
-        K.Let("tid", K.Builtin("thread_id", 0)),
-        K.Let("lane", _b("rem", _r("tid"), 32)),
-        K.Let("warp", _b("div", _r("tid"), 32)),
-        K.Let("g", _b("div", _r("lane"), 4)),
-        K.Let("t4", _b("rem", _r("lane"), 4)),
+        *_mma_lanes(),
         K.Let("row0", _mul(K.Builtin("group_id", 0), 16 * mt)),
         K.Let("col0", _mul(K.Builtin("group_id", 1), 8 * tn)),
         K.Let("kw", _add(_mul(_r("warp"), k // wk), _mul(_r("t4"), 8))),  # this lane's first value of K
