@@ -294,12 +294,12 @@ SPLITS = 8
 
 def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
-    one output dimension per thread; on 32-lane subgroups with heads of 64 or 128, a warp per
+    one output dimension per thread; on NVIDIA GPUs (mma.sync) with heads of 64 or 128, a warp per
     position instead (``attention_gpu.attention_decode``). Decode over a long context (block tables
     of ``SPLIT_CONTEXT`` positions or more) with few (token, head) pairs splits the context in
     ``SPLITS`` parts, each a workgroup writing its partial sums to scratch memory, merged by a second
     launch (flash-decoding); prefill takes blocks of 16 query tokens that share each key/value tile,
-    or of 64 on tensor cores."""
+    or of 64 on tensor cores for long prompts there."""
     a = _attention_operands(n, "gpu")
     spec, ops = a.spec, a.ops
     if a.dk + a.dr > 1024:
