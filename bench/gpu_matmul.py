@@ -20,6 +20,7 @@ SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate/up": (14336, 4096), "dow
 def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
     """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows."""
     from poot.kernel.library import linear_gpu as G
+    from poot.kernel.library import linear_mma as M
 
     out = []
     if qtype == "q4_k":
@@ -41,33 +42,33 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
         for per_warp in (1, 2):
             kern = G.gemv_warp("bf16", k, mr, per_warp=per_warp)
             out.append((kern.name, kern, lambda n, mr=mr, f=per_warp: (-(-n // (8 * f)), -(-rows // mr))))
-    split = G.split_bf16x2(k)
-    split_grid = (-(-rows * k // 8 // G.SPLIT_THREADS),)
+    split = M.split_bf16x2(k)
+    split_grid = (-(-rows * k // 8 // M.SPLIT_THREADS),)
     if rows > 1:
         for mt in (1, 2):
             if 16 * mt <= 2 * max(16, rows):
-                kern = G.gemm_warp(k, mt, 4, 8)
+                kern = M.gemm_warp(k, mt, 4, 8)
                 out.append((kern.name, kern, lambda n, mt=mt: (-(-rows // (16 * mt)), -(-n // 32))))
         # x split into bf16 terms once, by its own launch (timed with the GEMM: "+split"); wider
         # feature tiles read x fewer times
         for mt, tn, wk in ((1, 4, 8), (2, 4, 8), (1, 8, 8), (1, 4, 16)):
             if 16 * mt <= 2 * max(16, rows):
-                kern = G.gemm_warp(k, mt, tn, wk, xsplit=True)
+                kern = M.gemm_warp(k, mt, tn, wk, xsplit=True)
                 out.append((kern.name + "+split", (split, kern), lambda n, mt=mt, tn=tn: (split_grid, (-(-rows // (16 * mt)), -(-n // (8 * tn))))))
     if rows > 4:
-        kern = G.gemm_mma(k, 2, 2, 2, 4)
+        kern = M.gemm_mma(k, 2, 2, 2, 4)
         out.append((kern.name, kern, lambda n: (-(-n // 64), -(-rows // 64))))
         if rows <= 64:  # K split among workgroups (parts added by sum_parts): as many workgroups as 64 x 128 tiles allow
             for parts in (4, 8):
                 if k % (32 * parts) == 0:
-                    kern = G.gemm_mma(k, 2, 4, 2, 4, xsplit=True, ksplit=parts)
-                    add = G.sum_parts(parts)
+                    kern = M.gemm_mma(k, 2, 4, 2, 4, xsplit=True, ksplit=parts)
+                    add = M.sum_parts(parts)
                     out.append((kern.name + "+split+sum", (split, kern, add),
-                                lambda n, parts=parts: (split_grid, (-(-n // 128), -(-rows // 64), parts), (-(-rows * n // 4 // G.SPLIT_THREADS),))))
+                                lambda n, parts=parts: (split_grid, (-(-n // 128), -(-rows // 64), parts), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
         for wm, wn, tm, tn in ((2, 2, 2, 4), (2, 4, 4, 4), (2, 2, 4, 4), (2, 2, 4, 8), (2, 4, 4, 8), (4, 2, 2, 8)):
             if rows < 64 and 16 * wm * tm > 64:
                 continue
-            kern = G.gemm_mma(k, wm, wn, tm, tn, xsplit=True)
+            kern = M.gemm_mma(k, wm, wn, tm, tn, xsplit=True)
             bm, bn = 16 * wm * tm, 8 * wn * tn
             out.append((kern.name + "+split", (split, kern), lambda n, bm=bm, bn=bn: (split_grid, (-(-n // bn), -(-rows // bm)))))
     return out

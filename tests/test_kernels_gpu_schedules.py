@@ -19,7 +19,8 @@ from poot.eval import evaluate
 from poot.graph import GraphBuilder
 from poot.codegen.targets import target
 from poot.kernel.library.attention_gpu import MMA_QROWS, attention_mma
-from poot.kernel.library.linear_gpu import Q8_THREADS, SPLIT_THREADS, gemm_mma, gemm_warp, gemv_warp, quantize_q8x2, split_bf16x2, sum_parts
+from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, quantize_q8x2
+from poot.kernel.library.linear_mma import SPLIT_THREADS, gemm_mma, gemm_warp, split_bf16x2, sum_parts
 from poot.quant import quantization
 from poot.testing.kernels import poisoned, q8x2_reference, run_host, split_reference
 

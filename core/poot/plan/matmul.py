@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
-from ..kernel.library import linear, linear_gpu, linear_host, linear_simt
+from ..kernel.library import linear, linear_gpu, linear_host, linear_mma, linear_simt
 from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
 from .common import Env, Limits
 from .common import key as _key
@@ -138,8 +138,8 @@ class SplitX:
         if xk in self.areas:
             return self.areas[xk], []
         xs = self.areas[xk] = self.plan.add_scratch(lambda env: rows(env) * k)  # hi and lo planes: 4 bytes a value
-        kern = linear_gpu.split_bf16x2(k)
-        return xs, [Launch(n, kern, {"x": xk, "xs": xs}, lambda env: (-(-rows(env) * k // 8 // linear_gpu.SPLIT_THREADS),),
+        kern = linear_mma.split_bf16x2(k)
+        return xs, [Launch(n, kern, {"x": xk, "xs": xs}, lambda env: (-(-rows(env) * k // 8 // linear_mma.SPLIT_THREADS),),
                            lambda env: {"m": rows(env)}, when, label="split_x")]
 
 
@@ -173,12 +173,12 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> li
         # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
         wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
         for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64)):
-            k = linear_gpu.gemm_warp(kk, mt, 4, wk, xsplit=xsplit)
+            k = linear_mma.gemm_warp(kk, mt, 4, wk, xsplit=xsplit)
             out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
         # tiles staged through workgroup memory: 128 x 128, four warps of 64 x 64 (the fewest bytes
         # of workgroup memory read a tensor-core product: what bounds this schedule)
         wm, wn, tm, tn = (2, 2, 4, 8) if xsplit else (2, 2, 2, 4)
-        k = linear_gpu.gemm_mma(kk, wm, wn, tm, tn, xsplit=xsplit)
+        k = linear_mma.gemm_mma(kk, wm, wn, tm, tn, xsplit=xsplit)
         bm, bn = 16 * wm * tm, 8 * wn * tn
         out.append(Launch(n, k, bufs, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
     elif w.dtype == dt.bf16 and _simt_step(kk, limits):  # register tiles on CUDA cores, bf16 read as words

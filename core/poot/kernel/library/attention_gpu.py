@@ -27,7 +27,7 @@ from functools import lru_cache
 from ...graph import dtypes as dt
 from .. import ir as K
 from ..verify import verify_kernel
-from .linear_gpu import _add, _b, _bf16_bits, _c, _f, _mma_lanes, _mul, _pair, _r
+from ._kir import _add, _b, _bf16_bits, _c, _f, _mma_lanes, _mul, _pair, _r
 
 __all__ = ["attention_mma", "attention_decode", "MMA_QROWS", "DECODE_UNROLL"]
 

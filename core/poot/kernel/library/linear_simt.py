@@ -1,6 +1,6 @@
 """A register-tiled GEMM on f32 FMAs for GPUs without matrix instructions (Vulkan, WebGPU) and for
 packed weights: many rows (prefill, batched decode) where the tensor-core schedules of
-``linear_gpu`` do not apply.
+``linear_mma`` do not apply.
 
 Each workgroup computes a 64 x 64 tile of y, each of its 256 threads a 4 x 4 block of it, over K in
 steps of ``bk``: the step's x (64 rows, 16-byte loads) and weights are staged in workgroup memory
@@ -19,7 +19,7 @@ from ...graph import dtypes as dt
 from ...quant.bodies import BODIES, dequant_expr
 from .. import ir as K
 from ..verify import verify_kernel
-from .linear_gpu import _add, _b, _c, _f, _hi16, _lo16, _mul, _r
+from ._kir import _add, _b, _c, _f, _hi16, _lo16, _mul, _r
 
 __all__ = ["gemm_simt", "SIMT_TILE", "simt_shared_bytes"]
 
