@@ -1,5 +1,6 @@
-"""Prefill attention on tensor cores (``mma.sync`` m16n8k16 bf16), built as Kernel IR: FlashAttention-2
-(arXiv:2307.08691) over paged KV pools.
+"""Attention schedules for NVIDIA GPUs, built as Kernel IR, over paged KV pools: prefill on tensor
+cores (``attention_mma``: ``mma.sync`` m16n8k16 bf16, FlashAttention-2, arXiv:2307.08691) and decode
+a warp per position (``attention_decode``, below).
 
 A workgroup takes 64 consecutive query tokens of one head, four warps of 16 rows each. Each warp
 keeps its rows of q in registers as tensor-core fragments, and walks the sequence's keys 32 at a
