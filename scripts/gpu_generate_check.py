@@ -11,8 +11,8 @@ import time
 import poot
 from poot.llm import SamplingParams
 
-# the last prompt is long enough (over 100 tokens) that its prefill runs the blocked attention
-# schedule (on tensor cores where the heads are 64 or 128 wide)
+# the last prompt is long enough (over 100 tokens) that the step prefilling the four runs a blocked
+# attention schedule (the CUDA-core one: the tensor-core one is planned for 64+ new tokens a sequence)
 PROMPTS = ["The history of the printing press", "def fibonacci(n):", "Three facts about the ocean:",
            "The river starts high in the mountains, where snow melts each spring and feeds a hundred small streams. "
            "They join in the valleys, pass through forests of pine and birch, turn the wheels of old mills, and slow down "
