@@ -18,7 +18,8 @@ from poot.codegen import compile_kernel
 from poot.eval import evaluate
 from poot.graph import GraphBuilder
 from poot.codegen.targets import target
-from poot.kernel.library.attention_gpu import MMA_QROWS, attention_mma
+from poot.kernel.library import attention as attn_lib
+from poot.kernel.library.attention_gpu import MMA_QROWS, attention_decode, attention_mma
 from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, quantize_q8x2
 from poot.kernel.library.linear_mma import SPLIT_THREADS, gemm_mma, gemm_warp, split_bf16x2, sum_parts
 from poot.quant import quantization
@@ -407,9 +408,6 @@ def _decode_case(rng, hq, hkv, d, bs=16):
 def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv):
     """``attention_decode`` (one pass, or the context split in 8 and merged by ``attention_merge``)
     against the graph evaluator's attention over paged pools, contexts of 1 to 1,100 positions."""
-    from poot.kernel.library import attention as attn_lib
-    from poot.kernel.library.attention_gpu import attention_decode
-
     data, bs, mb = _decode_case(rng, hq, hkv, d)
     t = len(data["seq_ids"])
     causal, window, softcap, scale = mask != "full", 300 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3

@@ -4,7 +4,6 @@ families over prefill and decode steps; SmolLM2 generates the CPU device's greed
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from poot.plan import compile_plan
