@@ -23,7 +23,7 @@ from poot.kernel.library.attention_gpu import MMA_QROWS, attention_decode, atten
 from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, quantize_q8x2
 from poot.kernel.library.linear_mma import SPLIT_THREADS, gemm_mma, gemm_warp, split_bf16x2, sum_parts
 from poot.quant import quantization
-from poot.testing.kernels import poisoned, q8x2_reference, run_host, split_reference
+from poot.testing.kernels import bf16_round, poisoned, q8x2_reference, run_host, split_reference
 
 
 
@@ -263,8 +263,7 @@ def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, xsplit, m, 
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
     # rounding the activations to bf16 instead would be ~100x further off: the split is what holds the bound
-    xr = (x.view(np.uint32) + 0x7FFF + ((x.view(np.uint32) >> 16) & 1)) & 0xFFFF0000
-    rounded = xr.view(np.float32).astype(np.float64) @ w.T.astype(np.float64)
+    rounded = bf16_round(x).astype(np.float64) @ w.T.astype(np.float64)
     assert np.abs(rounded - want).max() > 10 * np.abs(y - want).max()
 
 
@@ -387,7 +386,7 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
     # about 16 bits of each operand: a score is off by ~1e-5 (the dropped lo x lo terms), an output by a few times that
     assert err.max() < 3e-4 and err.mean() < 5e-6, f"max error {err.max():.3g}, mean {err.mean():.3g}"
     # q and k rounded to bf16 instead (one product) would be far off: the split is what holds the bound
-    rounded = {**data, **{n: ((data[n].view(np.uint32) + 0x7FFF + ((data[n].view(np.uint32) >> 16) & 1)) & 0xFFFF0000).view(np.float32) for n in ("q", "k")}}
+    rounded = {**data, **{n: bf16_round(data[n]) for n in ("q", "k")}}
     assert np.abs(reference(rounded) - want).max() > 10 * err.max()
 
 

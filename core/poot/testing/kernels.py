@@ -15,7 +15,7 @@ from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
-__all__ = ["run_host", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference"]
+__all__ = ["run_host", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round"]
 
 _LOADED: dict[str, HostKernel] = {}
 _RUNNERS: dict[str, object] = {}
@@ -66,17 +66,23 @@ def _device_runner():  # type: ignore[no-untyped-def]
     return _RUNNERS[name]
 
 
+def bf16_bits(x: np.ndarray) -> np.ndarray:
+    """The bits (uint16) of the bf16 nearest to each f32 value, ties to even."""
+    b = x.astype(np.float32).view(np.uint32).astype(np.uint64)
+    return (((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).astype(np.uint16)
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    """x rounded to the nearest bf16 (ties to even), as f32."""
+    return (bf16_bits(x).astype(np.uint32) << 16).view(np.float32)
+
+
 def split_reference(x: np.ndarray) -> np.ndarray:
     """What ``split_bf16x2`` writes for x [m, k], in numpy: the nearest bf16 of each value (ties to
     even), then the nearest bf16 of the remainder, two values a word (the first in the low half) —
     the hi plane, then the lo plane, as int32 words."""
-
-    def nearest(v: np.ndarray) -> np.ndarray:
-        b = v.astype(np.float32).view(np.uint32).astype(np.uint64)
-        return (((b + 0x7FFF + ((b >> 16) & 1)) >> 16) & 0xFFFF).astype(np.uint16)
-
-    hi = nearest(x)
-    lo = nearest(x.astype(np.float32) - (hi.astype(np.uint32) << 16).view(np.float32))
+    hi = bf16_bits(x)
+    lo = bf16_bits(x.astype(np.float32) - (hi.astype(np.uint32) << 16).view(np.float32))
     return np.concatenate([hi.reshape(-1), lo.reshape(-1)]).view(np.int32).copy()
 
 

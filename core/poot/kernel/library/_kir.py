@@ -57,6 +57,12 @@ def _bf16_bits(x: K.Expr) -> K.Expr:
     return _b("and", _b("shr", _add(bits, 0x7FFF, lsb), 16), 0xFFFF)
 
 
+def _bf16_rest(x: K.Expr, hi: K.Expr) -> K.Expr:
+    """The bf16 bits nearest to what f32 ``x`` leaves over its nearest bf16 ``hi`` (bits, as
+    ``_bf16_bits`` gives them): the second of the two terms x is split into."""
+    return _bf16_bits(K.Bin("sub", x, K.Bitcast(_b("shl", hi, 16), F32)))
+
+
 def _pair(lo: K.Expr, hi: K.Expr) -> K.Expr:
     return _b("or", lo, _b("shl", hi, 16))
 

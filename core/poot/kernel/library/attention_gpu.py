@@ -28,7 +28,7 @@ from functools import lru_cache
 from ...graph import dtypes as dt
 from .. import ir as K
 from ..verify import verify_kernel
-from ._kir import _add, _b, _bf16_bits, _c, _f, _mma_lanes, _mul, _pair, _r
+from ._kir import _add, _b, _bf16_bits, _bf16_rest, _c, _f, _mma_lanes, _mul, _pair, _r
 
 __all__ = ["attention_mma", "attention_decode", "MMA_QROWS", "DECODE_UNROLL"]
 
@@ -42,7 +42,7 @@ _NEG = -3.0e38  # a masked score
 def _split(v: K.Expr, name: str) -> list[K.Stmt]:
     """f32 ``v`` as two bf16 bit patterns: ``name``h (nearest) and ``name``l (nearest of the rest)."""
     return [K.Let(f"{name}v", v), K.Let(f"{name}h", _bf16_bits(_r(f"{name}v", F32))),
-            K.Let(f"{name}l", _bf16_bits(K.Bin("sub", _r(f"{name}v", F32), K.Bitcast(_b("shl", _r(f"{name}h"), 16), F32))))]
+            K.Let(f"{name}l", _bf16_rest(_r(f"{name}v", F32), _r(f"{name}h")))]
 
 
 def _fmax(a: K.Expr, b: K.Expr) -> K.Expr:

@@ -19,7 +19,7 @@ from functools import lru_cache
 
 from .. import ir as K
 from ..verify import verify_kernel
-from ._kir import F32, I32, _add, _b, _bf16_bits, _c, _f, _mma_lanes, _mul, _pair, _r
+from ._kir import F32, I32, _add, _b, _bf16_bits, _bf16_rest, _c, _f, _mma_lanes, _mul, _pair, _r
 
 __all__ = ["gemm_mma", "gemm_warp", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS"]
 
@@ -41,7 +41,7 @@ def split_bf16x2(k: int) -> K.Kernel:
     inner: list[K.Stmt] = [K.VecLoad(tuple(f"v{i}" for i in range(4)), "x", _mul(_r("t"), 8), F32),
                            K.VecLoad(tuple(f"v{i}" for i in range(4, 8)), "x", _add(_mul(_r("t"), 8), 4), F32)]
     inner += [K.Let(f"h{i}", _bf16_bits(_r(f"v{i}", F32))) for i in range(8)]
-    inner += [K.Let(f"l{i}", _bf16_bits(K.Bin("sub", _r(f"v{i}", F32), K.Bitcast(_b("shl", _r(f"h{i}"), 16), F32)))) for i in range(8)]
+    inner += [K.Let(f"l{i}", _bf16_rest(_r(f"v{i}", F32), _r(f"h{i}"))) for i in range(8)]
     inner += [K.VecStore("xs", _mul(_r("t"), 4), tuple(_pair(_r(f"h{2 * q}"), _r(f"h{2 * q + 1}")) for q in range(4))),
               K.VecStore("xs", _add(_mul(_r("m"), k // 2), _mul(_r("t"), 4)), tuple(_pair(_r(f"l{2 * q}"), _r(f"l{2 * q + 1}")) for q in range(4)))]
     body.append(K.If(K.Bin("lt", _r("t"), _mul(_r("m"), k // 8)), tuple(inner)))
@@ -149,7 +149,7 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
             at = _add(_mul(rr, stride), _mul(cc, 2))
             out.append(K.VecStore("As_hi", at, (_pair(_r(hi[0]), _r(hi[1])), _pair(_r(hi[2]), _r(hi[3])))))
             if split:
-                lo = [_bf16_bits(K.Bin("sub", _r(f"{pre}a{it}_{v}", F32), K.Bitcast(_b("shl", _r(hi[v]), 16), F32))) for v in range(4)]
+                lo = [_bf16_rest(_r(f"{pre}a{it}_{v}", F32), _r(hi[v])) for v in range(4)]
                 out.append(K.VecStore("As_lo", at, (_pair(lo[0], lo[1]), _pair(lo[2], lo[3]))))
         for it in range(wits):
             rr, cc = where(it, 4, bn * 4)
@@ -273,7 +273,7 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
                     xv = _r(f"x{u}_{i}_{h}_{v}", F32)
                     loop.append(K.Let(f"h{u}_{i}_{h}_{v}", _bf16_bits(xv)))
                     if split:
-                        loop.append(K.Let(f"l{u}_{i}_{h}_{v}", _bf16_bits(K.Bin("sub", xv, K.Bitcast(_b("shl", _r(f"h{u}_{i}_{h}_{v}"), 16), F32)))))
+                        loop.append(K.Let(f"l{u}_{i}_{h}_{v}", _bf16_rest(xv, _r(f"h{u}_{i}_{h}_{v}"))))
         for half in (0, 1):  # values 0-3 of the lane's eight, then 4-7
             for i in range(mt):
                 for hl, pre in (("hi", "h"), ("lo", "l"))[: len(halves)]:
