@@ -236,13 +236,15 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
     ex.replay = profiled
 
 
-def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefill: int, rounds: int, profile: bool = False) -> dict[str, float]:
+def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefill: int, rounds: int, profile: bool = False,
+                 matmul_precision: str = "high") -> dict[str, float]:
     import poot
     from poot.llm.bench import measure_engine
 
-    say(f"poot: loading {path.name} on {device}")
+    say(f"poot: loading {path.name} on {device} (matmul precision {matmul_precision})")
     t = time.perf_counter()
-    m = poot.load(str(path), device, max_seqs=max(batches), max_step_tokens=max(prefill, 64), max_context=prefill + 64, progress=True)
+    m = poot.load(str(path), device, max_seqs=max(batches), max_step_tokens=max(prefill, 64), max_context=prefill + 64, progress=True,
+                  matmul_precision=matmul_precision)
     say(f"poot: ready in {time.perf_counter() - t:.1f} s")
     if profile:
         _profile_steps(m)
@@ -273,6 +275,8 @@ def main() -> None:
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
     ap.add_argument("--only", choices=["bf16", "q4_k"], help="measure one of poot's two models")
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument("--matmul-precision", nargs="+", default=["high"], choices=["highest", "high", "medium"],
+                    help="the bf16 model's matmul precision; more than one: the others measured too (batches > 1 and prefill: batch 1 is GEMVs)")
     ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest")
     ap.add_argument("--also", nargs="*", default=[], metavar="DEVICE",
                     help="other devices (vulkan:0, wgpu:0) whose batch-1 decode of the same models is measured too, as a ratio to --device's")
@@ -302,11 +306,16 @@ def main() -> None:
     for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256)):
         if args.only and args.only != name:
             continue
-        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches if name == "bf16" else [1], args.prefill if name == "bf16" else 0, args.rounds, args.profile)
+        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches if name == "bf16" else [1], args.prefill if name == "bf16" else 0, args.rounds,
+                                               args.profile, args.matmul_precision[0])
         if bw:
             roof = bw / decode_weight_bytes(dims, args.layers, bpv)
             res[f"roofline_{name}"] = roof
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
+    extra = args.matmul_precision[1:] if args.only != "q4_k" else []
+    for prec in extra:  # the bf16 model at the other precisions: only the steps of more than 4 rows differ
+        res[f"poot_bf16_{prec}"] = measure_poot(bf16_dir, dims.vocab, args.device, [b for b in args.batches if b > 4] or [1], args.prefill, args.rounds,
+                                                args.profile, prec)
     models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k)) if not args.only or args.only == n]
     for name, path in models:  # the same model's batch-1 decode on the other devices
         for other in args.also:
@@ -325,12 +334,16 @@ def main() -> None:
         Path(args.json).write_text(json.dumps(res, indent=1))
     # the short table
     hf = res.get("transformers", {})
-    print("\n| measure | poot bf16 | poot Q4_K | transformers eager bf16 | poot bf16 / transformers |")
-    print("|---|---|---|---|---|")
+    first = args.matmul_precision[0]
+    cols = "".join(f" poot bf16 {p} | / transformers |" for p in extra)
+    print(f"\n| measure | poot bf16 ({first}) | poot Q4_K | transformers eager bf16 | poot bf16 / transformers |{cols}")
+    print("|---|---|---|---|---|" + "---|---|" * len(extra))
+    fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
+    ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa: E731
     for key in [f"decode_b{b}" for b in args.batches] + [f"prefill_{args.prefill}"]:
         ours, q, peer = res.get("poot_bf16", {}).get(key), res.get("poot_q4_k", {}).get(key), hf.get(key)  # type: ignore[union-attr]
-        fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
-        print(f"| {key} tok/s | {fmt(ours)} | {fmt(q)} | {fmt(peer)} | {ours / peer:.2f}x |" if ours and peer else f"| {key} tok/s | {fmt(ours)} | {fmt(q)} | {fmt(peer)} | - |")
+        more = "".join(f" {fmt(o)} | {ratio(o, peer)} |" for o in (res.get(f"poot_bf16_{p}", {}).get(key) for p in extra))  # type: ignore[union-attr]
+        print(f"| {key} tok/s | {fmt(ours)} | {fmt(q)} | {fmt(peer)} | {ratio(ours, peer)} |{more}")
     for name in ("bf16", "q4_k"):
         if f"roofline_{name}" in res:
             r, roof = res[f"poot_{name}"], res[f"roofline_{name}"]

@@ -71,6 +71,20 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
             kern = M.gemm_mma(k, wm, wn, tm, tn, xsplit=True)
             bm, bn = 16 * wm * tm, 8 * wn * tn
             out.append((kern.name + "+split", (split, kern), lambda n, bm=bm, bn=bn: (split_grid, (-(-n // bn), -(-rows // bm)))))
+    # matmul precision "medium": x rounded to bf16 once (split_bf16x1), one product
+    round1 = M.split_bf16x2(k, 1)
+    if rows > 1:
+        for mt, tn, wk in ((1, 4, 8), (2, 4, 8), (1, 4, 16), (2, 8, 8), (4, 4, 8)):
+            if 16 * mt <= 2 * max(16, rows):
+                kern = M.gemm_warp(k, mt, tn, wk, split=False, xsplit=True)
+                out.append((kern.name + "+round", (round1, kern), lambda n, mt=mt, tn=tn: (split_grid, (-(-rows // (16 * mt)), -(-n // (8 * tn))))))
+    if rows > 4:
+        for wm, wn, tm, tn in ((2, 2, 2, 4), (2, 2, 4, 4), (2, 2, 4, 8), (2, 4, 4, 8), (4, 2, 2, 8), (2, 2, 2, 8)):
+            if rows < 64 and 16 * wm * tm > 64:
+                continue
+            kern = M.gemm_mma(k, wm, wn, tm, tn, split=False, xsplit=True)
+            bm, bn = 16 * wm * tm, 8 * wn * tn
+            out.append((kern.name + "+round", (round1, kern), lambda n, bm=bm, bn=bn: (split_grid, (-(-n // bn), -(-rows // bm)))))
     return out
 
 

@@ -163,6 +163,12 @@ def test_bad_parameters_name_themselves(bad, name):
     assert e.value.name == name
 
 
+def test_a_bad_load_option_names_itself():
+    with pytest.raises(ParameterError) as e:
+        poot.load("SmolLM2", "cpu", matmul_precision="fast")
+    assert e.value.name == "matmul_precision" and "highest, high, medium" in str(e.value)
+
+
 def test_requests_that_cannot_fit_are_refused(smollm2):
     with pytest.raises(ParameterError, match="max_tokens"):
         smollm2.engine.add([1, 2, 3], SamplingParams(max_tokens=10_000))

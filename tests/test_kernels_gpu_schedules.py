@@ -89,7 +89,8 @@ def _q4_k_products(x, raw):
 @pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 1), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
                                   gemm_mma(4096, xsplit=True), gemm_mma(4096, 2, 4, 4, 4, xsplit=True),
                                   gemm_warp(4096), gemm_warp(14336, 2, 4, 8), gemm_warp(4096, xsplit=True), gemm_warp(14336, 2, 4, 8, xsplit=True),
-                                  attention_mma(128), attention_mma(64, False)],
+                                  gemm_mma(4096, 2, 2, 4, 8, split=False, xsplit=True), gemm_warp(14336, 2, 4, 8, split=False, xsplit=True),
+                                  attention_mma(128), attention_mma(64, False), attention_mma(128, True, False)],
                          ids=lambda k: k.name)
 def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
@@ -221,6 +222,19 @@ def test_x_split_once_into_two_bf16_terms(rng, m, k):
     assert np.abs(hi.view(np.float32) + lo.view(np.float32) - x.reshape(-1)).max() <= np.abs(x).max() * 2.0**-16
 
 
+@pytest.mark.parametrize("m,k", [(1, 8), (7, 4096), (130, 512)])
+def test_x_rounded_once_to_bf16(rng, m, k):
+    """``split_bf16x2(k, 1)`` (matmul precision "medium") writes the hi plane only: numpy's nearest
+    bf16 of each value, every word, and nothing past the plane."""
+    x = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-20, 20, (m, k)))).astype(np.float32)
+    xs = poisoned((m * k,), np.int32)
+    guard = xs[m * k // 2:].copy()
+    run_host(split_bf16x2(k, 1), (-(-m * k // 8 // SPLIT_THREADS),), {"x": x, "xs": xs}, {"m": m})
+    want = split_reference(x)[: m * k // 2]
+    assert (xs[: m * k // 2] == want).all(), f"{(xs[: m * k // 2] != want).sum()} of {want.size} words differ"
+    assert (xs[m * k // 2:] == guard).all(), "wrote past the hi plane"
+
+
 @pytest.mark.parametrize("parts,count", [(2, 4), (4, 1000), (8, 4096 * 3 + 4)])
 def test_sum_parts_adds_a_split_products_parts(rng, parts, count):
     p = rng.standard_normal(parts * count).astype(np.float32)
@@ -265,6 +279,32 @@ def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, xsplit, m, 
     # rounding the activations to bf16 instead would be ~100x further off: the split is what holds the bound
     rounded = bf16_round(x).astype(np.float64) @ w.T.astype(np.float64)
     assert np.abs(rounded - want).max() > 10 * np.abs(y - want).max()
+
+
+@mma_only
+@pytest.mark.parametrize("gemm", ["mma 2x2 4x8", "mma 2x2 2x4", "warp 1x4 W8", "warp 2x4 W8", "warp 1x4 W16"])
+@pytest.mark.parametrize("m,n,k", [(5, 37, 512), (70, 72, 1024), (16, 64, 4096), (200, 300, 512)])
+def test_gemms_on_x_rounded_to_bf16(rng, gemm, m, n, k):
+    """Matmul precision "medium": x rounded to bf16 once, one tensor-core product. Every product of
+    bf16 values is exact in f32, so the result is the f32 sum of x rounded times w (tested at the
+    f32-summation bound), and further from the exact product than the split one would be."""
+    w, bits = _bf16(rng, (n, k))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    xs = split_reference(x)[: m * k // 2].copy()
+    kind, a, b = gemm.split()
+    if kind == "mma":
+        (wm, wn), (tm, tn) = (tuple(map(int, v.split("x"))) for v in (a, b))
+        grid = (-(-n // (8 * wn * tn)), -(-m // (16 * wm * tm)))
+        run_host(gemm_mma(k, wm, wn, tm, tn, split=False, xsplit=True), grid, {"xs": xs, "w": bits, "y": y}, {"m": m, "n": n})
+    else:
+        mt, tn = map(int, a.split("x"))
+        run_host(gemm_warp(k, mt, tn, int(b[1:]), split=False, xsplit=True), (-(-m // (16 * mt)), -(-n // (8 * tn))),
+                 {"xs": xs, "w": bits, "y": y}, {"m": m, "n": n})
+    rounded = bf16_round(x).astype(np.float64) @ w.T.astype(np.float64)
+    _close(y, rounded, np.abs(x) @ np.abs(w).T)
+    exact = x.astype(np.float64) @ w.T.astype(np.float64)
+    assert np.abs(y - exact).max() > 10 * np.abs(y - rounded).max()  # it did round x
 
 
 @mma_only
@@ -388,6 +428,16 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
     # q and k rounded to bf16 instead (one product) would be far off: the split is what holds the bound
     rounded = {**data, **{n: bf16_round(data[n]) for n in ("q", "k")}}
     assert np.abs(reference(rounded) - want).max() > 10 * err.max()
+
+    # matmul precision "medium": q, k, v and P rounded to bf16, one product each. Against attention
+    # over q, k and v rounded: what is left is P's rounding (2^-9 of each weight) and f32 order
+    out1 = poisoned((t, hq, d))
+    run_host(attention_mma(d, causal, split=False), (-(-t // MMA_QROWS), hq), {**bufs, "out": out1},
+             {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
+    assert np.isfinite(out1).all(), "an output element was never written"
+    want1 = reference({**data, **{n: bf16_round(data[n]) for n in ("q", "k", "v")}})
+    err1 = np.abs(out1 - want1)
+    assert err1.max() < 8e-3 and err1.mean() < 5e-4, f"max error {err1.max():.3g}, mean {err1.mean():.3g}"
 
 
 def _decode_case(rng, hq, hkv, d, bs=16):

@@ -193,6 +193,37 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
     assert names(plain, 128, 2)[0].startswith("attention_blocks") and names(plain, 2, 2)[0].startswith("attention_BLOCK")
 
 
+def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
+    """"high" (the default): x split into two bf16 terms, attention's operands too; "medium": x
+    rounded to bf16 once and one product, attention on bf16 operands; "highest": no tensor cores
+    (the CUDA-core GEMM and attention blocks). Decode (few rows) is the same f32 GEMV in all three.
+    Another value is refused by name."""
+    from poot.errors import ParameterError
+    from poot.graph.builder import GraphBuilder
+    from poot.graph.dims import sym
+
+    b = GraphBuilder()
+    x = b.input("x", "f32", [sym("tokens"), 512])
+    graph = b.build({"y": b.linear(x, b.weight("w", "bf16", [768, 512]))})
+
+    def kernels(g, precision, env):
+        plan = plan_graph(g, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}),
+                                                                        matmul_precision=precision))
+        return [l.kernel.name for l in plan.launches if l.when is None or l.when(env)]
+
+    assert kernels(graph, "high", {"tokens": 300}) == ["split_bf16x2_K512", "gemm_mma_bf16_K512_2x2_4x8_xs"]
+    assert kernels(graph, "medium", {"tokens": 300}) == ["split_bf16x1_K512", "gemm_mma_bf16_K512_2x2_4x8_xb"]
+    assert kernels(graph, "medium", {"tokens": 9}) == ["split_bf16x1_K512", "gemm_warp_bf16_K512_1x4_W8_xb"]
+    assert kernels(graph, "highest", {"tokens": 300}) == ["gemm_simt_bf16_K512_BK32"]
+    assert {kernels(graph, p, {"tokens": 1})[0] for p in ("high", "medium", "highest")} == {"gemv_warp_bf16_K512_MR1"}
+    block = _block(head_dim=64)
+    attn = lambda p: [k for k in kernels(block, p, {"tokens": 128, "batch": 2}) if k.startswith("attention")]  # noqa: E731
+    assert attn("high") == ["attention_mma_D64_causal"] and attn("medium") == ["attention_mma_D64_causal_bf16"]
+    assert attn("highest")[0].startswith("attention_blocks")
+    with pytest.raises(ParameterError, match="matmul_precision.*'low'"):
+        Limits(matmul_precision="low")
+
+
 def test_fusions_leave_what_they_cannot_prove():
     """A pool of another type (a cast between) keeps its own RoPE and KV writes; a sum read before its
     norm keeps its add kernel."""

@@ -172,7 +172,7 @@ def _sampling(args: argparse.Namespace, max_tokens: int | None = None) -> Any:
 def _load(args: argparse.Namespace, **options: Any) -> Any:
     from .llm import load
 
-    kw = {"kv_memory": args.kv_memory, "max_context": args.context, "progress": True, **options}
+    kw = {"kv_memory": args.kv_memory, "max_context": args.context, "progress": True, "matmul_precision": args.matmul_precision, **options}
     return load(args.model, args.device, **{k: v for k, v in kw.items() if v is not None})
 
 
@@ -285,7 +285,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     fam = family_for(ck.architecture)
     bs = 16
     graph = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=bs)))
-    plan = compile_plan(graph, device)
+    plan = compile_plan(graph, device, args.matmul_precision)
     n, blocks = args.tokens, -(-args.context // bs)
     pos = np.arange(args.context - n, args.context)
     batch = StepBatch(np.zeros(n), pos, np.zeros(n), pos, np.array([args.context]), np.arange(blocks).reshape(1, -1), np.array([n - 1]))
@@ -301,6 +301,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .plan.common import MATMUL_PRECISIONS
+
+    def precision_arg(q: argparse.ArgumentParser) -> None:
+        q.add_argument("--matmul-precision", choices=MATMUL_PRECISIONS, default="high",
+                       help="on tensor cores: 'high' keeps ~16 bits of each activation (two bf16 terms), 'medium' rounds them to bf16 "
+                            "(half the work, what bf16 frameworks do), 'highest' uses no tensor cores (default: high)")
+
     p = argparse.ArgumentParser(prog="poot", description="Compile and run language models on any installed device.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     d = sub.add_parser("devices", help="list devices, their capabilities, and why any cannot run here")
@@ -319,12 +326,14 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--tokens", type=int, default=1, help="tokens in the step (1: a decode step)")
     pn.add_argument("--context", type=int, default=512, help="context the step sees, in tokens")
     pn.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
+    precision_arg(pn)
     pn.set_defaults(func=cmd_plan)
     def model_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
         q.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
         q.add_argument("--context", type=int, default=2048, help="longest sequence, in tokens")
         q.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512M or 2G (default: what the sequences need, at most a quarter of free memory)")
+        precision_arg(q)
 
     def sampling_args(q: argparse.ArgumentParser, temperature: float) -> None:
         g = q.add_argument_group("sampling")

@@ -13,6 +13,7 @@ __all__ = [
     "DeviceUnavailable",
     "PluginError",
     "LoadError",
+    "ParameterError",
 ]
 
 
@@ -57,6 +58,14 @@ class DeviceUnavailable(DeviceError):
 
 class PluginError(PootError):
     """A plugin failed to load or registered something invalid."""
+
+
+class ParameterError(PootError):
+    """A parameter out of range (sampling, a request, a load or plan option); ``name`` says which."""
+
+    def __init__(self, name: str, message: str) -> None:
+        self.name = name
+        super().__init__(f"{name}: {message}")
 
 
 class LoadError(PootError):

@@ -21,7 +21,7 @@ from ..errors import PootError
 from ..graph.passes import DEFAULT_PASSES, PassManager
 from ..load import open_model
 from ..models import StepShapes, family_for
-from ..plan import compile_plan
+from ..plan import MATMUL_PRECISIONS, compile_plan
 from ..plugins import host
 from ..runtime import get_device
 from ..runtime.executor import Executor
@@ -69,7 +69,10 @@ class ModelHandle:
 
     def __init__(self, model: str, device: str | None = None, *, kv_memory: str | int | None = None, max_seqs: int = 16,
                  max_context: int | None = None, block_size: int = 16, max_step_tokens: int = 512, threads: int | None = None,
-                 progress: bool | None = None) -> None:
+                 progress: bool | None = None, matmul_precision: str = "high") -> None:
+        if matmul_precision not in MATMUL_PRECISIONS:
+            raise ParameterError("matmul_precision", f"'{matmul_precision}' is not one of {', '.join(MATMUL_PRECISIONS)}")
+        self.matmul_precision = matmul_precision
         self.progress = sys.stderr.isatty() if progress is None else progress
         t0 = time.perf_counter()
         self.device = get_device(device)
@@ -125,7 +128,7 @@ class ModelHandle:
         if logprobs not in self._graphs:
             traced = self.family.trace(self.config, self.checkpoint.weights, self._shapes(logprobs))
             self._graphs[logprobs] = PassManager(DEFAULT_PASSES).run(traced)
-            self._plans[logprobs] = compile_plan(self._graphs[logprobs], self.device)
+            self._plans[logprobs] = compile_plan(self._graphs[logprobs], self.device, self.matmul_precision)
         return self._graphs[logprobs]
 
     def _executor(self, logprobs: bool) -> Executor:
@@ -216,5 +219,7 @@ class ModelHandle:
 def load(model: str, device: str | None = None, **options: Any) -> ModelHandle:
     """Load ``model`` (a .gguf file, a safetensors directory or a catalog name) onto ``device``
     (default: ``POOT_DEVICE`` or the CPU). Options: ``kv_memory`` ('2G'), ``max_seqs``,
-    ``max_context``, ``block_size``, ``max_step_tokens``, ``threads``, ``progress``."""
+    ``max_context``, ``block_size``, ``max_step_tokens``, ``threads``, ``progress``,
+    ``matmul_precision`` ("highest", "high" (default) or "medium": how f32 activations meet
+    tensor cores, where the device has them; docs/NUMERICS.md)."""
     return ModelHandle(model, device, **options)

@@ -7,19 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import PootError
+from ..errors import ParameterError
 
 __all__ = ["SamplingParams", "ParameterError", "MAX_LOGPROBS"]
 
 MAX_LOGPROBS = 20  # top-N log-probabilities per token at most (OpenAI's limit)
-
-
-class ParameterError(PootError):
-    """A sampling or request parameter out of range; ``name`` says which."""
-
-    def __init__(self, name: str, message: str) -> None:
-        self.name = name
-        super().__init__(f"{name}: {message}")
 
 
 @dataclass(frozen=True)

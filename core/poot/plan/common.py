@@ -6,11 +6,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from ..errors import ParameterError
 from ..graph.dims import Dim
 from ..graph.ir import Value
 from ..kernel.library.elementwise import MAX_RANK
 
-__all__ = ["Env", "Limits", "key", "shape", "strides", "pad"]
+__all__ = ["Env", "Limits", "MATMUL_PRECISIONS", "key", "shape", "strides", "pad"]
+
+# Where a device multiplies on tensor cores (bf16 inputs, f32 sums), what its f32 activations become,
+# after torch.set_float32_matmul_precision: "highest" no tensor cores (f32 arithmetic throughout, as
+# the CPU); "high" each activation as two bf16 terms, about 16 bits kept (the default); "medium"
+# activations rounded to bf16, one product (what bf16 frameworks compute: half the tensor work).
+MATMUL_PRECISIONS = ("highest", "high", "medium")
 
 Env = Mapping[str, int]
 
@@ -25,6 +32,12 @@ class Limits:
     subgroup: int = 1
     matrix: frozenset[str] = frozenset()
     max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (None: no limit)
+    # how f32 activations meet tensor cores (MATMUL_PRECISIONS): chosen by the user, not the device
+    matmul_precision: str = "high"
+
+    def __post_init__(self) -> None:
+        if self.matmul_precision not in MATMUL_PRECISIONS:
+            raise ParameterError("matmul_precision", f"'{self.matmul_precision}' is not one of {', '.join(MATMUL_PRECISIONS)}")
 
 
 def key(v: Value) -> tuple[int, int]:

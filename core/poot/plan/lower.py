@@ -349,9 +349,11 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
                     When("tokens >= 8 * batch", prefill))
     if not warp_decode:
         return [per_token, *split, blocks]
+    if limits.matmul_precision == "highest":  # no tensor cores
+        return [per_token, *split, blocks]
     long_prompts = lambda env: tokens(env) >= attn_gpu.MMA_QROWS * batch(env)  # noqa: E731
     blocks.when = When(f"8 * batch <= tokens < {attn_gpu.MMA_QROWS} * batch", lambda env: prefill(env) and not long_prompts(env))
-    mma = Launch(n, attn_gpu.attention_mma(a.dk, spec.causal), a.buffers, lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
+    mma = Launch(n, attn_gpu.attention_mma(a.dk, spec.causal, split=limits.matmul_precision == "high"), a.buffers, lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
                  lambda env: {"ntok": tokens(env), **scalars(env)}, When(f"tokens >= {attn_gpu.MMA_QROWS} * batch", long_prompts))
     return [per_token, *split, blocks, mma]
 
@@ -418,9 +420,10 @@ def _rope_cache(rc: RopeCache, gpu: bool) -> Launch:
                   lambda env: {"hq": hq, "hkv": hkv, "head_dim": head_dim, "v_dim": v_dim, "attn_factor": a["attn_factor"]}, label="rope_kv_cache")
 
 
-def compile_plan(graph: Graph, device: Device) -> Plan:
+def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -> Plan:
     """Plan ``graph`` for ``device``: schedules chosen from its capabilities; a ``Refusal`` names
-    the op, the device and the reason when something cannot run there."""
+    the op, the device and the reason when something cannot run there. ``matmul_precision``
+    (``MATMUL_PRECISIONS``) says how activations meet tensor cores where the device has them."""
     if device.unavailable is not None:
         raise Refusal("plan", device.name, f"the device is unavailable ({device.unavailable})")
     if device.capabilities is None or device.target not in ("host", "nvptx", "spirv"):
@@ -433,7 +436,7 @@ def compile_plan(graph: Graph, device: Device) -> Plan:
     if device.target == "spirv":  # one SPIR-V module serves every Vulkan device: codegen holds kernels to Vulkan's guaranteed minimum
         shared = min(shared, TARGETS["spirv:vulkan1.3"].max_shared)
     return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops,
-                                                               caps.max_buffer_bytes), gpu=device.target != "host")
+                                                               caps.max_buffer_bytes, matmul_precision), gpu=device.target != "host")
 
 
 def _check(plan: Plan, limits: Limits) -> None:
@@ -469,7 +472,7 @@ def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Li
 
 def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     plan = Plan(graph, [])
-    split = SplitX(plan)
+    split = SplitX(plan, 2 if limits.matmul_precision == "high" else 1)
     norms_at = recognise_rms_norms(graph) if fuse else {}
     inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
     groups = elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}

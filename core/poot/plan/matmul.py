@@ -125,11 +125,12 @@ def _warp_gemv_fits(t: dt.DType, k: int, limits: Limits) -> bool:
 
 @dataclass
 class SplitX:
-    """x split into two bf16 terms (``split_bf16x2``) once for all the tensor-core products that read
-    it (q, k and v; gate and up): a scratch area of the plan's by x, written by one launch placed
-    before the first of them."""
+    """x split into two bf16 terms (``split_bf16x2``; one, rounded, for ``terms`` 1) once for all the
+    tensor-core products that read it (q, k and v; gate and up): a scratch area of the plan's by x,
+    written by one launch placed before the first of them."""
 
     plan: Plan
+    terms: int = 2
     areas: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
 
     def of(self, n: Node, x: Value, k: int, rows: Callable[[Env], int], when: When) -> tuple[tuple[int, int], list[Launch]]:
@@ -137,8 +138,8 @@ class SplitX:
         xk = _key(x)
         if xk in self.areas:
             return self.areas[xk], []
-        xs = self.areas[xk] = self.plan.add_scratch(lambda env: rows(env) * k)  # hi and lo planes: 4 bytes a value
-        kern = linear_mma.split_bf16x2(k)
+        xs = self.areas[xk] = self.plan.add_scratch(lambda env: rows(env) * k * self.terms // 2)  # the planes: 2 bytes a value each
+        kern = linear_mma.split_bf16x2(k, self.terms)
         return xs, [Launch(n, kern, {"x": xk, "xs": xs}, lambda env: (-(-rows(env) * k // 8 // linear_mma.SPLIT_THREADS),),
                            lambda env: {"m": rows(env)}, when, label="split_x")]
 
@@ -146,8 +147,8 @@ class SplitX:
 def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch] | None:
     """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
     warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
-    GEMMs for more rows (bf16 weights, given mma.sync; x split into two bf16 terms once, by ``split``),
-    else a register-tiled GEMM for bf16."""
+    GEMMs for more rows (bf16 weights, given mma.sync and a matmul precision below "highest"; x split
+    into bf16 terms once, by ``split``), else a register-tiled GEMM for bf16."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     if not _warp_gemv_fits(w.dtype, kk, limits):
@@ -163,8 +164,9 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> li
     for mr, lo, hi in few:
         k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums)
         out.append(Launch(n, k, bufs, lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
-    if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix:
+    if w.dtype == dt.bf16 and "mma.sync.bf16" in limits.matrix and limits.matmul_precision != "highest":
         xsplit = split is not None
+        two = limits.matmul_precision == "high"  # x as two bf16 terms, or rounded to one
         if split is not None:
             xs, pre = split.of(n, x, kk, rows, between(4, None, rows))
             out += pre
@@ -173,12 +175,12 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> li
         # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
         wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
         for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64)):
-            k = linear_mma.gemm_warp(kk, mt, 4, wk, xsplit=xsplit)
+            k = linear_mma.gemm_warp(kk, mt, 4, wk, split=two, xsplit=xsplit)
             out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
         # tiles staged through workgroup memory: 128 x 128, four warps of 64 x 64 (the fewest bytes
         # of workgroup memory read a tensor-core product: what bounds this schedule)
         wm, wn, tm, tn = (2, 2, 4, 8) if xsplit else (2, 2, 2, 4)
-        k = linear_mma.gemm_mma(kk, wm, wn, tm, tn, xsplit=xsplit)
+        k = linear_mma.gemm_mma(kk, wm, wn, tm, tn, split=two, xsplit=xsplit)
         bm, bn = 16 * wm * tm, 8 * wn * tn
         out.append(Launch(n, k, bufs, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
     elif w.dtype == dt.bf16 and _simt_step(kk, limits):  # register tiles on CUDA cores, bf16 read as words

@@ -12,7 +12,8 @@ without leaving registers.
 
 Numerics (docs/NUMERICS.md): the pools and q are f32, so both sides of each product are split into
 two bf16 terms (hi + lo) and three products are summed (hi hi + hi lo + lo hi): about 16 bits of
-every operand, the term that is dropped (lo lo) below 2^-16 of the product. Scores, softmax and
+every operand, the term that is dropped (lo lo) below 2^-16 of the product; or, for
+``matmul_precision`` "medium", each side is rounded to bf16 (one product). Scores, softmax and
 the accumulators are f32.
 
 A block of query tokens that holds several sequences takes them one at a time (rows of the other
@@ -39,10 +40,11 @@ _PAD = 4  # words of padding a staged row: fragment loads hit 32 banks
 _NEG = -3.0e38  # a masked score
 
 
-def _split(v: K.Expr, name: str) -> list[K.Stmt]:
-    """f32 ``v`` as two bf16 bit patterns: ``name``h (nearest) and ``name``l (nearest of the rest)."""
-    return [K.Let(f"{name}v", v), K.Let(f"{name}h", _bf16_bits(_r(f"{name}v", F32))),
-            K.Let(f"{name}l", _bf16_rest(_r(f"{name}v", F32), _r(f"{name}h")))]
+def _split(v: K.Expr, name: str, terms: int = 2) -> list[K.Stmt]:
+    """f32 ``v`` as two bf16 bit patterns: ``name``h (nearest) and ``name``l (nearest of the rest);
+    with ``terms`` 1 the first only."""
+    out = [K.Let(f"{name}v", v), K.Let(f"{name}h", _bf16_bits(_r(f"{name}v", F32)))]
+    return out + [K.Let(f"{name}l", _bf16_rest(_r(f"{name}v", F32), _r(f"{name}h")))] if terms == 2 else out
 
 
 def _fmax(a: K.Expr, b: K.Expr) -> K.Expr:
@@ -50,12 +52,14 @@ def _fmax(a: K.Expr, b: K.Expr) -> K.Expr:
 
 
 @lru_cache(maxsize=None)
-def attention_mma(d: int = 128, causal: bool = True) -> K.Kernel:
+def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Kernel:
     """out[t, h, :] = softmax(scale * q.k) v over each token's visible context, for head widths
     ``d`` (keys and values); the parameters of ``attention.attention_blocks``. Grid
-    (ceil(ntok / 64), hq)."""
+    (ceil(ntok / 64), hq). With ``split`` False each operand is rounded to bf16 instead of split,
+    one product each (``matmul_precision`` "medium": what bf16 flash attention computes)."""
     if d not in (64, 128):
         raise ValueError(f"attention_mma: head width 64 or 128, got {d}")
+    terms = 2 if split else 1
     ksteps, dtiles = d // 16, d // 8
     kstride = d // 2 + _PAD  # words a staged key row (pairs of dims)
     vstride = _KT // 2 + _PAD  # words a staged value column (pairs of keys)
@@ -81,9 +85,10 @@ def attention_mma(d: int = 128, causal: bool = True) -> K.Kernel:
         for q, (half, col) in enumerate((("a", 0), ("b", 0), ("a", 8), ("b", 8))):
             at = _add(_r(f"qb{half}"), 16 * ks + col, _mul(_r("t4"), 2))
             body.append(K.VecLoad((f"q{ks}_{q}x", f"q{ks}_{q}y"), "q", at, F32))
-            body += _split(_r(f"q{ks}_{q}x", F32), f"q{ks}_{q}x") + _split(_r(f"q{ks}_{q}y", F32), f"q{ks}_{q}y")
-            body += [K.Let(f"qh{ks}_{q}", _pair(_r(f"q{ks}_{q}xh"), _r(f"q{ks}_{q}yh"))),
-                     K.Let(f"ql{ks}_{q}", _pair(_r(f"q{ks}_{q}xl"), _r(f"q{ks}_{q}yl")))]
+            body += _split(_r(f"q{ks}_{q}x", F32), f"q{ks}_{q}x", terms) + _split(_r(f"q{ks}_{q}y", F32), f"q{ks}_{q}y", terms)
+            body.append(K.Let(f"qh{ks}_{q}", _pair(_r(f"q{ks}_{q}xh"), _r(f"q{ks}_{q}yh"))))
+            if split:
+                body.append(K.Let(f"ql{ks}_{q}", _pair(_r(f"q{ks}_{q}xl"), _r(f"q{ks}_{q}yl"))))
     body.append(K.Barrier())
 
     # -- one sequence of the block: thread 0 finds it and the keys its rows see -------------------
@@ -130,10 +135,11 @@ def attention_mma(d: int = 128, causal: bool = True) -> K.Kernel:
                                         _b("rem", _r(f"kj{it}"), _r("bs")))),
                  K.VecLoad(tuple(f"kv{it}_{v}" for v in range(4)), "k_pool", _add(_mul(_add(_mul(_r(f"ksl{it}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), F32)]
         for v in range(4):
-            tile += _split(_r(f"kv{it}_{v}", F32), f"ks{it}_{v}")
+            tile += _split(_r(f"kv{it}_{v}", F32), f"ks{it}_{v}", terms)
         at = _add(_mul(kr, kstride), _mul(c4, 2))
-        tile += [K.VecStore("ks_hi", at, (_pair(_r(f"ks{it}_0h"), _r(f"ks{it}_1h")), _pair(_r(f"ks{it}_2h"), _r(f"ks{it}_3h")))),
-                 K.VecStore("ks_lo", at, (_pair(_r(f"ks{it}_0l"), _r(f"ks{it}_1l")), _pair(_r(f"ks{it}_2l"), _r(f"ks{it}_3l"))))]
+        for plane, buf in (("h", "ks_hi"), ("l", "ks_lo"))[:terms]:
+            tile.append(K.VecStore(buf, at,
+                                   (_pair(_r(f"ks{it}_0{plane}"), _r(f"ks{it}_1{plane}")), _pair(_r(f"ks{it}_2{plane}"), _r(f"ks{it}_3{plane}")))))
     # values, transposed: word (dim, key pair); a thread a pair of keys and four dims a step
     for it in range(_KT // 2 * d // 4 // 128):
         e = _add(_mul(_c(it), 128), _r("tid"))
@@ -145,25 +151,28 @@ def attention_mma(d: int = 128, causal: bool = True) -> K.Kernel:
                      K.VecLoad(tuple(f"vv{it}_{w}_{v}" for v in range(4)), "v_pool",
                                _add(_mul(_add(_mul(_r(f"vsl{it}_{w}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), F32)]
             for v in range(4):
-                tile += _split(_r(f"vv{it}_{w}_{v}", F32), f"vs{it}_{w}_{v}")
+                tile += _split(_r(f"vv{it}_{w}_{v}", F32), f"vs{it}_{w}_{v}", terms)
         for v in range(4):
             at = _add(_mul(_add(_mul(c4, 4), v), vstride), kp)
-            tile += [K.Store("vt_hi", at, _pair(_r(f"vs{it}_0_{v}h"), _r(f"vs{it}_1_{v}h"))),
-                     K.Store("vt_lo", at, _pair(_r(f"vs{it}_0_{v}l"), _r(f"vs{it}_1_{v}l")))]
+            tile.append(K.Store("vt_hi", at, _pair(_r(f"vs{it}_0_{v}h"), _r(f"vs{it}_1_{v}h"))))
+            if split:
+                tile.append(K.Store("vt_lo", at, _pair(_r(f"vs{it}_0_{v}l"), _r(f"vs{it}_1_{v}l"))))
     tile.append(K.Barrier())
-    # S = q k^T: four tiles of 8 keys, K in steps of 16; three products of the split terms
+    # S = q k^T: four tiles of 8 keys, K in steps of 16; three products of the split terms (or one)
     for nt in range(_KT // 8):
         acc = tuple(f"s{nt}_{e}" for e in range(4))
         tile += [K.Let(nm, _f(0.0)) for nm in acc]
         krow = _mul(_add(_r("g"), 8 * nt), kstride)
         for ks in range(ksteps):
-            for plane in ("hi", "lo"):
+            for plane in ("hi", "lo")[:terms]:
                 tile += [K.Let(f"kb{plane}{nt}_{ks}_{q}", K.Load(f"ks_{plane}", _add(krow, 8 * ks + 4 * q, _r("t4")), I32)) for q in range(2)]
             bh = (_r(f"kbhi{nt}_{ks}_0"), _r(f"kbhi{nt}_{ks}_1"))
-            bl = (_r(f"kblo{nt}_{ks}_0"), _r(f"kblo{nt}_{ks}_1"))
             qh = tuple(_r(f"qh{ks}_{q}") for q in range(4))
-            ql = tuple(_r(f"ql{ks}_{q}") for q in range(4))
-            tile += [K.Mma(acc, qh, bh), K.Mma(acc, qh, bl), K.Mma(acc, ql, bh)]  # type: ignore[arg-type]
+            tile.append(K.Mma(acc, qh, bh))  # type: ignore[arg-type]
+            if split:
+                bl = (_r(f"kblo{nt}_{ks}_0"), _r(f"kblo{nt}_{ks}_1"))
+                ql = tuple(_r(f"ql{ks}_{q}") for q in range(4))
+                tile += [K.Mma(acc, qh, bl), K.Mma(acc, ql, bh)]  # type: ignore[arg-type]
     # scale, soft-cap and mask; element e of tile nt: row a (e < 2) or b, key j0 + 8 nt + 2 t4 + e % 2
     for nt in range(_KT // 8):
         for e in range(4):
@@ -199,20 +208,24 @@ def attention_mma(d: int = 128, causal: bool = True) -> K.Kernel:
         lo_t, hi_t = 2 * ks2, 2 * ks2 + 1
         parts = ((lo_t, 0, 1), (lo_t, 2, 3), (hi_t, 0, 1), (hi_t, 2, 3))
         for q, (nt, e0, e1) in enumerate(parts):
-            tile += _split(_r(f"s{nt}_{e0}", F32), f"p{ks2}_{q}x") + _split(_r(f"s{nt}_{e1}", F32), f"p{ks2}_{q}y")
-            tile += [K.Let(f"ph{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xh"), _r(f"p{ks2}_{q}yh"))),
-                     K.Let(f"pl{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xl"), _r(f"p{ks2}_{q}yl")))]
+            tile += _split(_r(f"s{nt}_{e0}", F32), f"p{ks2}_{q}x", terms) + _split(_r(f"s{nt}_{e1}", F32), f"p{ks2}_{q}y", terms)
+            tile.append(K.Let(f"ph{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xh"), _r(f"p{ks2}_{q}yh"))))
+            if split:
+                tile.append(K.Let(f"pl{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xl"), _r(f"p{ks2}_{q}yl"))))
         ph = tuple(_r(f"ph{ks2}_{q}") for q in range(4))
-        pl = tuple(_r(f"pl{ks2}_{q}") for q in range(4))
+        pl = tuple(_r(f"pl{ks2}_{q}") for q in range(4)) if split else ()
         for j in range(dtiles):
             vrow = _mul(_add(_r("g"), 8 * j), vstride)
             bh = tuple(K.Load("vt_hi", _add(vrow, 8 * ks2 + 4 * q, _r("t4")), I32) for q in range(2))
-            bl = tuple(K.Load("vt_lo", _add(vrow, 8 * ks2 + 4 * q, _r("t4")), I32) for q in range(2))
-            tile += [K.Let(f"vb{ks2}_{j}_{q}", bh[q]) for q in range(2)] + [K.Let(f"vl{ks2}_{j}_{q}", bl[q]) for q in range(2)]
+            tile += [K.Let(f"vb{ks2}_{j}_{q}", bh[q]) for q in range(2)]
             acc = tuple(f"o{j}_{e}" for e in range(4))
             vh = (_r(f"vb{ks2}_{j}_0"), _r(f"vb{ks2}_{j}_1"))
-            vl = (_r(f"vl{ks2}_{j}_0"), _r(f"vl{ks2}_{j}_1"))
-            tile += [K.Mma(acc, ph, vh), K.Mma(acc, ph, vl), K.Mma(acc, pl, vh)]  # type: ignore[arg-type]
+            tile.append(K.Mma(acc, ph, vh))  # type: ignore[arg-type]
+            if split:
+                bl = tuple(K.Load("vt_lo", _add(vrow, 8 * ks2 + 4 * q, _r("t4")), I32) for q in range(2))
+                tile += [K.Let(f"vl{ks2}_{j}_{q}", bl[q]) for q in range(2)]
+                vl = (_r(f"vl{ks2}_{j}_0"), _r(f"vl{ks2}_{j}_1"))
+                tile += [K.Mma(acc, ph, vl), K.Mma(acc, pl, vh)]  # type: ignore[arg-type]
     run.append(K.For("j0", _r("kstart"), _r("kend"), tuple(tile), step=_KT))
     # the rows' sums over their four lanes; out = O / l for this sequence's rows
     for half in ("a", "b"):
@@ -236,10 +249,10 @@ def attention_mma(d: int = 128, causal: bool = True) -> K.Kernel:
               K.Buffer("out", F32, readonly=False),
               *(K.ScalarParam(nm, I32) for nm in ("ntok", "hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
               K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
-    shared = (K.Shared("ks_hi", I32, _KT * kstride), K.Shared("ks_lo", I32, _KT * kstride),
-              K.Shared("vt_hi", I32, d * vstride), K.Shared("vt_lo", I32, d * vstride),
+    planes = ("hi", "lo")[:terms]
+    shared = (*(K.Shared(f"ks_{p}", I32, _KT * kstride) for p in planes), *(K.Shared(f"vt_{p}", I32, d * vstride) for p in planes),
               K.Shared("rseq", I32, MMA_QROWS), K.Shared("rpos", I32, MMA_QROWS), K.Shared("rdone", I32, MMA_QROWS), K.Shared("sinfo", I32, 4))
-    kern = K.Kernel(f"attention_mma_D{d}{'_causal' if causal else ''}", params, tuple(body), (128, 1, 1), shared)
+    kern = K.Kernel(f"attention_mma_D{d}{'_causal' if causal else ''}{'' if split else '_bf16'}", params, tuple(body), (128, 1, 1), shared)
     verify_kernel(kern)
     return kern
 

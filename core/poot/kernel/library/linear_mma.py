@@ -9,8 +9,9 @@ m16n8k16 bf16), built as Kernel IR.
 
 x is split into two bf16 terms (hi + lo), so a product keeps about 16 bits of each activation's
 mantissa against bf16 weights (which are exact) instead of rounding activations to bf16; plans
-split each x once (``split_bf16x2``) for every product that reads it. Weight rows are bound as i32
-words (pairs of bf16 values).
+split each x once (``split_bf16x2``) for every product that reads it. With ``split`` False only the
+first term is multiplied: x rounded to bf16, half the tensor-core work (``matmul_precision``
+"medium", what bf16 frameworks compute). Weight rows are bound as i32 words (pairs of bf16 values).
 """
 
 from __future__ import annotations
@@ -30,23 +31,27 @@ SPLIT_THREADS = 256
 
 
 @lru_cache(maxsize=None)
-def split_bf16x2(k: int) -> K.Kernel:
+def split_bf16x2(k: int, terms: int = 2) -> K.Kernel:
     """x [m, k] as the tensor-core GEMMs read it (``xs``): the nearest bf16 of each value (hi) and the
     nearest bf16 of what is left (lo), two values a word, the low half first: the hi plane
-    (m k / 2 words) then the lo plane. Once per x, so no GEMM workgroup converts it again. A thread
-    eight values; grid (ceil(m k / 8 / SPLIT_THREADS),). K a multiple of 8."""
+    (m k / 2 words) then the lo plane. With ``terms`` 1 only the hi plane (x rounded to bf16: the
+    products of ``matmul_precision`` "medium"). Once per x, so no GEMM workgroup converts it again.
+    A thread eight values; grid (ceil(m k / 8 / SPLIT_THREADS),). K a multiple of 8."""
     if k % 8:
         raise ValueError(f"split_bf16x2 needs K a multiple of 8, got {k}")
+    if terms not in (1, 2):
+        raise ValueError(f"split_bf16x2: x as 1 or 2 bf16 terms, got {terms}")
     body: list[K.Stmt] = [K.Let("t", _add(_mul(K.Builtin("group_id", 0), SPLIT_THREADS), K.Builtin("thread_id", 0)))]
     inner: list[K.Stmt] = [K.VecLoad(tuple(f"v{i}" for i in range(4)), "x", _mul(_r("t"), 8), F32),
                            K.VecLoad(tuple(f"v{i}" for i in range(4, 8)), "x", _add(_mul(_r("t"), 8), 4), F32)]
     inner += [K.Let(f"h{i}", _bf16_bits(_r(f"v{i}", F32))) for i in range(8)]
-    inner += [K.Let(f"l{i}", _bf16_rest(_r(f"v{i}", F32), _r(f"h{i}"))) for i in range(8)]
-    inner += [K.VecStore("xs", _mul(_r("t"), 4), tuple(_pair(_r(f"h{2 * q}"), _r(f"h{2 * q + 1}")) for q in range(4))),
-              K.VecStore("xs", _add(_mul(_r("m"), k // 2), _mul(_r("t"), 4)), tuple(_pair(_r(f"l{2 * q}"), _r(f"l{2 * q + 1}")) for q in range(4)))]
+    inner.append(K.VecStore("xs", _mul(_r("t"), 4), tuple(_pair(_r(f"h{2 * q}"), _r(f"h{2 * q + 1}")) for q in range(4))))
+    if terms == 2:
+        inner += [K.Let(f"l{i}", _bf16_rest(_r(f"v{i}", F32), _r(f"h{i}"))) for i in range(8)]
+        inner.append(K.VecStore("xs", _add(_mul(_r("m"), k // 2), _mul(_r("t"), 4)), tuple(_pair(_r(f"l{2 * q}"), _r(f"l{2 * q + 1}")) for q in range(4))))
     body.append(K.If(K.Bin("lt", _r("t"), _mul(_r("m"), k // 8)), tuple(inner)))
     params = (K.Buffer("x", F32), K.Buffer("xs", I32, readonly=False), K.ScalarParam("m", I32))
-    kern = K.Kernel(f"split_bf16x2_K{k}", params, tuple(body), (SPLIT_THREADS, 1, 1), ())
+    kern = K.Kernel(f"split_bf16x{terms}_K{k}", params, tuple(body), (SPLIT_THREADS, 1, 1), ())
     verify_kernel(kern)
     return kern
 
@@ -68,6 +73,14 @@ def sum_parts(parts: int) -> K.Kernel:
     return kern
 
 
+def _tag(split: bool, xsplit: bool) -> str:
+    """A GEMM's name for how it takes x: as ``split_bf16x2`` wrote it, two terms (``_xs``) or one
+    (``_xb``); f32, split in the kernel (``_split``) or rounded there (no tag)."""
+    if xsplit:
+        return "_xs" if split else "_xb"
+    return "_split" if split else ""
+
+
 @lru_cache(maxsize=None)
 def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: bool = True, xsplit: bool = False, ksplit: int = 1) -> K.Kernel:
     """y[i, j] = sum_k x[i, k] * w[j, k] with bf16 weights on tensor cores. Warps are arranged
@@ -80,8 +93,6 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
     the sum goes to ``y`` at s m n: ``sum_parts`` adds them."""
     if k % (32 * ksplit):
         raise ValueError(f"gemm_mma needs K a multiple of 32 (times the K split, {ksplit}), got {k}")
-    if xsplit and not split:
-        raise ValueError("gemm_mma: x comes split for the split product only")
     threads = 32 * wm * wn
     bm, bn = 16 * wm * tm, 8 * wn * tn
     stride = 16 + MMA_PAD  # words per staged row of 32 bf16
@@ -119,7 +130,8 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
             if xsplit:
                 at = _add(_b("div", _add(_mul(row, k), k0), 2), _mul(cc, 4))
                 out.append(K.VecLoad(tuple(f"{pre}ah{it}_{v}" for v in range(4)), "xs", at, I32))
-                out.append(K.VecLoad(tuple(f"{pre}al{it}_{v}" for v in range(4)), "xs", _add(lo_plane, at), I32))
+                if split:
+                    out.append(K.VecLoad(tuple(f"{pre}al{it}_{v}" for v in range(4)), "xs", _add(lo_plane, at), I32))
             else:
                 out.append(K.VecLoad(tuple(f"{pre}a{it}_{v}" for v in range(4)), "x", _add(_mul(row, k), k0, _mul(cc, 4)), F32))
         for it in range(wits):
@@ -131,7 +143,10 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
     def names(pre: str) -> list[str]:
         out = []
         for it in range(xits):
-            out += [f"{pre}ah{it}_{v}" for v in range(4)] + [f"{pre}al{it}_{v}" for v in range(4)] if xsplit else [f"{pre}a{it}_{v}" for v in range(4)]
+            if xsplit:
+                out += [f"{pre}ah{it}_{v}" for v in range(4)] + ([f"{pre}al{it}_{v}" for v in range(4)] if split else [])
+            else:
+                out += [f"{pre}a{it}_{v}" for v in range(4)]
         return out + [f"{pre}b{it}_{v}" for it in range(wits) for v in range(4)]
 
     def stores(pre: str) -> list[K.Stmt]:
@@ -142,7 +157,8 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
             if xsplit:
                 at = _add(_mul(rr, stride), _mul(cc, 4))
                 out.append(K.VecStore("As_hi", at, tuple(_r(f"{pre}ah{it}_{v}") for v in range(4))))
-                out.append(K.VecStore("As_lo", at, tuple(_r(f"{pre}al{it}_{v}") for v in range(4))))
+                if split:
+                    out.append(K.VecStore("As_lo", at, tuple(_r(f"{pre}al{it}_{v}") for v in range(4))))
                 continue
             hi = [f"{pre}a{it}_h{v}" for v in range(4)]
             out += [K.Let(hi[v], _bf16_bits(_r(f"{pre}a{it}_{v}", F32))) for v in range(4)]
@@ -195,7 +211,7 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
         shared.append(K.Shared("As_lo", I32, bm * stride))
     xs: K.Param = K.Buffer("xs", I32) if xsplit else K.Buffer("x", F32)
     params = (xs, K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32))
-    tag = ("_xs" if xsplit else "_split" if split else "") + (f"_S{ksplit}" if ksplit > 1 else "")
+    tag = _tag(split, xsplit) + (f"_S{ksplit}" if ksplit > 1 else "")
     kern = K.Kernel(f"gemm_mma_bf16_K{k}_{wm}x{wn}_{tm}x{tn}{tag}", params, tuple(body), (threads, 1, 1), tuple(shared))
     verify_kernel(kern)
     return kern
@@ -210,8 +226,6 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     m16n8k16 products: K is summed in a permuted order (the same for x and the weights), which is
     what lets every load be 16 bytes. Grid (ceil(m / (16 mt)), ceil(n / (8 tn))). With ``xsplit`` x
     comes as ``split_bf16x2`` wrote it (buffer ``xs``): its words are the fragments, no conversion."""
-    if xsplit and not split:
-        raise ValueError("gemm_warp: x comes split for the split product only")
     if k % (32 * wk):
         raise ValueError(f"gemm_warp needs K a multiple of {32 * wk}, got {k}")
     threads, steps = 32 * wk, k // (32 * wk)
@@ -250,9 +264,10 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
                     xi = _add(_r(f"xr{i}_{h}"), _r(f"{pre}k{u}"))
                     if xsplit:  # the eight values' hi words, then their lo words
                         hw, lw = [f"{pre}hw{u}_{i}_{h}_{q}" for q in range(4)], [f"{pre}lw{u}_{i}_{h}_{q}" for q in range(4)]
-                        names += hw + lw
-                        out += [K.VecLoad(tuple(hw), "xs", _b("div", xi, 2), I32),
-                                K.VecLoad(tuple(lw), "xs", _add(_mul(_r("m"), k // 2), _b("div", xi, 2)), I32)]
+                        names += hw + (lw if split else [])
+                        out.append(K.VecLoad(tuple(hw), "xs", _b("div", xi, 2), I32))
+                        if split:
+                            out.append(K.VecLoad(tuple(lw), "xs", _add(_mul(_r("m"), k // 2), _b("div", xi, 2)), I32))
                         continue
                     out += [K.VecLoad(tuple(f"x{u}_{i}_{h}_{v}" for v in range(4)), "x", xi, F32),
                             K.VecLoad(tuple(f"x{u}_{i}_{h}_{v}" for v in range(4, 8)), "x", _add(xi, 4), F32)]
@@ -311,7 +326,7 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     body.append(K.For("o", _r("tid"), _c(32 * nacc), tuple(out), step=threads))
     xs: K.Param = K.Buffer("xs", I32) if xsplit else K.Buffer("x", F32)
     params = (xs, K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32))
-    tag = "_xs" if xsplit else "_split" if split else ""
+    tag = _tag(split, xsplit)
     kern = K.Kernel(f"gemm_warp_bf16_K{k}_{mt}x{tn}_W{wk}{tag}", params, tuple(body), (threads, 1, 1),
                     (K.Shared("part", F32, threads * nacc),))
     verify_kernel(kern)
