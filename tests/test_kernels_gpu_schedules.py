@@ -222,6 +222,26 @@ def test_x_split_once_into_two_bf16_terms(rng, m, k):
     assert np.abs(hi.view(np.float32) + lo.view(np.float32) - x.reshape(-1)).max() <= np.abs(x).max() * 2.0**-16
 
 
+def test_two_values_rounded_to_bf16_and_packed(rng):
+    """``PackBf16x2`` (one cvt.rn.bf16x2.f32 on NVIDIA, integer arithmetic elsewhere) gives numpy's
+    nearest-even bf16 of each value, the first in the low half: ties, subnormals, large values."""
+    from poot.kernel import ir as K
+    from poot.graph import dtypes as dt
+
+    x = (rng.standard_normal(4096) * np.exp2(rng.integers(-130, 120, 4096))).astype(np.float32)
+    x[:8] = np.array([0x3F808000, 0x3F818000, 0x00008000, 0x80018000, 0x7F7F0000, 0x3F80FFFF, 0, 0x80000000], np.uint32).view(np.float32)  # ties to even, subnormals, signed zero
+    i = K.Ref("i", dt.i32)
+    body = (K.Let("i", K.Bin("add", K.Bin("mul", K.Builtin("group_id", 0), K.Const(256, dt.i32)), K.Builtin("thread_id", 0))),
+            K.If(K.Bin("lt", i, K.Const(2048, dt.i32)),
+                 (K.Store("y", i, K.PackBf16x2(K.Load("x", K.Bin("mul", i, K.Const(2, dt.i32)), dt.f32),
+                                               K.Load("x", K.Bin("add", K.Bin("mul", i, K.Const(2, dt.i32)), K.Const(1, dt.i32)), dt.f32))),)))
+    kern = K.Kernel("pack_bf16x2_test", (K.Buffer("x", dt.f32), K.Buffer("y", dt.i32, readonly=False)), body, (256, 1, 1), ())
+    y = poisoned((2048,), np.int32)
+    run_host(kern, (8,), {"x": x, "y": y})
+    want = split_reference(x.reshape(1, -1))[:2048]
+    assert (y == want).all(), f"{(y != want).sum()} words differ"
+
+
 @pytest.mark.parametrize("m,k", [(1, 8), (7, 4096), (130, 512)])
 def test_x_rounded_once_to_bf16(rng, m, k):
     """``split_bf16x2(k, 1)`` (matmul precision "medium") writes the hi plane only: numpy's nearest
@@ -411,8 +431,11 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
     out = poisoned((t, hq, d))
     bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": np.zeros(1, np.float32), "positions": data["positions"],
             "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out}
-    run_host(attention_mma(d, causal), (-(-t // MMA_QROWS), hq), bufs,
-             {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
+    scalars = {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
+    run_host(attention_mma(d, causal), (-(-t // MMA_QROWS), hq), bufs, scalars)
+    # as plans build it: the pools' block size fixed in the kernel, soft-capping only where the model has it
+    fixed = poisoned((t, hq, d))
+    run_host(attention_mma(d, causal, block=bs, softcap=softcap > 0), (-(-t // MMA_QROWS), hq), {**bufs, "out": fixed}, scalars)
     def reference(d_):  # type: ignore[no-untyped-def]
         b = GraphBuilder()
         ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in d_.items()}
@@ -421,7 +444,8 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
         return evaluate(b.build({"y": y}), d_)["y"].astype(np.float64)
 
     want = reference(data)
-    assert np.isfinite(out).all(), "an output element was never written"
+    assert np.isfinite(out).all() and np.isfinite(fixed).all(), "an output element was never written"
+    assert np.abs(fixed - want).max() < 3e-4, f"fixed block size: max error {np.abs(fixed - want).max():.3g}"
     err = np.abs(out - want)
     # about 16 bits of each operand: a score is off by ~1e-5 (the dropped lo x lo terms), an output by a few times that
     assert err.max() < 3e-4 and err.mean() < 5e-6, f"max error {err.max():.3g}, mean {err.mean():.3g}"
@@ -432,8 +456,7 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
     # matmul precision "medium": q, k, v and P rounded to bf16, one product each. Against attention
     # over q, k and v rounded: what is left is P's rounding (2^-9 of each weight) and f32 order
     out1 = poisoned((t, hq, d))
-    run_host(attention_mma(d, causal, split=False), (-(-t // MMA_QROWS), hq), {**bufs, "out": out1},
-             {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
+    run_host(attention_mma(d, causal, split=False, block=bs, softcap=softcap > 0), (-(-t // MMA_QROWS), hq), {**bufs, "out": out1}, scalars)
     assert np.isfinite(out1).all(), "an output element was never written"
     want1 = reference({**data, **{n: bf16_round(data[n]) for n in ("q", "k", "v")}})
     err1 = np.abs(out1 - want1)

@@ -184,7 +184,7 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
         return [l.kernel.name for l in plan.launches if l.node.op == "attention" and (l.when is None or l.when(env))]
 
     wide = plan_graph(_block(head_dim=64), gpu=True, limits=mma)
-    assert names(wide, 128, 2) == ["attention_mma_D64_causal"]
+    assert names(wide, 128, 2) == ["attention_mma_D64_causal_BS4_nocap"]  # the pools' block size fixed, no soft-cap
     assert names(wide, 40, 2)[0].startswith("attention_blocks")  # short prompts: the CUDA-core blocks
     assert names(wide, 2, 2) == ["attention_decode_D64_causal_S1"]  # decode: a warp a position
     narrow = plan_graph(_block(), gpu=True, limits=mma)  # heads of 16: the CUDA-core schedules
@@ -218,7 +218,7 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
     assert {kernels(graph, p, {"tokens": 1})[0] for p in ("high", "medium", "highest")} == {"gemv_warp_bf16_K512_MR1"}
     block = _block(head_dim=64)
     attn = lambda p: [k for k in kernels(block, p, {"tokens": 128, "batch": 2}) if k.startswith("attention")]  # noqa: E731
-    assert attn("high") == ["attention_mma_D64_causal"] and attn("medium") == ["attention_mma_D64_causal_bf16"]
+    assert attn("high") == ["attention_mma_D64_causal_BS4_nocap"] and attn("medium") == ["attention_mma_D64_causal_bf16_BS4_nocap"]
     assert attn("highest")[0].startswith("attention_blocks")
     with pytest.raises(ParameterError, match="matmul_precision.*'low'"):
         Limits(matmul_precision="low")

@@ -467,6 +467,8 @@ class _Lowerer:
             return self.shuffle(self.expr(e.a), self.expr(e.lane), e.a.dtype, e.xor)
         if isinstance(e, K.Dot4I8):
             return self.dot4_i8(self.expr(e.a), self.expr(e.b), self.expr(e.c))
+        if isinstance(e, K.PackBf16x2):
+            return self.pack_bf16x2(self.expr(e.a), self.expr(e.b))
         raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower expression {type(e).__name__}")
 
     def dot4_i8(self, a: L.Value, c: L.Value, acc: L.Value) -> L.Value:
@@ -480,6 +482,15 @@ class _Lowerer:
             y = b.ashr(b.shl(c, up), L.Constant(I32, 24))
             acc = b.add(acc, b.mul(x, y))
         return acc
+
+    def pack_bf16x2(self, lo: L.Value, hi: L.Value) -> L.Value:
+        """The nearest bf16 of each of two f32, ``lo`` in the low half of an i32: one cvt on NVIDIA."""
+        b = self.b
+        if self.t.name == "nvptx":  # cvt puts its first source in the upper half
+            asm = L.InlineAsm(L.FunctionType(I32, [F32, F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
+            return b.call(asm, [hi, lo])
+        lo16, hi16 = (b.zext(self.cast(v, dt.f32, dt.bf16), I32) for v in (lo, hi))
+        return b.or_(lo16, b.shl(hi16, L.Constant(I32, 16)))
 
     def fcall(self, name: str, *args: L.Value) -> L.Value:
         ty = args[0].type

@@ -17,7 +17,7 @@ from ..graph.dtypes import DType
 
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
-    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle", "Dot4I8",
+    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle", "Dot4I8", "PackBf16x2",
     "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "const", "i32",
 ]
@@ -198,7 +198,21 @@ class Dot4I8:
         return i32
 
 
-Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, HalfToF32, Select, Load, SubgroupReduce, SubgroupShuffle, Dot4I8]
+@dataclass(frozen=True)
+class PackBf16x2:
+    """f32 ``a`` and ``b`` rounded to bf16 (nearest, ties to even) and packed in an i32, ``a`` in the
+    low half (NVIDIA: one ``cvt.rn.bf16x2.f32``; other targets: integer arithmetic, the same bits
+    for every finite value)."""
+
+    a: "Expr"
+    b: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return i32
+
+
+Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, HalfToF32, Select, Load, SubgroupReduce, SubgroupShuffle, Dot4I8, PackBf16x2]
 
 
 def const(value: float | int | bool, dtype: DType | str = i32) -> Const:

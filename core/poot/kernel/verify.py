@@ -9,7 +9,7 @@ from ..errors import PootError
 from ..graph import dtypes as dt
 from .ir import (
     BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
-    Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Dot4I8, Un, VecLoad, VecStore,
+    Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Dot4I8, PackBf16x2, Un, VecLoad, VecStore,
 )
 
 __all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups"]
@@ -121,6 +121,11 @@ def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
         parts = [_expr(s, x, where) for x in (e.a, e.b, e.c)]
         if any(t != dt.i32 for t, _ in parts):
             raise s.fail(where, f"dot4_i8 takes i32 words, got {[str(t) for t, _ in parts]}")
+        return dt.i32, any(v for _, v in parts)
+    if isinstance(e, PackBf16x2):
+        parts = [_expr(s, x, where) for x in (e.a, e.b)]
+        if any(t != dt.f32 for t, _ in parts):
+            raise s.fail(where, f"pack_bf16x2 takes f32 values, got {[str(t) for t, _ in parts]}")
         return dt.i32, any(v for _, v in parts)
     raise s.fail(where, f"not an expression: {e!r}")
 

@@ -353,7 +353,8 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
         return [per_token, *split, blocks]
     long_prompts = lambda env: tokens(env) >= attn_gpu.MMA_QROWS * batch(env)  # noqa: E731
     blocks.when = When(f"8 * batch <= tokens < {attn_gpu.MMA_QROWS} * batch", lambda env: prefill(env) and not long_prompts(env))
-    mma = Launch(n, attn_gpu.attention_mma(a.dk, spec.causal, split=limits.matmul_precision == "high"), a.buffers, lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
+    mk = attn_gpu.attention_mma(a.dk, spec.causal, split=limits.matmul_precision == "high", block=a.bs, softcap=bool(spec.softcap))
+    mma = Launch(n, mk, a.buffers, lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
                  lambda env: {"ntok": tokens(env), **scalars(env)}, When(f"tokens >= {attn_gpu.MMA_QROWS} * batch", long_prompts))
     return [per_token, *split, blocks, mma]
 

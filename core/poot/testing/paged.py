@@ -57,13 +57,16 @@ class PagedSequences:
         return StepBatch(np.array(tokens), np.array(positions), np.array(seq_ids), np.array(slots), np.array(self.lengths), tables, np.array(rows))
 
 
-def _step_against_oracle(executor, oracle, batch: StepBatch, pools, weights, step: int) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
+def _step_against_oracle(executor, oracle, batch: StepBatch, pools, weights, step: int, tie: float = 0.0) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
     """One step on ``executor`` and on the paged oracle: the oracle's logits and the largest |logit
-    difference|, after checking the executor's logits are finite and pick the oracle's argmax."""
+    difference|, after checking the executor's logits are finite and pick the oracle's argmax (in
+    rows whose top two logits are more than ``tie`` apart in the oracle's)."""
     got = executor.run({**batch.as_inputs(), **pools}, weights)["logits"]
     want = oracle.step(batch)
     assert np.isfinite(got).all(), "non-finite logits"
-    assert (got.argmax(-1) == want.argmax(-1)).all(), f"step {step}: the argmax differs from the oracle's"
+    top2 = np.sort(want, axis=-1)[..., -2:]
+    clear = top2[..., 1] - top2[..., 0] > tie
+    assert (got.argmax(-1) == want.argmax(-1))[clear].all(), f"step {step}: the argmax differs from the oracle's"
     return want, float(np.abs(got - want).max())
 
 
@@ -112,10 +115,10 @@ def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
                            num_key_value_heads=2, head_dim=64)
 
 
-def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generator) -> float:  # type: ignore[no-untyped-def]
+def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generator, tie: float = 0.0) -> float:  # type: ignore[no-untyped-def]
     """Steps of every row-count regime a GPU planner tells apart, against the paged oracle: 85 rows
-    (three prompts), 3 decode rows, 20 rows, 9 rows, one row. Every step's argmax must agree; returns
-    the largest |logit difference|."""
+    (three prompts), 3 decode rows, 20 rows, 9 rows, one row. Every step's argmax must agree (but
+    where the oracle's top two logits are within ``tie``); returns the largest |logit difference|."""
     from ..eval.model import PagedOracle
 
     oracle = PagedOracle(graph, weights, num_blocks=64)
@@ -130,7 +133,7 @@ def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generato
         chunks = [prompts, [[t] for t in last], [rng.integers(0, 97, 20).tolist(), [], []], [[], rng.integers(0, 97, 9).tolist(), []],
                   [[last[0]], [], []]][step]
         batch = pages.step(chunks, all_logits=step == 0, width=32)
-        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step)
+        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
         worst = max(worst, diff)
         rows = batch.seq_ids[batch.logit_rows]
         last = [int(want[np.nonzero(rows == s)[0][-1]].argmax()) if (rows == s).any() else last[s] for s in range(3)]

@@ -50,7 +50,8 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     """A bf16 Llama wide enough (K of 256 and 512) for the warp GEMVs and the tensor-core GEMMs, in
     every row-count regime: 1, 2-4, 5-16, 17-64 and more than 64 rows a step; its heads of 64 take
     the tensor-core prefill attention and the warp-per-position decode attention. Matmul precision
-    "medium" rounds the tensor cores' operands to bf16 (2^-9): a bound that much looser."""
+    "medium" rounds the tensor cores' operands to bf16 (2^-9): a bound that much looser, and the
+    argmax may differ where the oracle's top two logits are within twice the bound."""
     from poot_ptx.executor import CudaExecutor
 
     g, w = wide_bf16_llama(tmp_path / "wide", int(rng.integers(0, 2**31)))
@@ -59,7 +60,7 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     assert {"gemv_warp_bf16", "gemm_warp_bf16", "gemm_mma_bf16", "split_bf16x2" if precision == "high" else "split_bf16x1"} <= names, names
     assert {"attention_mma", "attention_decode"} <= {nm.split("_D")[0] for nm in names}, names
     ex = CudaExecutor(plan)
-    worst = row_regimes_against_oracle(ex, g, w, rng)
+    worst = row_regimes_against_oracle(ex, g, w, rng, tie=0.0 if precision == "high" else 2 * bound)
     ex.close()
     print(f"bf16 llama (fast schedules, matmul precision {precision}) on cuda:0: max |dlogit| {worst:.2g}")
     assert worst < bound

@@ -16,7 +16,7 @@ every operand, the term that is dropped (lo lo) below 2^-16 of the product; or, 
 ``matmul_precision`` "medium", each side is rounded to bf16 (one product). Scores, softmax and
 the accumulators are f32.
 
-A block of query tokens that holds several sequences takes them one at a time (rows of the other
+A block of query tokens that holds several sequences takes them one at a time (counted first; rows of the other
 sequences are masked). Causal and sliding-window masks, soft-capping and a given scale as in
 ``attention.attention_blocks``; head widths ``D`` of 64 or 128, keys and values alike, no shared
 key part (MLA).
@@ -40,11 +40,10 @@ _PAD = 4  # words of padding a staged row: fragment loads hit 32 banks
 _NEG = -3.0e38  # a masked score
 
 
-def _split(v: K.Expr, name: str, terms: int = 2) -> list[K.Stmt]:
-    """f32 ``v`` as two bf16 bit patterns: ``name``h (nearest) and ``name``l (nearest of the rest);
-    with ``terms`` 1 the first only."""
-    out = [K.Let(f"{name}v", v), K.Let(f"{name}h", _bf16_bits(_r(f"{name}v", F32)))]
-    return out + [K.Let(f"{name}l", _bf16_rest(_r(f"{name}v", F32), _r(f"{name}h")))] if terms == 2 else out
+def _split(v: K.Expr, name: str) -> list[K.Stmt]:
+    """f32 ``v`` as two bf16 bit patterns: ``name``h (nearest) and ``name``l (nearest of the rest)."""
+    return [K.Let(f"{name}v", v), K.Let(f"{name}h", _bf16_bits(_r(f"{name}v", F32))),
+            K.Let(f"{name}l", _bf16_rest(_r(f"{name}v", F32), _r(f"{name}h")))]
 
 
 def _fmax(a: K.Expr, b: K.Expr) -> K.Expr:
@@ -52,14 +51,18 @@ def _fmax(a: K.Expr, b: K.Expr) -> K.Expr:
 
 
 @lru_cache(maxsize=None)
-def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Kernel:
+def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: int = 0, softcap: bool = True) -> K.Kernel:
     """out[t, h, :] = softmax(scale * q.k) v over each token's visible context, for head widths
     ``d`` (keys and values); the parameters of ``attention.attention_blocks``. Grid
     (ceil(ntok / 64), hq). With ``split`` False each operand is rounded to bf16 instead of split,
-    one product each (``matmul_precision`` "medium": what bf16 flash attention computes)."""
+    one product each (``matmul_precision`` "medium": what bf16 flash attention computes). A
+    ``block`` size of the pools fixed here (not 0) replaces the divisions by the ``bs`` parameter
+    in every key's address with constant ones; ``softcap`` False leaves soft-capping out (the
+    ``softcap`` parameter must then be 0)."""
     if d not in (64, 128):
         raise ValueError(f"attention_mma: head width 64 or 128, got {d}")
     terms = 2 if split else 1
+    bs: K.Expr = _c(block) if block else _r("bs")
     ksteps, dtiles = d // 16, d // 8
     kstride = d // 2 + _PAD  # words a staged key row (pairs of dims)
     vstride = _KT // 2 + _PAD  # words a staged value column (pairs of keys)
@@ -85,11 +88,27 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Ke
         for q, (half, col) in enumerate((("a", 0), ("b", 0), ("a", 8), ("b", 8))):
             at = _add(_r(f"qb{half}"), 16 * ks + col, _mul(_r("t4"), 2))
             body.append(K.VecLoad((f"q{ks}_{q}x", f"q{ks}_{q}y"), "q", at, F32))
-            body += _split(_r(f"q{ks}_{q}x", F32), f"q{ks}_{q}x", terms) + _split(_r(f"q{ks}_{q}y", F32), f"q{ks}_{q}y", terms)
-            body.append(K.Let(f"qh{ks}_{q}", _pair(_r(f"q{ks}_{q}xh"), _r(f"q{ks}_{q}yh"))))
-            if split:
-                body.append(K.Let(f"ql{ks}_{q}", _pair(_r(f"q{ks}_{q}xl"), _r(f"q{ks}_{q}yl"))))
+            if not split:  # rounded, two values by one conversion
+                body.append(K.Let(f"qh{ks}_{q}", K.PackBf16x2(_r(f"q{ks}_{q}x", F32), _r(f"q{ks}_{q}y", F32))))
+                continue
+            body += _split(_r(f"q{ks}_{q}x", F32), f"q{ks}_{q}x") + _split(_r(f"q{ks}_{q}y", F32), f"q{ks}_{q}y")
+            body += [K.Let(f"qh{ks}_{q}", _pair(_r(f"q{ks}_{q}xh"), _r(f"q{ks}_{q}yh"))),
+                     K.Let(f"ql{ks}_{q}", _pair(_r(f"q{ks}_{q}xl"), _r(f"q{ks}_{q}yl")))]
     body.append(K.Barrier())
+    # how many sequences the block holds (rows that are the first live row of their sequence, summed
+    # over the first two warps): the loop below runs that many times, not once per row
+    first: list[K.Stmt] = [
+        K.Let("myseq", K.Load("rseq", _r("tid"), I32)),
+        K.Let("isfirst", K.Select(K.Bin("eq", K.Load("rdone", _r("tid"), I32), _c(0)), _c(1), _c(0))),
+        K.For("r3", _c(0), _r("tid"), (
+            K.If(K.Bin("and", K.Bin("eq", K.Load("rdone", _r("r3"), I32), _c(0)), K.Bin("eq", K.Load("rseq", _r("r3"), I32), _r("myseq"))),
+                 (K.Assign("isfirst", _c(0)),)),
+        )),
+        K.Let("wfirst", K.SubgroupReduce("add", _r("isfirst"))),
+        K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("sinfo", _add(_r("warp"), 4), _r("wfirst")),)),
+    ]
+    body += [K.If(K.Bin("lt", _r("tid"), _c(MMA_QROWS)), tuple(first)), K.Barrier(),
+             K.Let("nseq", _add(K.Load("sinfo", _c(4), I32), K.Load("sinfo", _c(5), I32)))]
 
     # -- one sequence of the block: thread 0 finds it and the keys its rows see -------------------
     find: list[K.Stmt] = [
@@ -131,13 +150,16 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Ke
         e = _add(_mul(_c(it), 128), _r("tid"))
         kr, c4 = _b("div", e, d // 4), _b("rem", e, d // 4)
         tile += [K.Let(f"kj{it}", K.Bin("min", _add(_r("j0"), kr), _b("sub", _r("kend"), 1))),
-                 K.Let(f"ksl{it}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"kj{it}"), _r("bs"))), I32), _r("bs")),
-                                        _b("rem", _r(f"kj{it}"), _r("bs")))),
+                 K.Let(f"ksl{it}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"kj{it}"), bs)), I32), bs),
+                                        _b("rem", _r(f"kj{it}"), bs))),
                  K.VecLoad(tuple(f"kv{it}_{v}" for v in range(4)), "k_pool", _add(_mul(_add(_mul(_r(f"ksl{it}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), F32)]
-        for v in range(4):
-            tile += _split(_r(f"kv{it}_{v}", F32), f"ks{it}_{v}", terms)
         at = _add(_mul(kr, kstride), _mul(c4, 2))
-        for plane, buf in (("h", "ks_hi"), ("l", "ks_lo"))[:terms]:
+        if not split:
+            tile.append(K.VecStore("ks_hi", at, tuple(K.PackBf16x2(_r(f"kv{it}_{2 * w}", F32), _r(f"kv{it}_{2 * w + 1}", F32)) for w in range(2))))
+            continue
+        for v in range(4):
+            tile += _split(_r(f"kv{it}_{v}", F32), f"ks{it}_{v}")
+        for plane, buf in (("h", "ks_hi"), ("l", "ks_lo")):
             tile.append(K.VecStore(buf, at,
                                    (_pair(_r(f"ks{it}_0{plane}"), _r(f"ks{it}_1{plane}")), _pair(_r(f"ks{it}_2{plane}"), _r(f"ks{it}_3{plane}")))))
     # values, transposed: word (dim, key pair); a thread a pair of keys and four dims a step
@@ -146,17 +168,19 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Ke
         kp, c4 = _b("rem", e, _KT // 2), _b("div", e, _KT // 2)
         for w in range(2):
             tile += [K.Let(f"vj{it}_{w}", K.Bin("min", _add(_r("j0"), _mul(kp, 2), w), _b("sub", _r("kend"), 1))),
-                     K.Let(f"vsl{it}_{w}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"vj{it}_{w}"), _r("bs"))), I32), _r("bs")),
-                                                _b("rem", _r(f"vj{it}_{w}"), _r("bs")))),
+                     K.Let(f"vsl{it}_{w}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"vj{it}_{w}"), bs)), I32), bs),
+                                                _b("rem", _r(f"vj{it}_{w}"), bs))),
                      K.VecLoad(tuple(f"vv{it}_{w}_{v}" for v in range(4)), "v_pool",
                                _add(_mul(_add(_mul(_r(f"vsl{it}_{w}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), F32)]
-            for v in range(4):
-                tile += _split(_r(f"vv{it}_{w}_{v}", F32), f"vs{it}_{w}_{v}", terms)
+            for v in range(4 if split else 0):
+                tile += _split(_r(f"vv{it}_{w}_{v}", F32), f"vs{it}_{w}_{v}")
         for v in range(4):
             at = _add(_mul(_add(_mul(c4, 4), v), vstride), kp)
-            tile.append(K.Store("vt_hi", at, _pair(_r(f"vs{it}_0_{v}h"), _r(f"vs{it}_1_{v}h"))))
-            if split:
-                tile.append(K.Store("vt_lo", at, _pair(_r(f"vs{it}_0_{v}l"), _r(f"vs{it}_1_{v}l"))))
+            if not split:
+                tile.append(K.Store("vt_hi", at, K.PackBf16x2(_r(f"vv{it}_0_{v}", F32), _r(f"vv{it}_1_{v}", F32))))
+                continue
+            tile += [K.Store("vt_hi", at, _pair(_r(f"vs{it}_0_{v}h"), _r(f"vs{it}_1_{v}h"))),
+                     K.Store("vt_lo", at, _pair(_r(f"vs{it}_0_{v}l"), _r(f"vs{it}_1_{v}l")))]
     tile.append(K.Barrier())
     # S = q k^T: four tiles of 8 keys, K in steps of 16; three products of the split terms (or one)
     for nt in range(_KT // 8):
@@ -179,7 +203,8 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Ke
             half = "a" if e < 2 else "b"
             key = _add(_r("j0"), 8 * nt + e % 2, _mul(_r("t4"), 2))
             sv: K.Expr = K.Bin("mul", _r(f"s{nt}_{e}", F32), _r("scale", F32))
-            sv = K.Select(K.Bin("gt", _r("softcap", F32), _f(0.0)), K.Bin("mul", K.Un("tanh", K.Bin("div", sv, _r("softcap", F32))), _r("softcap", F32)), sv)
+            if softcap:
+                sv = K.Select(K.Bin("gt", _r("softcap", F32), _f(0.0)), K.Bin("mul", K.Un("tanh", K.Bin("div", sv, _r("softcap", F32))), _r("softcap", F32)), sv)
             vis = K.Bin("and", K.Bin("ge", key, _r(f"lo{half}")), K.Bin("lt", key, _r(f"hi{half}")))
             tile.append(K.Assign(f"s{nt}_{e}", K.Select(vis, sv, _f(_NEG))))
     # online softmax: each row's max over its four lanes; corrections; p
@@ -208,10 +233,12 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Ke
         lo_t, hi_t = 2 * ks2, 2 * ks2 + 1
         parts = ((lo_t, 0, 1), (lo_t, 2, 3), (hi_t, 0, 1), (hi_t, 2, 3))
         for q, (nt, e0, e1) in enumerate(parts):
-            tile += _split(_r(f"s{nt}_{e0}", F32), f"p{ks2}_{q}x", terms) + _split(_r(f"s{nt}_{e1}", F32), f"p{ks2}_{q}y", terms)
-            tile.append(K.Let(f"ph{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xh"), _r(f"p{ks2}_{q}yh"))))
-            if split:
-                tile.append(K.Let(f"pl{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xl"), _r(f"p{ks2}_{q}yl"))))
+            if not split:
+                tile.append(K.Let(f"ph{ks2}_{q}", K.PackBf16x2(_r(f"s{nt}_{e0}", F32), _r(f"s{nt}_{e1}", F32))))
+                continue
+            tile += _split(_r(f"s{nt}_{e0}", F32), f"p{ks2}_{q}x") + _split(_r(f"s{nt}_{e1}", F32), f"p{ks2}_{q}y")
+            tile += [K.Let(f"ph{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xh"), _r(f"p{ks2}_{q}yh"))),
+                     K.Let(f"pl{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xl"), _r(f"p{ks2}_{q}yl")))]
         ph = tuple(_r(f"ph{ks2}_{q}") for q in range(4))
         pl = tuple(_r(f"pl{ks2}_{q}") for q in range(4)) if split else ()
         for j in range(dtiles):
@@ -243,7 +270,7 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Ke
         K.If(K.Bin("eq", K.Load("rseq", _r("tid"), I32), _r("s")), (K.Store("rdone", _r("tid"), _c(1)),)),)))
     seq.append(K.If(K.Bin("ge", _r("s"), _c(0)), tuple(run)))
     seq.append(K.Barrier())
-    body.append(K.For("sq", _c(0), _c(MMA_QROWS), tuple(seq)))  # at most one sequence a row
+    body.append(K.For("sq", _c(0), _r("nseq"), tuple(seq)))
     params = (K.Buffer("q", F32), K.Buffer("k_pool", F32), K.Buffer("v_pool", F32), K.Buffer("ks_pool", F32),
               K.Buffer("positions", I32), K.Buffer("seq_ids", I32), K.Buffer("ctx_lens", I32), K.Buffer("block_tables", I32),
               K.Buffer("out", F32, readonly=False),
@@ -251,8 +278,9 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True) -> K.Ke
               K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
     planes = ("hi", "lo")[:terms]
     shared = (*(K.Shared(f"ks_{p}", I32, _KT * kstride) for p in planes), *(K.Shared(f"vt_{p}", I32, d * vstride) for p in planes),
-              K.Shared("rseq", I32, MMA_QROWS), K.Shared("rpos", I32, MMA_QROWS), K.Shared("rdone", I32, MMA_QROWS), K.Shared("sinfo", I32, 4))
-    kern = K.Kernel(f"attention_mma_D{d}{'_causal' if causal else ''}{'' if split else '_bf16'}", params, tuple(body), (128, 1, 1), shared)
+              K.Shared("rseq", I32, MMA_QROWS), K.Shared("rpos", I32, MMA_QROWS), K.Shared("rdone", I32, MMA_QROWS), K.Shared("sinfo", I32, 8))
+    tag = ("" if split else "_bf16") + (f"_BS{block}" if block else "") + ("" if softcap else "_nocap")
+    kern = K.Kernel(f"attention_mma_D{d}{'_causal' if causal else ''}{tag}", params, tuple(body), (128, 1, 1), shared)
     verify_kernel(kern)
     return kern
 

@@ -1,0 +1,87 @@
+"""Prefill attention alone on an NVIDIA GPU: one sequence's prompt of ``--tokens`` (Llama-3-8B heads:
+32 query heads, 8 key/value heads of 128) over paged f32 pools, through each prefill schedule, timed
+with CUDA events (median of repeats, each the mean of 4 runs queued back to back), as TFLOP/s of
+useful work (causal: half of the score matrix). Used to choose and tune the prefill attention.
+
+    python bench/gpu_attention.py [--tokens 2048] [--only mma]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+
+import numpy as np
+
+BATCH = 4  # runs a timing (their mean)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tokens", type=int, nargs="+", default=[2048])
+    ap.add_argument("--heads", type=int, default=32)
+    ap.add_argument("--kv-heads", type=int, default=8)
+    ap.add_argument("--dim", type=int, default=128)
+    ap.add_argument("--repeat", type=int, default=10)
+    ap.add_argument("--only", default="", help="schedules whose name contains this (under a profiler, say)")
+    args = ap.parse_args()
+    from poot.kernel.library import attention as attn_lib
+    from poot.kernel.library.attention_gpu import MMA_QROWS, attention_mma
+    from poot.runtime import get_device
+    from poot_ptx.runtime import CudaContext, CudaKernel, _check, target_for
+
+    dev = get_device("cuda:0")
+    if not dev.available():
+        print(f"cuda:0 is unavailable: {dev.available()}", file=sys.stderr)
+        return 1
+    ctx = CudaContext(dev.index)
+    d = ctx.driver
+    rng = np.random.default_rng(0)
+    hq, hkv, dim, bs = args.heads, args.kv_heads, args.dim, 16
+    print("| schedule | tokens | ms | TFLOP/s (useful) |")
+    print("|---|---|---|---|")
+    for t in args.tokens:
+        nb = -(-t // bs)
+        arrays = {"q": rng.standard_normal((t, hq, dim)).astype(np.float32),
+                  "k_pool": rng.standard_normal((nb, bs, hkv, dim)).astype(np.float32),
+                  "v_pool": rng.standard_normal((nb, bs, hkv, dim)).astype(np.float32), "ks_pool": np.zeros(1, np.float32),
+                  "positions": np.arange(t, dtype=np.int32), "seq_ids": np.zeros(t, np.int32), "ctx_lens": np.array([t], np.int32),
+                  "block_tables": rng.permutation(nb).astype(np.int32).reshape(1, nb), "out": np.zeros((t, hq, dim), np.float32),
+                  "part_m": np.zeros(1, np.float32), "part_l": np.zeros(1, np.float32)}
+        ptrs = {}
+        for name, a in arrays.items():
+            ptrs[name] = ctx.alloc(a.nbytes)
+            ctx.upload(ptrs[name], a)
+        scalars = {"ntok": t, "hq": hq, "hkv": hkv, "dk": dim, "dv": dim, "dr": 0, "bs": bs, "mb": nb, "scale": dim ** -0.5, "window": 0, "softcap": 0.0}
+        # tensor cores, split operands then bf16 ones: the pools' block size as a parameter, then fixed
+        # in the kernel with soft-capping left out (as plans build it for a model without it)
+        kernels = [(attention_mma(dim, True, split, block, not block), (-(-t // MMA_QROWS), hq)) for split in (True, False) for block in (0, bs)]
+        kernels.append((attn_lib.attention_blocks.instantiate(CAUSAL=True, QT=16, KT=16, D=dim), (-(-t // 16), hq)))
+        flops = 4 * hq * dim * t * (t + 1) / 2  # q k^T and P v over the visible half
+        for kern, grid in kernels:
+            if args.only not in kern.name:
+                continue
+            ck = CudaKernel(ctx, kern, target_for(dev))
+            bufs = {p.name: ptrs[p.name] for p in kern.buffers}
+            scal = {sc.name: scalars[sc.name] for sc in kern.scalars}
+            start, end = (_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2))
+            times = []
+            for _ in range(args.repeat + 1):
+                _check(d, "cuEventRecord", d.cuEventRecord(start, 0))
+                for _ in range(BATCH):
+                    ck.launch(grid, bufs, scal)
+                _check(d, "cuEventRecord", d.cuEventRecord(end, 0))
+                _check(d, "cuEventSynchronize", d.cuEventSynchronize(end))
+                times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(start, end)) / 1e3 / BATCH)
+            sec = statistics.median(times[1:])
+            print(f"| {kern.name} | {t} | {sec * 1e3:.3f} | {flops / sec / 1e12:.1f} |", flush=True)
+            d.cuEventDestroy(start)
+            d.cuEventDestroy(end)
+        for p in ptrs.values():
+            ctx.free(p)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
