@@ -421,11 +421,12 @@ def _prefill_case(rng, hq, hkv, d, bs=16):
 @mma_only
 @pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
 @pytest.mark.parametrize("d,hq,hkv", [(128, 4, 1), (64, 6, 2)])
-def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
+@pytest.mark.parametrize("bs", [16, 64])
+def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs):
     """``attention_mma`` (q k^T and P v on tensor cores, both sides split into two bf16 terms) against
     the graph evaluator's attention, over paged pools, several sequences a block."""
 
-    data, bs, mb = _prefill_case(rng, hq, hkv, d)
+    data, bs, mb = _prefill_case(rng, hq, hkv, d, bs)
     t = len(data["seq_ids"])
     causal, window, softcap, scale = mask != "full", 40 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
     out = poisoned((t, hq, d))
@@ -433,7 +434,7 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv):
             "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out}
     scalars = {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
     run_host(attention_mma(d, causal), (-(-t // MMA_QROWS), hq), bufs, scalars)
-    # as plans build it: the pools' block size fixed in the kernel, soft-capping only where the model has it
+    # as plans build it: the pools' block size fixed in the kernel (tiles read the table once a block), soft-capping only where the model has it
     fixed = poisoned((t, hq, d))
     run_host(attention_mma(d, causal, block=bs, softcap=softcap > 0), (-(-t // MMA_QROWS), hq), {**bufs, "out": fixed}, scalars)
     def reference(d_):  # type: ignore[no-untyped-def]

@@ -145,13 +145,28 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
 
     # -- a tile of 32 keys ------------------------------------------------------------------------
     tile: list[K.Stmt] = [K.Barrier()]  # the last tile's reads are done
+    # with the block size fixed and tiles starting at multiples of 32 keys, a tile spans at most
+    # four blocks (block sizes 8-32) or lies in one: their table entries are read once a tile
+    nblk = (_KT // block if _KT % block == 0 else 1 if block % _KT == 0 else 0) if block >= 8 else 0
+    if nblk:
+        tile.append(K.Let("jb", _b("div", _r("j0"), block)))
+        last = _b("div", _b("sub", _r("kend"), 1), block)
+        tile += [K.Let(f"bt{i}", K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), K.Bin("min", _add(_r("jb"), i), last)), I32)) for i in range(nblk)]
+
+    def slot(kj: K.Expr) -> K.Expr:  # key kj's row in the pools
+        if not nblk:
+            return _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", kj, bs)), I32), bs), _b("rem", kj, bs))
+        pick: K.Expr = _r(f"bt{nblk - 1}")
+        rel = _b("sub", _b("div", kj, block), _r("jb"))
+        for i in range(nblk - 2, -1, -1):
+            pick = K.Select(K.Bin("eq", rel, _c(i)), _r(f"bt{i}"), pick)
+        return _add(_mul(pick, block), _b("rem", kj, block))
     # keys: 32 rows of d values, a thread four values a step, split into hi/lo words
     for it in range(_KT * d // 4 // 128):
         e = _add(_mul(_c(it), 128), _r("tid"))
         kr, c4 = _b("div", e, d // 4), _b("rem", e, d // 4)
         tile += [K.Let(f"kj{it}", K.Bin("min", _add(_r("j0"), kr), _b("sub", _r("kend"), 1))),
-                 K.Let(f"ksl{it}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"kj{it}"), bs)), I32), bs),
-                                        _b("rem", _r(f"kj{it}"), bs))),
+                 K.Let(f"ksl{it}", slot(_r(f"kj{it}"))),
                  K.VecLoad(tuple(f"kv{it}_{v}" for v in range(4)), "k_pool", _add(_mul(_add(_mul(_r(f"ksl{it}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), F32)]
         at = _add(_mul(kr, kstride), _mul(c4, 2))
         if not split:
@@ -168,8 +183,7 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
         kp, c4 = _b("rem", e, _KT // 2), _b("div", e, _KT // 2)
         for w in range(2):
             tile += [K.Let(f"vj{it}_{w}", K.Bin("min", _add(_r("j0"), _mul(kp, 2), w), _b("sub", _r("kend"), 1))),
-                     K.Let(f"vsl{it}_{w}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"vj{it}_{w}"), bs)), I32), bs),
-                                                _b("rem", _r(f"vj{it}_{w}"), bs))),
+                     K.Let(f"vsl{it}_{w}", slot(_r(f"vj{it}_{w}"))),
                      K.VecLoad(tuple(f"vv{it}_{w}_{v}" for v in range(4)), "v_pool",
                                _add(_mul(_add(_mul(_r(f"vsl{it}_{w}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), F32)]
             for v in range(4 if split else 0):
@@ -253,7 +267,8 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
                 tile += [K.Let(f"vl{ks2}_{j}_{q}", bl[q]) for q in range(2)]
                 vl = (_r(f"vl{ks2}_{j}_0"), _r(f"vl{ks2}_{j}_1"))
                 tile += [K.Mma(acc, ph, vl), K.Mma(acc, pl, vh)]  # type: ignore[arg-type]
-    run.append(K.For("j0", _r("kstart"), _r("kend"), tuple(tile), step=_KT))
+    # (keys before a row's first are masked: a tile may start below it)
+    run.append(K.For("j0", _mul(_b("div", _r("kstart"), _KT), _KT) if nblk else _r("kstart"), _r("kend"), tuple(tile), step=_KT))
     # the rows' sums over their four lanes; out = O / l for this sequence's rows
     for half in ("a", "b"):
         for lane in (1, 2):
