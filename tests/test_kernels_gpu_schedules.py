@@ -21,7 +21,7 @@ from poot.codegen.targets import target
 from poot.kernel.library import attention as attn_lib
 from poot.kernel.library.attention_gpu import MMA_QROWS, attention_decode, attention_mma
 from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, quantize_q8x2
-from poot.kernel.library.linear_mma import SPLIT_THREADS, gemm_mma, gemm_warp, split_bf16x2, sum_parts
+from poot.kernel.library.linear_mma import SPLIT_THREADS, gemm_mma, gemm_warp, glu_split, split_bf16x2, sum_parts
 from poot.quant import quantization
 from poot.testing.kernels import bf16_round, poisoned, q8x2_reference, run_host, split_reference
 
@@ -222,6 +222,27 @@ def test_x_split_once_into_two_bf16_terms(rng, m, k):
     assert np.abs(hi.view(np.float32) + lo.view(np.float32) - x.reshape(-1)).max() <= np.abs(x).max() * 2.0**-16
 
 
+@pytest.mark.parametrize("terms", [1, 2])
+@pytest.mark.parametrize("m,n", [(1, 8), (5, 768), (70, 14336)])
+def test_gated_product_written_as_its_bf16_terms(rng, terms, m, n):
+    """``glu_split``: silu(g) * u straight into the planes a tensor-core GEMM reads (runs everywhere).
+    Against numpy's product: the hi plane within bf16's rounding of it, hi + lo within 2^-16 (two
+    terms), every word written and nothing past the planes."""
+    g = (rng.standard_normal((m, n)) * 3).astype(np.float32)
+    u = rng.standard_normal((m, n)).astype(np.float32)
+    xs = poisoned((m * n,), np.int32)
+    guard = xs[m * n * terms // 2:].copy()
+    run_host(glu_split(n, terms), (-(-m * n // 8 // SPLIT_THREADS),), {"g": g, "u": u, "xs": xs}, {"m": m})
+    want = (g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64))) * u).reshape(-1)
+    hi = (xs[: m * n // 2].view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+    assert np.abs(hi - want).max() <= (np.abs(want) * 2.0**-8 + 1e-30).max() and (np.abs(hi - want) <= np.abs(want) * 2.0**-8 + 1e-30).all()
+    if terms == 2:
+        lo = (xs[m * n // 2:].view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        assert (np.abs(hi + lo - want) <= np.abs(want) * 2.0**-16 + 1e-30).all()
+    else:
+        assert (xs[m * n // 2:] == guard).all(), "wrote past the hi plane"
+
+
 def test_two_values_rounded_to_bf16_and_packed(rng):
     """``PackBf16x2`` (one cvt.rn.bf16x2.f32 on NVIDIA, integer arithmetic elsewhere) gives numpy's
     nearest-even bf16 of each value, the first in the low half: ties, subnormals, large values."""
@@ -284,7 +305,7 @@ def test_gemm_mma_split_along_k_then_summed(rng, parts, m, n, k):
 
 
 @mma_only
-@pytest.mark.parametrize("shape", [(2, 2, 2, 4), (1, 4, 1, 1), (2, 4, 4, 4), (2, 2, 4, 8)])
+@pytest.mark.parametrize("shape", [(2, 2, 2, 4), (1, 4, 1, 1), (2, 4, 4, 4), (2, 2, 4, 8), (2, 4, 4, 8)])
 @pytest.mark.parametrize("xsplit", [False, True])
 @pytest.mark.parametrize("m,n,k", [(5, 37, 96), (70, 72, 128), (16, 64, 4096), (200, 300, 256)])
 def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, xsplit, m, n, k):
@@ -302,7 +323,7 @@ def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, xsplit, m, 
 
 
 @mma_only
-@pytest.mark.parametrize("gemm", ["mma 2x2 4x8", "mma 2x2 2x4", "warp 1x4 W8", "warp 2x4 W8", "warp 1x4 W16"])
+@pytest.mark.parametrize("gemm", ["mma 2x2 4x8", "mma 2x4 4x8", "mma 2x2 2x4", "warp 1x4 W8", "warp 2x4 W8", "warp 1x4 W16"])
 @pytest.mark.parametrize("m,n,k", [(5, 37, 512), (70, 72, 1024), (16, 64, 4096), (200, 300, 512)])
 def test_gemms_on_x_rounded_to_bf16(rng, gemm, m, n, k):
     """Matmul precision "medium": x rounded to bf16 once, one tensor-core product. Every product of

@@ -108,14 +108,26 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
 
     assert kernels(1) == ["gemv_warp_glu_bf16_K512_MR1", "gemv_warp_bf16_K768_MR1"]
     assert kernels(3) == ["gemv_warp_glu_bf16_K512_MR4", "gemv_warp_bf16_K768_MR4"]
-    # more rows: x split into two bf16 terms once for both products that read it, then tensor cores
+    # more rows: x split into two bf16 terms once for both products that read it, then tensor cores;
+    # silu(g) * u written straight as the bf16 terms the down projection reads
     k9 = kernels(9)
-    assert k9[:3] == ["split_bf16x2_K512"] + ["gemm_warp_bf16_K512_1x4_W8_xs"] * 2 and k9[3].startswith("ew_")
-    assert k9[4:] == ["split_bf16x2_K768", "gemm_warp_bf16_K768_1x4_W8_xs"]
+    assert k9 == ["split_bf16x2_K512"] + ["gemm_warp_bf16_K512_1x4_W8_xs"] * 2 + ["glu_split_bf16x2_N768", "gemm_warp_bf16_K768_1x4_W8_xs"]
+    down = next(l for l in plan.launches if l.kernel.name.startswith("gemm_warp_bf16_K768"))
+    assert down.buffers["xs"] == next(l for l in plan.launches if l.label == "glu_split").buffers["xs"]
     shared = [l for l in plan.launches if l.kernel.name.startswith("gemm_warp_bf16_K512")]
     assert {l.buffers["xs"] for l in shared} == {next(l for l in plan.launches if l.label == "split_x").buffers["xs"]}
     assert kernels(40)[:2] == ["split_bf16x2_K512", "gemm_warp_bf16_K512_2x4_W8_xs"]
     assert kernels(300)[:2] == ["split_bf16x2_K512", "gemm_mma_bf16_K512_2x2_4x8_xs"]
+    # a product that is not only read by tensor-core GEMMs keeps the elementwise kernel and the split
+    b = GraphBuilder()
+    x = b.input("x", "f32", [sym("tokens"), 512])
+    g = b.linear(x, b.weight("wg", "bf16", [768, 512]))
+    u = b.linear(x, b.weight("wu", "bf16", [768, 512]))
+    h = b.mul(b.mul(g, b.sigmoid(g)), u)
+    both = plan_graph(b.build({"y": b.linear(h, b.weight("wd", "bf16", [512, 768])), "h": h}), device="cuda:0", gpu=True,
+                      limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"})))
+    names9 = [l.kernel.name for l in both.launches if l.when is None or l.when({"tokens": 9})]
+    assert "glu_split_bf16x2_N768" not in names9 and any(k.startswith("ew_") for k in names9) and "split_bf16x2_K768" in names9
     # products of one x (q, k and v) share one launch while the rows are few
     b = GraphBuilder()
     x = b.input("x", "f32", [sym("tokens"), 512])

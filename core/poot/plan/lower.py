@@ -29,7 +29,7 @@ from .common import pad as _pad
 from .common import shape as _shape
 from .common import strides as _strides
 from .common import Limits
-from .matmul import SplitX, between, find_glus, find_siblings, glu_launches, matmul_gpu, matmul_host, siblings_launches
+from .matmul import SplitX, between, find_glus, find_siblings, glu_launches, glu_split_launches, matmul_gpu, matmul_host, siblings_launches
 from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
                      virtual_views)
 from .memory import stored_nbytes
@@ -480,6 +480,8 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     virtual = virtual_views(graph, inside) if fuse else set()
     in_place = concat_parts(graph, set(groups)) if fuse else {}
     glus = find_glus(graph, groups, limits) if fuse and gpu else {}
+    users = graph.users() if glus else {}
+    outputs = {_key(v) for v in graph.outputs.values()}
     siblings = find_siblings(graph, limits, glus) if fuse and gpu else {}
     in_siblings = {m.id for ns in siblings.values() for m in ns}
     adds = residual_adds(graph, norms_at, groups, virtual, in_place) if fuse else {}
@@ -519,6 +521,12 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
                     fused = glu_launches(glu, n.outputs[0], limits)
                     ew.when = between(4, None, lambda env, x=glu.gate.inputs[0]: int(np.prod(_shape(x, env)[:-1])))
                     plan.launches.extend(fused)
+                    # more rows: the product straight into the bf16 terms the down projection reads
+                    h = n.outputs[0]
+                    into_split = [] if _key(h) in outputs else glu_split_launches(glu, h, users.get(n.id, []), limits, split)
+                    if into_split:
+                        plan.launches.extend(into_split)
+                        continue
                 plan.launches.append(ew)
         elif n.op == "matmul":
             ls = matmul_gpu(n, limits, split) if gpu else matmul_host(n, limits.shared_bytes)

@@ -45,7 +45,7 @@ def test_decode_over_a_long_context_splits_attention(cuda, tmp_path, rng):
     assert worst < 1e-4
 
 
-@pytest.mark.parametrize("precision,bound", [("high", 1e-3), ("medium", 5e-2)])
+@pytest.mark.parametrize("precision,bound", [("high", 1e-3), ("medium", 0.1)])
 def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng, precision, bound):
     """A bf16 Llama wide enough (K of 256 and 512) for the warp GEMVs and the tensor-core GEMMs, in
     every row-count regime: 1, 2-4, 5-16, 17-64 and more than 64 rows a step; its heads of 64 take

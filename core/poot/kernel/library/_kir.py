@@ -63,6 +63,12 @@ def _bf16_rest(x: K.Expr, hi: K.Expr) -> K.Expr:
     return _bf16_bits(K.Bin("sub", x, K.Bitcast(_b("shl", hi, 16), F32)))
 
 
+def _silu_mul(g: K.Expr, u: K.Expr) -> K.Expr:
+    """silu(g) * u with the operations of the fused elementwise kernel: (g * (1 / (1 + exp(-g)))) * u."""
+    one = _f(1.0)
+    return K.Bin("mul", K.Bin("mul", g, K.Bin("div", one, K.Bin("add", one, K.Un("exp", K.Un("neg", g))))), u)
+
+
 def _pair(lo: K.Expr, hi: K.Expr) -> K.Expr:
     return _b("or", lo, _b("shl", hi, 16))
 

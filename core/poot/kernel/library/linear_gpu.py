@@ -18,7 +18,7 @@ from functools import lru_cache
 
 from .. import ir as K
 from ..verify import verify_kernel
-from ._kir import F32, I32, _add, _b, _c, _f, _fma, _hi16, _lo16, _mul, _r
+from ._kir import F32, I32, _add, _b, _c, _f, _fma, _hi16, _lo16, _mul, _r, _silu_mul
 
 __all__ = ["gemv_warp", "quantize_q8x2", "GEMV_TYPES", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
 
@@ -26,12 +26,6 @@ GEMV_TYPES = ("bf16", "q4_k")
 
 
 # -- decode: one warp per output feature ------------------------------------------------------------
-
-
-def _silu_mul(g: K.Expr, u: K.Expr) -> K.Expr:
-    """silu(g) * u with the operations of the fused elementwise kernel: (g * (1 / (1 + exp(-g)))) * u."""
-    one = _f(1.0)
-    return K.Bin("mul", K.Bin("mul", g, K.Bin("div", one, K.Bin("add", one, K.Un("exp", K.Un("neg", g))))), u)
 
 
 def _bf16_rows(weights: list[str], k: int, mr: int) -> tuple[list[K.Stmt], int]:

@@ -20,9 +20,9 @@ from functools import lru_cache
 
 from .. import ir as K
 from ..verify import verify_kernel
-from ._kir import F32, I32, _add, _b, _bf16_bits, _bf16_rest, _c, _f, _mma_lanes, _mul, _pair, _r
+from ._kir import F32, I32, _add, _b, _bf16_bits, _bf16_rest, _c, _f, _mma_lanes, _mul, _pair, _r, _silu_mul
 
-__all__ = ["gemm_mma", "gemm_warp", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS"]
+__all__ = ["gemm_mma", "gemm_warp", "glu_split", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS"]
 
 MMA_PAD = 4  # words of padding per staged row: eight rows of a fragment load hit 32 different banks
 
@@ -44,14 +44,46 @@ def split_bf16x2(k: int, terms: int = 2) -> K.Kernel:
     body: list[K.Stmt] = [K.Let("t", _add(_mul(K.Builtin("group_id", 0), SPLIT_THREADS), K.Builtin("thread_id", 0)))]
     inner: list[K.Stmt] = [K.VecLoad(tuple(f"v{i}" for i in range(4)), "x", _mul(_r("t"), 8), F32),
                            K.VecLoad(tuple(f"v{i}" for i in range(4, 8)), "x", _add(_mul(_r("t"), 8), 4), F32)]
-    inner += [K.Let(f"h{i}", _bf16_bits(_r(f"v{i}", F32))) for i in range(8)]
-    inner.append(K.VecStore("xs", _mul(_r("t"), 4), tuple(_pair(_r(f"h{2 * q}"), _r(f"h{2 * q + 1}")) for q in range(4))))
-    if terms == 2:
-        inner += [K.Let(f"l{i}", _bf16_rest(_r(f"v{i}", F32), _r(f"h{i}"))) for i in range(8)]
-        inner.append(K.VecStore("xs", _add(_mul(_r("m"), k // 2), _mul(_r("t"), 4)), tuple(_pair(_r(f"l{2 * q}"), _r(f"l{2 * q + 1}")) for q in range(4))))
+    inner += _store_terms(terms, _mul(_r("m"), k // 2))
     body.append(K.If(K.Bin("lt", _r("t"), _mul(_r("m"), k // 8)), tuple(inner)))
     params = (K.Buffer("x", F32), K.Buffer("xs", I32, readonly=False), K.ScalarParam("m", I32))
     kern = K.Kernel(f"split_bf16x{terms}_K{k}", params, tuple(body), (SPLIT_THREADS, 1, 1), ())
+    verify_kernel(kern)
+    return kern
+
+
+def _store_terms(terms: int, lo_plane: K.Expr) -> list[K.Stmt]:
+    """Thread ``t``'s eight f32 values ``v0..v7`` into ``xs`` as bf16 terms: the hi words (one
+    conversion a pair where only they are kept), then the lo words at ``lo_plane`` for two terms."""
+    if terms == 1:
+        return [K.VecStore("xs", _mul(_r("t"), 4), tuple(K.PackBf16x2(_r(f"v{2 * q}", F32), _r(f"v{2 * q + 1}", F32)) for q in range(4)))]
+    out: list[K.Stmt] = [K.Let(f"h{i}", _bf16_bits(_r(f"v{i}", F32))) for i in range(8)]
+    out += [K.Let(f"l{i}", _bf16_rest(_r(f"v{i}", F32), _r(f"h{i}"))) for i in range(8)]
+    out += [K.VecStore("xs", _mul(_r("t"), 4), tuple(_pair(_r(f"h{2 * q}"), _r(f"h{2 * q + 1}")) for q in range(4))),
+            K.VecStore("xs", _add(lo_plane, _mul(_r("t"), 4)), tuple(_pair(_r(f"l{2 * q}"), _r(f"l{2 * q + 1}")) for q in range(4)))]
+    return out
+
+
+@lru_cache(maxsize=None)
+def glu_split(n: int, terms: int = 2) -> K.Kernel:
+    """A gated MLP's silu(g) * u (g and u [m, n] f32, the operations of the fused elementwise kernel)
+    written as the tensor-core GEMMs read their x (``split_bf16x2``'s planes, ``terms`` of them)
+    instead of as f32: the product and its split in one pass, for the down projection. A thread eight
+    values; grid (ceil(m n / 8 / SPLIT_THREADS),). n a multiple of 8."""
+    if n % 8:
+        raise ValueError(f"glu_split needs n a multiple of 8, got {n}")
+    if terms not in (1, 2):
+        raise ValueError(f"glu_split: 1 or 2 bf16 terms, got {terms}")
+    body: list[K.Stmt] = [K.Let("t", _add(_mul(K.Builtin("group_id", 0), SPLIT_THREADS), K.Builtin("thread_id", 0)))]
+    inner: list[K.Stmt] = []
+    for name in ("g", "u"):
+        inner += [K.VecLoad(tuple(f"{name}{i}" for i in range(4)), name, _mul(_r("t"), 8), F32),
+                  K.VecLoad(tuple(f"{name}{i}" for i in range(4, 8)), name, _add(_mul(_r("t"), 8), 4), F32)]
+    inner += [K.Let(f"v{i}", _silu_mul(_r(f"g{i}", F32), _r(f"u{i}", F32))) for i in range(8)]
+    inner += _store_terms(terms, _mul(_r("m"), n // 2))
+    body.append(K.If(K.Bin("lt", _r("t"), _mul(_r("m"), n // 8)), tuple(inner)))
+    params = (K.Buffer("g", F32), K.Buffer("u", F32), K.Buffer("xs", I32, readonly=False), K.ScalarParam("m", I32))
+    kern = K.Kernel(f"glu_split_bf16x{terms}_N{n}", params, tuple(body), (SPLIT_THREADS, 1, 1), ())
     verify_kernel(kern)
     return kern
 
