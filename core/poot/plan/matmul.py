@@ -143,7 +143,6 @@ class SplitX:
         return xs, [Launch(n, kern, {"x": xk, "xs": xs}, lambda env: (-(-rows(env) * k // 8 // linear_mma.SPLIT_THREADS),),
                            lambda env: {"m": rows(env)}, when, label="split_x")]
 
-
     def area(self, x: Value, k: int, rows: Callable[[Env], int]) -> tuple[int, int]:
         """A new scratch area for x split (its planes: 2 bytes a value each), found by ``of`` after."""
         xs = self.areas[_key(x)] = self.plan.add_scratch(lambda env: rows(env) * k * self.terms // 2)

@@ -16,8 +16,8 @@ every operand, the term that is dropped (lo lo) below 2^-16 of the product; or, 
 ``matmul_precision`` "medium", each side is rounded to bf16 (one product). Scores, softmax and
 the accumulators are f32.
 
-A block of query tokens that holds several sequences takes them one at a time (counted first; rows of the other
-sequences are masked). Causal and sliding-window masks, soft-capping and a given scale as in
+A block of query tokens that holds several sequences takes them one at a time (counted first;
+rows of the other sequences are masked). Causal and sliding-window masks, soft-capping and a given scale as in
 ``attention.attention_blocks``; head widths ``D`` of 64 or 128, keys and values alike, no shared
 key part (MLA).
 """
@@ -267,7 +267,8 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
                 tile += [K.Let(f"vl{ks2}_{j}_{q}", bl[q]) for q in range(2)]
                 vl = (_r(f"vl{ks2}_{j}_0"), _r(f"vl{ks2}_{j}_1"))
                 tile += [K.Mma(acc, ph, vl), K.Mma(acc, pl, vh)]  # type: ignore[arg-type]
-    # (keys before a row's first are masked: a tile may start below it)
+    # (keys before a row's first are masked: a tile may start up to 31 keys below a window's first,
+    # reading them through block-table entries the engine keeps for the whole sequence)
     run.append(K.For("j0", _mul(_b("div", _r("kstart"), _KT), _KT) if nblk else _r("kstart"), _r("kend"), tuple(tile), step=_KT))
     # the rows' sums over their four lanes; out = O / l for this sequence's rows
     for half in ("a", "b"):
