@@ -489,8 +489,12 @@ class _Lowerer:
         if self.t.name == "nvptx":  # cvt puts its first source in the upper half
             asm = L.InlineAsm(L.FunctionType(I32, [F32, F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
             return b.call(asm, [hi, lo])
-        lo16, hi16 = (b.zext(self.cast(v, dt.f32, dt.bf16), I32) for v in (lo, hi))
-        return b.or_(lo16, b.shl(hi16, L.Constant(I32, 16)))
+        halves = []
+        for v in (lo, hi):  # round to nearest even in 32-bit integers (SPIR-V here has no 16-bit type)
+            bits = b.bitcast(v, I32)
+            lsb = b.and_(b.lshr(bits, L.Constant(I32, 16)), L.Constant(I32, 1))
+            halves.append(b.lshr(b.add(bits, b.add(L.Constant(I32, 0x7FFF), lsb)), L.Constant(I32, 16)))
+        return b.or_(b.and_(halves[0], L.Constant(I32, 0xFFFF)), b.shl(halves[1], L.Constant(I32, 16)))
 
     def fcall(self, name: str, *args: L.Value) -> L.Value:
         ty = args[0].type
