@@ -202,7 +202,7 @@ def test_errors_have_the_right_status_and_body(server, client):
 
 
 def test_a_full_queue_answers_429_and_recovers(smollm2_path):
-    proc, base = _start("--max-batch", "1", "--max-queue", "1")
+    proc, base = _start("--max-batch", "1", "--max-queue", "1", "--matmul-precision", "medium")
     try:
         body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 40, "temperature": 0}
         with ThreadPoolExecutor(6) as pool:
@@ -214,6 +214,7 @@ def test_a_full_queue_answers_429_and_recovers(smollm2_path):
         assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300).status_code == 200
     finally:
         _stop(proc)
+    assert "matmul precision medium" in (proc.stdout.read() if proc.stdout else "")  # the flag reached the model's plans
 
 
 def test_a_non_streaming_client_that_leaves_frees_its_blocks(server):

@@ -263,7 +263,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import serve
 
-    serve(args.model, args.device, args.host, args.port, args.api_key, args.max_batch, args.max_queue, args.kv_memory, args.context, args.name)
+    serve(args.model, args.device, args.host, args.port, args.api_key, args.max_batch, args.max_queue, args.kv_memory, args.context, args.name,
+          args.matmul_precision)
     return 0
 
 

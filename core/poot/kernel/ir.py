@@ -202,7 +202,7 @@ class Dot4I8:
 class PackBf16x2:
     """f32 ``a`` and ``b`` rounded to bf16 (nearest, ties to even) and packed in an i32, ``a`` in the
     low half (NVIDIA: one ``cvt.rn.bf16x2.f32``; other targets: integer arithmetic, the same bits
-    for every finite value)."""
+    for every finite value; a NaN stays one on NVIDIA and may become an infinity elsewhere)."""
 
     a: "Expr"
     b: "Expr"
