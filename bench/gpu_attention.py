@@ -9,10 +9,10 @@ useful work (causal: half of the score matrix). Used to choose and tune the pref
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import numpy as np
+from _cuda import median_seconds, open_cuda0
 
 BATCH = 4  # runs a timing (their mean)
 
@@ -28,15 +28,12 @@ def main() -> int:
     args = ap.parse_args()
     from poot.kernel.library import attention as attn_lib
     from poot.kernel.library.attention_gpu import MMA_QROWS, attention_mma
-    from poot.runtime import get_device
-    from poot_ptx.runtime import CudaContext, CudaKernel, _check, target_for
+    from poot_ptx.runtime import CudaKernel, target_for
 
-    dev = get_device("cuda:0")
-    if not dev.available():
-        print(f"cuda:0 is unavailable: {dev.available()}", file=sys.stderr)
+    opened = open_cuda0()
+    if opened is None:
         return 1
-    ctx = CudaContext(dev.index)
-    d = ctx.driver
+    dev, ctx = opened
     rng = np.random.default_rng(0)
     hq, hkv, dim, bs = args.heads, args.kv_heads, args.dim, 16
     print("| schedule | tokens | ms | TFLOP/s (useful) |")
@@ -65,19 +62,8 @@ def main() -> int:
             ck = CudaKernel(ctx, kern, target_for(dev))
             bufs = {p.name: ptrs[p.name] for p in kern.buffers}
             scal = {sc.name: scalars[sc.name] for sc in kern.scalars}
-            start, end = (_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2))
-            times = []
-            for _ in range(args.repeat + 1):
-                _check(d, "cuEventRecord", d.cuEventRecord(start, 0))
-                for _ in range(BATCH):
-                    ck.launch(grid, bufs, scal)
-                _check(d, "cuEventRecord", d.cuEventRecord(end, 0))
-                _check(d, "cuEventSynchronize", d.cuEventSynchronize(end))
-                times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(start, end)) / 1e3 / BATCH)
-            sec = statistics.median(times[1:])
+            sec = median_seconds(ctx, lambda ck=ck, grid=grid, bufs=bufs, scal=scal: ck.launch(grid, bufs, scal), args.repeat, BATCH, warm=1)
             print(f"| {kern.name} | {t} | {sec * 1e3:.3f} | {flops / sec / 1e12:.1f} |", flush=True)
-            d.cuEventDestroy(start)
-            d.cuEventDestroy(end)
         for p in ptrs.values():
             ctx.free(p)
     return 0

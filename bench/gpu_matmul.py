@@ -8,10 +8,10 @@ weights read and TFLOP/s of useful work. Used to choose the planner's row thresh
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import numpy as np
+from _cuda import median_seconds, open_cuda0
 
 BATCH = 8  # runs a timing (their mean)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate/up": (14336, 4096), "down": (4096, 14336), "lm_head": (128256, 4096)}
@@ -98,15 +98,12 @@ def main() -> int:
     args = ap.parse_args()
     from poot.errors import Refusal
     from poot.quant import quantization
-    from poot.runtime import get_device
-    from poot_ptx.runtime import CudaContext, CudaKernel, _check, target_for
+    from poot_ptx.runtime import CudaKernel, target_for
 
-    dev = get_device("cuda:0")
-    if not dev.available():
-        print(f"cuda:0 is unavailable: {dev.available()}", file=sys.stderr)
+    opened = open_cuda0()
+    if opened is None:
         return 1
-    ctx = CudaContext(dev.index)
-    d = ctx.driver
+    dev, ctx = opened
     rng = np.random.default_rng(0)
     print("| schedule | rows | shape (n x k) | us | weight TB/s | TFLOP/s |")
     print("|---|---|---|---|---|---|")
@@ -140,25 +137,17 @@ def main() -> int:
                     continue
                 grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
                 ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xs": xs}
-                start, end = (_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2))
-                times = []
                 def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
                     named = {**ptrs, "p": parts, "y": parts} if "_S" in ck.kernel.name else {**ptrs, "p": parts}
                     return {p.name: named[p.name] for p in ck.kernel.buffers}
 
                 args_of = [(bufs(ck), {sc.name: {"m": rows, "n": n, "count": rows * n}[sc.name] for sc in ck.kernel.scalars}) for ck in cks]
-                for _ in range(args.repeat + 2):  # a timing is BATCH runs queued back to back: the host's launch time stays out of it
-                    _check(d, "cuEventRecord", d.cuEventRecord(start, 0))
-                    for _ in range(BATCH):
-                        for ck, g, (bufs, scal) in zip(cks, grids, args_of):
-                            ck.launch(g, bufs, scal)
-                    _check(d, "cuEventRecord", d.cuEventRecord(end, 0))
-                    _check(d, "cuEventSynchronize", d.cuEventSynchronize(end))
-                    times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(start, end)) / 1e3 / BATCH)
-                t = statistics.median(times[2:])
+                def run(cks=cks, grids=grids, args_of=args_of):  # type: ignore[no-untyped-def]
+                    for ck, g, (bufs, scal) in zip(cks, grids, args_of):
+                        ck.launch(g, bufs, scal)
+
+                t = median_seconds(ctx, run, args.repeat, BATCH, warm=2)
                 print(f"| {sname} | {rows} | {name} {n}x{k} | {t * 1e6:.1f} | {w.nbytes / t / 1e12:.2f} | {2 * rows * n * k / t / 1e12:.1f} |", flush=True)
-                d.cuEventDestroy(start)
-                d.cuEventDestroy(end)
             for ptr in (xp, yp, xq, xr, xds, xs, parts):
                 ctx.free(ptr)
         ctx.free(wp)

@@ -21,7 +21,8 @@ from ..errors import PootError
 from ..graph.passes import DEFAULT_PASSES, PassManager
 from ..load import open_model
 from ..models import StepShapes, family_for
-from ..plan import MATMUL_PRECISIONS, compile_plan
+from ..plan import compile_plan
+from ..plan.common import check_matmul_precision
 from ..plugins import host
 from ..runtime import get_device
 from ..runtime.executor import Executor
@@ -70,9 +71,7 @@ class ModelHandle:
     def __init__(self, model: str, device: str | None = None, *, kv_memory: str | int | None = None, max_seqs: int = 16,
                  max_context: int | None = None, block_size: int = 16, max_step_tokens: int = 512, threads: int | None = None,
                  progress: bool | None = None, matmul_precision: str = "high") -> None:
-        if matmul_precision not in MATMUL_PRECISIONS:
-            raise ParameterError("matmul_precision", f"'{matmul_precision}' is not one of {', '.join(MATMUL_PRECISIONS)}")
-        self.matmul_precision = matmul_precision
+        self.matmul_precision = check_matmul_precision(matmul_precision)  # before anything is loaded
         self.progress = sys.stderr.isatty() if progress is None else progress
         t0 = time.perf_counter()
         self.device = get_device(device)

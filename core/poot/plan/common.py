@@ -11,13 +11,20 @@ from ..graph.dims import Dim
 from ..graph.ir import Value
 from ..kernel.library.elementwise import MAX_RANK
 
-__all__ = ["Env", "Limits", "MATMUL_PRECISIONS", "key", "shape", "strides", "pad"]
+__all__ = ["Env", "Limits", "MATMUL_PRECISIONS", "check_matmul_precision", "key", "shape", "strides", "pad"]
 
 # Where a device multiplies on tensor cores (bf16 inputs, f32 sums), what its f32 activations become,
 # after torch.set_float32_matmul_precision: "highest" no tensor cores (f32 arithmetic throughout, as
 # the CPU); "high" each activation as two bf16 terms, about 16 bits kept (the default); "medium"
 # activations rounded to bf16, one product (what bf16 frameworks compute: half the tensor work).
 MATMUL_PRECISIONS = ("highest", "high", "medium")
+
+
+def check_matmul_precision(value: str) -> str:
+    """``value`` if it is one of ``MATMUL_PRECISIONS``, else a ParameterError naming the option."""
+    if value not in MATMUL_PRECISIONS:
+        raise ParameterError("matmul_precision", f"'{value}' is not one of {', '.join(MATMUL_PRECISIONS)}")
+    return value
 
 Env = Mapping[str, int]
 
@@ -36,8 +43,7 @@ class Limits:
     matmul_precision: str = "high"
 
     def __post_init__(self) -> None:
-        if self.matmul_precision not in MATMUL_PRECISIONS:
-            raise ParameterError("matmul_precision", f"'{self.matmul_precision}' is not one of {', '.join(MATMUL_PRECISIONS)}")
+        check_matmul_precision(self.matmul_precision)
 
 
 def key(v: Value) -> tuple[int, int]:
