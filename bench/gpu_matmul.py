@@ -1,8 +1,13 @@
 """The GPU matrix schedules alone on an NVIDIA GPU: each (rows, features, K) of the Llama-3-8B shape
-through every schedule that can run it, timed with CUDA events (median of repeats, each the mean of 8 runs queued back to back), as TB/s of
-weights read and TFLOP/s of useful work. Used to choose the planner's row thresholds.
+through every schedule that can run it, timed with CUDA events (median of repeats, each the mean of
+8 runs queued back to back), as TB/s of weights read and TFLOP/s of useful work. Used to choose the
+planner's row thresholds.
 
     python bench/gpu_matmul.py [--rows 1 16 64 256] [--repeat 20]
+
+Python issues a launch in about 13 us on an H200's host, so a kernel shorter than that is timed at
+the host's launch rate; time those under Nsight Compute instead, one launch a timing:
+``ncu --metrics gpu__time_duration.sum -k regex:gemv_warp python bench/gpu_matmul.py --rows 1 --repeat 1 --queue 1``.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
         if rows <= 4:
             mr = 1 if rows == 1 else max(m for m in (1, 2, 4) if 4 * G.q8_shared_words(k, m) <= 48 * 1024)
             # the planner's first; then several features a warp (fewer workgroups quantizing x)
-            for warps, unroll, per_warp in ((G.Q4_K_WARPS, 2, 1), (16, 4, 1), (G.Q4_K_WARPS, 2, 2), (G.Q4_K_WARPS, 2, 4), (8, 2, 4)):
+            for warps, unroll, per_warp in ((G.Q4_K_WARPS, 2, 1), (16, 4, 1), (G.Q4_K_WARPS, 2, 2), (16, 4, 2), (8, 4, 1), (32, 4, 1)):
                 kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll, per_warp=per_warp)
                 out.append((kern.name, kern, lambda n, kern=kern, mr=mr, f=per_warp: (-(-n // (kern.threads // 32 * f)), -(-rows // mr))))
             # x quantized once by its own launch (timed with the GEMV: "+q8"), the GEMV without a prologue
@@ -95,6 +100,7 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--only", default="", help="schedules whose name contains this (under a profiler, say)")
+    ap.add_argument("--queue", type=int, default=BATCH, help="runs queued a timing (1 under a profiler)")
     args = ap.parse_args()
     from poot.errors import Refusal
     from poot.quant import quantization
@@ -146,7 +152,7 @@ def main() -> int:
                     for ck, g, (bufs, scal) in zip(cks, grids, args_of):
                         ck.launch(g, bufs, scal)
 
-                t = median_seconds(ctx, run, args.repeat, BATCH, warm=2)
+                t = median_seconds(ctx, run, args.repeat, args.queue, warm=2)
                 print(f"| {sname} | {rows} | {name} {n}x{k} | {t * 1e6:.1f} | {w.nbytes / t / 1e12:.2f} | {2 * rows * n * k / t / 1e12:.1f} |", flush=True)
             for ptr in (xp, yp, xq, xr, xds, xs, parts):
                 ctx.free(ptr)

@@ -126,7 +126,7 @@ def test_gemv_warp_bf16(rng, k, mr, m, per_warp):
 @gpu_only
 @pytest.mark.parametrize("k", [512, 1024, 256 * 7])  # two blocks a row (guarded), four, seven
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
-@pytest.mark.parametrize("unroll,per_warp", [(2, 1), (4, 1), (2, 3)])
+@pytest.mark.parametrize("unroll,per_warp", [(2, 1), (4, 1), (2, 3), (1, 2)])
 def test_gemv_warp_q4_k(rng, k, mr, m, unroll, per_warp):
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))

@@ -115,6 +115,49 @@ def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
                            num_key_value_heads=2, head_dim=64)
 
 
+def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
+    """A Llama GGUF of Q4_K matrices (poot's quantizer; f32 norms) with K of 256 and 512, for the
+    GPU's Q4_K warp GEMVs: (graph, oracle weights, the oracle dequantizing as gguf does)."""
+    from pathlib import Path
+
+    from ..eval.model import oracle_weights
+    from ..graph.passes import DEFAULT_PASSES, PassManager
+    from ..load import open_checkpoint
+    from ..models import StepShapes, family_for
+    from ..quant import quantization
+    from .checkpoints import write_gguf
+
+    rng = np.random.default_rng(seed)
+    hidden, ffn, heads, kv, hd, vocab, layers = 256, 512, 4, 2, 64, 97, 2
+    q = quantization("q4_k")
+
+    def mat(n: int, k: int) -> tuple[str, tuple[int, int], np.ndarray]:
+        return "q4_k", (n, k), q.quantize((rng.standard_normal((n, k)) * 0.08).astype(np.float32))
+
+    def norm() -> tuple[str, tuple[int], np.ndarray]:
+        return "f32", (hidden,), (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
+
+    tensors = [("token_embd.weight", *mat(vocab, hidden))]
+    for i in range(layers):
+        tensors += [(f"blk.{i}.attn_norm.weight", *norm()), (f"blk.{i}.attn_q.weight", *mat(heads * hd, hidden)),
+                    (f"blk.{i}.attn_k.weight", *mat(kv * hd, hidden)), (f"blk.{i}.attn_v.weight", *mat(kv * hd, hidden)),
+                    (f"blk.{i}.attn_output.weight", *mat(hidden, heads * hd)), (f"blk.{i}.ffn_norm.weight", *norm()),
+                    (f"blk.{i}.ffn_gate.weight", *mat(ffn, hidden)), (f"blk.{i}.ffn_up.weight", *mat(ffn, hidden)),
+                    (f"blk.{i}.ffn_down.weight", *mat(hidden, ffn))]
+    tensors += [("output_norm.weight", *norm()), ("output.weight", *mat(vocab, hidden))]
+    meta = {"llama.block_count": layers, "llama.context_length": 512, "llama.embedding_length": hidden, "llama.feed_forward_length": ffn,
+            "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv, "llama.rope.freq_base": 10000.0,
+            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": hd,
+            "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [f"t{i}" for i in range(vocab)],
+            "tokenizer.ggml.scores": [0.0] * vocab, "tokenizer.ggml.token_type": [1] * vocab,
+            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
+    Path(directory).mkdir(parents=True, exist_ok=True)
+    path = write_gguf(Path(directory) / "q4_k.gguf", "llama", meta, tensors)
+    ck = open_checkpoint(str(path))
+    fam = family_for(ck.architecture)
+    return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4))), oracle_weights(ck.weights)
+
+
 def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generator, tie: float = 0.0) -> float:  # type: ignore[no-untyped-def]
     """Steps of every row-count regime a GPU planner tells apart, against the paged oracle: 85 rows
     (three prompts), 3 decode rows, 20 rows, 9 rows, one row. Every step's argmax must agree (but

@@ -97,3 +97,15 @@ def test_gemma3_compiled_matches_the_oracle(gemma3_path, rng):
     worst = run_both(ck, rng, [tok.encode("The capital of France is"), tok.encode("Once upon a time")], steps=2)
     print(f"Gemma 3: max |dlogit| {worst:.2g}")
     assert worst < ATOL["real"]
+
+
+def test_q4_k_gguf_in_every_row_regime_matches_the_oracle(tmp_path, rng):
+    """The Q4_K Llama GGUF that the CUDA model tests run (poot's quantizer, f32 norms), on the host's
+    schedules in every row-count regime, against the oracle on gguf's dequantization."""
+    from poot.testing.paged import row_regimes_against_oracle, wide_q4_k_llama
+
+    g, w = wide_q4_k_llama(tmp_path / "q4k", int(rng.integers(0, 2**31)))
+    ex = HostExecutor(plan_graph(g), threads=2)
+    worst = row_regimes_against_oracle(ex, g, w, rng)
+    print(f"q4_k llama on the host: max |dlogit| {worst:.2g}")
+    assert worst < ATOL["synthetic"]

@@ -9,7 +9,8 @@ import pytest
 from poot.errors import DeviceUnavailable
 from poot.plan import compile_plan
 from poot.runtime import get_device
-from poot.testing.paged import long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama
+from poot.testing.paged import (long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama,
+                                wide_q4_k_llama)
 from poot.testing.synthetic import SYNTHETIC
 
 
@@ -64,3 +65,20 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     ex.close()
     print(f"bf16 llama (fast schedules, matmul precision {precision}) on cuda:0: max |dlogit| {worst:.2g}")
     assert worst < bound
+
+
+def test_q4_k_model_on_the_warp_gemvs_matches_the_oracle(cuda, tmp_path, rng):
+    """A Q4_K Llama GGUF (poot's quantizer, f32 norms) in every row-count regime: its products through
+    the Q4_K warp GEMVs at up to four rows (x meeting the quants as two int8 terms, about 15 bits),
+    the register-tiled GEMM beyond; against the oracle on gguf's dequantization."""
+    from poot_ptx.executor import CudaExecutor
+
+    g, w = wide_q4_k_llama(tmp_path / "q4k", int(rng.integers(0, 2**31)))
+    plan = compile_plan(g, cuda)
+    names = {l.kernel.name.split("_K")[0] for l in plan.launches}
+    assert {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemm_simt_q4_k"} <= names, names
+    ex = CudaExecutor(plan)
+    worst = row_regimes_against_oracle(ex, g, w, rng, tie=4e-3)
+    ex.close()
+    print(f"q4_k llama (warp GEMVs) on cuda:0: max |dlogit| {worst:.2g}")
+    assert worst < 2e-3

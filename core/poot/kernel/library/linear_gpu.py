@@ -68,18 +68,21 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
     values sits beside d (``xds``: d, sum). A thread a word (four values), the eight threads of a
     block exchanging max and sum by shuffles: short, so the GEMV starts soon. Rounding by ``rint``,
     not by adding and subtracting 1.5 * 2**23: SPIR-V lets a driver fold (t + c) - c to t (Mesa's
-    does: every q2 came out zero). Ends with a barrier. ``mr * k / 4`` is a multiple of 32 (k of
-    256): whole warps take part in each step."""
+    does: every q2 came out zero). A block's words are stored even sub-blocks first, then odd ones
+    (``_q4_k_rows`` reads them so, free of bank conflicts). Ends with a barrier. ``mr * k / 4`` is a
+    multiple of 32 (k of 256): whole warps take part in each step."""
     words = k // 4
     row = K.Bin("min", _add(_r("m0"), _b("div", _r("qi"), words)), _b("sub", _r("m"), 1))
-    inner = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r("qi"), words), 4)))
+    t = _b("and", _r("qi"), 63)  # the word's place in its block of 256 values: sub-block s = t / 8, word t % 8
+    slot = _add(_b("sub", _r("qi"), t), _b("or", _b("and", t, 7), _b("or", _b("shl", _b("and", _b("shr", t, 4), 3), 3), _b("shl", _b("and", _b("shr", t, 3), 1), 5))))
+    inner = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r("qi"), words), 4)), slot)
     return [K.For("qi", K.Builtin("thread_id", 0), _c(mr * words), tuple(inner), step=threads), K.Barrier()]
 
 
-def _q8_word(at: K.Expr) -> list[K.Stmt]:
+def _q8_word(at: K.Expr, slot: K.Expr | None = None) -> list[K.Stmt]:
     """Word ``qi`` of x as two int8 terms (``_quantize_x_q8``): its four values loaded from x at ``at``,
-    its block's max and sum shared by shuffles, stored at ``qi`` of ``xq``/``xr`` and, by the block's
-    first thread, at ``2 (qi / 8)`` of ``xds``."""
+    its block's max and sum shared by shuffles, stored at ``slot`` (default ``qi``) of ``xq``/``xr``
+    and, by the block's first thread, at ``2 (qi / 8)`` of ``xds``."""
     inner: list[K.Stmt] = [K.VecLoad(tuple(f"qv{j}" for j in range(4)), "x", at, F32)]
     v = [_r(f"qv{j}", F32) for j in range(4)]
     inner += [K.Let("qmax", K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
@@ -100,7 +103,8 @@ def _q8_word(at: K.Expr) -> list[K.Stmt]:
     def word(b: list[K.Expr]) -> K.Expr:
         return _b("or", _b("or", b[0], _b("shl", b[1], 8)), _b("or", _b("shl", b[2], 16), _b("shl", b[3], 24)))
 
-    inner += [K.Store("xq", _r("qi"), word(b1)), K.Store("xr", _r("qi"), word(b2)),
+    slot = _r("qi") if slot is None else slot
+    inner += [K.Store("xq", slot, word(b1)), K.Store("xr", slot, word(b2)),
               K.If(K.Bin("eq", _b("rem", _r("qi"), 8), _c(0)),
                    (K.VecStore("xds", _b("div", _r("qi"), 4), (_r("qd", F32), _r("qsum", F32))),))]
     return inner
@@ -130,45 +134,56 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool =
     quant bytes (32 values, halves of two sub-blocks) of ``un`` blocks of each weight row, against x
     quantized to int8 in workgroup memory: the sums are dp4a's, scaled per sub-block."""
     nb, nb32 = k // 256, k // 32
+    per_step, lanes = 4, 8  # blocks a warp reads at once, lanes a block
     mask = _c(0x0F0F0F0F)
     out: list[K.Stmt] = [
-        K.Let("l8", _b("rem", _r("lane"), 8)),
-        K.Let("c", _b("div", _r("l8"), 2)),
-        K.Let("h", _b("rem", _r("l8"), 2)),
+        K.Let("lb", _b("rem", _r("lane"), lanes)),
+        K.Let("c", _b("div", _r("lb"), 2)),  # the lane's pair of sub-blocks (2c, 2c + 1)
+        K.Let("hh", _b("rem", _r("lb"), 2)),  # which half of their 32 values
+        K.Let("sh", _mul(_b("rem", _r("c"), 2), 16)),
     ]
+    # every weight load of the step is issued before any sum (all ``un`` blocks' loads in flight at
+    # once); a step past the row's end (K not a multiple of a step's blocks) reads its last block
+    # again and adds nothing
+    partial = nb % (per_step * un) != 0
+    loads: list[K.Stmt] = []
+    body: list[K.Stmt] = []
     for u in range(un):
-        blk = _add(_mul(_r("it"), 4 * un), _b("div", _r("lane"), 8), 4 * u)
-        body: list[K.Stmt] = [K.Let(f"blk{u}", blk)]
-        for p in weights:  # the weight loads first
+        blk = _add(_mul(_r("it"), per_step * un), _b("div", _r("lane"), lanes), per_step * u)
+        loads.append(K.Let(f"blk{u}", K.Bin("min", blk, _c(nb - 1)) if partial else blk))
+        for p in weights:
             base = _add(_mul(_r("j"), nb * 36), _mul(_r(f"blk{u}"), 36))
-            body += [K.Let(f"{p}base{u}", base),  # a block is 36 words: 16-byte aligned
-                     K.VecLoad(tuple(f"{p}q{u}_{i}" for i in range(4)), p, _add(_r(f"{p}base{u}"), 4, _mul(_r("l8"), 4)), I32),
-                     K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), p, _r(f"{p}base{u}"), I32)]
+            loads.append(K.Let(f"{p}base{u}", base))  # a block is 36 words: 16-byte aligned
+            at = _add(_r(f"{p}base{u}"), 4, _mul(_r("c"), 8), _mul(_r("hh"), 4))
+            loads.append(K.VecLoad(tuple(f"{p}q{u}_{i}" for i in range(4)), p, at, I32))
+            loads.append(K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), p, _r(f"{p}base{u}"), I32))
         for r in range(mr):  # x's row r: in workgroup memory, or row min(m0 + r, m - 1) of the quantized buffers
             xrow: K.Expr = K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)) if xglobal else _c(r)
-            xw = _add(_mul(xrow, k // 4), _mul(_r(f"blk{u}"), 64), _mul(_r("c"), 16), _mul(_r("h"), 4))
+            # sub-blocks 2c and 2c + 1: in order in global memory; in workgroup memory a block's even
+            # sub-blocks come first, then its odd ones, so that the eight lanes reading one block's
+            # words at once read 32 consecutive words (no two in one bank)
+            xw = _add(_mul(xrow, k // 4), _mul(_r(f"blk{u}"), 64), _mul(_r("c"), 16 if xglobal else 8), _mul(_r("hh"), 4))
+            odd = 8 if xglobal else 32
             sb = _add(_mul(xrow, nb32), _mul(_r(f"blk{u}"), 8), _mul(_r("c"), 2))
-            body += [K.VecLoad(tuple(f"xl{u}_{r}_{i}" for i in range(4)), "xq", xw, I32),
-                     K.VecLoad(tuple(f"xh{u}_{r}_{i}" for i in range(4)), "xq", _add(xw, 8), I32),
-                     K.VecLoad(tuple(f"yl{u}_{r}_{i}" for i in range(4)), "xr", xw, I32),
-                     K.VecLoad(tuple(f"yh{u}_{r}_{i}" for i in range(4)), "xr", _add(xw, 8), I32),
-                     K.VecLoad((f"dl{u}_{r}", f"sl{u}_{r}"), "xds", _mul(sb, 2), F32),
+            names = lambda t: tuple(f"{t}{u}_{r}_{i}" for i in range(4))  # noqa: E731
+            body += [K.VecLoad(names("xl"), "xq", xw, I32), K.VecLoad(names("xh"), "xq", _add(xw, odd), I32),
+                     K.VecLoad(names("yl"), "xr", xw, I32), K.VecLoad(names("yh"), "xr", _add(xw, odd), I32)]
+            body += [K.VecLoad((f"dl{u}_{r}", f"sl{u}_{r}"), "xds", _mul(sb, 2), F32),
                      K.VecLoad((f"dh{u}_{r}", f"sh{u}_{r}"), "xds", _add(_mul(sb, 2), 2), F32)]
         for p in weights:
             body += [K.Let(f"{p}d{u}", K.HalfToF32(_b("and", _r(f"{p}dm{u}"), 0xFFFF))),
                      K.Let(f"{p}dmin{u}", K.HalfToF32(_b("and", _b("shr", _r(f"{p}dm{u}"), 16), 0xFFFF)))]
-
-            def byte(i: K.Expr, p: str = p, u: int = u) -> K.Expr:  # scale byte i (0..11), i run-time
-                word = K.Select(K.Bin("lt", i, _c(4)), _r(f"{p}s0{u}"), K.Select(K.Bin("lt", i, _c(8)), _r(f"{p}s1{u}"), _r(f"{p}s2{u}")))
-                return _b("and", K.Bin("shr", word, _mul(_b("rem", i, 4), 8)), 255)
-
-            for part, sub in (("l", _mul(_r("c"), 2)), ("h", _add(_mul(_r("c"), 2), 1))):
-                # ggml's get_scale_min_k4 for sub-block ``sub``
-                small = K.Bin("lt", sub, _c(4))
-                sc = K.Select(small, _b("and", byte(sub), 63),
-                              _b("or", _b("and", byte(_add(sub, 4)), 15), _b("shl", _b("shr", byte(_b("sub", sub, 4)), 6), 4)))
-                mn = K.Select(small, _b("and", byte(_add(sub, 4)), 63),
-                              _b("or", _b("shr", byte(_add(sub, 4)), 4), _b("shl", _b("shr", byte(sub), 6), 4)))
+            # ggml's get_scale_min_k4 for the lane's two sub-blocks 2c and 2c + 1 at once, as 16-bit
+            # pairs (the bytes 2c, 2c + 1 of the scales and of the mins): halfwords of the three
+            # scale words at the lane's fixed shift ``sh``, the branch on c < 2 a lane-constant select
+            a0, a1, a2 = (_b("shr", _r(f"{p}s{i}{u}"), _r("sh")) for i in range(3))
+            small = K.Bin("lt", _r("c"), _c(2))
+            scp = K.Select(small, _b("and", a0, 0x3F3F), _b("or", _b("and", a2, 0x0F0F), _b("shr", _b("and", a0, 0xC0C0), 2)))
+            mnp = K.Select(small, _b("and", a1, 0x3F3F), _b("or", _b("and", _b("shr", a2, 4), 0x0F0F), _b("shr", _b("and", a1, 0xC0C0), 2)))
+            body += [K.Let(f"{p}scp{u}", scp), K.Let(f"{p}mnp{u}", mnp)]
+            for part, shift in (("l", 0), ("h", 8)):
+                sc = _b("and", _b("shr", _r(f"{p}scp{u}"), shift), 255)
+                mn = _b("and", _b("shr", _r(f"{p}mnp{u}"), shift), 255)
                 body += [K.Let(f"{p}sc{part}{u}", K.Bin("mul", _r(f"{p}d{u}", F32), K.Cast(sc, F32))),
                          K.Let(f"{p}mn{part}{u}", K.Bin("mul", _r(f"{p}dmin{u}", F32), K.Cast(mn, F32)))]
             for r in range(mr):
@@ -189,14 +204,13 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool =
 
                 dots = K.Bin("add", K.Bin("mul", _r(f"{p}scl{u}", F32), K.Bin("mul", _r(f"dl{u}_{r}", F32), both(il, jl))),
                              K.Bin("mul", _r(f"{p}sch{u}", F32), K.Bin("mul", _r(f"dh{u}_{r}", F32), both(ih, jh))))
-                mins = K.Bin("mul", _f(0.5), K.Bin("add", K.Bin("mul", _r(f"{p}mnl{u}", F32), _r(f"sl{u}_{r}", F32)),
-                                                   K.Bin("mul", _r(f"{p}mnh{u}", F32), _r(f"sh{u}_{r}", F32))))
-                body.append(K.Assign(f"{p}acc{r}", K.Bin("add", _r(f"{p}acc{r}", F32), K.Bin("sub", dots, mins))))
-        if nb % (4 * un) == 0:
-            out += body
-        else:
-            out.append(K.If(K.Bin("lt", blk, _c(nb)), tuple(body)))
-    return out
+                mins = K.Bin("add", K.Bin("mul", _r(f"{p}mnl{u}", F32), _r(f"sl{u}_{r}", F32)), K.Bin("mul", _r(f"{p}mnh{u}", F32), _r(f"sh{u}_{r}", F32)))
+                mins = K.Bin("mul", _f(0.5), mins)  # the two lanes of a sub-block pair each take half its sums' share
+                term: K.Expr = K.Bin("sub", dots, mins)
+                if partial:
+                    term = K.Select(K.Bin("lt", blk, _c(nb)), term, _f(0.0))
+                body.append(K.Assign(f"{p}acc{r}", K.Bin("add", _r(f"{p}acc{r}", F32), term)))
+    return out + loads + body
 
 
 @lru_cache(maxsize=None)
