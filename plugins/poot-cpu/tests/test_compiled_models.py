@@ -8,7 +8,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poot.errors import Refusal
 from poot.eval.model import PagedOracle, oracle_weights
 from poot.graph.passes import DEFAULT_PASSES, PassManager
 from poot.load import open_checkpoint
