@@ -254,3 +254,25 @@ def test_a_weight_larger_than_the_device_binds_is_refused_by_name():
     with pytest.raises(Refusal, match=r"weight 'big.weight' takes 524288 bytes.*at most 262144"):
         plan_graph(graph, device="vulkan:0", gpu=True, limits=Limits(1024, 32 * 1024, max_buffer_bytes=256 * 1024))
     plan_graph(graph, device="vulkan:0", gpu=True, limits=Limits(1024, 32 * 1024, max_buffer_bytes=1 << 20))
+
+
+def test_a_steps_symbols_come_from_its_inputs_shapes():
+    """``step_env``: each bare-symbol dimension of an input binds its symbol; a missing input, a
+    wrong rank and one symbol of two sizes are errors naming the input."""
+    import numpy as np
+
+    from poot.errors import PootError
+    from poot.runtime.executor import step_env
+
+    plan = plan_graph(_block())
+    inputs = {"x": np.zeros((5, 64), np.float32), "r": np.zeros((5, 64), np.float32), "kp": np.zeros((8, 4, 4, 16), np.float32),
+              "vp": np.zeros((8, 4, 4, 16), np.float32), "slots": np.zeros(5, np.int32), "pos": np.zeros(5, np.int32),
+              "seq": np.zeros(5, np.int32), "ctx": np.zeros(2, np.int32), "bt": np.zeros((2, 4), np.int32)}
+    assert step_env(plan, inputs) == {"tokens": 5, "batch": 2}
+    assert step_env(plan, {**inputs, "pos": [0, 1, 2, 3, 4]}) == {"tokens": 5, "batch": 2}  # any array-like
+    with pytest.raises(PootError, match="missing input 'bt'"):
+        step_env(plan, {k: v for k, v in inputs.items() if k != "bt"})
+    with pytest.raises(PootError, match="input 'ctx' has shape"):
+        step_env(plan, {**inputs, "ctx": np.zeros((2, 1), np.int32)})
+    with pytest.raises(PootError, match="input 'seq': dimension tokens is 4 here but 5 elsewhere"):
+        step_env(plan, {**inputs, "seq": np.zeros(4, np.int32)})

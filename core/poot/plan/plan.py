@@ -77,6 +77,17 @@ class Plan:
         """The graph's inputs by name (looked up on every step: computed once)."""
         return self.graph.inputs()
 
+    @functools.cached_property
+    def input_symbols(self) -> tuple[tuple[str, int, tuple[tuple[int, str], ...]], ...]:
+        """Each input's (name, rank, (axis, symbol) of its dimensions that are a bare symbol): what
+        binds a step's symbols from its inputs' shapes (``runtime.executor.step_env``), computed once."""
+        out = []
+        for name, v in self.inputs.items():
+            axes = tuple((i, d.terms[0][0][0]) for i, d in enumerate(v.shape)
+                         if len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1)
+            out.append((name, v.rank, axes))
+        return tuple(out)
+
     def add_scratch(self, words: Callable[[Env], int]) -> tuple[int, int]:
         """A new scratch area of ``words(env)`` f32 words; its key, for launches' buffers."""
         key = (-1 - len(self.scratch), 0)

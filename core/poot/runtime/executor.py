@@ -33,17 +33,16 @@ __all__ = ["Executor", "step_env"]
 def step_env(plan: Plan, inputs: Mapping[str, Any]) -> dict[str, int]:
     """Symbol values from the shapes of the step's inputs (a dimension that is a bare symbol binds it)."""
     env: dict[str, int] = {}
-    for name, v in plan.inputs.items():
-        if name not in inputs:
-            raise PootError(f"missing input '{name}' ({v.type})")
-        shape = np.shape(inputs[name])
-        if len(shape) != v.rank:
-            raise PootError(f"input '{name}' has shape {shape}, the graph wants {v.type}")
-        for d, size in zip(v.shape, shape):
-            if len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1:
-                sym = d.terms[0][0][0]
-                if env.setdefault(sym, size) != size:
-                    raise PootError(f"input '{name}': dimension {sym} is {size} here but {env[sym]} elsewhere")
+    for name, rank, axes in plan.input_symbols:
+        a = inputs.get(name)
+        if a is None:
+            raise PootError(f"missing input '{name}' ({plan.inputs[name].type})")
+        shape = a.shape if isinstance(a, np.ndarray) else np.shape(a)
+        if len(shape) != rank:
+            raise PootError(f"input '{name}' has shape {shape}, the graph wants {plan.inputs[name].type}")
+        for i, sym in axes:
+            if env.setdefault(sym, shape[i]) != shape[i]:
+                raise PootError(f"input '{name}': dimension {sym} is {shape[i]} here but {env[sym]} elsewhere")
     return env
 
 
