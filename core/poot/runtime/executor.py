@@ -34,9 +34,9 @@ def step_env(plan: Plan, inputs: Mapping[str, Any]) -> dict[str, int]:
     """Symbol values from the shapes of the step's inputs (a dimension that is a bare symbol binds it)."""
     env: dict[str, int] = {}
     for name, rank, axes in plan.input_symbols:
-        a = inputs.get(name)
-        if a is None:
+        if name not in inputs:
             raise PootError(f"missing input '{name}' ({plan.inputs[name].type})")
+        a = inputs[name]
         shape = a.shape if isinstance(a, np.ndarray) else np.shape(a)
         if len(shape) != rank:
             raise PootError(f"input '{name}' has shape {shape}, the graph wants {plan.inputs[name].type}")
