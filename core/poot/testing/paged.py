@@ -94,18 +94,25 @@ def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Genera
     return worst
 
 
-def synthetic_graph(name: str, directory, seed: int, dtype: str = "float32", **overrides):  # type: ignore[no-untyped-def]
-    """A synthetic checkpoint of family ``name`` written under ``directory``, traced for 4-token blocks
-    and run through the default passes: (graph, oracle weights)."""
+def _traced(path):  # type: ignore[no-untyped-def]
+    """The checkpoint at ``path`` traced for 4-token blocks and run through the default passes:
+    (graph, oracle weights)."""
     from ..eval.model import oracle_weights
     from ..graph.passes import DEFAULT_PASSES, PassManager
     from ..load import open_checkpoint
     from ..models import StepShapes, family_for
-    from .synthetic import build_synthetic
 
-    ck = open_checkpoint(build_synthetic(name, directory, seed, dtype=dtype, **overrides))
+    ck = open_checkpoint(str(path))
     fam = family_for(ck.architecture)
     return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4))), oracle_weights(ck.weights)
+
+
+def synthetic_graph(name: str, directory, seed: int, dtype: str = "float32", **overrides):  # type: ignore[no-untyped-def]
+    """A synthetic checkpoint of family ``name`` written under ``directory``, traced for 4-token blocks
+    and run through the default passes: (graph, oracle weights)."""
+    from .synthetic import build_synthetic
+
+    return _traced(build_synthetic(name, directory, seed, dtype=dtype, **overrides))
 
 
 def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
@@ -117,13 +124,9 @@ def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
 
 def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
     """A Llama GGUF of Q4_K matrices (poot's quantizer; f32 norms) with K of 256 and 512, for the
-    GPU's Q4_K warp GEMVs: (graph, oracle weights, the oracle dequantizing as gguf does)."""
+    GPU's Q4_K warp GEMVs: (graph, oracle weights, which gguf's dequantizers give)."""
     from pathlib import Path
 
-    from ..eval.model import oracle_weights
-    from ..graph.passes import DEFAULT_PASSES, PassManager
-    from ..load import open_checkpoint
-    from ..models import StepShapes, family_for
     from ..quant import quantization
     from .checkpoints import write_gguf
 
@@ -152,10 +155,7 @@ def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
             "tokenizer.ggml.scores": [0.0] * vocab, "tokenizer.ggml.token_type": [1] * vocab,
             "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
     Path(directory).mkdir(parents=True, exist_ok=True)
-    path = write_gguf(Path(directory) / "q4_k.gguf", "llama", meta, tensors)
-    ck = open_checkpoint(str(path))
-    fam = family_for(ck.architecture)
-    return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4))), oracle_weights(ck.weights)
+    return _traced(write_gguf(Path(directory) / "q4_k.gguf", "llama", meta, tensors))
 
 
 def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generator, tie: float = 0.0) -> float:  # type: ignore[no-untyped-def]
