@@ -1,9 +1,11 @@
 """The CUDA executor: weights uploaded packed, KV pools in device memory, and each captured step a
 CUDA graph (the step's launches recorded once on a stream, with every address, grid and scalar
-fixed) replayed after the step's inputs are copied in."""
+fixed) replayed after the step's inputs are written into its pinned staging memory: the graph's
+first node copies them all to the device in one transfer."""
 
 from __future__ import annotations
 
+import ctypes
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +38,7 @@ class CudaStep:
     graph_exec: Any
     launches: int
     owned: list[int] = field(default_factory=list)
+    staging: tuple[int, int, int] = (0, 0, 0)  # pinned host address, device address, bytes: the inputs' one copy
     binding: int = 0  # the executor's binding generation it was captured under
     calls: list[tuple[Any, tuple[int, ...], dict[str, int], dict[str, Any]]] = field(default_factory=list)  # what the graph launches
     names: list[str] = field(default_factory=list)
@@ -134,13 +137,26 @@ class CudaExecutor(Executor):
         by_root: dict[Key, int] = dict(self._weights)
         by_root.update(self._consts)
         by_root.update({k: p for k, (p, _) in self._pools.items()})
+        # the step's inputs side by side in one device block, written through one pinned host block
+        offsets: dict[str, int] = {}
+        total = 0
+        for name, k in sp.inputs.items():
+            offsets[name] = total
+            nbytes = int(np.prod(sp.shapes[k], dtype=np.int64)) * np.dtype(storage_dtype(values[k].dtype)).itemsize
+            total += -(-nbytes // 256) * 256
+        d = self.d
+        dev = self.ctx.alloc(max(total, 256))
+        owned.append(dev)
+        pinned = int(_check(d, "cuMemHostAlloc", d.cuMemHostAlloc(max(total, 256), 0)))
+        block = np.frombuffer((ctypes.c_uint8 * max(total, 256)).from_address(pinned), np.uint8)
+        block[:] = 0
         step_inputs: dict[str, tuple[int, np.ndarray]] = {}
         for name, k in sp.inputs.items():
-            host = np.zeros(sp.shapes[k], storage_dtype(values[k].dtype))
-            ptr = self.ctx.alloc(host.nbytes)
-            owned.append(ptr)
-            step_inputs[name] = (ptr, host)
-            by_root[k] = ptr
+            dtype = np.dtype(storage_dtype(values[k].dtype))
+            nbytes = int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize
+            host = block[offsets[name] : offsets[name] + nbytes].view(dtype).reshape(sp.shapes[k])
+            step_inputs[name] = (dev + offsets[name], host)
+            by_root[k] = dev + offsets[name]
         for name, k in sp.pools.items():
             if k not in self._pools:
                 raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
@@ -163,35 +179,48 @@ class CudaExecutor(Executor):
                     else:
                         ptrs[p.name] = address(ref)
             calls.append((self._kernels[id(launch.kernel)], launch.grid(env), ptrs, launch.scalars(env)))
-        d = self.d
         _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
+            if total:
+                _check(d, "cuMemcpyHtoDAsync", d.cuMemcpyHtoDAsync(dev, pinned, total, self.stream))
             for ck, grid, ptrs, scalars in calls:
                 ck.launch(grid, ptrs, scalars, self.stream)
         finally:
             graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
-        graph_exec = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
+        try:
+            graph_exec = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
+        finally:
+            _check(d, "cuGraphDestroy", d.cuGraphDestroy(graph))
         outputs = {}
         for name, v in g.outputs.items():
             k = (v.node.id, v.index)
             if sp.roots[k] in by_root or sp.roots[k] in sp.arena_offsets:  # else a conditional launch left it out of this step
                 outputs[name] = (address(k), storage_dtype(v.dtype), sp.shapes[k])
-        step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned, self._binding, calls,
-                        [launch.label or launch.kernel.name for launch in sp.launches])
+        step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned, (pinned, dev, total),
+                        self._binding, calls, [launch.label or launch.kernel.name for launch in sp.launches])
+        old = self._steps.get(key)
         self._steps[key] = step
+        if old is not None:  # captured under weights or pools since rebound
+            self._drop(old)
         return step
+
+    def _drop(self, step: CudaStep) -> None:
+        _check(self.d, "cuGraphExecDestroy", self.d.cuGraphExecDestroy(step.graph_exec))
+        for p in step.owned:
+            self.ctx.free(p)
+        if step.staging[0]:
+            _check(self.d, "cuMemFreeHost", self.d.cuMemFreeHost(step.staging[0]))
 
     # -- replay ---------------------------------------------------------------------------------
     def replay(self, step: CudaStep, inputs: Mapping[str, np.ndarray]) -> None:
         self.ctx.make_current()
-        for name, (ptr, host) in step.inputs.items():
+        for name, (_, host) in step.inputs.items():
             if name not in inputs:
                 raise PootError(f"missing input '{name}'")
             a = np.asarray(inputs[name])
             if a.shape != host.shape:
                 raise PootError(f"input '{name}' has shape {a.shape}; this step was captured for {host.shape}")
-            host[...] = a
-            self.ctx.upload(ptr, host)
+            host[...] = a  # pinned: the graph's first node copies every input at once
         _check(self.d, "cuGraphLaunch", self.d.cuGraphLaunch(step.graph_exec, self.stream))
         _check(self.d, "cuStreamSynchronize", self.d.cuStreamSynchronize(self.stream))
 
@@ -239,9 +268,9 @@ class CudaExecutor(Executor):
 
     def close(self) -> None:
         self.ctx.make_current()
+        self.ctx.synchronize()
         for step in self._steps.values():
-            for p in step.owned:
-                self.ctx.free(p)
+            self._drop(step)
         for p in list(self._weights.values()) + list(self._consts.values()) + list(self._fixed.values()) + [p for p, _ in self._pools.values()]:
             self.ctx.free(p)
         self._steps.clear()
