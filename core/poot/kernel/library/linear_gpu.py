@@ -72,42 +72,58 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
     (``_q4_k_rows`` reads them so, free of bank conflicts). Ends with a barrier. ``mr * k / 4`` is a
     multiple of 32 (k of 256): whole warps take part in each step."""
     words = k // 4
-    row = K.Bin("min", _add(_r("m0"), _b("div", _r("qi"), words)), _b("sub", _r("m"), 1))
-    t = _b("and", _r("qi"), 63)  # the word's place in its block of 256 values: sub-block s = t / 8, word t % 8
-    slot = _add(_b("sub", _r("qi"), t), _b("or", _b("and", t, 7), _b("or", _b("shl", _b("and", _b("shr", t, 4), 3), 3), _b("shl", _b("and", _b("shr", t, 3), 1), 5))))
-    inner = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r("qi"), words), 4)), slot)
-    return [K.For("qi", K.Builtin("thread_id", 0), _c(mr * words), tuple(inner), step=threads), K.Barrier()]
+    total = mr * words  # a multiple of 64: a warp's threads are all in or all out of a turn
+    turns = -(-total // threads)
+    out: list[K.Stmt] = []
+    loads: list[K.Stmt] = []
+    sums: list[K.Stmt] = []
+    for u in range(turns):  # up to 8 turns' x loaded before any is quantized: one memory latency, not eight
+        if u % 8 == 0:
+            out += loads + sums
+            loads, sums = [], []
+        qi = f"qi{u}"
+        row = K.Bin("min", _add(_r("m0"), _b("div", _r(qi), words)), _b("sub", _r("m"), 1))
+        t = _b("and", _r(qi), 63)  # the word's place in its block of 256 values: sub-block s = t / 8, word t % 8
+        slot = _add(_b("sub", _r(qi), t), _b("or", _b("and", t, 7), _b("or", _b("shl", _b("and", _b("shr", t, 4), 3), 3), _b("shl", _b("and", _b("shr", t, 3), 1), 5))))
+        first, rest = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r(qi), words), 4)), slot, qi, f"_{u}")
+        loads += [K.Let(qi, K.Bin("min", _add(K.Builtin("thread_id", 0), u * threads), _c(total - 1))), *first]
+        last = (u + 1) * threads > total
+        sums += [K.If(K.Bin("lt", _add(K.Builtin("thread_id", 0), u * threads), _c(total)), tuple(rest))] if last else rest
+    return out + loads + sums + [K.Barrier()]
 
 
-def _q8_word(at: K.Expr, slot: K.Expr | None = None) -> list[K.Stmt]:
-    """Word ``qi`` of x as two int8 terms (``_quantize_x_q8``): its four values loaded from x at ``at``,
-    its block's max and sum shared by shuffles, stored at ``slot`` (default ``qi``) of ``xq``/``xr``
-    and, by the block's first thread, at ``2 (qi / 8)`` of ``xds``."""
-    inner: list[K.Stmt] = [K.VecLoad(tuple(f"qv{j}" for j in range(4)), "x", at, F32)]
-    v = [_r(f"qv{j}", F32) for j in range(4)]
-    inner += [K.Let("qmax", K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
-              K.Let("qsum", K.Bin("add", K.Bin("add", v[0], v[1]), K.Bin("add", v[2], v[3])))]
+def _q8_word(at: K.Expr, slot: K.Expr | None = None, qi: str = "qi", sfx: str = "") -> tuple[list[K.Stmt], list[K.Stmt]]:
+    """Word ``qi`` of x as two int8 terms (``_quantize_x_q8``): its four values loaded from x at ``at``
+    (the first list), its block's max and sum shared by shuffles, stored at ``slot`` (default ``qi``)
+    of ``xq``/``xr`` and, by the block's first thread, at ``2 (qi / 8)`` of ``xds`` (the second).
+    Locals are suffixed ``sfx``."""
+    first: list[K.Stmt] = [K.VecLoad(tuple(f"qv{j}{sfx}" for j in range(4)), "x", at, F32)]
+    v = [_r(f"qv{j}{sfx}", F32) for j in range(4)]
+    inner: list[K.Stmt] = []
+    qmax, qsum, qinv, qinv2, qd = (f"{n}{sfx}" for n in ("qmax", "qsum", "qinv", "qinv2", "qd"))
+    inner += [K.Let(qmax, K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
+              K.Let(qsum, K.Bin("add", K.Bin("add", v[0], v[1]), K.Bin("add", v[2], v[3])))]
     for lane in (1, 2, 4):  # the block's eight threads are eight consecutive lanes
-        inner += [K.Assign("qmax", K.Bin("max", _r("qmax", F32), K.SubgroupShuffle(_r("qmax", F32), _c(lane), xor=True))),
-                  K.Assign("qsum", K.Bin("add", _r("qsum", F32), K.SubgroupShuffle(_r("qsum", F32), _c(lane), xor=True)))]
-    inner += [K.Let("qinv", K.Select(K.Bin("gt", _r("qmax", F32), _f(0.0)), K.Bin("div", _f(127.0), _r("qmax", F32)), _f(0.0))),
-              K.Let("qinv2", K.Bin("mul", _r("qinv", F32), _f(float(Q8_SPLIT)))),
-              K.Let("qd", K.Bin("div", _r("qmax", F32), _f(127.0)))]
+        inner += [K.Assign(qmax, K.Bin("max", _r(qmax, F32), K.SubgroupShuffle(_r(qmax, F32), _c(lane), xor=True))),
+                  K.Assign(qsum, K.Bin("add", _r(qsum, F32), K.SubgroupShuffle(_r(qsum, F32), _c(lane), xor=True)))]
+    inner += [K.Let(qinv, K.Select(K.Bin("gt", _r(qmax, F32), _f(0.0)), K.Bin("div", _f(127.0), _r(qmax, F32)), _f(0.0))),
+              K.Let(qinv2, K.Bin("mul", _r(qinv, F32), _f(float(Q8_SPLIT)))),
+              K.Let(qd, K.Bin("div", _r(qmax, F32), _f(127.0)))]
     b1, b2 = [], []
     for j in range(4):  # q1 = rint(x / d); the remainder x - d q1, and its q2
-        inner.append(K.Let(f"qt{j}", K.Un("rint", K.Bin("mul", v[j], _r("qinv", F32)))))
-        rem = K.Bin("sub", v[j], K.Bin("mul", _r(f"qt{j}", F32), _r("qd", F32)))
-        b1.append(_b("and", K.Cast(_r(f"qt{j}", F32), I32), 255))
-        b2.append(_b("and", K.Cast(K.Un("rint", K.Bin("mul", rem, _r("qinv2", F32))), I32), 255))
+        inner.append(K.Let(f"qt{j}{sfx}", K.Un("rint", K.Bin("mul", v[j], _r(qinv, F32)))))
+        rem = K.Bin("sub", v[j], K.Bin("mul", _r(f"qt{j}{sfx}", F32), _r(qd, F32)))
+        b1.append(_b("and", K.Cast(_r(f"qt{j}{sfx}", F32), I32), 255))
+        b2.append(_b("and", K.Cast(K.Un("rint", K.Bin("mul", rem, _r(qinv2, F32))), I32), 255))
 
     def word(b: list[K.Expr]) -> K.Expr:
         return _b("or", _b("or", b[0], _b("shl", b[1], 8)), _b("or", _b("shl", b[2], 16), _b("shl", b[3], 24)))
 
-    slot = _r("qi") if slot is None else slot
+    slot = _r(qi) if slot is None else slot
     inner += [K.Store("xq", slot, word(b1)), K.Store("xr", slot, word(b2)),
-              K.If(K.Bin("eq", _b("rem", _r("qi"), 8), _c(0)),
-                   (K.VecStore("xds", _b("div", _r("qi"), 4), (_r("qd", F32), _r("qsum", F32))),))]
-    return inner
+              K.If(K.Bin("eq", _b("rem", _r(qi), 8), _c(0)),
+                   (K.VecStore("xds", _b("div", _r(qi), 4), (_r(qd, F32), _r(qsum, F32))),))]
+    return first, inner
 
 
 Q8_THREADS = 256
@@ -121,7 +137,7 @@ def quantize_q8x2(k: int) -> K.Kernel:
     if k % 256:
         raise ValueError(f"quantize_q8x2 needs K a multiple of 256, got {k}")
     body: list[K.Stmt] = [K.Let("qi", _add(_mul(K.Builtin("group_id", 0), Q8_THREADS), K.Builtin("thread_id", 0))),
-                          K.If(K.Bin("lt", _r("qi"), _mul(_r("m"), k // 4)), tuple(_q8_word(_mul(_r("qi"), 4))))]
+                          K.If(K.Bin("lt", _r("qi"), _mul(_r("m"), k // 4)), tuple(sum(_q8_word(_mul(_r("qi"), 4)), [])))]
     params = (K.Buffer("x", F32), K.Buffer("xq", I32, readonly=False), K.Buffer("xr", I32, readonly=False), K.Buffer("xds", F32, readonly=False),
               K.ScalarParam("m", I32))
     kern = K.Kernel(f"quantize_q8x2_K{k}", params, tuple(body), (Q8_THREADS, 1, 1), ())
