@@ -359,15 +359,28 @@ def _device_args(p, rng, rows, vocab, guided=False, nbias=0):
     return args, ref, {"vocab": vocab, "mask_words": words, "nbias": max(nbias, 1)}
 
 
+def _run_sampling(args, sc, rows: int, vocab: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+    """Both sampling launches (rows in chunks of ``chunk``, then a workgroup a row) on the test
+    device: the tokens, and the chunks' parts."""
+    chunks = -(-vocab // chunk)
+    work, parts, tokens = poisoned((rows, vocab)), poisoned((rows * chunks * sampling_lib.PART_WORDS,)), poisoned((rows,), np.int32)
+    first = {n: args[n] for n in ("logits", "counts", "count_rows", "temperature", "repetition", "presence", "frequency", "seeds", "steps", "mask",
+                                  "bias_ids", "bias_vals")}
+    run_host(sampling_lib.sample_chunks.instantiate(BLOCK=64), (rows, chunks), {**first, "work": work, "parts": parts}, {**sc, "chunk": chunk})
+    second = {n: args[n] for n in ("temperature", "top_k", "top_p", "min_p", "seeds", "steps")}
+    run_host(sampling_lib.sample.instantiate(BLOCK=64), (rows,), {**second, "work": work, "parts": parts, "tokens": tokens},
+             {"vocab": vocab, "chunks": chunks})
+    return tokens, parts
+
+
 @pytest.mark.parametrize("guided,nbias", [(False, 0), (True, 3)])
-@pytest.mark.parametrize("vocab", [37, 1000, 4099])
-def test_sampling_kernel_matches_the_oracle(rng, vocab, guided, nbias):
+@pytest.mark.parametrize("vocab,chunk", [(37, 8192), (1000, 96), (4099, 1024)])
+def test_sampling_kernel_matches_the_oracle(rng, vocab, chunk, guided, nbias):
     rows = 16
     p = _sampling_case(rng, rows, vocab)
     args, ref, sc = _device_args(p, rng, rows, vocab, guided, nbias)
-    tokens = poisoned((rows,), np.int32)
-    work = poisoned((rows, vocab))
-    run_host(sampling_lib.sample.instantiate(BLOCK=64), (rows,), {**args, "work": work, "tokens": tokens}, sc)
+    tokens, parts = _run_sampling(args, sc, rows, vocab, chunk)
+    assert np.isfinite(parts).all()  # every chunk wrote its part
     np.testing.assert_array_equal(tokens, sample_reference(**ref))
     if guided:  # every sampled token is allowed by its row's mask
         words = ref["mask"].view(np.uint32)
@@ -381,12 +394,11 @@ def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):
     p.update(logits=logits, counts=np.zeros((rows, vocab), np.int32), temperature=np.ones(rows, np.float32), top_k=np.zeros(rows, np.int32),
              top_p=np.ones(rows, np.float32), min_p=np.zeros(rows, np.float32), repetition=np.ones(rows, np.float32),
              presence=np.zeros(rows, np.float32), frequency=np.zeros(rows, np.float32), seeds=np.full(rows, 1234, np.int32), steps=np.arange(rows, dtype=np.int32))
-    args, _, sc = _device_args(p, rng, rows, vocab)
-    k = sampling_lib.sample.instantiate(BLOCK=64)
-    a, b = poisoned((rows,), np.int32), poisoned((rows,), np.int32)
-    run_host(k, (rows,), {**args, "work": poisoned((rows, vocab)), "tokens": a}, sc)
-    run_host(k, (rows,), {**args, "work": poisoned((rows, vocab)), "tokens": b}, sc)
-    np.testing.assert_array_equal(a, b)
+    args, ref, sc = _device_args(p, rng, rows, vocab)
+    a, _ = _run_sampling(args, sc, rows, vocab, 16)
+    b, _ = _run_sampling(args, sc, rows, vocab, 32)
+    np.testing.assert_array_equal(a, b)  # the same draws whatever the chunks
+    np.testing.assert_array_equal(a, sample_reference(**ref))
     freq = np.bincount(a, minlength=vocab) / rows
     probs = np.exp(logits[0] - logits[0].max())
     probs /= probs.sum()

@@ -265,15 +265,26 @@ def _count_tokens(n: Node) -> Launch:
                   lambda env: (1,), lambda env: {"ntokens": _shape(tokens, env)[0], "vocab": vocab})
 
 
-def _sample(n: Node, block: int = 256) -> Launch:
+def _sample(n: Node, plan: Plan, gpu: bool, block: int = 256) -> list[Launch]:
+    """Sampling in two launches: each row processed in chunks (a workgroup each: on a GPU, 2048
+    tokens, so Llama 3's 128,256 logits take 63 workgroups rather than one), then a workgroup a
+    row (``block`` threads) picks the token from the chunks' best or filters the row first."""
     ops = dict(zip(SAMPLE_OPERANDS, n.inputs))
     logits = ops["logits"]
     vocab = logits.shape[1].value
-    k = sampling_lib.sample.instantiate(BLOCK=block)
-    bufs: dict[str, Any] = {name: _key(v) for name, v in ops.items()}
-    bufs.update(tokens=_key(n.outputs[0]), work=_key(n.outputs[1]))
-    return Launch(n, k, bufs, lambda env: (_shape(logits, env)[0],),
-                  lambda env: {"vocab": vocab, "mask_words": _shape(ops["mask"], env)[1], "nbias": _shape(ops["bias_ids"], env)[1]})
+    chunk = 2048 if gpu else 8192
+    chunks = -(-vocab // chunk)
+    rows = lambda env: _shape(logits, env)[0]  # noqa: E731
+    parts = plan.add_scratch(lambda env: rows(env) * chunks * sampling_lib.PART_WORDS)
+    first = {name: _key(ops[name]) for name in ("logits", "counts", "count_rows", "temperature", "repetition", "presence", "frequency", "seeds",
+                                                "steps", "mask", "bias_ids", "bias_vals")}
+    first.update(work=_key(n.outputs[1]), parts=parts)
+    second = {name: _key(ops[name]) for name in ("temperature", "top_k", "top_p", "min_p", "seeds", "steps")}
+    second.update(work=_key(n.outputs[1]), parts=parts, tokens=_key(n.outputs[0]))
+    return [Launch(n, sampling_lib.sample_chunks.instantiate(BLOCK=256), first, lambda env: (rows(env), chunks),
+                   lambda env: {"vocab": vocab, "mask_words": _shape(ops["mask"], env)[1], "nbias": _shape(ops["bias_ids"], env)[1], "chunk": chunk},
+                   label="sample_chunks"),
+            Launch(n, sampling_lib.sample.instantiate(BLOCK=block), second, lambda env: (rows(env),), lambda env: {"vocab": vocab, "chunks": chunks})]
 
 
 def _logprobs(n: Node, block: int = 256) -> Launch:
@@ -509,8 +520,8 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         elif n.op in ("cache_write", "count_tokens"):  # pools updated in place
             plan.aliases[_key(n.outputs[0])] = plan.aliases.get(_key(n.inputs[0]), _key(n.inputs[0]))
             plan.launches.append(_cache_write(n) if n.op == "cache_write" else _count_tokens(n))
-        elif n.op == "sample":  # one workgroup a row: on a GPU, the widest
-            plan.launches.append(_sample(n, _pow2_at_most(1024, limits.max_workgroup) if gpu else 256))
+        elif n.op == "sample":  # the picking workgroup of a row: on a GPU, the widest
+            plan.launches.extend(_sample(n, plan, gpu, _pow2_at_most(1024, limits.max_workgroup) if gpu else 256))
         elif n.op == "logprobs":
             plan.launches.append(_logprobs(n, _pow2_at_most(1024, limits.max_workgroup) if gpu else 256))
         elif cat == "elementwise":

@@ -29,6 +29,7 @@ def catalogue() -> list[Kernel]:
         attention.attention.instantiate(CAUSAL=True, SPLITS=1, BLOCK=128),
         attention.attention.instantiate(CAUSAL=True, SPLITS=4, BLOCK=128),
         attention.attention_merge.instantiate(SPLITS=4, BLOCK=128),
+        sampling.sample_chunks.instantiate(BLOCK=256),
         sampling.sample.instantiate(BLOCK=256),
         movement.copy_strided.instantiate(BLOCK=256),
         movement.reduce_rows.instantiate(OP="mean", BLOCK=128),

@@ -1,6 +1,8 @@
 """Sampling on the device: logit bias, penalties, temperature, an allowed-token mask (guided
-decoding), top-k, top-p, min-p, and a counter-based draw, one workgroup per row; only the token id
-leaves the device. Log-probabilities of the chosen and the top-N tokens come from ``logprobs``.
+decoding), top-k, top-p, min-p, and a counter-based draw; only the token id leaves the device. Two
+launches: ``sample_chunks`` processes each row in chunks, a workgroup each, and finds each chunk's
+best token of an unfiltered draw; ``sample``, a workgroup a row, takes the best of those (greedy
+decoding, plain temperature) or filters the row and draws again. Log-probabilities of the chosen and the top-N tokens come from ``logprobs``.
 
 Filtering keeps every token whose logit reaches a threshold, so ties at the boundary are kept. Top-k
 and top-p thresholds are found exactly by bisection over the order-preserving integer image of the
@@ -15,109 +17,58 @@ from ...graph.dtypes import f32, i32
 from ..frontend import Const, In, Out, kernel
 
 
+PART_WORDS = 3  # a chunk's (max, best score, best index's bits) in ``parts``
+
+
 @kernel(workgroup=("BLOCK", 1, 1))
-def sample(logits: In[f32], counts: In[i32], count_rows: In[i32], temperature: In[f32], top_k: In[i32], top_p: In[f32], min_p: In[f32],
-           repetition: In[f32], presence: In[f32], frequency: In[f32], seeds: In[i32], steps: In[i32], mask: In[i32], bias_ids: In[i32],
-           bias_vals: In[f32], work: Out[f32], tokens: Out[i32], vocab: i32, mask_words: i32, nbias: i32, BLOCK: Const = 256):
-    """tokens[r] = a sample from row r of ``logits``; ``work`` receives the processed row. Per row:
-    logit bias (``nbias`` (id, value) pairs, id < 0 unused), penalties from ``counts[count_rows[r]]``
-    (a row < 0: no history), temperature, then the allowed-token bitmask (bit clear: the logit becomes
-    -3e38). Grid (rows,)."""
+def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], temperature: In[f32], repetition: In[f32], presence: In[f32],
+                  frequency: In[f32], seeds: In[i32], steps: In[i32], mask: In[i32], bias_ids: In[i32], bias_vals: In[f32], work: Out[f32],
+                  parts: Out[f32], vocab: i32, mask_words: i32, nbias: i32, chunk: i32, BLOCK: Const = 256):
+    """The first half of sampling, a workgroup per ``chunk`` tokens of a row (grid (rows, chunks)):
+    logit bias (``nbias`` (id, value) pairs, id < 0 unused), penalties from
+    ``counts[count_rows[r]]`` (a row < 0: no history), temperature, then the allowed-token bitmask
+    (bit clear: the logit becomes -3e38) into ``work``; then the chunk's largest processed logit and
+    its best token of an unfiltered draw (the Gumbel-max score at temperature > 0, the logit at 0;
+    ties to the lower id) into ``parts[(r * chunks + c) * PART_WORDS ...]``."""
     r = group_id(0)
+    c = group_id(1)
     t = thread_id(0)
     base = r * vocab
+    first = c * chunk
+    stop = min(first + chunk, vocab)
     red = shared(f32, BLOCK)
     cnt = shared(i32, BLOCK)
     temp = temperature[r]
-    for i in range(t, vocab, BLOCK):
+    for i in range(first + t, stop, BLOCK):
         work[base + i] = logits[base + i]
     barrier()
     if t == 0:
         for j in range(nbias):
             bid = bias_ids[r * nbias + j]
-            if bid >= 0 and bid < vocab:
+            if bid >= first and bid < stop:
                 work[base + bid] = work[base + bid] + bias_vals[r * nbias + j]
     barrier()
-    # 1. penalties, temperature and the mask into the scratch row; the row max
     crow = count_rows[r]
+    seed = seeds[r]
+    step = steps[r]
     m = -3.0e38
-    for i in range(t, vocab, BLOCK):
+    best = -3.0e38
+    best_i = vocab
+    for i in range(first + t, stop, BLOCK):
         z = work[base + i]
-        c = 0
+        n = 0
         if crow >= 0:
-            c = counts[crow * vocab + i]
-        if c > 0:
+            n = counts[crow * vocab + i]
+        if n > 0:
             z = z / repetition[r] if z > 0.0 else z * repetition[r]
-            z = z - presence[r] - frequency[r] * f32(c)
+            z = z - presence[r] - frequency[r] * f32(n)
         if temp > 0.0:
             z = z / temp
         if ((mask[r * mask_words + (i >> 5)] >> (i & 31)) & 1) == 0:
             z = -3.0e38
         work[base + i] = z
         m = max(m, z)
-    red[t] = m
-    reduce_shared(red, "max")
-    zmax = red[0]
-    barrier()
-    # 2. top-k threshold: the largest key with at least k logits at or above it
-    lo = -2147483647 - 1
-    hi = 2147483647
-    k = top_k[r]
-    if k > 0 and k < vocab and temp > 0.0:
-        for _ in static_range(32):
-            mid = (lo >> 1) + (hi >> 1) + (((lo & 1) + (hi & 1) + 1) >> 1)  # ceil((lo + hi) / 2), no i32 overflow
-            n = 0
-            for i in range(t, vocab, BLOCK):
-                bits = as_i32(work[base + i])
-                key = bits ^ ((bits >> 31) & 2147483647)
-                if key >= mid:
-                    n += 1
-            cnt[t] = n
-            reduce_shared(cnt, "add")
-            if cnt[0] >= k:
-                lo = mid
-            else:
-                hi = mid - 1
-            barrier()
-    kth = lo
-    # 3. top-p over what top-k kept: the largest key whose mass at or above it reaches p
-    p = top_p[r]
-    plo = kth
-    phi = 2147483647
-    if p < 1.0 and temp > 0.0:
-        mass = 0.0
-        for i in range(t, vocab, BLOCK):
-            bits = as_i32(work[base + i])
-            if bits ^ ((bits >> 31) & 2147483647) >= kth:
-                mass += exp(work[base + i] - zmax)
-        red[t] = mass
-        reduce_shared(red, "add")
-        total = red[0]
-        barrier()
-        for _ in static_range(32):
-            mid2 = (plo >> 1) + (phi >> 1) + (((plo & 1) + (phi & 1) + 1) >> 1)
-            acc = 0.0
-            for i in range(t, vocab, BLOCK):
-                bits = as_i32(work[base + i])
-                if bits ^ ((bits >> 31) & 2147483647) >= mid2:
-                    acc += exp(work[base + i] - zmax)
-            red[t] = acc
-            reduce_shared(red, "add")
-            if red[0] >= p * total:
-                plo = mid2
-            else:
-                phi = mid2 - 1
-            barrier()
-    # 4. min-p, then the Gumbel-max draw over the survivors (greedy: plain argmax)
-    floor_z = zmax + log(min_p[r]) if min_p[r] > 0.0 else -3.0e38
-    seed = seeds[r]
-    step = steps[r]
-    best = -3.0e38
-    best_i = vocab
-    for i in range(t, vocab, BLOCK):
-        z = work[base + i]
-        bits = as_i32(z)
-        if bits ^ ((bits >> 31) & 2147483647) >= plo and z >= floor_z:
+        if z >= -3.0e38:
             score = z
             if temp > 0.0:
                 h = seed ^ (step * -1640531535) ^ (i * 668265261)
@@ -131,6 +82,125 @@ def sample(logits: In[f32], counts: In[i32], count_rows: In[i32], temperature: I
             if score > best:
                 best = score
                 best_i = i
+    red[t] = m
+    reduce_shared(red, "max")
+    if t == 0:
+        parts[(r * num_groups(1) + c) * 3] = red[0]
+    barrier()
+    red[t] = best
+    cnt[t] = best_i
+    barrier()
+    s = BLOCK // 2
+    for _ in static_range(ilog2(BLOCK)):
+        if t < s:
+            if red[t + s] > red[t] or (red[t + s] == red[t] and cnt[t + s] < cnt[t]):
+                red[t] = red[t + s]
+                cnt[t] = cnt[t + s]
+        barrier()
+        s = s // 2
+    if t == 0:
+        parts[(r * num_groups(1) + c) * 3 + 1] = red[0]
+        parts[(r * num_groups(1) + c) * 3 + 2] = as_f32(cnt[0])
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], top_p: In[f32], min_p: In[f32], seeds: In[i32], steps: In[i32],
+           tokens: Out[i32], vocab: i32, chunks: i32, BLOCK: Const = 256):
+    """tokens[r] = a sample from row r of ``work`` as ``sample_chunks`` left it (``chunks`` parts a
+    row). A row without top-k, top-p or min-p (or at temperature 0: greedy, argmax after penalties)
+    takes its chunks' best; otherwise top-k, top-p and min-p filter the row and the Gumbel-max draw
+    runs over what they keep. Grid (rows,)."""
+    r = group_id(0)
+    t = thread_id(0)
+    base = r * vocab
+    red = shared(f32, BLOCK)
+    cnt = shared(i32, BLOCK)
+    temp = temperature[r]
+    k = top_k[r]
+    p = top_p[r]
+    m = -3.0e38
+    for j in range(t, chunks, BLOCK):
+        m = max(m, parts[(r * chunks + j) * 3])
+    red[t] = m
+    reduce_shared(red, "max")
+    zmax = red[0]
+    barrier()
+    best = -3.0e38
+    best_i = vocab
+    if temp > 0.0 and ((k > 0 and k < vocab) or p < 1.0 or min_p[r] > 0.0):
+        # top-k threshold: the largest key with at least k logits at or above it
+        lo = -2147483647 - 1
+        hi = 2147483647
+        if k > 0 and k < vocab:
+            for _ in static_range(32):
+                mid = (lo >> 1) + (hi >> 1) + (((lo & 1) + (hi & 1) + 1) >> 1)  # ceil((lo + hi) / 2), no i32 overflow
+                n = 0
+                for i in range(t, vocab, BLOCK):
+                    bits = as_i32(work[base + i])
+                    key = bits ^ ((bits >> 31) & 2147483647)
+                    if key >= mid:
+                        n += 1
+                cnt[t] = n
+                reduce_shared(cnt, "add")
+                if cnt[0] >= k:
+                    lo = mid
+                else:
+                    hi = mid - 1
+                barrier()
+        kth = lo
+        # top-p over what top-k kept: the largest key whose mass at or above it reaches p
+        plo = kth
+        phi = 2147483647
+        if p < 1.0:
+            mass = 0.0
+            for i in range(t, vocab, BLOCK):
+                bits = as_i32(work[base + i])
+                if bits ^ ((bits >> 31) & 2147483647) >= kth:
+                    mass += exp(work[base + i] - zmax)
+            red[t] = mass
+            reduce_shared(red, "add")
+            total = red[0]
+            barrier()
+            for _ in static_range(32):
+                mid2 = (plo >> 1) + (phi >> 1) + (((plo & 1) + (phi & 1) + 1) >> 1)
+                acc = 0.0
+                for i in range(t, vocab, BLOCK):
+                    bits = as_i32(work[base + i])
+                    if bits ^ ((bits >> 31) & 2147483647) >= mid2:
+                        acc += exp(work[base + i] - zmax)
+                red[t] = acc
+                reduce_shared(red, "add")
+                if red[0] >= p * total:
+                    plo = mid2
+                else:
+                    phi = mid2 - 1
+                barrier()
+        # min-p, then the Gumbel-max draw over the survivors
+        floor_z = zmax + log(min_p[r]) if min_p[r] > 0.0 else -3.0e38
+        seed = seeds[r]
+        step = steps[r]
+        for i in range(t, vocab, BLOCK):
+            z = work[base + i]
+            bits = as_i32(z)
+            if bits ^ ((bits >> 31) & 2147483647) >= plo and z >= floor_z:
+                h = seed ^ (step * -1640531535) ^ (i * 668265261)
+                h = h ^ ((h >> 16) & 65535)
+                h = h * -2048144789
+                h = h ^ ((h >> 13) & 524287)
+                h = h * -1028477387
+                h = h ^ ((h >> 16) & 65535)
+                u = (f32((h >> 8) & 16777215) + 0.5) / 16777216.0
+                score = z - log(-log(u))
+                if score > best:
+                    best = score
+                    best_i = i
+    else:  # nothing filtered: the chunks' best tokens
+        for j in range(t, chunks, BLOCK):
+            v = parts[(r * chunks + j) * 3 + 1]
+            vi = as_i32(parts[(r * chunks + j) * 3 + 2])
+            if v > best or (v == best and vi < best_i):
+                best = v
+                best_i = vi
     red[t] = best
     cnt[t] = best_i
     barrier()
