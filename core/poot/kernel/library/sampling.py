@@ -17,7 +17,7 @@ from ...graph.dtypes import f32, i32
 from ..frontend import Const, In, Out, kernel
 
 
-PART_WORDS = 3  # a chunk's (max, best score, best index's bits) in ``parts``
+PART_WORDS = 3  # a chunk's (max, best score, best index) in ``parts``: the index as an f32 value (exact below 2**24)
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
@@ -100,7 +100,7 @@ def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], tempera
         s = s // 2
     if t == 0:
         parts[(r * num_groups(1) + c) * 3 + 1] = red[0]
-        parts[(r * num_groups(1) + c) * 3 + 2] = as_f32(cnt[0])
+        parts[(r * num_groups(1) + c) * 3 + 2] = f32(cnt[0])
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
@@ -197,7 +197,7 @@ def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], 
     else:  # nothing filtered: the chunks' best tokens
         for j in range(t, chunks, BLOCK):
             v = parts[(r * chunks + j) * 3 + 1]
-            vi = as_i32(parts[(r * chunks + j) * 3 + 2])
+            vi = i32(parts[(r * chunks + j) * 3 + 2])
             if v > best or (v == best and vi < best_i):
                 best = v
                 best_i = vi
