@@ -89,6 +89,15 @@ def test_python_outside_the_subset_names_file_and_line():
     with pytest.raises(KernelSyntaxError, match="'undefined_thing' is not a parameter"):
         kernel(unknown_name).instantiate()
 
+    def argmax_of_unequal_arrays(x: In[f32], y: Out[f32]):
+        v = shared(f32, 64)
+        ids = shared(f32, 64)  # ids must be i32
+        reduce_argmax(v, ids)  # noqa: F821
+        y[0] = v[0]
+
+    with pytest.raises(KernelSyntaxError, match=rf"{_line_of(argmax_of_unequal_arrays, 'reduce_argmax(v')}: reduce_argmax\(values, ids\) needs"):
+        kernel(argmax_of_unequal_arrays, workgroup=(64, 1, 1)).instantiate()
+
 
 def test_verifier_refuses_divergent_barriers_and_readonly_stores():
     def divergent(x: In[f32], y: Out[f32]):

@@ -14,7 +14,8 @@ scalar, ``Const`` a compile-time constant bound by ``.instantiate(NAME=value)``;
 and ``static_range`` are resolved at compile time, so templates specialise cleanly. Statement
 helpers: ``barrier()``, ``atomic_add(buf, i, v)``, ``a, b, c, d = vload(buf, i)`` / ``vstore(buf, i,
 a, b, c, d)``, ``reduce_shared(arr, "add")`` (a barrier, then a tree reduction leaving the result in
-``arr[0]``), ``mma_tile(a, b, c)``; ``dequant(QTYPE, buf, row, k)`` reads packed weights. Integer ``//``
+``arr[0]``), ``reduce_argmax(values, ids)`` (the largest value and its id, ties to the lower id, left
+in ``values[0]`` and ``ids[0]``), ``mma_tile(a, b, c)``; ``dequant(QTYPE, buf, row, k)`` reads packed weights. Integer ``//``
 and ``%`` truncate toward zero, as in C. Anything outside the subset is a ``KernelSyntaxError``
 naming the file and line.
 """
@@ -317,10 +318,13 @@ class _Translator:
                     return [ir.VecStore(name, self.index(n.value.args[1]), vals)]
                 if f == "reduce_shared" and len(n.value.args) in (2, 3):
                     return self._reduce_shared(n.value)
+                if f == "reduce_argmax" and len(n.value.args) == 2:
+                    return self._reduce_argmax(n.value)
                 if f == "mma_tile" and len(n.value.args) == 3:
                     a, b, cc = (self._memory(x) for x in n.value.args)
                     return [ir.MmaTile(a, b, cc)]
-            raise c.err(n, "an expression statement must be barrier(), atomic_add(buf, i, v), vstore(buf, i, ...) or mma_tile(a, b, c)")
+            raise c.err(n, "an expression statement must be barrier(), atomic_add(buf, i, v), vstore(buf, i, ...), reduce_shared(arr, op), "
+                           "reduce_argmax(values, ids) or mma_tile(a, b, c)")
         if isinstance(n, ast.Pass):
             return []
         if isinstance(n, (ast.Assign, ast.AnnAssign)):
@@ -411,6 +415,28 @@ class _Translator:
             a = ir.Load(name, tid, sh.dtype)
             b = ir.Load(name, ir.Bin("add", tid, ir.Const(step, dt.i32)), sh.dtype)
             out.append(ir.If(ir.Bin("lt", tid, ir.Const(step, dt.i32)), (ir.Store(name, tid, ir.Bin(op, a, b)),)))
+            out.append(ir.Barrier())
+            step //= 2
+        return out
+
+    def _reduce_argmax(self, call: ast.Call) -> list[ir.Stmt]:
+        """reduce_argmax(values, ids): barrier, then a tree over two shared arrays of one size (a
+        value and its id per thread; ids i32); afterwards values[0] holds the largest value and
+        ids[0] its id, ties to the lower id, for every thread."""
+        c = self.c
+        vals, ids = self._memory(call.args[0]), self._memory(call.args[1])
+        sv, si = c.shared.get(vals), c.shared.get(ids)
+        if sv is None or si is None or sv.size != si.size or sv.size & (sv.size - 1) or si.dtype != dt.i32:
+            raise c.err(call, "reduce_argmax(values, ids) needs two shared arrays of one power-of-two size, ids of i32")
+        tid = ir.Builtin("thread_id", 0)
+        out: list[ir.Stmt] = [ir.Barrier()]
+        step = sv.size // 2
+        while step:
+            other = ir.Bin("add", tid, ir.Const(step, dt.i32))
+            a, b = ir.Load(vals, tid, sv.dtype), ir.Load(vals, other, sv.dtype)
+            ia, ib = ir.Load(ids, tid, dt.i32), ir.Load(ids, other, dt.i32)
+            better = ir.Bin("or", ir.Bin("gt", b, a), ir.Bin("and", ir.Bin("eq", b, a), ir.Bin("lt", ib, ia)))
+            out.append(ir.If(ir.Bin("lt", tid, ir.Const(step, dt.i32)), (ir.If(better, (ir.Store(vals, tid, b), ir.Store(ids, tid, ib))),)))
             out.append(ir.Barrier())
             step //= 2
         return out

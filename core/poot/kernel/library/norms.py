@@ -120,17 +120,7 @@ def argmax(x: In[f32], out: Out[i32], cols: i32, BLOCK: Const = 128):
             bi = c
     best_v[t] = bv
     best_i[t] = bi
-    barrier()
-    s = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s:
-            ov = best_v[t + s]
-            oi = best_i[t + s]
-            if ov > best_v[t] or (ov == best_v[t] and oi < best_i[t]):
-                best_v[t] = ov
-                best_i[t] = oi
-        barrier()
-        s = s // 2
+    reduce_argmax(best_v, best_i)
     if t == 0:
         out[row] = best_i[0]
 

@@ -89,15 +89,7 @@ def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], tempera
     barrier()
     red[t] = best
     cnt[t] = best_i
-    barrier()
-    s = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s:
-            if red[t + s] > red[t] or (red[t + s] == red[t] and cnt[t + s] < cnt[t]):
-                red[t] = red[t + s]
-                cnt[t] = cnt[t + s]
-        barrier()
-        s = s // 2
+    reduce_argmax(red, cnt)
     if t == 0:
         parts[(r * num_groups(1) + c) * 3 + 1] = red[0]
         parts[(r * num_groups(1) + c) * 3 + 2] = f32(cnt[0])
@@ -203,15 +195,7 @@ def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], 
                 best_i = vi
     red[t] = best
     cnt[t] = best_i
-    barrier()
-    s5 = BLOCK // 2
-    for _ in static_range(ilog2(BLOCK)):
-        if t < s5:
-            if red[t + s5] > red[t] or (red[t + s5] == red[t] and cnt[t + s5] < cnt[t]):
-                red[t] = red[t + s5]
-                cnt[t] = cnt[t + s5]
-        barrier()
-        s5 = s5 // 2
+    reduce_argmax(red, cnt)
     if t == 0:
         tokens[r] = cnt[0]
 
@@ -254,15 +238,7 @@ def logprobs(logits: In[f32], tokens: In[i32], chosen: Out[f32], top_ids: Out[i3
                 bi = i
         red[t] = bv
         idx[t] = bi
-        barrier()
-        s = BLOCK // 2
-        for _ in static_range(ilog2(BLOCK)):
-            if t < s:
-                if red[t + s] > red[t] or (red[t + s] == red[t] and idx[t + s] < idx[t]):
-                    red[t] = red[t + s]
-                    idx[t] = idx[t + s]
-            barrier()
-            s = s // 2
+        reduce_argmax(red, idx)
         pv = red[0]
         pi = idx[0]
         if t == 0:
