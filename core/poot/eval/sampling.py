@@ -15,7 +15,9 @@ __all__ = ["sample_reference", "gumbel_uniform", "logprobs_reference", "MASKED"]
 
 
 def gumbel_uniform(seed: int, step: int, tokens: np.ndarray) -> np.ndarray:
-    """The counter-based uniform in (0, 1) of each token id (a murmur3-style 32-bit finaliser)."""
+    """The counter-based uniform of each token id (a murmur3-style 32-bit finaliser): 23 of its bits
+    and a half, over 2^23, so every value is an exact f32 in [2^-24, 1 - 2^-24] (24 bits and a half
+    would round the largest up to 1.0, whose Gumbel noise is infinite)."""
     with np.errstate(over="ignore"):
         h = np.uint32(seed & 0xFFFFFFFF) ^ (np.uint32(step & 0xFFFFFFFF) * np.uint32(0x9E3779B1)) ^ (tokens.astype(np.uint32) * np.uint32(0x27D4EB2D))
         h = h ^ (h >> np.uint32(16))
@@ -23,10 +25,11 @@ def gumbel_uniform(seed: int, step: int, tokens: np.ndarray) -> np.ndarray:
         h = h ^ (h >> np.uint32(13))
         h = h * np.uint32(0xC2B2AE35)
         h = h ^ (h >> np.uint32(16))
-    return (((h >> np.uint32(8)) & np.uint32(0xFFFFFF)).astype(np.float32) + np.float32(0.5)) / np.float32(16777216.0)
+    return (((h >> np.uint32(9)) & np.uint32(0x7FFFFF)).astype(np.float32) + np.float32(0.5)) / np.float32(8388608.0)
 
 
 MASKED = np.float32(-3.0e38)  # a disallowed token's logit after the mask
+GUMBEL_FLOOR = 5.9e-8  # -log(u) is at least ~5.96e-8; the kernel floors it here (an approximate log near 1 may give 0)
 
 
 def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
@@ -68,8 +71,7 @@ def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.nda
         score = z.astype(np.float64)
         if temp > 0:
             u = gumbel_uniform(int(seeds[r]), int(steps[r]), np.arange(vocab)).astype(np.float64)
-            with np.errstate(divide="ignore"):  # u rounds to 1 once in 2^24 draws: that token wins, as on the device
-                score = score - np.log(-np.log(u))
+            score = score - np.log(np.maximum(-np.log(u), GUMBEL_FLOOR))
         score[~keep] = -np.inf
         out[r] = int(np.argmax(score))
     return out

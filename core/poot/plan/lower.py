@@ -273,7 +273,7 @@ def _sample(n: Node, plan: Plan, gpu: bool, block: int = 256) -> list[Launch]:
     logits = ops["logits"]
     vocab = logits.shape[1].value
     if vocab >= 1 << 24:  # the chunks' best token ids travel as f32 values
-        raise Refusal("sample", "any", f"a vocabulary of {vocab} tokens: sampling handles fewer than 2**24")
+        raise Refusal("sample", "gpu" if gpu else "host", f"a vocabulary of {vocab} tokens: sampling handles fewer than 2**24")
     chunk = 2048 if gpu else 8192
     chunks = -(-vocab // chunk)
     rows = lambda env: _shape(logits, env)[0]  # noqa: E731

@@ -205,14 +205,25 @@ class CudaExecutor(Executor):
         return step
 
     def _drop(self, step: CudaStep) -> None:
-        _check(self.d, "cuGraphExecDestroy", self.d.cuGraphExecDestroy(step.graph_exec))
+        """Free a step's graph and memory; replaying or reading it afterwards is a PootError (its
+        input arrays were views of the freed pinned block)."""
+        graph_exec, step.graph_exec = step.graph_exec, None
+        step.inputs, step.outputs, step.calls = {}, {}, []
+        if graph_exec is None:
+            return
+        _check(self.d, "cuGraphExecDestroy", self.d.cuGraphExecDestroy(graph_exec))
         for p in step.owned:
             self.ctx.free(p)
         if step.staging[0]:
             _check(self.d, "cuMemFreeHost", self.d.cuMemFreeHost(step.staging[0]))
 
     # -- replay ---------------------------------------------------------------------------------
+    def _live(self, step: CudaStep) -> None:
+        if step.graph_exec is None:
+            raise PootError("this captured step was released (its executor was rebound or closed): capture the step again")
+
     def replay(self, step: CudaStep, inputs: Mapping[str, np.ndarray]) -> None:
+        self._live(step)
         self.ctx.make_current()
         for name, (_, host) in step.inputs.items():
             if name not in inputs:
@@ -253,6 +264,7 @@ class CudaExecutor(Executor):
         return list(zip(step.names, np.median(times, axis=0).tolist()))
 
     def read(self, step: CudaStep, name: str) -> np.ndarray:
+        self._live(step)
         if name not in step.outputs:
             raise PootError(f"output '{name}' is not computed in this step (its launch is conditional on the step's symbols)")
         ptr, dtype, shape = step.outputs[name]
@@ -269,10 +281,10 @@ class CudaExecutor(Executor):
     def close(self) -> None:
         self.ctx.make_current()
         self.ctx.synchronize()
-        for step in self._steps.values():
+        steps, self._steps = list(self._steps.values()), {}
+        memory = list(self._weights.values()) + list(self._consts.values()) + list(self._fixed.values()) + [p for p, _ in self._pools.values()]
+        self._weights, self._consts, self._fixed, self._pools = {}, {}, {}, {}  # emptied first: a second close frees nothing twice
+        for step in steps:
             self._drop(step)
-        for p in list(self._weights.values()) + list(self._consts.values()) + list(self._fixed.values()) + [p for p, _ in self._pools.values()]:
+        for p in memory:
             self.ctx.free(p)
-        self._steps.clear()
-        self._weights.clear()
-        self._pools.clear()

@@ -23,13 +23,13 @@ PART_WORDS = 3  # a chunk's (max, best score, best index) in ``parts``: the inde
 @kernel(workgroup=("BLOCK", 1, 1))
 def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], temperature: In[f32], repetition: In[f32], presence: In[f32],
                   frequency: In[f32], seeds: In[i32], steps: In[i32], mask: In[i32], bias_ids: In[i32], bias_vals: In[f32], work: Out[f32],
-                  parts: Out[f32], vocab: i32, mask_words: i32, nbias: i32, chunk: i32, BLOCK: Const = 256):
+                  parts: Out[f32], vocab: i32, mask_words: i32, nbias: i32, chunk: i32, BLOCK: Const = 256, PART: Const = PART_WORDS):
     """The first half of sampling, a workgroup per ``chunk`` tokens of a row (grid (rows, chunks)):
     logit bias (``nbias`` (id, value) pairs, id < 0 unused), penalties from
     ``counts[count_rows[r]]`` (a row < 0: no history), temperature, then the allowed-token bitmask
     (bit clear: the logit becomes -3e38) into ``work``; then the chunk's largest processed logit and
     its best token of an unfiltered draw (the Gumbel-max score at temperature > 0, the logit at 0;
-    ties to the lower id) into ``parts[(r * chunks + c) * PART_WORDS ...]``."""
+    ties to the lower id) into ``parts[(r * chunks + c) * PART ...]``."""
     r = group_id(0)
     c = group_id(1)
     t = thread_id(0)
@@ -77,27 +77,27 @@ def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], tempera
                 h = h ^ ((h >> 13) & 524287)
                 h = h * -1028477387
                 h = h ^ ((h >> 16) & 65535)
-                u = (f32((h >> 8) & 16777215) + 0.5) / 16777216.0
-                score = z - log(-log(u))
+                u = (f32((h >> 9) & 8388607) + 0.5) / 8388608.0  # in [2^-24, 1 - 2^-24], exactly
+                score = z - log(max(-log(u), 5.9e-8))  # the floor: an approximate log near 1 may give 0
             if score > best:
                 best = score
                 best_i = i
     red[t] = m
     reduce_shared(red, "max")
     if t == 0:
-        parts[(r * num_groups(1) + c) * 3] = red[0]
+        parts[(r * num_groups(1) + c) * PART] = red[0]
     barrier()
     red[t] = best
     cnt[t] = best_i
     reduce_argmax(red, cnt)
     if t == 0:
-        parts[(r * num_groups(1) + c) * 3 + 1] = red[0]
-        parts[(r * num_groups(1) + c) * 3 + 2] = f32(cnt[0])
+        parts[(r * num_groups(1) + c) * PART + 1] = red[0]
+        parts[(r * num_groups(1) + c) * PART + 2] = f32(cnt[0])
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
 def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], top_p: In[f32], min_p: In[f32], seeds: In[i32], steps: In[i32],
-           tokens: Out[i32], vocab: i32, chunks: i32, BLOCK: Const = 256):
+           tokens: Out[i32], vocab: i32, chunks: i32, BLOCK: Const = 256, PART: Const = PART_WORDS):
     """tokens[r] = a sample from row r of ``work`` as ``sample_chunks`` left it (``chunks`` parts a
     row). A row without top-k, top-p or min-p (or at temperature 0: greedy, argmax after penalties)
     takes its chunks' best; otherwise top-k, top-p and min-p filter the row and the Gumbel-max draw
@@ -112,7 +112,7 @@ def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], 
     p = top_p[r]
     m = -3.0e38
     for j in range(t, chunks, BLOCK):
-        m = max(m, parts[(r * chunks + j) * 3])
+        m = max(m, parts[(r * chunks + j) * PART])
     red[t] = m
     reduce_shared(red, "max")
     zmax = red[0]
@@ -181,15 +181,15 @@ def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], 
                 h = h ^ ((h >> 13) & 524287)
                 h = h * -1028477387
                 h = h ^ ((h >> 16) & 65535)
-                u = (f32((h >> 8) & 16777215) + 0.5) / 16777216.0
-                score = z - log(-log(u))
+                u = (f32((h >> 9) & 8388607) + 0.5) / 8388608.0  # in [2^-24, 1 - 2^-24], exactly
+                score = z - log(max(-log(u), 5.9e-8))  # the floor: an approximate log near 1 may give 0
                 if score > best:
                     best = score
                     best_i = i
     else:  # nothing filtered: the chunks' best tokens
         for j in range(t, chunks, BLOCK):
-            v = parts[(r * chunks + j) * 3 + 1]
-            vi = i32(parts[(r * chunks + j) * 3 + 2])
+            v = parts[(r * chunks + j) * PART + 1]
+            vi = i32(parts[(r * chunks + j) * PART + 2])
             if v > best or (v == best and vi < best_i):
                 best = v
                 best_i = vi
