@@ -315,7 +315,7 @@ def test_paged_attention(rng, variant, mask, splits):
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
 
-from poot.eval.sampling import gumbel_uniform, logprobs_reference, sample_reference  # noqa: E402
+from poot.eval.sampling import gumbel_uniform, logprobs_reference, sample_reference, sampling_hash  # noqa: E402
 from poot.kernel.library import sampling as sampling_lib  # noqa: E402
 
 
@@ -407,30 +407,19 @@ def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):
     assert 0 < u.min() and u.max() < 1 and abs(u.mean() - 0.5) < 0.01
 
 
-def _hash(seeds: np.ndarray, step: int, token: int) -> np.ndarray:
-    """The sampling hash's 32 bits for many seeds (as ``gumbel_uniform`` mixes them)."""
-    with np.errstate(over="ignore"):
-        h = seeds.astype(np.uint32) ^ (np.uint32(step) * np.uint32(0x9E3779B1)) ^ (np.uint32(token) * np.uint32(0x27D4EB2D))
-        h = h ^ (h >> np.uint32(16))
-        h = h * np.uint32(0x85EBCA6B)
-        h = h ^ (h >> np.uint32(13))
-        h = h * np.uint32(0xC2B2AE35)
-        return h ^ (h >> np.uint32(16))
-
-
 def test_the_largest_uniform_draws_no_masked_token(rng):
     """A seed whose hash gives token 3 its largest uniform (24 bits all set: 1.0 once rounded to f32
     in 24 bits and a half, an infinite Gumbel score): u stays below 1, and token 3, masked, is not drawn."""
     hit = -1
     for start in range(0, 1 << 30, 1 << 22):  # one seed in 2^24 on average
         seeds = np.arange(start, start + (1 << 22), dtype=np.uint32)
-        found = seeds[((_hash(seeds, 7, 3) >> np.uint32(8)) & np.uint32(0xFFFFFF)) == 0xFFFFFF]
+        found = seeds[((sampling_hash(seeds, 7, 3) >> np.uint32(8)) & np.uint32(0xFFFFFF)) == 0xFFFFFF]
         if len(found):
             hit = int(found[0])
             break
     u = gumbel_uniform(hit, 7, np.arange(50))
     assert u[3] == np.float32(1 - 2.0**-24) and u.max() < 1
-    assert np.float32(np.float32(0xFFFFFF) + np.float32(0.5)) == np.float32(1 << 24)  # what 24 bits and a half did
+    # (before: (0xFFFFFF + 0.5) / 2^24, and 0xFFFFFF + 0.5 rounds to 2^24 in f32: u was 1.0)
     rows, vocab = 1, 50
     p = _sampling_case(rng, rows, vocab)
     p.update(temperature=np.ones(1, np.float32), top_k=np.zeros(1, np.int32), top_p=np.ones(1, np.float32), min_p=np.zeros(1, np.float32),

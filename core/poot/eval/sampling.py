@@ -11,20 +11,27 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["sample_reference", "gumbel_uniform", "logprobs_reference", "MASKED"]
+__all__ = ["sample_reference", "gumbel_uniform", "sampling_hash", "logprobs_reference", "MASKED"]
 
 
-def gumbel_uniform(seed: int, step: int, tokens: np.ndarray) -> np.ndarray:
-    """The counter-based uniform of each token id (a murmur3-style 32-bit finaliser): 23 of its bits
-    and a half, over 2^23, so every value is an exact f32 in [2^-24, 1 - 2^-24] (24 bits and a half
-    would round the largest up to 1.0, whose Gumbel noise is infinite)."""
+def sampling_hash(seeds: int | np.ndarray, step: int, tokens: int | np.ndarray) -> np.ndarray:
+    """The counter-based 32-bit hash of (seed, step, token) the draw is made from (a murmur3-style
+    finaliser); ``seeds`` and ``tokens`` broadcast."""
     with np.errstate(over="ignore"):
-        h = np.uint32(seed & 0xFFFFFFFF) ^ (np.uint32(step & 0xFFFFFFFF) * np.uint32(0x9E3779B1)) ^ (tokens.astype(np.uint32) * np.uint32(0x27D4EB2D))
+        h = ((np.asarray(seeds, np.int64) & 0xFFFFFFFF).astype(np.uint32) ^ (np.uint32(step & 0xFFFFFFFF) * np.uint32(0x9E3779B1))
+             ^ (np.asarray(tokens).astype(np.uint32) * np.uint32(0x27D4EB2D)))
         h = h ^ (h >> np.uint32(16))
         h = h * np.uint32(0x85EBCA6B)
         h = h ^ (h >> np.uint32(13))
         h = h * np.uint32(0xC2B2AE35)
-        h = h ^ (h >> np.uint32(16))
+        return h ^ (h >> np.uint32(16))
+
+
+def gumbel_uniform(seed: int, step: int, tokens: np.ndarray) -> np.ndarray:
+    """The counter-based uniform of each token id: 23 bits of ``sampling_hash`` and a half, over
+    2^23, so every value is an exact f32 in [2^-24, 1 - 2^-24] (24 bits and a half would round the
+    largest up to 1.0, whose Gumbel noise is infinite)."""
+    h = sampling_hash(seed, step, tokens)
     return (((h >> np.uint32(9)) & np.uint32(0x7FFFFF)).astype(np.float32) + np.float32(0.5)) / np.float32(8388608.0)
 
 

@@ -2,7 +2,8 @@
 decoding), top-k, top-p, min-p, and a counter-based draw; only the token id leaves the device. Two
 launches: ``sample_chunks`` processes each row in chunks, a workgroup each, and finds each chunk's
 best token of an unfiltered draw; ``sample``, a workgroup a row, takes the best of those (greedy
-decoding, plain temperature) or filters the row and draws again. Log-probabilities of the chosen and the top-N tokens come from ``logprobs``.
+decoding, plain temperature) or filters the row and draws again. Log-probabilities of the chosen
+and the top-N tokens come from ``logprobs``.
 
 Filtering keeps every token whose logit reaches a threshold, so ties at the boundary are kept. Top-k
 and top-p thresholds are found exactly by bisection over the order-preserving integer image of the
