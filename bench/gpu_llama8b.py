@@ -306,8 +306,7 @@ def main() -> None:
     for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256)):
         if args.only and args.only != name:
             continue
-        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches if name == "bf16" else [1], args.prefill if name == "bf16" else 0, args.rounds,
-                                               args.profile, args.matmul_precision[0])
+        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0])
         if bw:
             roof = bw / decode_weight_bytes(dims, args.layers, bpv)
             res[f"roofline_{name}"] = roof
@@ -336,14 +335,14 @@ def main() -> None:
     hf = res.get("transformers", {})
     first = args.matmul_precision[0]
     cols = "".join(f" poot bf16 {p} | / transformers |" for p in extra)
-    print(f"\n| measure | poot bf16 ({first}) | poot Q4_K | transformers eager bf16 | poot bf16 / transformers |{cols}")
-    print("|---|---|---|---|---|" + "---|---|" * len(extra))
+    print(f"\n| measure | poot bf16 ({first}) | poot Q4_K | transformers eager bf16 | poot bf16 / transformers | poot Q4_K / transformers |{cols}")
+    print("|---|---|---|---|---|---|" + "---|---|" * len(extra))
     fmt = lambda v: f"{v:.1f}" if v else "-"  # noqa: E731
     ratio = lambda a, b: f"{a / b:.2f}x" if a and b else "-"  # noqa: E731
     for key in [f"decode_b{b}" for b in args.batches] + [f"prefill_{args.prefill}"]:
         ours, q, peer = res.get("poot_bf16", {}).get(key), res.get("poot_q4_k", {}).get(key), hf.get(key)  # type: ignore[union-attr]
         more = "".join(f" {fmt(o)} | {ratio(o, peer)} |" for o in (res.get(f"poot_bf16_{p}", {}).get(key) for p in extra))  # type: ignore[union-attr]
-        print(f"| {key} tok/s | {fmt(ours)} | {fmt(q)} | {fmt(peer)} | {ratio(ours, peer)} |{more}")
+        print(f"| {key} tok/s | {fmt(ours)} | {fmt(q)} | {fmt(peer)} | {ratio(ours, peer)} | {ratio(q, peer)} |{more}")
     for name in ("bf16", "q4_k"):
         if f"roofline_{name}" in res:
             r, roof = res[f"poot_{name}"], res[f"roofline_{name}"]

@@ -363,6 +363,35 @@ def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, xsplit,
     _close(y, want, np.abs(x) @ np.abs(w).T)
 
 
+@mma_only
+@pytest.mark.parametrize("mt,tn,wk,k", [(1, 4, 8, 1024), (2, 4, 8, 2048), (1, 2, 2, 1024), (1, 4, 16, 14336)])  # 16 warps: the planner's for long rows
+@pytest.mark.parametrize("split,xsplit", [(True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("m,n", [(1, 37), (9, 64), (23, 33)])
+def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, split, xsplit, m, n):
+    """Q4_K weights streamed and dequantized to bf16 in registers: the same bits as the bf16 GEMM on
+    the weights ``dequantize_bf16`` writes, and within the f32-summation bound of x (as two bf16
+    terms, or rounded) times the nearest bf16 of gguf's dequantization."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    from poot.kernel.library.dequant_gpu import dequant_groups, dequantize_bf16
+
+    raw = quantization("q4_k").quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32))
+    w = bf16_round(gq.dequantize(raw, GGMLQuantizationType.Q4_K).reshape(n, k).astype(np.float32))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xb = {"xs": split_reference(x) if split else split_reference(x)[: m * k // 2].copy()} if xsplit else {"x": x}
+    grid = (-(-m // (16 * mt)), -(-n // (8 * tn)))
+    y = poisoned((m, n))
+    run_host(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit, qtype="q4_k"), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
+    wd = poisoned((n * k // 2,), np.int32)
+    run_host(dequantize_bf16("q4_k", k), (dequant_groups("q4_k", n, k),), {"w": raw.view(np.int32).reshape(-1), "wd": wd}, {"n": n})
+    same = poisoned((m, n))
+    run_host(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit), grid, {**xb, "w": wd, "y": same}, {"m": m, "n": n})
+    assert (y.view(np.int32) == same.view(np.int32)).all(), f"{(y != same).sum()} outputs differ from the bf16 GEMM on the dequantized weights"
+    xr = x if split else bf16_round(x)
+    _close(y, xr.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)
+
+
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
 @pytest.mark.parametrize("mr,m,per_warp", [(1, 1, 1), (4, 3, 1), (1, 1, 3), (4, 3, 2)])

@@ -236,6 +236,41 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
         Limits(matmul_precision="low")
 
 
+def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
+    """Beyond four rows on a GPU with mma.sync: a Q4_K product up to 64 rows through the streaming
+    tensor-core GEMM that dequantizes it in registers, beyond 64 dequantized to bf16 into scratch
+    memory for the tiled GEMM; another packed type dequantized into scratch for both. Few rows keep
+    the warp GEMVs (Q4_K) or the generic GEMV and register-tiled GEMM (others); "highest" keeps the
+    register-tiled GEMM; a weight too large for the scratch budget keeps it too, but for Q4_K, whose
+    streaming GEMM takes every row count then."""
+    from poot.plan import matmul as planner_matmul
+
+    b = GraphBuilder()
+    x = b.input("x", "f32", [sym("tokens"), 512])
+    graph = b.build({"y": b.linear(x, b.weight("w", "q4_k", [768, 512])), "z": b.linear(x, b.weight("v", "q6_k", [256, 512]))})
+
+    def launches(precision, tokens):
+        plan = plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}),
+                                                                            matmul_precision=precision))
+        return plan, [l for l in plan.launches if l.when is None or l.when({"tokens": tokens})]
+
+    plan, nine = launches("high", 9)
+    assert [l.kernel.name for l in nine] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_1x4_W8_xs", "dequantize_bf16_q6_k_K512", "gemm_warp_bf16_K512_1x4_W8_xs"]
+    assert nine[1].buffers["w"] == plan.launches[0].buffers["w"] and nine[1].buffers["w"] not in plan.scratch  # the Q4_K weight itself
+    assert nine[2].buffers["wd"] == nine[3].buffers["w"] and nine[2].buffers["wd"] in plan.scratch
+    assert plan.scratch[nine[2].buffers["wd"]].words({}) == 256 * 512 // 2
+    plan, many = launches("medium", 300)
+    assert [l.kernel.name for l in many] == ["dequantize_bf16_q4_k_K512", "split_bf16x1_K512", "gemm_mma_bf16_K512_2x2_4x8_xb",
+                                             "dequantize_bf16_q6_k_K512", "gemm_mma_bf16_K512_2x2_4x8_xb"]
+    assert many[0].buffers["wd"] == many[2].buffers["w"] and many[0].buffers["wd"] in plan.scratch
+    assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
+    assert [l.kernel.name.split("_K")[0] for l in launches("high", 1)[1]] == ["gemv_warp_q4_k", "gemv_blocks_BB210_BLOCK64_BS256_ROWS4"]
+    assert [l.kernel.name.split("_K")[0] for l in launches("high", 3)[1]] == ["gemv_warp_q4_k", "gemm_simt_q6_k"]
+    assert not any("dequantize" in l.kernel.name or "mma" in l.kernel.name for l in launches("highest", 300)[1])
+    monkeypatch.setattr(planner_matmul, "DEQUANT_BYTES", 2 * 256 * 512 - 1)
+    assert [l.kernel.name.split("_K")[0] for l in launches("high", 300)[1]] == ["split_bf16x2", "gemm_warp_q4_k", "gemm_simt_q6_k"]
+
+
 def test_fusions_leave_what_they_cannot_prove():
     """A pool of another type (a cast between) keeps its own RoPE and KV writes; a sum read before its
     norm keeps its add kernel."""

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
-from ..kernel.library import linear, linear_gpu, linear_host, linear_mma, linear_simt
+from ..kernel.library import dequant_gpu, linear, linear_gpu, linear_host, linear_mma, linear_simt
 from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
 from .common import Env, Limits
 from .common import key as _key
@@ -149,11 +149,28 @@ class SplitX:
         return xs
 
 
+# bytes of bf16 a packed weight dequantized for the tensor cores may take in a step's scratch memory
+# (each captured step has its own): Llama-3-8B's layer matrices fit, its 128,256-token output head
+# (1 GiB) keeps the register-tiled GEMM
+DEQUANT_BYTES = 1 << 28
+
+
+def _dequantizes(w: Value) -> bool:
+    """Whether packed weight ``w`` may be dequantized to bf16 into scratch memory for the tiled
+    tensor-core GEMM: a packed type, rows of whole 256-value blocks, within ``DEQUANT_BYTES``."""
+    return (w.rank == 2 and w.dtype.name in BODIES and BODIES[w.dtype.name][0] > 1 and w.shape[1].value % 256 == 0
+            and 2 * w.shape[0].value * w.shape[1].value <= DEQUANT_BYTES)
+
+
 def _on_tensor_cores(n: Node, limits: Limits) -> bool:
-    """Whether matmul ``n`` takes the tensor-core GEMMs beyond a few rows (``_matmul_fast_gpu``)."""
+    """Whether matmul ``n`` takes the tensor-core GEMMs beyond a few rows (``_tensor_core_launches``):
+    bf16 weights, Q4_K ones (dequantized in registers) or other packed ones dequantized to bf16
+    first; given mma.sync and a matmul precision below "highest"."""
     w = n.inputs[1]
-    return (n.op == "matmul" and n.attrs["transpose_b"] and w.rank == 2 and w.dtype == dt.bf16 and _warp_gemv_fits(w.dtype, w.shape[1].value, limits)
-            and "mma.sync.bf16" in limits.matrix and limits.matmul_precision != "highest")
+    if not (n.op == "matmul" and n.attrs["transpose_b"] and w.rank == 2 and limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix
+            and limits.matmul_precision != "highest"):
+        return False
+    return (w.dtype.name in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, w.shape[1].value, limits)) or _dequantizes(w)
 
 
 def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits, split: SplitX) -> list[Launch]:
@@ -173,11 +190,67 @@ def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits
                    between(4, None, rows), label="glu_split")]
 
 
+def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list[Launch]:
+    """Matmul ``n`` beyond four rows on tensor cores: a GEMM streaming the weights like a GEMV up to 64
+    rows, a tiled one beyond; x split into bf16 terms once (by ``split``). Packed weights are first
+    dequantized to bf16 into scratch memory (``dequantize_bf16``), but for Q4_K up to 64 rows, which
+    the streaming GEMM dequantizes in registers to the same bf16 values (docs/NUMERICS.md)."""
+    x, w = n.inputs
+    nn, kk = w.shape[0].value, w.shape[1].value
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    bufs: dict[str, Any] = {"x": _key(x), "w": _key(w), "y": _key(n.outputs[0])}
+    sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+    out: list[Launch] = []
+    q = w.dtype.name
+    wd = bufs["w"]  # the weights the tiled GEMM reads: packed ones dequantized first
+    streams_q4_k = q == "q4_k"  # the streaming GEMM dequantizes Q4_K in registers (no scratch)
+    tiled = w.dtype == dt.bf16 or _dequantizes(w)  # else (a Q4_K weight past the budget) the streaming GEMM for every row count
+    if w.dtype != dt.bf16 and tiled:
+        if split is None:
+            raise Refusal("matmul", "gpu", "packed weights reach the tensor cores through the plan's scratch memory: plan with a SplitX")
+        wd = split.plan.add_scratch(lambda env: nn * kk // 2)
+        deq: dict[str, Any] = {"w": bufs["w"], "wd": wd}
+        deq_sc: dict[str, int] = {"n": nn}
+        if q != "q4_k":
+            bs, bb = BODIES[q][0], BODIES[q][1]
+            deq["lut"] = LUTS.get(q, np.zeros(1, np.float32))
+            deq_sc["row_bytes"] = kk // bs * bb
+        out.append(Launch(n, dequant_gpu.dequantize_bf16(q, kk), deq, lambda env: (dequant_gpu.dequant_groups(q, nn, kk),),
+                          lambda env: deq_sc, between(64 if streams_q4_k else 4, None, rows), label="dequantize"))
+        if not streams_q4_k:
+            bufs["w"] = wd
+    xsplit = split is not None
+    two = limits.matmul_precision == "high"  # x as two bf16 terms, or rounded to one
+    if split is not None:
+        xs, pre = split.of(n, x, kk, rows, between(4, None, rows))
+        out += pre
+        bufs = {"xs": xs, "w": bufs["w"], "y": bufs["y"]}
+    # weights streamed like a GEMV, tensor cores doing the sums; long rows split K among 16 warps
+    # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
+    wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
+    for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64 if tiled else None)):
+        if streams_q4_k:  # K / wk a multiple of 64: a warp's K is whole chunks of Q4_K blocks
+            wk = next(v for v in (wk, 8, 4, 2, 1) if kk % (64 * v) == 0)
+        k = linear_mma.gemm_warp(kk, mt, 4, wk, split=two, xsplit=xsplit, qtype="q4_k" if streams_q4_k else "bf16")
+        out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
+    # tiles staged through workgroup memory: 128 x 128, four warps of 64 x 64 (the fewest bytes
+    # of workgroup memory read a tensor-core product: what bounds this schedule); 128 x 256
+    # (eight warps) for products of 8192+ features (measured on Llama-3-8B's gate/up products:
+    # 5% faster at 2048 rows on an H200, 2% with x rounded; no faster for the narrower ones)
+    wm, wn, tm, tn = ((2, 4, 4, 8) if nn >= 8192 else (2, 2, 4, 8)) if xsplit else (2, 2, 2, 4)
+    if tiled:
+        k = linear_mma.gemm_mma(kk, wm, wn, tm, tn, split=two, xsplit=xsplit)
+        bm, bn = 16 * wm * tm, 8 * wn * tn
+        out.append(Launch(n, k, {**bufs, "w": wd}, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
+    return out
+
+
 def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch] | None:
     """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
     warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
-    GEMMs for more rows (bf16 weights, given mma.sync and a matmul precision below "highest"; x split
-    into bf16 terms once, by ``split``), else a register-tiled GEMM for bf16."""
+    GEMMs for more rows (bf16 weights, or Q4_K dequantized to bf16 given ``split``; given mma.sync and
+    a matmul precision below "highest"; x split into bf16 terms once, by ``split``), else a
+    register-tiled GEMM for bf16."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     if not _warp_gemv_fits(w.dtype, kk, limits):
@@ -193,27 +266,8 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> li
     for mr, lo, hi in few:
         k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums)
         out.append(Launch(n, k, bufs, lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
-    if _on_tensor_cores(n, limits):
-        xsplit = split is not None
-        two = limits.matmul_precision == "high"  # x as two bf16 terms, or rounded to one
-        if split is not None:
-            xs, pre = split.of(n, x, kk, rows, between(4, None, rows))
-            out += pre
-            bufs = {"xs": xs, "w": bufs["w"], "y": bufs["y"]}
-        # weights streamed like a GEMV, tensor cores doing the sums; long rows split K among 16 warps
-        # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
-        wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
-        for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64)):
-            k = linear_mma.gemm_warp(kk, mt, 4, wk, split=two, xsplit=xsplit)
-            out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
-        # tiles staged through workgroup memory: 128 x 128, four warps of 64 x 64 (the fewest bytes
-        # of workgroup memory read a tensor-core product: what bounds this schedule); 128 x 256
-        # (eight warps) for products of 8192+ features (measured on Llama-3-8B's gate/up products:
-        # 5% faster at 2048 rows on an H200, 2% with x rounded; no faster for the narrower ones)
-        wm, wn, tm, tn = ((2, 4, 4, 8) if nn >= 8192 else (2, 2, 4, 8)) if xsplit else (2, 2, 2, 4)
-        k = linear_mma.gemm_mma(kk, wm, wn, tm, tn, split=two, xsplit=xsplit)
-        bm, bn = 16 * wm * tm, 8 * wn * tn
-        out.append(Launch(n, k, bufs, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
+    if _on_tensor_cores(n, limits) and (w.dtype == dt.bf16 or split is not None):
+        out += _tensor_core_launches(n, limits, split)
     elif w.dtype == dt.bf16 and _simt_step(kk, limits):  # register tiles on CUDA cores, bf16 read as words
         bk, t = _simt_step(kk, limits), linear_simt.SIMT_TILE
         out.append(Launch(n, linear_simt.gemm_simt(kk, bk), bufs, lambda env: (-(-nn // t), -(-rows(env) // t)), sc, between(4, None, rows)))
@@ -318,7 +372,7 @@ def matmul_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> list[Lau
         return matmul_host(n, 1 << 20)
     if not n.attrs["transpose_b"] or w.rank != 2:
         raise Refusal("matmul", "gpu", "the GPU planner runs x @ w^T with a 2-D weight, or per expert")
-    return _matmul_fast_gpu(n, limits, split) or _matmul_gpu_generic(n, limits)
+    return _matmul_fast_gpu(n, limits, split) or _matmul_gpu_generic(n, limits, split)
 
 
 def _simt_step(k: int, limits: Limits) -> int:
@@ -328,10 +382,11 @@ def _simt_step(k: int, limits: Limits) -> int:
     return next((bk for bk in (32, 16) if k % bk == 0 and linear_simt.simt_shared_bytes(bk) <= limits.shared_bytes), 0)
 
 
-def _matmul_gpu_generic(n: Node, limits: Limits) -> list[Launch]:
+def _matmul_gpu_generic(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch]:
     """GPU schedules for any weight type: a GEMV whose workgroups split K across threads for few
     rows; for many, packed weights dequantized once per workgroup into the register-tiled GEMM
-    (``gemm_simt``) where it fits, else a 16x16 tiled GEMM dequantizing in registers."""
+    (``gemm_simt``) where it fits, else a 16x16 tiled GEMM dequantizing in registers; beyond four
+    rows, where the tensor cores take them, packed weights dequantized to bf16 for those."""
     x, w = n.inputs
     out = n.outputs[0]
     nn, kk = w.shape[0].value, w.shape[1].value
@@ -353,6 +408,9 @@ def _matmul_gpu_generic(n: Node, limits: Limits) -> list[Launch]:
         else:
             gemm = Launch(n, linear.gemm_packed.instantiate(QTYPE=w.dtype.name), {"a": xk, "w": wk, "lut": lut, "c": ok},
                           lambda env: (-(-nn // 16), -(-rows(env) // 16)), lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes}, many)
+        if split is not None and _on_tensor_cores(n, limits):
+            gemm.when = between(2, 4, rows)
+            return [gemv, gemm, *_tensor_core_launches(n, limits, split)]
         return [gemv, gemm]
     if w.dtype != dt.f32:
         raise Refusal("matmul", "gpu", f"weights of type {w.dtype} need a cast first")

@@ -105,7 +105,7 @@ def run_host(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], 
     hk.run(grid, buffers, scalars, threads=threads)
 
 
-KERNEL_SUITES = ("tests/test_kernels_host.py", "tests/test_kernels_host_schedules.py")
+KERNEL_SUITES = ("tests/test_kernels_host.py", "tests/test_kernels_host_schedules.py", "tests/test_kernels_dequant.py")
 GPU_SCHEDULES = ("tests/test_kernels_gpu_schedules.py",)  # the cases a device's subgroups (or tensor cores) allow
 
 

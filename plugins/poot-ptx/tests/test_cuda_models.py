@@ -67,18 +67,22 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     assert worst < bound
 
 
-def test_q4_k_model_on_the_warp_gemvs_matches_the_oracle(cuda, tmp_path, rng):
+def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng):
     """A Q4_K Llama GGUF (poot's quantizer, f32 norms) in every row-count regime: its products through
     the Q4_K warp GEMVs at up to four rows (x meeting the quants as two int8 terms, about 15 bits),
-    the register-tiled GEMM beyond; against the oracle on gguf's dequantization."""
+    beyond that on tensor cores, the weights dequantized to bf16 in registers (up to 64 rows) or into
+    scratch memory (x as two bf16 terms, the weights rounded to bf16: 2^-9, a bound as loose as
+    matmul precision "medium"'s, and the argmax
+    may differ where the oracle's top two logits are within twice it); against the oracle on
+    gguf's dequantization."""
     from poot_ptx.executor import CudaExecutor
 
     g, w = wide_q4_k_llama(tmp_path / "q4k", int(rng.integers(0, 2**31)))
     plan = compile_plan(g, cuda)
     names = {l.kernel.name.split("_K")[0] for l in plan.launches}
-    assert {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemm_simt_q4_k"} <= names, names
+    assert {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemm_warp_q4_k", "dequantize_bf16_q4_k", "gemm_mma_bf16"} <= names, names
     ex = CudaExecutor(plan)
-    worst = row_regimes_against_oracle(ex, g, w, rng, tie=4e-3)
+    worst = row_regimes_against_oracle(ex, g, w, rng, tie=0.2)
     ex.close()
-    print(f"q4_k llama (warp GEMVs) on cuda:0: max |dlogit| {worst:.2g}")
-    assert worst < 2e-3
+    print(f"q4_k llama (warp GEMVs, tensor cores on dequantized weights) on cuda:0: max |dlogit| {worst:.2g}")
+    assert worst < 0.1

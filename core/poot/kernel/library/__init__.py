@@ -45,4 +45,7 @@ def catalogue() -> list[Kernel]:
     from .linear_simt import gemm_simt
 
     ks += [gemm_simt(4096), gemm_simt(4096, 16), gemm_simt(4096, 32, "q4_k", words=False)]
+    from .dequant_gpu import dequantize_bf16
+
+    ks += [dequantize_bf16(q, 4096) for q in sorted(BODIES) if BODIES[q][0] > 1]
     return ks

@@ -20,7 +20,7 @@ from .. import ir as K
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _c, _f, _fma, _hi16, _lo16, _mul, _r, _silu_mul
 
-__all__ = ["gemv_warp", "quantize_q8x2", "GEMV_TYPES", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
+__all__ = ["gemv_warp", "quantize_q8x2", "q4_k_lane_scales", "q4_k_bf16_pairs", "GEMV_TYPES", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
 
 GEMV_TYPES = ("bf16", "q4_k")
 
@@ -145,6 +145,38 @@ def quantize_q8x2(k: int) -> K.Kernel:
     return kern
 
 
+def q4_k_lane_scales(p: str, u: int | str) -> list[K.Stmt]:
+    """A Q4_K lane's two sub-blocks 2c and 2c + 1 (locals ``c`` and ``sh = 16 (c % 2)``): from the
+    block's first four words ``{p}dm{u}``, ``{p}s0{u}``..``{p}s2{u}``, the scales ``{p}scl{u}``,
+    ``{p}sch{u}`` and mins ``{p}mnl{u}``, ``{p}mnh{u}`` (f32, d and dmin applied) of its low and
+    high nibbles. ggml's get_scale_min_k4 for both sub-blocks at once, as 16-bit pairs (the bytes
+    2c, 2c + 1 of the scales and of the mins): halfwords of the three scale words at the lane's
+    fixed shift ``sh``, the branch on c < 2 a lane-constant select."""
+    out: list[K.Stmt] = [K.Let(f"{p}d{u}", K.HalfToF32(_b("and", _r(f"{p}dm{u}"), 0xFFFF))),
+                         K.Let(f"{p}dmin{u}", K.HalfToF32(_b("and", _b("shr", _r(f"{p}dm{u}"), 16), 0xFFFF)))]
+    a0, a1, a2 = (_b("shr", _r(f"{p}s{i}{u}"), _r("sh")) for i in range(3))
+    small = K.Bin("lt", _r("c"), _c(2))
+    scp = K.Select(small, _b("and", a0, 0x3F3F), _b("or", _b("and", a2, 0x0F0F), _b("shr", _b("and", a0, 0xC0C0), 2)))
+    mnp = K.Select(small, _b("and", a1, 0x3F3F), _b("or", _b("and", _b("shr", a2, 4), 0x0F0F), _b("shr", _b("and", a1, 0xC0C0), 2)))
+    out += [K.Let(f"{p}scp{u}", scp), K.Let(f"{p}mnp{u}", mnp)]
+    for part, shift in (("l", 0), ("h", 8)):
+        sc = _b("and", _b("shr", _r(f"{p}scp{u}"), shift), 255)
+        mn = _b("and", _b("shr", _r(f"{p}mnp{u}"), shift), 255)
+        out += [K.Let(f"{p}sc{part}{u}", K.Bin("mul", _r(f"{p}d{u}", F32), K.Cast(sc, F32))),
+                K.Let(f"{p}mn{part}{u}", K.Bin("mul", _r(f"{p}dmin{u}", F32), K.Cast(mn, F32)))]
+    return out
+
+
+def q4_k_bf16_pairs(p: str, part: str, words: list[str], shift: int) -> list[K.Expr]:
+    """The Q4_K values in the nibbles at ``shift`` (0: low, 4: high) of the bytes of i32 locals
+    ``words``, in order, each ``{p}sc{part} q - {p}mn{part}`` (``q4_k_lane_scales``) as ggml's
+    dequantization computes it in f32, as words of two bf16 values (nearest even, the first value
+    in the low half): the weights the tensor-core GEMMs take for a Q4_K matrix."""
+    vals = [K.Bin("sub", K.Bin("mul", _r(f"{p}sc{part}", F32), K.Cast(_b("and", _b("shr", _r(words[b // 4]), 8 * (b % 4) + shift), 15), F32)),
+                  _r(f"{p}mn{part}", F32)) for b in range(4 * len(words))]
+    return [K.PackBf16x2(vals[2 * q], vals[2 * q + 1]) for q in range(len(vals) // 2)]
+
+
 def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool = False) -> list[K.Stmt]:
     """The loop body of a Q4_K warp GEMV step: 4 ``un`` blocks a step, eight lanes a block, each lane 16
     quant bytes (32 values, halves of two sub-blocks) of ``un`` blocks of each weight row, against x
@@ -187,21 +219,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool =
             body += [K.VecLoad((f"dl{u}_{r}", f"sl{u}_{r}"), "xds", _mul(sb, 2), F32),
                      K.VecLoad((f"dh{u}_{r}", f"sh{u}_{r}"), "xds", _add(_mul(sb, 2), 2), F32)]
         for p in weights:
-            body += [K.Let(f"{p}d{u}", K.HalfToF32(_b("and", _r(f"{p}dm{u}"), 0xFFFF))),
-                     K.Let(f"{p}dmin{u}", K.HalfToF32(_b("and", _b("shr", _r(f"{p}dm{u}"), 16), 0xFFFF)))]
-            # ggml's get_scale_min_k4 for the lane's two sub-blocks 2c and 2c + 1 at once, as 16-bit
-            # pairs (the bytes 2c, 2c + 1 of the scales and of the mins): halfwords of the three
-            # scale words at the lane's fixed shift ``sh``, the branch on c < 2 a lane-constant select
-            a0, a1, a2 = (_b("shr", _r(f"{p}s{i}{u}"), _r("sh")) for i in range(3))
-            small = K.Bin("lt", _r("c"), _c(2))
-            scp = K.Select(small, _b("and", a0, 0x3F3F), _b("or", _b("and", a2, 0x0F0F), _b("shr", _b("and", a0, 0xC0C0), 2)))
-            mnp = K.Select(small, _b("and", a1, 0x3F3F), _b("or", _b("and", _b("shr", a2, 4), 0x0F0F), _b("shr", _b("and", a1, 0xC0C0), 2)))
-            body += [K.Let(f"{p}scp{u}", scp), K.Let(f"{p}mnp{u}", mnp)]
-            for part, shift in (("l", 0), ("h", 8)):
-                sc = _b("and", _b("shr", _r(f"{p}scp{u}"), shift), 255)
-                mn = _b("and", _b("shr", _r(f"{p}mnp{u}"), shift), 255)
-                body += [K.Let(f"{p}sc{part}{u}", K.Bin("mul", _r(f"{p}d{u}", F32), K.Cast(sc, F32))),
-                         K.Let(f"{p}mn{part}{u}", K.Bin("mul", _r(f"{p}dmin{u}", F32), K.Cast(mn, F32)))]
+            body += q4_k_lane_scales(p, u)
             for r in range(mr):
                 il: K.Expr = _c(0)
                 ih: K.Expr = _c(0)

@@ -21,6 +21,7 @@ from functools import lru_cache
 from .. import ir as K
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _bf16_bits, _bf16_rest, _c, _f, _mma_lanes, _mul, _pair, _r, _silu_mul
+from .linear_gpu import q4_k_bf16_pairs, q4_k_lane_scales
 
 __all__ = ["gemm_mma", "gemm_warp", "glu_split", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS"]
 
@@ -250,18 +251,27 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
 
 
 @lru_cache(maxsize=None)
-def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True, xsplit: bool = False) -> K.Kernel:
+def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True, xsplit: bool = False, qtype: str = "bf16") -> K.Kernel:
     """y = x @ w^T for few rows on tensor cores, streaming the weights like a GEMV: no staging
     through workgroup memory and no barrier in the loop. The ``wk`` warps of a workgroup split K and
     add their tiles at the end; each warp owns ``mt`` 16-row by ``tn`` 8-feature tiles. A lane loads
     16 contiguous bytes of a weight row (eight values) per 32-wide step of K and feeds them to two
     m16n8k16 products: K is summed in a permuted order (the same for x and the weights), which is
     what lets every load be 16 bytes. Grid (ceil(m / (16 mt)), ceil(n / (8 tn))). With ``xsplit`` x
-    comes as ``split_bf16x2`` wrote it (buffer ``xs``): its words are the fragments, no conversion."""
-    if k % (32 * wk):
-        raise ValueError(f"gemm_warp needs K a multiple of {32 * wk}, got {k}")
+    comes as ``split_bf16x2`` wrote it (buffer ``xs``): its words are the fragments, no conversion.
+
+    ``qtype`` "q4_k": Q4_K weight rows (i32 words of 144-byte blocks), dequantized in registers to
+    the nearest bf16 of each value (the values ``dequant_gpu.dequantize_bf16`` writes): two steps of
+    32 are a 64-value chunk of a block, whose 32 bytes hold the first step's values in their low
+    nibbles and the second's in their high ones, so a lane loads 8 bytes of quants (its eight values
+    of both steps) and the block's 16-byte head a chunk; K / wk a multiple of 64."""
+    if qtype not in ("bf16", "q4_k"):
+        raise ValueError(f"gemm_warp: weights of type bf16 or q4_k, got {qtype}")
+    if k % (32 * wk) or (qtype == "q4_k" and (k % 256 or (k // wk) % 64)):
+        raise ValueError(f"gemm_warp needs K a multiple of {32 * wk}{' and 256, with K / wk a multiple of 64' if qtype == 'q4_k' else ''}, got {k}")
     threads, steps = 32 * wk, k // (32 * wk)
     un = 2 if steps % 2 == 0 else 1
+    q4k = qtype == "q4_k"
     halves = ("hi", "lo") if split else ("hi",)
     nacc = mt * tn * 4
     body: list[K.Stmt] = [
@@ -274,8 +284,9 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     for i in range(mt):
         for h in (0, 8):
             body.append(K.Let(f"xr{i}_{h}", _mul(K.Bin("min", _add(_r("row0"), 16 * i + h, _r("g")), last_m), k)))
+    row_words = k // 256 * 36  # a Q4_K row's words
     for j in range(tn):
-        body.append(K.Let(f"wr{j}", _mul(K.Bin("min", _add(_r("col0"), 8 * j, _r("g")), last_n), k)))
+        body.append(K.Let(f"wr{j}", _mul(K.Bin("min", _add(_r("col0"), 8 * j, _r("g")), last_n), row_words if q4k else k)))
     acc = {(i, j): tuple(f"acc{i}_{j}_{e}" for e in range(4)) for i in range(mt) for j in range(tn)}
     for names in acc.values():
         body += [K.Let(nm, _f(0.0)) for nm in names]
@@ -286,9 +297,18 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     def loads(sx: K.Expr, pre: str) -> tuple[list[K.Stmt], list[str]]:
         out: list[K.Stmt] = []
         names: list[str] = []
+        if q4k:  # the step pair's 64-value chunk: its block's head and the lane's 8 bytes of quants
+            out += [K.Let(f"{pre}ch", _add(_mul(_r("warp"), k // wk // 64), sx)), K.Let(f"{pre}cc", _b("rem", _r(f"{pre}ch"), 4))]
+            names.append(f"{pre}cc")
+            for j in range(tn):
+                base = _add(_r(f"wr{j}"), _mul(_b("div", _r(f"{pre}ch"), 4), 36))
+                head, quants = [f"{pre}w{j}{nm}" for nm in ("dm", "s0", "s1", "s2")], [f"{pre}w{j}q{i}" for i in range(2)]
+                names += head + quants
+                out += [K.VecLoad(tuple(head), "w", base, I32),
+                        K.VecLoad(tuple(quants), "w", _add(base, 4, _mul(_r(f"{pre}cc"), 8), _mul(_r("t4"), 2)), I32)]
         for u in range(un):  # every load of the unrolled steps first, then the products
             out.append(K.Let(f"{pre}k{u}", _add(_r("kw"), _mul(sx, 32 * un), 32 * u)))
-            for j in range(tn):
+            for j in range(tn if not q4k else 0):
                 names += [f"{pre}p{u}_{j}_{q}" for q in range(4)]
                 out.append(K.VecLoad(tuple(names[-4:]), "w", _b("div", _add(_r(f"wr{j}"), _r(f"{pre}k{u}")), 2), I32))
             for i in range(mt):
@@ -313,6 +333,13 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
         loop += nxt
     else:
         loop += loads(_r("s"), cur)[0]
+    if q4k:  # the chunk's values as bf16 pairs: low nibbles for the first step, high for the second
+        loop += [K.Let("c", _r(f"{cur}cc")), K.Let("sh", _mul(_b("rem", _r("c"), 2), 16))]
+        for j in range(tn):
+            loop += q4_k_lane_scales(f"{cur}w{j}", "")
+            for u, (part, shift) in enumerate((("l", 0), ("h", 4))):
+                pairs = q4_k_bf16_pairs(f"{cur}w{j}", part, [f"{cur}w{j}q{i}" for i in range(2)], shift)
+                loop += [K.Let(f"{cur}p{u}_{j}_{q}", pairs[q]) for q in range(4)]
     for u in range(un):
         for i in range(mt):
             for h in (0, 8):
@@ -359,7 +386,7 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     xs: K.Param = K.Buffer("xs", I32) if xsplit else K.Buffer("x", F32)
     params = (xs, K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = _tag(split, xsplit)
-    kern = K.Kernel(f"gemm_warp_bf16_K{k}_{mt}x{tn}_W{wk}{tag}", params, tuple(body), (threads, 1, 1),
+    kern = K.Kernel(f"gemm_warp_{qtype}_K{k}_{mt}x{tn}_W{wk}{tag}", params, tuple(body), (threads, 1, 1),
                     (K.Shared("part", F32, threads * nacc),))
     verify_kernel(kern)
     return kern
