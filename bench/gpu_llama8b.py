@@ -7,7 +7,8 @@ The model has Llama 3 8B's shapes (4096 wide, 14336 FFN, 32 heads over 8 KV head
 and random bf16 weights: one random layer's tensors written for every layer (each layer is its own
 tensor in the files and in device memory, so nothing is shared or cached between layers), random
 embeddings and output head. The Q4_K model is that model quantized to Q4_K (norms kept f32), with
-poot's quantizer. Figures are medians of rounds after a warm-up; the decode roofline is the
+poot's quantizer; ``--q4-k-m`` adds it quantized as llama.cpp's Q4_K_M mixes types (the output head,
+and v and down in every second layer, at Q6_K), what a downloaded Q4_K_M file holds. Figures are medians of rounds after a warm-up; the decode roofline is the
 weight bytes a token reads divided by the copy bandwidth (bytes read plus bytes written per second
 of a large device-to-device copy).
 """
@@ -15,6 +16,7 @@ of a large device-to-device copy).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -105,30 +107,48 @@ def write_bf16_model(d: Path, dims: Dims, layers: int, layer: dict[str, np.ndarr
     (d / "tokenizer_config.json").write_text(json.dumps({"bos_token": "t0", "eos_token": "t1", "unk_token": "t2"}))
 
 
-def _quantize_rows(rows: np.ndarray) -> np.ndarray:
+def _quantize_rows(rows: np.ndarray, qtype: str = "q4_k") -> np.ndarray:
     from poot.quant import quantization
 
-    return quantization("q4_k").quantize((rows.astype(np.uint32) << 16).view(np.float32))
+    return quantization(qtype).quantize((rows.astype(np.uint32) << 16).view(np.float32))
 
 
-def quantize_q4_k(a: np.ndarray, pool: ProcessPoolExecutor) -> np.ndarray:
+def quantize_as(a: np.ndarray, pool: ProcessPoolExecutor, qtype: str = "q4_k") -> np.ndarray:
     chunks = np.array_split(a, max(1, a.shape[0] // 512))
-    return np.concatenate(list(pool.map(_quantize_rows, chunks)))
+    return np.concatenate(list(pool.map(functools.partial(_quantize_rows, qtype=qtype), chunks)))
 
 
-def write_q4_k_model(path: Path, dims: Dims, layers: int, layer: dict[str, np.ndarray], embed: np.ndarray, head: np.ndarray) -> None:
+# the tensors llama.cpp's Q4_K_M keeps at Q6_K (its "more bits" layers: about half of them), here
+# in every second layer, and the output head
+Q4_K_M_Q6 = ("self_attn.v_proj.weight", "mlp.down_proj.weight")
+
+
+def q6_layer(i: int) -> bool:
+    return i % 2 == 0
+
+
+def write_q4_k_model(path: Path, dims: Dims, layers: int, layer: dict[str, np.ndarray], embed: np.ndarray, head: np.ndarray, mix: bool = False) -> None:
+    """The model quantized to Q4_K; with ``mix`` as llama.cpp's Q4_K_M mixes types (``Q4_K_M_Q6``
+    at Q6_K in every second layer, the output head at Q6_K)."""
     from poot.testing.checkpoints import write_gguf
 
     path.parent.mkdir(parents=True, exist_ok=True)
     with ProcessPoolExecutor(os.cpu_count()) as pool:
-        q = {n: quantize_q4_k(a, pool) for n, a in layer.items() if a.ndim == 2}
-        qe, qh = quantize_q4_k(embed, pool), quantize_q4_k(head, pool)
+        q = {n: quantize_as(a, pool) for n, a in layer.items() if a.ndim == 2}
+        q6 = {n: quantize_as(layer[n], pool, "q6_k") for n in Q4_K_M_Q6} if mix else {}
+        qe, qh = quantize_as(embed, pool), quantize_as(head, pool, "q6_k" if mix else "q4_k")
     f32 = lambda a: (a.astype(np.uint32) << 16).view(np.float32)  # noqa: E731
     tensors = [("token_embd.weight", "q4_k", (dims.vocab, dims.hidden), qe)]
     for i in range(layers):
         for n, a in layer.items():
-            tensors.append((f"blk.{i}.{GGUF_NAMES[n]}", "q4_k", a.shape, q[n]) if a.ndim == 2 else (f"blk.{i}.{GGUF_NAMES[n]}", "f32", a.shape, f32(a)))
-    tensors += [("output_norm.weight", "f32", (dims.hidden,), f32(layer["input_layernorm.weight"])), ("output.weight", "q4_k", (dims.vocab, dims.hidden), qh)]
+            if a.ndim != 2:
+                tensors.append((f"blk.{i}.{GGUF_NAMES[n]}", "f32", a.shape, f32(a)))
+            elif n in q6 and q6_layer(i):
+                tensors.append((f"blk.{i}.{GGUF_NAMES[n]}", "q6_k", a.shape, q6[n]))
+            else:
+                tensors.append((f"blk.{i}.{GGUF_NAMES[n]}", "q4_k", a.shape, q[n]))
+    tensors += [("output_norm.weight", "f32", (dims.hidden,), f32(layer["input_layernorm.weight"])),
+                ("output.weight", "q6_k" if mix else "q4_k", (dims.vocab, dims.hidden), qh)]
     meta = {"llama.block_count": layers, "llama.context_length": 8192, "llama.embedding_length": dims.hidden, "llama.feed_forward_length": dims.ffn,
             "llama.attention.head_count": dims.heads, "llama.attention.head_count_kv": dims.kv_heads, "llama.rope.freq_base": 500000.0,
             "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": dims.head_dim,
@@ -136,6 +156,17 @@ def write_q4_k_model(path: Path, dims: Dims, layers: int, layer: dict[str, np.nd
             "tokenizer.ggml.scores": [0.0] * dims.vocab, "tokenizer.ggml.token_type": [1] * dims.vocab,
             "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
     write_gguf(path, "llama", meta, tensors)
+
+
+def mixed_weight_bytes(dims: Dims, layers: int) -> float:
+    """Bytes of weights one decode token of the Q4_K_M-mixed model reads."""
+    q4, q6 = 144 / 256, 210 / 256
+    total = dims.vocab * dims.hidden * q6
+    for i in range(layers):
+        for n, s in dims.shapes().items():
+            if len(s) == 2:
+                total += int(np.prod(s)) * (q6 if n in Q4_K_M_Q6 and q6_layer(i) else q4)
+    return total
 
 
 def decode_weight_bytes(dims: Dims, layers: int, bytes_per_value: float) -> float:
@@ -273,7 +304,8 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
-    ap.add_argument("--only", choices=["bf16", "q4_k"], help="measure one of poot's two models")
+    ap.add_argument("--only", choices=["bf16", "q4_k", "q4_k_m"], help="measure one of poot's models")
+    ap.add_argument("--q4-k-m", action="store_true", help="also the model quantized as llama.cpp's Q4_K_M mixes types (Q6_K head, v and down in half the layers)")
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--matmul-precision", nargs="+", default=["high"], choices=["highest", "high", "medium"],
                     help="the bf16 model's matmul precision; more than one: the others measured too (batches > 1 and prefill: batch 1 is GEMVs)")
@@ -284,10 +316,12 @@ def main() -> None:
 
     dims = SMALL if args.small else LLAMA3_8B
     d = Path(args.dir) / f"{'small' if args.small else '8b'}-L{args.layers}"
-    bf16_dir, q4k = d / "bf16", d / "q4_k.gguf"
-    need_bf16 = not (bf16_dir / "model.safetensors").exists() and (args.only != "q4_k" or not args.no_peer)
-    need_q4k = not q4k.exists() and args.only != "bf16"
-    if need_bf16 or need_q4k:
+    bf16_dir, q4k, q4km = d / "bf16", d / "q4_k.gguf", d / "q4_k_m.gguf"
+    want_mix = args.q4_k_m or args.only == "q4_k_m"
+    need_bf16 = not (bf16_dir / "model.safetensors").exists() and (args.only not in ("q4_k", "q4_k_m") or not args.no_peer)
+    need_q4k = not q4k.exists() and args.only in (None, "q4_k")
+    need_mix = not q4km.exists() and want_mix
+    if need_bf16 or need_q4k or need_mix:
         say(f"writing the models under {d}")
         t = time.perf_counter()
         layer, embed, head = random_tensors(dims)
@@ -295,6 +329,8 @@ def main() -> None:
             write_bf16_model(bf16_dir, dims, args.layers, layer, embed, head)
         if need_q4k:
             write_q4_k_model(q4k, dims, args.layers, layer, embed, head)
+        if need_mix:
+            write_q4_k_model(q4km, dims, args.layers, layer, embed, head, mix=True)
         say(f"models written in {time.perf_counter() - t:.0f} s")
     res: dict[str, object] = {"layers": args.layers, "date": time.strftime("%Y-%m-%d")}
     bw = copy_bandwidth() if args.device.startswith("cuda") else None
@@ -303,19 +339,19 @@ def main() -> None:
         say(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
     if not args.no_peer:
         res["transformers"] = measure_transformers(bf16_dir, dims.vocab, args.batches, args.prefill, args.rounds)
-    for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256)):
-        if args.only and args.only != name:
+    for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256), ("q4_k_m", q4km, 0.0)):
+        if (args.only and args.only != name) or (name == "q4_k_m" and not want_mix):
             continue
         res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0])
         if bw:
-            roof = bw / decode_weight_bytes(dims, args.layers, bpv)
+            roof = bw / (decode_weight_bytes(dims, args.layers, bpv) if bpv else mixed_weight_bytes(dims, args.layers))
             res[f"roofline_{name}"] = roof
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
-    extra = args.matmul_precision[1:] if args.only != "q4_k" else []
+    extra = args.matmul_precision[1:] if args.only in (None, "bf16") else []
     for prec in extra:  # the bf16 model at the other precisions: only the steps of more than 4 rows differ
         res[f"poot_bf16_{prec}"] = measure_poot(bf16_dir, dims.vocab, args.device, [b for b in args.batches if b > 4] or [1], args.prefill, args.rounds,
                                                 args.profile, prec)
-    models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k)) if not args.only or args.only == n]
+    models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)) if (not args.only or args.only == n) and (n != "q4_k_m" or want_mix)]
     for name, path in models:  # the same model's batch-1 decode on the other devices
         for other in args.also:
             try:
@@ -343,7 +379,10 @@ def main() -> None:
         ours, q, peer = res.get("poot_bf16", {}).get(key), res.get("poot_q4_k", {}).get(key), hf.get(key)  # type: ignore[union-attr]
         more = "".join(f" {fmt(o)} | {ratio(o, peer)} |" for o in (res.get(f"poot_bf16_{p}", {}).get(key) for p in extra))  # type: ignore[union-attr]
         print(f"| {key} tok/s | {fmt(ours)} | {fmt(q)} | {fmt(peer)} | {ratio(ours, peer)} | {ratio(q, peer)} |{more}")
-    for name in ("bf16", "q4_k"):
+        qm = res.get("poot_q4_k_m", {}).get(key)  # type: ignore[union-attr]
+        if qm:
+            print(f"| {key} tok/s, Q4_K_M mix | | {fmt(qm)} | {fmt(peer)} | | {ratio(qm, peer)} |")
+    for name in ("bf16", "q4_k", "q4_k_m"):
         if f"roofline_{name}" in res:
             r, roof = res[f"poot_{name}"], res[f"roofline_{name}"]
             print(f"| batch-1 roofline {name} | {r['decode_b1'] / roof:.0%} of {roof:.0f} tok/s | | | |")  # type: ignore[index,operator]

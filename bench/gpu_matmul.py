@@ -28,6 +28,18 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
     from poot.kernel.library import linear_mma as M
 
     out = []
+    if qtype not in ("bf16", "q4_k"):  # other packed types, few rows: the GEMV splitting K across a workgroup vs a warp a feature
+        if rows <= 4:
+            from poot.kernel.library import linear as L
+            from poot.quant.bodies import BODIES
+
+            bs, bb, _ = BODIES[qtype]
+            kern = L.gemv_blocks.instantiate(QTYPE=qtype, BS=bs, BB=bb, ROWS=4, BLOCK=64)
+            out.append((kern.name, kern, lambda n: (-(-n // 4), rows)))
+            for mr in sorted({1 if rows == 1 else 4}):
+                kern = G.gemv_warp_packed(qtype, k, mr)
+                out.append((kern.name, kern, lambda n, mr=mr: (-(-n // 8), -(-rows // mr))))
+        return out
     if qtype == "q4_k":
         if rows <= 4:
             mr = 1 if rows == 1 else max(m for m in (1, 2, 4) if 4 * G.q8_shared_words(k, m) <= 48 * 1024)
@@ -96,7 +108,7 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", default=[1, 16, 32, 64, 256])
-    ap.add_argument("--qtype", choices=["bf16", "q4_k"], default="bf16")
+    ap.add_argument("--qtype", choices=["bf16", "q4_k", "q6_k", "q8_0", "q5_k", "q4_0", "q4_1"], default="bf16")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
     ap.add_argument("--only", default="", help="schedules whose name contains this (under a profiler, say)")
@@ -116,11 +128,13 @@ def main() -> int:
     for name, (n, k) in SHAPES.items():
         if name not in args.shapes:
             continue
-        if args.qtype == "q4_k" and name == "lm_head":
+        if args.qtype != "bf16" and name == "lm_head":
             continue  # (quantizing it takes a minute; its K is o's)
-        if args.qtype == "q4_k":
-            raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
-            w = np.ascontiguousarray(raw).view(np.int32)
+        row_bytes = 0
+        if args.qtype != "bf16":
+            raw = quantization(args.qtype).quantize(rng.standard_normal((n, k)).astype(np.float32))
+            row_bytes = raw.shape[1]
+            w = np.ascontiguousarray(raw).view(np.int32) if args.qtype == "q4_k" else np.ascontiguousarray(raw).reshape(-1)
         else:
             w = (rng.standard_normal((n, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.int32)
         wp = ctx.alloc(w.nbytes)
@@ -131,6 +145,7 @@ def main() -> int:
             xq, xr, xds = ctx.alloc(rows * k), ctx.alloc(rows * k), ctx.alloc(rows * k // 4)  # quantized x: bytes, bytes, f32 per 16 values
             xs = ctx.alloc(rows * k * 4)  # x split into two bf16 terms
             parts = ctx.alloc(8 * rows * n * 4)  # a K-split GEMM's parts
+            lut = ctx.alloc(64)  # (the packed types timed here have no lookup table)
             ctx.upload(xp, x)
             for sname, kern, grid in schedules(rows, k, args.qtype):
                 if args.only not in sname:
@@ -142,19 +157,20 @@ def main() -> int:
                     print(f"| {sname} | {rows} | {name} {n}x{k} | refused: {e.reason} | | |")
                     continue
                 grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
-                ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xs": xs}
+                ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xs": xs, "lut": lut}
                 def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
                     named = {**ptrs, "p": parts, "y": parts} if "_S" in ck.kernel.name else {**ptrs, "p": parts}
                     return {p.name: named[p.name] for p in ck.kernel.buffers}
 
-                args_of = [(bufs(ck), {sc.name: {"m": rows, "n": n, "count": rows * n}[sc.name] for sc in ck.kernel.scalars}) for ck in cks]
+                scal = {"m": rows, "n": n, "k": k, "count": rows * n, "row_bytes": row_bytes}
+                args_of = [(bufs(ck), {sc.name: scal[sc.name] for sc in ck.kernel.scalars}) for ck in cks]
                 def run(cks=cks, grids=grids, args_of=args_of):  # type: ignore[no-untyped-def]
                     for ck, g, (bufs, scal) in zip(cks, grids, args_of):
                         ck.launch(g, bufs, scal)
 
                 t = median_seconds(ctx, run, args.repeat, args.queue, warm=2)
                 print(f"| {sname} | {rows} | {name} {n}x{k} | {t * 1e6:.1f} | {w.nbytes / t / 1e12:.2f} | {2 * rows * n * k / t / 1e12:.1f} |", flush=True)
-            for ptr in (xp, yp, xq, xr, xds, xs, parts):
+            for ptr in (xp, yp, xq, xr, xds, xs, parts, lut):
                 ctx.free(ptr)
         ctx.free(wp)
     return 0

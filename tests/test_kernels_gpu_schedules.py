@@ -20,9 +20,10 @@ from poot.graph import GraphBuilder
 from poot.codegen.targets import target
 from poot.kernel.library import attention as attn_lib
 from poot.kernel.library.attention_gpu import MMA_QROWS, attention_decode, attention_mma
-from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, quantize_q8x2
+from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, gemv_warp_packed, quantize_q8x2
 from poot.kernel.library.linear_mma import SPLIT_THREADS, gemm_mma, gemm_warp, glu_split, split_bf16x2, sum_parts
 from poot.quant import quantization
+from poot.quant.bodies import BODIES, LUTS
 from poot.testing.kernels import bf16_round, poisoned, q8x2_reference, run_host, split_reference
 
 
@@ -108,6 +109,27 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
     if ptxas:  # registers and spills, where CUDA's assembler is installed
         out = subprocess.run([ptxas, "-arch=sm_90", "-v", "-o", os.devnull, "-"], input=ptx.encode(), capture_output=True, check=True).stderr.decode()
         assert " 0 bytes spill stores" in out, out
+
+
+@eight_lanes
+@pytest.mark.parametrize("qtype", sorted(q for q in BODIES if BODIES[q][0] > 1))
+@pytest.mark.parametrize("mr,m", [(1, 1), (4, 3), (4, 6)])
+def test_gemv_warp_for_every_packed_type(rng, qtype, mr, m):
+    """A subgroup a feature over any packed type's rows (the type's dequantization body, eight
+    values a lane), against float64 numpy on gguf's dequantization; K not a multiple of a step's
+    values where the type's blocks allow it (the last step partial)."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    n, k = 37, 576 if BODIES[qtype][0] == 32 else 1280
+    raw = quantization(qtype).quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32))
+    w = gq.dequantize(raw, GGMLQuantizationType[qtype.upper()]).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    y = poisoned((m, n))
+    kern = gemv_warp_packed(qtype, k, mr, SUBGROUP)
+    run_host(kern, (-(-n // (256 // SUBGROUP)), -(-m // mr)), {"x": x, "w": raw.reshape(-1), "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "y": y},
+             {"m": m, "n": n, "row_bytes": raw.shape[1]})
+    _close(y, x.astype(np.float64) @ w.T, np.abs(x) @ np.abs(w).T)
 
 
 @gpu_only

@@ -239,8 +239,8 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
 def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     """Beyond four rows on a GPU with mma.sync: a Q4_K product up to 64 rows through the streaming
     tensor-core GEMM that dequantizes it in registers, beyond 64 dequantized to bf16 into scratch
-    memory for the tiled GEMM; another packed type dequantized into scratch for both. Few rows keep
-    the warp GEMVs (Q4_K) or the generic GEMV and register-tiled GEMM (others); "highest" keeps the
+    memory for the tiled GEMM; another packed type dequantized into scratch for both. Up to four
+    rows: warp GEMVs (Q4_K's own, any other packed type's through its body); "highest" keeps the
     register-tiled GEMM; a weight too large for the scratch budget keeps it too, but for Q4_K, whose
     streaming GEMM takes every row count then."""
     from poot.plan import matmul as planner_matmul
@@ -264,9 +264,13 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
                                              "dequantize_bf16_q6_k_K512", "gemm_mma_bf16_K512_2x2_4x8_xb"]
     assert many[0].buffers["wd"] == many[2].buffers["w"] and many[0].buffers["wd"] in plan.scratch
     assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
-    assert [l.kernel.name.split("_K")[0] for l in launches("high", 1)[1]] == ["gemv_warp_q4_k", "gemv_blocks_BB210_BLOCK64_BS256_ROWS4"]
-    assert [l.kernel.name.split("_K")[0] for l in launches("high", 3)[1]] == ["gemv_warp_q4_k", "gemm_simt_q6_k"]
+    assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_packed_q6_k_K512_MR1"]
+    assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_packed_q6_k_K512_MR4"]
     assert not any("dequantize" in l.kernel.name or "mma" in l.kernel.name for l in launches("highest", 300)[1])
+    # without subgroup operations: the GEMV whose workgroups split K, up to two rows
+    plain = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))
+    assert [l.kernel.name for l in plain.launches if l.when({"tokens": 2})] == ["gemv_blocks_BB144_BLOCK64_BS256_ROWS4", "gemv_blocks_BB210_BLOCK64_BS256_ROWS4"]
+    assert [l.kernel.name for l in plain.launches if l.when({"tokens": 3})] == ["gemm_simt_q4_k_K512_BK32", "gemm_simt_q6_k_K512_BK32"]
     monkeypatch.setattr(planner_matmul, "DEQUANT_BYTES", 2 * 256 * 512 - 1)
     assert [l.kernel.name.split("_K")[0] for l in launches("high", 300)[1]] == ["split_bf16x2", "gemm_warp_q4_k", "gemm_simt_q6_k"]
 

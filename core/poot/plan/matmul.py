@@ -383,8 +383,9 @@ def _simt_step(k: int, limits: Limits) -> int:
 
 
 def _matmul_gpu_generic(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch]:
-    """GPU schedules for any weight type: a GEMV whose workgroups split K across threads for few
-    rows; for many, packed weights dequantized once per workgroup into the register-tiled GEMM
+    """GPU schedules for any weight type: for packed weights a GEMV of a subgroup a feature for up to
+    four rows where the device has subgroup operations (else one whose workgroups split K, up to two
+    rows); for more, packed weights dequantized once per workgroup into the register-tiled GEMM
     (``gemm_simt``) where it fits, else a 16x16 tiled GEMM dequantizing in registers; beyond four
     rows, where the tensor cores take them, packed weights dequantized to bf16 for those."""
     x, w = n.inputs
@@ -398,20 +399,30 @@ def _matmul_gpu_generic(n: Node, limits: Limits, split: SplitX | None = None) ->
         bs, bb = _blocks(w.dtype, kk)
         row_bytes = kk // bs * bb
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
-        gemv = Launch(n, linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=64), {"x": xk, "w": wk, "lut": lut, "y": ok},
-                      lambda env: (-(-nn // 4), rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes}, few)
+        bufs = {"x": xk, "w": wk, "lut": lut, "y": ok}
+        lanes = limits.subgroup
+        if lanes in (4, 8, 16, 32, 64) and bs > 1 and kk % 8 == 0 and kk % bs == 0 and limits.max_workgroup >= 256:
+            # a subgroup a feature (its lanes' loads of a block coalesced), one or up to four rows of x
+            gemvs = [Launch(n, linear_gpu.gemv_warp_packed(w.dtype.name, kk, mr, lanes), bufs, lambda env, mr=mr: (-(-nn // (256 // lanes)), -(-rows(env) // mr)),
+                            lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, between(lo, hi, rows)) for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]
+            cut = 4
+        else:  # workgroups splitting K, a thread a block
+            gemvs = [Launch(n, linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=64), bufs, lambda env: (-(-nn // 4), rows(env)),
+                            lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes}, few)]
+            cut = 2
+        tensor = split is not None and _on_tensor_cores(n, limits)
+        if tensor and cut == 4:
+            return [*gemvs, *_tensor_core_launches(n, limits, split)]
         bk = _simt_step(kk, limits)
+        more = between(cut, 4 if tensor else None, rows)
         if bk:
             t = linear_simt.SIMT_TILE
-            gemm = Launch(n, linear_simt.gemm_simt(kk, bk, w.dtype.name, words=False), {"x": xk, "w": wk, "lut": lut, "y": ok},
-                          lambda env: (-(-nn // t), -(-rows(env) // t)), lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, many)
+            gemm = Launch(n, linear_simt.gemm_simt(kk, bk, w.dtype.name, words=False), bufs,
+                          lambda env: (-(-nn // t), -(-rows(env) // t)), lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, more)
         else:
             gemm = Launch(n, linear.gemm_packed.instantiate(QTYPE=w.dtype.name), {"a": xk, "w": wk, "lut": lut, "c": ok},
-                          lambda env: (-(-nn // 16), -(-rows(env) // 16)), lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes}, many)
-        if split is not None and _on_tensor_cores(n, limits):
-            gemm.when = between(2, 4, rows)
-            return [gemv, gemm, *_tensor_core_launches(n, limits, split)]
-        return [gemv, gemm]
+                          lambda env: (-(-nn // 16), -(-rows(env) // 16)), lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes}, more)
+        return [*gemvs, gemm, *(_tensor_core_launches(n, limits, split) if tensor else [])]
     if w.dtype != dt.f32:
         raise Refusal("matmul", "gpu", f"weights of type {w.dtype} need a cast first")
     gemv = Launch(n, linear.gemv_f32.instantiate(BLOCK=128), {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk}, few)

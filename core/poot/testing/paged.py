@@ -124,7 +124,9 @@ def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
 
 def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
     """A Llama GGUF of Q4_K matrices (poot's quantizer; f32 norms) with K of 256 and 512, for the
-    GPU's Q4_K warp GEMVs: (graph, oracle weights, which gguf's dequantizers give)."""
+    GPU's Q4_K schedules, mixed as llama.cpp's Q4_K_M mixes types: the output head and the last
+    layer's down projection at Q6_K (the GPU's schedules for other packed types): (graph, oracle
+    weights, which gguf's dequantizers give)."""
     from pathlib import Path
 
     from ..quant import quantization
@@ -132,10 +134,9 @@ def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
 
     rng = np.random.default_rng(seed)
     hidden, ffn, heads, kv, hd, vocab, layers = 256, 512, 4, 2, 64, 97, 2
-    q = quantization("q4_k")
 
-    def mat(n: int, k: int) -> tuple[str, tuple[int, int], np.ndarray]:
-        return "q4_k", (n, k), q.quantize((rng.standard_normal((n, k)) * 0.08).astype(np.float32))
+    def mat(n: int, k: int, qtype: str = "q4_k") -> tuple[str, tuple[int, int], np.ndarray]:
+        return qtype, (n, k), quantization(qtype).quantize((rng.standard_normal((n, k)) * 0.08).astype(np.float32))
 
     def norm() -> tuple[str, tuple[int], np.ndarray]:
         return "f32", (hidden,), (1 + 0.1 * rng.standard_normal(hidden)).astype(np.float32)
@@ -146,8 +147,8 @@ def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
                     (f"blk.{i}.attn_k.weight", *mat(kv * hd, hidden)), (f"blk.{i}.attn_v.weight", *mat(kv * hd, hidden)),
                     (f"blk.{i}.attn_output.weight", *mat(hidden, heads * hd)), (f"blk.{i}.ffn_norm.weight", *norm()),
                     (f"blk.{i}.ffn_gate.weight", *mat(ffn, hidden)), (f"blk.{i}.ffn_up.weight", *mat(ffn, hidden)),
-                    (f"blk.{i}.ffn_down.weight", *mat(hidden, ffn))]
-    tensors += [("output_norm.weight", *norm()), ("output.weight", *mat(vocab, hidden))]
+                    (f"blk.{i}.ffn_down.weight", *mat(hidden, ffn, "q6_k" if i == layers - 1 else "q4_k"))]
+    tensors += [("output_norm.weight", *norm()), ("output.weight", *mat(vocab, hidden, "q6_k"))]
     meta = {"llama.block_count": layers, "llama.context_length": 512, "llama.embedding_length": hidden, "llama.feed_forward_length": ffn,
             "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv, "llama.rope.freq_base": 10000.0,
             "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": hd,

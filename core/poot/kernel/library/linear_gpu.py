@@ -17,10 +17,12 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .. import ir as K
+from ...graph import dtypes as dt
+from ...quant.bodies import BODIES, dequant_in_block
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _c, _f, _fma, _hi16, _lo16, _mul, _r, _silu_mul
 
-__all__ = ["gemv_warp", "quantize_q8x2", "q4_k_lane_scales", "q4_k_bf16_pairs", "GEMV_TYPES", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
+__all__ = ["gemv_warp", "gemv_warp_packed", "quantize_q8x2", "q4_k_lane_scales", "q4_k_bf16_pairs", "GEMV_TYPES", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
 
 GEMV_TYPES = ("bf16", "q4_k")
 
@@ -356,5 +358,57 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     if xglobal:
         name += "_xq"
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
+    verify_kernel(kern)
+    return kern
+
+
+@lru_cache(maxsize=None)
+def gemv_warp_packed(qtype: str, k: int, mr: int, lanes: int = 32) -> K.Kernel:
+    """y[m, j] = sum_k x[m, k] * w[j, k] for any packed type of ``quant.bodies``, a subgroup of
+    ``lanes`` (the device's width) per output feature: each lane takes eight consecutive values of
+    the row a step of 8 ``lanes`` values (so a subgroup's byte loads of a block are coalesced and a
+    block's scales are decoded once for the eight), dequantizes them with the type's body and
+    multiplies them with x read 16 bytes at a time, for up to ``mr`` rows of x; sums finished by a
+    subgroup reduction. Weights are bound as bytes with ``lut`` and ``row_bytes``; K a multiple of 8
+    and of the type's block (the last step may be partial). 256 threads a workgroup: grid
+    (ceil(n / (256 / lanes)), ceil(m / mr)); rows past ``m`` read row ``m - 1``."""
+    if qtype not in BODIES or BODIES[qtype][0] == 1:
+        raise ValueError(f"gemv_warp_packed: '{qtype}' is not a packed type")
+    bs, bb, _ = BODIES[qtype]
+    if k % 8 or k % bs:
+        raise ValueError(f"gemv_warp_packed {qtype} needs K a multiple of 8 and of {bs}, got {k}")
+    if lanes not in (4, 8, 16, 32, 64):
+        raise ValueError(f"gemv_warp_packed: subgroups of 4 to 64 lanes, got {lanes}")
+    threads, width = 256, 8 * lanes  # values a step
+    warps = threads // lanes
+    body: list[K.Stmt] = [
+        K.Let("lane", _b("rem", K.Builtin("thread_id", 0), lanes)),
+        K.Let("jf", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), lanes))),
+        K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
+    ]
+    for r in range(mr):
+        body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
+    step: list[K.Stmt] = [K.Let("v0", _add(_mul(_r("it"), width), _mul(_r("lane"), 8))),
+                          K.Let("blk", _add(_r("row"), _mul(_b("div", _r("v0"), bs), bb))), K.Let("jj", _b("rem", _r("v0"), bs))]
+    step += [K.Let(f"w{e}", dequant_in_block(qtype, "w", _r("blk"), _add(_r("jj"), e))) for e in range(8)]
+    for r in range(mr):
+        xi = _add(_r(f"xr{r}"), _r("v0"))
+        step += [K.VecLoad(tuple(f"x{r}_{e}" for e in range(4)), "x", xi, F32), K.VecLoad(tuple(f"x{r}_{e}" for e in range(4, 8)), "x", _add(xi, 4), F32)]
+        acc: K.Expr = _r(f"acc{r}", F32)
+        for e in range(8):
+            acc = _fma(acc, _r(f"x{r}_{e}", F32), _r(f"w{e}", F32))
+        step.append(K.Assign(f"acc{r}", acc))
+    if k % width:  # the last step's lanes past K add nothing
+        step = [K.If(K.Bin("lt", _add(_mul(_r("it"), width), _mul(_r("lane"), 8)), _c(k)), tuple(step))]
+    feature: list[K.Stmt] = [K.Let("row", _mul(_r("jf"), _r("row_bytes"))), *(K.Let(f"acc{r}", _f(0.0)) for r in range(mr)),
+                             K.For("it", _c(0), _c(-(-k // width)), tuple(step))]
+    feature += [K.Let(f"s{r}", K.SubgroupReduce("add", _r(f"acc{r}", F32))) for r in range(mr)]  # every reduction before the stores
+    for r in range(mr):  # (naga's SPIR-V reader aborts the process on a reduction after a store's branch)
+        cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
+        feature.append(K.If(cond, (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("jf")), _r(f"s{r}", F32)),)))
+    body.append(K.If(K.Bin("lt", _r("jf"), _r("n")), tuple(feature)))
+    params = (K.Buffer("x", F32), K.Buffer("w", dt.u8), K.Buffer("lut", F32), K.Buffer("y", F32, readonly=False),
+              K.ScalarParam("m", I32), K.ScalarParam("n", I32), K.ScalarParam("row_bytes", I32))
+    kern = K.Kernel(f"gemv_warp_packed_{qtype}_K{k}_MR{mr}" + (f"_L{lanes}" if lanes != 32 else ""), params, tuple(body), (threads, 1, 1), ())
     verify_kernel(kern)
     return kern
