@@ -39,6 +39,9 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
             for mr in sorted({1 if rows == 1 else 4}):
                 kern = G.gemv_warp_packed(qtype, k, mr)
                 out.append((kern.name, kern, lambda n, mr=mr: (-(-n // 8), -(-rows // mr))))
+                if qtype == "q6_k":  # x as two int8 terms, dp4a
+                    kern = G.gemv_warp_q6_k(k, mr)
+                    out.append((kern.name, kern, lambda n, mr=mr: (-(-n // 16), -(-rows // mr))))
         return out
     if qtype == "q4_k":
         if rows <= 4:

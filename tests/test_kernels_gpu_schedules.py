@@ -20,7 +20,7 @@ from poot.graph import GraphBuilder
 from poot.codegen.targets import target
 from poot.kernel.library import attention as attn_lib
 from poot.kernel.library.attention_gpu import MMA_QROWS, attention_decode, attention_mma
-from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, gemv_warp_packed, quantize_q8x2
+from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, gemv_warp_packed, gemv_warp_q6_k, quantize_q8x2
 from poot.kernel.library.linear_mma import SPLIT_THREADS, gemm_mma, gemm_warp, glu_split, split_bf16x2, sum_parts
 from poot.quant import quantization
 from poot.quant.bodies import BODIES, LUTS
@@ -109,6 +109,32 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
     if ptxas:  # registers and spills, where CUDA's assembler is installed
         out = subprocess.run([ptxas, "-arch=sm_90", "-v", "-o", os.devnull, "-"], input=ptx.encode(), capture_output=True, check=True).stderr.decode()
         assert " 0 bytes spill stores" in out, out
+
+
+@eight_lanes
+@pytest.mark.parametrize("k", [512, 1024 * 3])
+@pytest.mark.parametrize("mr,m", [(1, 1), (4, 3), (4, 6), (2, 2)])
+def test_gemv_warp_q6_k_on_x_as_two_int8_terms(rng, k, mr, m):
+    """Q6_K rows (odd blocks straddling words) against x quantized to two int8 terms in workgroup
+    memory, quants summed by dp4a: what x rebuilt from its terms gives against gguf's dequantization
+    (up to one second term rounding the other way), and within half a step of the second term per
+    value of the exact product."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    n = 37
+    raw = quantization("q6_k").quantize((rng.standard_normal((n, k)) * np.exp2(rng.integers(-4, 4, (n, 1)))).astype(np.float32))
+    w = gq.dequantize(raw, GGMLQuantizationType.Q6_K).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    x[0, 32:64] = 0  # a block of zeros: scale 0, nothing divided by it
+    y = poisoned((m, n))
+    kern = gemv_warp_q6_k(k, mr, SUBGROUP)
+    run_host(kern, (-(-n // (kern.threads // SUBGROUP)), -(-m // mr)), {"x": x, "w": np.ascontiguousarray(raw).view(np.int32).reshape(-1), "y": y},
+             {"m": m, "n": n, "row_bytes": raw.shape[1]})
+    xh, d = _q8_rows(x)
+    _close(y, xh @ w.T, np.abs(x) @ np.abs(w).T, slack=d.max() * np.abs(w).max() * 1.01)
+    bound = (d / 2) @ np.abs(w).T * 1.01 + 1e-5 * (np.abs(x) @ np.abs(w).T)
+    assert (np.abs(y - x.astype(np.float64) @ w.T) <= bound).all(), "further from the exact product than two int8 terms allow"
 
 
 @eight_lanes

@@ -240,7 +240,8 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     """Beyond four rows on a GPU with mma.sync: a Q4_K product up to 64 rows through the streaming
     tensor-core GEMM that dequantizes it in registers, beyond 64 dequantized to bf16 into scratch
     memory for the tiled GEMM; another packed type dequantized into scratch for both. Up to four
-    rows: warp GEMVs (Q4_K's own, any other packed type's through its body); "highest" keeps the
+    rows: warp GEMVs (Q4_K's and Q6_K's own on dp4a, any other packed type's through its
+    dequantization body); "highest" keeps the
     register-tiled GEMM; a weight too large for the scratch budget keeps it too, but for Q4_K, whose
     streaming GEMM takes every row count then."""
     from poot.plan import matmul as planner_matmul
@@ -264,8 +265,13 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
                                              "dequantize_bf16_q6_k_K512", "gemm_mma_bf16_K512_2x2_4x8_xb"]
     assert many[0].buffers["wd"] == many[2].buffers["w"] and many[0].buffers["wd"] in plan.scratch
     assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
-    assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_packed_q6_k_K512_MR1"]
-    assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_packed_q6_k_K512_MR4"]
+    assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1"]
+    assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
+    b = GraphBuilder()  # any other packed type: a subgroup a feature through its dequantization body
+    xo = b.input("x", "f32", [sym("tokens"), 576])
+    other = plan_graph(b.build({"y": b.linear(xo, b.weight("w", "q8_0", [64, 576]))}), device="gpu", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=8))
+    assert [(l.kernel.name, l.when.doc) for l in other.launches] == [("gemv_warp_packed_q8_0_K576_MR1_L8", "rows <= 1"), ("gemv_warp_packed_q8_0_K576_MR4_L8", "1 < rows <= 4"),
+                                                                     ("gemm_simt_q8_0_K576_BK32", "rows > 4")]
     assert not any("dequantize" in l.kernel.name or "mma" in l.kernel.name for l in launches("highest", 300)[1])
     # without subgroup operations: the GEMV whose workgroups split K, up to two rows
     plain = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))

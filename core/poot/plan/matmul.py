@@ -401,7 +401,15 @@ def _matmul_gpu_generic(n: Node, limits: Limits, split: SplitX | None = None) ->
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
         bufs = {"x": xk, "w": wk, "lut": lut, "y": ok}
         lanes = limits.subgroup
-        if lanes in (4, 8, 16, 32, 64) and bs > 1 and kk % 8 == 0 and kk % bs == 0 and limits.max_workgroup >= 256:
+        fits = [mr for mr in (4, 2, 1) if 4 * linear_gpu.q8_shared_words(kk, mr) <= limits.shared_bytes]
+        if (w.dtype.name == "q6_k" and lanes in (8, 16, 32, 64) and kk % 512 == 0 and fits and "i8" in limits.dtypes
+                and limits.max_workgroup >= 512):
+            # Q6_K (Q4_K_M files' head and half their v and down): x as two int8 terms, dp4a
+            gemvs = [Launch(n, linear_gpu.gemv_warp_q6_k(kk, mr, lanes), {"x": xk, "w": wk, "y": ok},
+                            lambda env, mr=mr: (-(-nn // (512 // lanes)), -(-rows(env) // mr)), lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes},
+                            between(lo, hi, rows)) for mr, lo, hi in ((1, 0, 1), (fits[0], 1, 4))]
+            cut = 4
+        elif lanes in (4, 8, 16, 32, 64) and bs > 1 and kk % 8 == 0 and kk % bs == 0 and limits.max_workgroup >= 256:
             # a subgroup a feature (its lanes' loads of a block coalesced), one or up to four rows of x
             gemvs = [Launch(n, linear_gpu.gemv_warp_packed(w.dtype.name, kk, mr, lanes), bufs, lambda env, mr=mr: (-(-nn // (256 // lanes)), -(-rows(env) // mr)),
                             lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, between(lo, hi, rows)) for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]

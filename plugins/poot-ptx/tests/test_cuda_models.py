@@ -69,8 +69,8 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
 
 def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng):
     """A Q4_K Llama GGUF (poot's quantizer, f32 norms; its head and last down projection Q6_K, as in
-    Q4_K_M files) in every row-count regime: its products through the Q4_K warp GEMVs (Q6_K: a warp
-    a feature through its dequantization body) at up to four rows (x meeting the quants as two int8 terms, about 15 bits),
+    Q4_K_M files) in every row-count regime: its products through the Q4_K and Q6_K warp GEMVs (the
+    head's K of 256: a warp a feature through its dequantization body) at up to four rows (x meeting the quants as two int8 terms, about 15 bits),
     beyond that on tensor cores, the weights dequantized to bf16 in registers (up to 64 rows) or into
     scratch memory (x as two bf16 terms, the weights rounded to bf16: 2^-9, a bound as loose as
     matmul precision "medium"'s, and the argmax
@@ -82,7 +82,7 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     plan = compile_plan(g, cuda)
     names = {l.kernel.name.split("_K")[0] for l in plan.launches}
     assert {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemm_warp_q4_k", "dequantize_bf16_q4_k", "gemm_mma_bf16",
-            "gemv_warp_packed_q6_k", "dequantize_bf16_q6_k", "gemm_warp_bf16"} <= names, names
+            "gemv_warp_q6_k", "gemv_warp_packed_q6_k", "dequantize_bf16_q6_k", "gemm_warp_bf16"} <= names, names
     ex = CudaExecutor(plan)
     worst = row_regimes_against_oracle(ex, g, w, rng, tie=0.2)
     ex.close()
