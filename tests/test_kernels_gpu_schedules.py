@@ -87,7 +87,8 @@ def _q4_k_products(x, raw):
     return got, flip, bound, x64 @ w.T
 
 
-@pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 1), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
+@pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 1), gemv_warp_q6_k(14336, 1), gemv_warp_q6_k(4096, 4),
+                                  gemv_warp_packed("q6_k", 4096, 1), gemv_warp_packed("q4_1", 576, 4), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
                                   gemm_mma(4096, xsplit=True), gemm_mma(4096, 2, 4, 4, 4, xsplit=True),
                                   gemm_warp(4096), gemm_warp(14336, 2, 4, 8), gemm_warp(4096, xsplit=True), gemm_warp(14336, 2, 4, 8, xsplit=True),
                                   gemm_mma(4096, 2, 2, 4, 8, split=False, xsplit=True), gemm_warp(14336, 2, 4, 8, split=False, xsplit=True),
@@ -97,13 +98,13 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
     if kern.name.startswith("attention_"):
         assert "ld.global.nc.v4.b32" in ptx and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # 16-byte key/value loads; tensor cores
-    else:
+    elif not kern.name.startswith(("gemv_warp_packed", "gemv_warp_q6_k")):  # (those read packed bytes and straddling words)
         assert "ld.global.nc.v4.b32" in ptx  # 16-byte weight loads through the read-only path
     if kern.name.startswith(("gemm_", "attention_")):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     else:
         assert "shfl.sync.bfly" in ptx
-    if "q4_k" in kern.name:
+    if "q4_k" in kern.name or "warp_q6_k" in kern.name:
         assert "dp4a.s32.s32" in ptx  # int8 activations against the quants
     ptxas = shutil.which("ptxas")
     if ptxas:  # registers and spills, where CUDA's assembler is installed
@@ -142,12 +143,13 @@ def test_gemv_warp_q6_k_on_x_as_two_int8_terms(rng, k, mr, m):
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3), (4, 6)])
 def test_gemv_warp_for_every_packed_type(rng, qtype, mr, m):
     """A subgroup a feature over any packed type's rows (the type's dequantization body, eight
-    values a lane), against float64 numpy on gguf's dequantization; K not a multiple of a step's
-    values where the type's blocks allow it (the last step partial)."""
+    values a lane), against float64 numpy on gguf's dequantization; for types of 32-value blocks K
+    is not a multiple of a step's 8 x lanes values (the last step partial: the lanes past K add
+    nothing); 256-value blocks fill whole steps up to 32 lanes."""
     from gguf import GGMLQuantizationType
     from gguf import quants as gq
 
-    n, k = 37, 576 if BODIES[qtype][0] == 32 else 1280
+    n, k = 37, (2 * 8 * SUBGROUP + 32 if BODIES[qtype][0] == 32 else 1280)
     raw = quantization(qtype).quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32))
     w = gq.dequantize(raw, GGMLQuantizationType[qtype.upper()]).reshape(n, k).astype(np.float64)
     x = rng.standard_normal((m, k)).astype(np.float32)

@@ -244,6 +244,7 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     dequantization body); "highest" keeps the
     register-tiled GEMM; a weight too large for the scratch budget keeps it too, but for Q4_K, whose
     streaming GEMM takes every row count then."""
+    from poot.kernel.library.linear_gpu import gemv_warp_q6_k
     from poot.plan import matmul as planner_matmul
 
     b = GraphBuilder()
@@ -272,6 +273,19 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     other = plan_graph(b.build({"y": b.linear(xo, b.weight("w", "q8_0", [64, 576]))}), device="gpu", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=8))
     assert [(l.kernel.name, l.when.doc) for l in other.launches] == [("gemv_warp_packed_q8_0_K576_MR1_L8", "rows <= 1"), ("gemv_warp_packed_q8_0_K576_MR4_L8", "1 < rows <= 4"),
                                                                      ("gemm_simt_q8_0_K576_BK32", "rows > 4")]
+    # 16-bit floats are no packed type (blocks of one): the generic GEMV, as before
+    for dtype, k, lim in (("bf16", 576, Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}))), ("f16", 512, Limits(1024, 48 * 1024, subgroup=8))):
+        b = GraphBuilder()
+        xf = b.input("x", "f32", [sym("tokens"), k])
+        half = plan_graph(b.build({"y": b.linear(xf, b.weight("w", dtype, [64, k]))}), device="gpu", gpu=True, limits=lim)
+        assert [l.kernel.name.split("_")[0] + "_" + l.kernel.name.split("_")[1] for l in half.launches] == ["gemv_blocks", "gemm_simt"]
+    # Q6_K's own GEMV takes whole steps of its subgroup (16 values a lane): else the body's
+    b = GraphBuilder()
+    x6 = b.input("x", "f32", [sym("tokens"), 1536])
+    wide = plan_graph(b.build({"y": b.linear(x6, b.weight("w", "q6_k", [64, 1536]))}), device="gpu", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=64))
+    assert wide.launches[0].kernel.name == "gemv_warp_packed_q6_k_K1536_MR1_L64"
+    with pytest.raises(ValueError, match="and of 1024"):
+        gemv_warp_q6_k(1536, 1, 64)
     assert not any("dequantize" in l.kernel.name or "mma" in l.kernel.name for l in launches("highest", 300)[1])
     # without subgroup operations: the GEMV whose workgroups split K, up to two rows
     plain = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))

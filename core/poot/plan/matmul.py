@@ -106,8 +106,8 @@ def between(lo: int, hi: int | None, rows: Callable[[Env], int]) -> When:
 
 def _gemv_rows(qtype: str, k: int, limits: Limits) -> list[tuple[int, int, int]]:
     """The warp GEMV's (rows a workgroup, fewest rows, most rows) for 1 and 2-4 rows of x: the Q4_K
-    one keeps its rows of x, quantized, in workgroup memory, so K bounds how many fit."""
-    if qtype != "q4_k":
+    and Q6_K ones keep their rows of x, quantized, in workgroup memory, so K bounds how many fit."""
+    if qtype not in ("q4_k", "q6_k"):
         return [(1, 0, 1), (4, 1, 4)]
     if "i8" not in limits.dtypes:  # its sums are of int8 products: devices that report 8-bit integer arithmetic
         return []
@@ -150,8 +150,9 @@ class SplitX:
 
 
 # bytes of bf16 a packed weight dequantized for the tensor cores may take in a step's scratch memory
-# (each captured step has its own): Llama-3-8B's layer matrices fit, its 128,256-token output head
-# (1 GiB) keeps the register-tiled GEMM
+# (each captured step of more than four rows has its own): Llama-3-8B's layer matrices fit; its
+# 128,256-token output head (1 GiB) does not: Q4_K then takes the streaming GEMM at every row count,
+# other types the register-tiled GEMM
 DEQUANT_BYTES = 1 << 28
 
 
@@ -401,15 +402,15 @@ def _matmul_gpu_generic(n: Node, limits: Limits, split: SplitX | None = None) ->
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
         bufs = {"x": xk, "w": wk, "lut": lut, "y": ok}
         lanes = limits.subgroup
-        fits = [mr for mr in (4, 2, 1) if 4 * linear_gpu.q8_shared_words(kk, mr) <= limits.shared_bytes]
-        if (w.dtype.name == "q6_k" and lanes in (8, 16, 32, 64) and kk % 512 == 0 and fits and "i8" in limits.dtypes
-                and limits.max_workgroup >= 512):
+        packed = BODIES[w.dtype.name][0] > 1  # (16-bit floats are blocks of one)
+        q6 = _gemv_rows("q6_k", kk, limits) if w.dtype.name == "q6_k" and lanes in (8, 16, 32, 64) and kk % max(512, 16 * lanes) == 0 else []
+        if q6 and limits.max_workgroup >= 512:
             # Q6_K (Q4_K_M files' head and half their v and down): x as two int8 terms, dp4a
             gemvs = [Launch(n, linear_gpu.gemv_warp_q6_k(kk, mr, lanes), {"x": xk, "w": wk, "y": ok},
                             lambda env, mr=mr: (-(-nn // (512 // lanes)), -(-rows(env) // mr)), lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes},
-                            between(lo, hi, rows)) for mr, lo, hi in ((1, 0, 1), (fits[0], 1, 4))]
+                            between(lo, hi, rows)) for mr, lo, hi in q6]
             cut = 4
-        elif lanes in (4, 8, 16, 32, 64) and bs > 1 and kk % 8 == 0 and kk % bs == 0 and limits.max_workgroup >= 256:
+        elif lanes in (4, 8, 16, 32, 64) and packed and kk % 8 == 0 and kk % bs == 0 and limits.max_workgroup >= 256:
             # a subgroup a feature (its lanes' loads of a block coalesced), one or up to four rows of x
             gemvs = [Launch(n, linear_gpu.gemv_warp_packed(w.dtype.name, kk, mr, lanes), bufs, lambda env, mr=mr: (-(-nn // (256 // lanes)), -(-rows(env) // mr)),
                             lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, between(lo, hi, rows)) for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]

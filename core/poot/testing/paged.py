@@ -160,9 +160,15 @@ def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
 
 
 def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generator, tie: float = 0.0) -> float:  # type: ignore[no-untyped-def]
+    """``row_regime_errors``' largest |logit difference|."""
+    return max(diff for _, diff in row_regime_errors(executor, graph, weights, rng, tie))
+
+
+def row_regime_errors(executor, graph, weights, rng: np.random.Generator, tie: float = 0.0) -> list[tuple[int, float]]:  # type: ignore[no-untyped-def]
     """Steps of every row-count regime a GPU planner tells apart, against the paged oracle: 85 rows
     (three prompts), 3 decode rows, 20 rows, 9 rows, one row. Every step's argmax must agree (but
-    where the oracle's top two logits are within ``tie``); returns the largest |logit difference|."""
+    where the oracle's top two logits are within ``tie``); returns each step's (rows, largest
+    |logit difference|)."""
     from ..eval.model import PagedOracle
 
     oracle = PagedOracle(graph, weights, num_blocks=64)
@@ -171,17 +177,17 @@ def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generato
     for _ in range(3):
         pages.add()
     prompts = [rng.integers(0, 97, n).tolist() for n in (70, 11, 4)]
-    worst = 0.0
+    errors: list[tuple[int, float]] = []
     last: list[int | None] = [None, None, None]
     for step in range(5):
         chunks = [prompts, [[t] for t in last], [rng.integers(0, 97, 20).tolist(), [], []], [[], rng.integers(0, 97, 9).tolist(), []],
                   [[last[0]], [], []]][step]
         batch = pages.step(chunks, all_logits=step == 0, width=32)
         want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
-        worst = max(worst, diff)
+        errors.append((sum(len(c) for c in chunks), diff))
         rows = batch.seq_ids[batch.logit_rows]
         last = [int(want[np.nonzero(rows == s)[0][-1]].argmax()) if (rows == s).any() else last[s] for s in range(3)]
-    return worst
+    return errors
 
 
 def long_context_against_oracle(executor, graph, weights, rng: np.random.Generator, context: int = 1040, vocab: int = 97) -> tuple[float, list[str]]:  # type: ignore[no-untyped-def]

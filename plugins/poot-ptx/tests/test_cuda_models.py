@@ -9,8 +9,8 @@ import pytest
 from poot.errors import DeviceUnavailable
 from poot.plan import compile_plan
 from poot.runtime import get_device
-from poot.testing.paged import (long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama,
-                                wide_q4_k_llama)
+from poot.testing.paged import (long_context_against_oracle, row_regime_errors, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle,
+                                wide_bf16_llama, wide_q4_k_llama)
 from poot.testing.synthetic import SYNTHETIC
 
 
@@ -67,24 +67,29 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     assert worst < bound
 
 
-def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng):
+@pytest.mark.parametrize("precision,bound", [("high", 0.1), ("highest", 2e-3)])
+def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng, precision, bound):
     """A Q4_K Llama GGUF (poot's quantizer, f32 norms; its head and last down projection Q6_K, as in
-    Q4_K_M files) in every row-count regime: its products through the Q4_K and Q6_K warp GEMVs (the
-    head's K of 256: a warp a feature through its dequantization body) at up to four rows (x meeting the quants as two int8 terms, about 15 bits),
-    beyond that on tensor cores, the weights dequantized to bf16 in registers (up to 64 rows) or into
-    scratch memory (x as two bf16 terms, the weights rounded to bf16: 2^-9, a bound as loose as
-    matmul precision "medium"'s, and the argmax
-    may differ where the oracle's top two logits are within twice it); against the oracle on
-    gguf's dequantization."""
+    Q4_K_M files) in every row-count regime: its products of up to four rows through the Q4_K and
+    Q6_K warp GEMVs (x meeting the quants as two int8 terms, about 15 bits; the head's K of 256 a
+    warp a feature through its dequantization body). Beyond four rows at "high", on tensor cores,
+    the weights dequantized to bf16 in registers (up to 64 rows) or into scratch memory, x as two
+    bf16 terms: the weights rounded to bf16, a bound as loose as matmul precision "medium"'s (the
+    argmax may differ where the oracle's top two logits are within twice it), for decode steps too,
+    which read keys and values the prefill wrote; at "highest" the register-tiled f32 GEMM, which
+    dequantizes exactly, so the GEMVs are held to the tight bound. Against the oracle on gguf's
+    dequantization."""
     from poot_ptx.executor import CudaExecutor
 
     g, w = wide_q4_k_llama(tmp_path / "q4k", int(rng.integers(0, 2**31)))
-    plan = compile_plan(g, cuda)
+    plan = compile_plan(g, cuda, precision)
     names = {l.kernel.name.split("_K")[0] for l in plan.launches}
-    assert {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemm_warp_q4_k", "dequantize_bf16_q4_k", "gemm_mma_bf16",
-            "gemv_warp_q6_k", "gemv_warp_packed_q6_k", "dequantize_bf16_q6_k", "gemm_warp_bf16"} <= names, names
+    gemvs = {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemv_warp_q6_k", "gemv_warp_packed_q6_k"}
+    more = {"gemm_warp_q4_k", "dequantize_bf16_q4_k", "gemm_mma_bf16", "dequantize_bf16_q6_k", "gemm_warp_bf16"} if precision == "high" else {"gemm_simt_q4_k"}
+    assert gemvs | more <= names, names
     ex = CudaExecutor(plan)
-    worst = row_regimes_against_oracle(ex, g, w, rng, tie=0.2)
+    errors = row_regime_errors(ex, g, w, rng, tie=2 * bound)
     ex.close()
-    print(f"q4_k llama (warp GEMVs, tensor cores on dequantized weights) on cuda:0: max |dlogit| {worst:.2g}")
-    assert worst < 0.1
+    worst = max(e for _, e in errors)
+    print(f"q4_k llama (matmul precision {precision}) on cuda:0: max |dlogit| {worst:.2g}, by rows {errors}")
+    assert worst < bound

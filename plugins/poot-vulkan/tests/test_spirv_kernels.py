@@ -255,12 +255,12 @@ def test_subgroup_operations_at_the_devices_width(device, rng):
 
 
 def test_warp_schedules_compile_for_32_lane_subgroups(tmp_path):
-    """The decode GEMVs (bf16 and Q4_K, single, gated, several products) for a Vulkan device with
-    32-lane subgroups (NVIDIA's): valid modules whose sums are subgroup reductions."""
-    from poot.kernel.library.linear_gpu import gemv_warp
+    """The decode GEMVs (bf16 and Q4_K, single, gated, several products; any packed type; Q6_K) for a
+    Vulkan device with 32-lane subgroups (NVIDIA's): valid modules whose sums are subgroup reductions."""
+    from poot.kernel.library.linear_gpu import gemv_warp, gemv_warp_packed, gemv_warp_q6_k
 
     for k in (gemv_warp("bf16", 4096, 1), gemv_warp("bf16", 4096, 4, glu=True), gemv_warp("bf16", 4096, 1, parts=(64, 16, 16)),
-              gemv_warp("q4_k", 4096, 1)):
+              gemv_warp("q4_k", 4096, 1), gemv_warp_packed("q6_k", 4096, 1), gemv_warp_packed("q4_1", 576, 4), gemv_warp_q6_k(2048, 4)):
         art = codegen.compile_kernel(k, codegen.spirv_target(32), use_cache=False)
         S.validate(art.data, k.name)
         text = disassemble(art.data, tmp_path)

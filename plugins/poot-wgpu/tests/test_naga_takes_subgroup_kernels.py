@@ -15,7 +15,7 @@ CHILD = textwrap.dedent("""
     from poot.codegen import compile_kernel, spirv_target
     from poot.codegen.spirv import for_wgpu
     from poot.kernel.library import catalogue, norms
-    from poot.kernel.library.linear_gpu import gemv_warp, quantize_q8x2
+    from poot.kernel.library.linear_gpu import gemv_warp, gemv_warp_packed, gemv_warp_q6_k, quantize_q8x2
     try:
         a = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
         d = a.request_device_sync(required_features=["subgroup"])
@@ -29,6 +29,8 @@ CHILD = textwrap.dedent("""
                                   gemv_warp("q4_k", 1024, 4, glu=True), gemv_warp("q4_k", 1024, 4, parts=(64, 16, 16)),
                                   gemv_warp("q4_k", 4096, 4, 8, xglobal=True), quantize_q8x2(4096))]
     kernels += [(norms.add_rms_norm.instantiate(BLOCK=1024, SUBGROUP=n), n) for n in (8, 32)]
+    kernels += [(k, n) for n in (8, 32) for k in (gemv_warp_packed("q6_k", 4096, 1, n), gemv_warp_packed("q4_1", 576, 4, n),
+                                                  gemv_warp_q6_k(4096, 1, n), gemv_warp_q6_k(2048, 4, n))]
     for k, n in kernels:
         print(k.name, flush=True)
         d.create_shader_module(code=for_wgpu(compile_kernel(k, spirv_target(n)).data))

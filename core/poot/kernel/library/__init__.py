@@ -48,7 +48,4 @@ def catalogue() -> list[Kernel]:
     from .dequant_gpu import dequantize_bf16
 
     ks += [dequantize_bf16(q, 4096) for q in sorted(BODIES) if BODIES[q][0] > 1]
-    from .linear_gpu import gemv_warp_packed, gemv_warp_q6_k
-
-    ks += [gemv_warp_packed("q6_k", 4096, 1), gemv_warp_packed("q4_1", 576, 4), gemv_warp_q6_k(14336, 1), gemv_warp_q6_k(4096, 4)]
     return ks

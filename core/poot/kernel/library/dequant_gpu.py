@@ -26,10 +26,13 @@ F32, I32 = dt.f32, dt.i32
 DEQUANT_THREADS = 256
 
 
+def _values_a_thread(qtype: str) -> int:
+    return 32 if qtype == "q4_k" else 8
+
+
 def dequant_groups(qtype: str, n: int, k: int) -> int:
     """Workgroups ``dequantize_bf16(qtype, k)`` takes for ``n`` rows."""
-    per_thread = 32 if qtype == "q4_k" else 8
-    return -(-n * k // per_thread // DEQUANT_THREADS)
+    return -(-n * k // _values_a_thread(qtype) // DEQUANT_THREADS)
 
 
 def _q4_k_body() -> list[K.Stmt]:
@@ -64,7 +67,7 @@ def dequantize_bf16(qtype: str, k: int) -> K.Kernel:
         raise ValueError(f"dequantize_bf16: '{qtype}' is not a packed type (have: {', '.join(sorted(q for q in BODIES if BODIES[q][0] > 1))})")
     if k % 256:
         raise ValueError(f"dequantize_bf16 needs K a multiple of 256, got {k}")
-    per_thread = 32 if qtype == "q4_k" else 8
+    per_thread = _values_a_thread(qtype)
     body: list[K.Stmt] = [K.Let("t", _add(_mul(K.Builtin("group_id", 0), DEQUANT_THREADS), K.Builtin("thread_id", 0)))]
     inside = K.Bin("lt", _r("t"), _mul(_r("n"), k // per_thread))
     rest: tuple[K.Param, ...] = ()

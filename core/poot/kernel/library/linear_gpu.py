@@ -362,6 +362,25 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     return kern
 
 
+def _subgroup_features(lanes: int, warps: int, mr: int) -> list[K.Stmt]:
+    """A subgroup-a-feature GEMV's first locals: ``lane``, its feature ``jf`` (``warps`` a
+    workgroup) and ``m0``, the first of its workgroup's ``mr`` rows of x."""
+    return [K.Let("lane", _b("rem", K.Builtin("thread_id", 0), lanes)),
+            K.Let("jf", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), lanes))),
+            K.Let("m0", _mul(K.Builtin("group_id", 1), mr))]
+
+
+def _subgroup_stores(mr: int) -> list[K.Stmt]:
+    """Each lane's ``acc{r}`` summed over the subgroup and stored by lane 0 as y[m0 + r, jf] (rows
+    below m). Every reduction comes before the stores: naga's SPIR-V reader aborted the process on
+    a reduction placed after a store's branch."""
+    out: list[K.Stmt] = [K.Let(f"s{r}", K.SubgroupReduce("add", _r(f"acc{r}", F32))) for r in range(mr)]
+    for r in range(mr):
+        cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
+        out.append(K.If(cond, (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("jf")), _r(f"s{r}", F32)),)))
+    return out
+
+
 @lru_cache(maxsize=None)
 def gemv_warp_packed(qtype: str, k: int, mr: int, lanes: int = 32) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for any packed type of ``quant.bodies``, a subgroup of
@@ -380,12 +399,7 @@ def gemv_warp_packed(qtype: str, k: int, mr: int, lanes: int = 32) -> K.Kernel:
     if lanes not in (4, 8, 16, 32, 64):
         raise ValueError(f"gemv_warp_packed: subgroups of 4 to 64 lanes, got {lanes}")
     threads, width = 256, 8 * lanes  # values a step
-    warps = threads // lanes
-    body: list[K.Stmt] = [
-        K.Let("lane", _b("rem", K.Builtin("thread_id", 0), lanes)),
-        K.Let("jf", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), lanes))),
-        K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
-    ]
+    body = _subgroup_features(lanes, threads // lanes, mr)
     for r in range(mr):
         body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
     step: list[K.Stmt] = [K.Let("v0", _add(_mul(_r("it"), width), _mul(_r("lane"), 8))),
@@ -402,10 +416,7 @@ def gemv_warp_packed(qtype: str, k: int, mr: int, lanes: int = 32) -> K.Kernel:
         step = [K.If(K.Bin("lt", _add(_mul(_r("it"), width), _mul(_r("lane"), 8)), _c(k)), tuple(step))]
     feature: list[K.Stmt] = [K.Let("row", _mul(_r("jf"), _r("row_bytes"))), *(K.Let(f"acc{r}", _f(0.0)) for r in range(mr)),
                              K.For("it", _c(0), _c(-(-k // width)), tuple(step))]
-    feature += [K.Let(f"s{r}", K.SubgroupReduce("add", _r(f"acc{r}", F32))) for r in range(mr)]  # every reduction before the stores
-    for r in range(mr):  # (naga's SPIR-V reader aborts the process on a reduction after a store's branch)
-        cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
-        feature.append(K.If(cond, (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("jf")), _r(f"s{r}", F32)),)))
+    feature += _subgroup_stores(mr)
     body.append(K.If(K.Bin("lt", _r("jf"), _r("n")), tuple(feature)))
     params = (K.Buffer("x", F32), K.Buffer("w", dt.u8), K.Buffer("lut", F32), K.Buffer("y", F32, readonly=False),
               K.ScalarParam("m", I32), K.ScalarParam("n", I32), K.ScalarParam("row_bytes", I32))
@@ -473,28 +484,19 @@ def gemv_warp_q6_k(k: int, mr: int, lanes: int = 32) -> K.Kernel:
     memory to two int8 terms as for Q4_K (``_quantize_x_q8``: about 15 bits of each value) and the
     6-bit quants summed against them by dp4a, 16 values a lane a step (``_q6_k_unit``); up to ``mr``
     rows of x. Weights bound as i32 words with ``row_bytes``; K a multiple of 512 (whole pairs of
-    blocks: rows start word-aligned). 512 threads: grid (ceil(n / (512 / lanes)), ceil(m / mr))."""
-    if k % 512:
-        raise ValueError(f"gemv_warp_q6_k needs K a multiple of 512, got {k}")
+    blocks: rows start word-aligned) and of a step's 16 ``lanes`` values. 512 threads: grid (ceil(n / (512 / lanes)), ceil(m / mr))."""
     if lanes not in (8, 16, 32, 64):
         raise ValueError(f"gemv_warp_q6_k: subgroups of 8 to 64 lanes, got {lanes}")
+    if k % 512 or k % (Q6_K_UNIT * lanes):
+        raise ValueError(f"gemv_warp_q6_k needs K a multiple of 512 and of {Q6_K_UNIT * lanes} (a step of {lanes} lanes), got {k}")
     threads = 512
-    warps = threads // lanes
-    body: list[K.Stmt] = [
-        K.Let("lane", _b("rem", K.Builtin("thread_id", 0), lanes)),
-        K.Let("jf", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), lanes))),
-        K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
-        *_quantize_x_q8(k, mr, threads),
-    ]
+    body = [*_subgroup_features(lanes, threads // lanes, mr), *_quantize_x_q8(k, mr, threads)]
     for r in range(mr):  # row r of x in workgroup memory: its words and its per-32 (d, sum) pairs
         body += [K.Let(f"xo{r}", _c(r * k // 4)), K.Let(f"xs{r}", _c(r * k // 32))]
     feature: list[K.Stmt] = [K.Let("rowb", _mul(_r("jf"), _r("row_bytes"))), *(K.Let(f"acc{r}", _f(0.0)) for r in range(mr))]
     step = [K.Let("u", _add(_mul(_r("it"), lanes), _r("lane"))), *_q6_k_unit(mr)]
     feature.append(K.For("it", _c(0), _c(k // Q6_K_UNIT // lanes), tuple(step)))
-    feature += [K.Let(f"s{r}", K.SubgroupReduce("add", _r(f"acc{r}", F32))) for r in range(mr)]  # every reduction before the stores
-    for r in range(mr):
-        cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
-        feature.append(K.If(cond, (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("jf")), _r(f"s{r}", F32)),)))
+    feature += _subgroup_stores(mr)
     body.append(K.If(K.Bin("lt", _r("jf"), _r("n")), tuple(feature)))
     shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
     params = (K.Buffer("x", F32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32),
