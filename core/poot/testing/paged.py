@@ -190,6 +190,22 @@ def row_regime_errors(executor, graph, weights, rng: np.random.Generator, tie: f
     return errors
 
 
+def wide_q4_k_llama_regimes(device, executor_cls, directory, rng: np.random.Generator, precision: str = "high",  # type: ignore[no-untyped-def]
+                            tie: float = 0.0) -> tuple[set[str], list[tuple[int, float]]]:
+    """``wide_q4_k_llama`` planned for ``device`` (at matmul ``precision``) and run by
+    ``executor_cls`` through ``row_regime_errors``: (the plan's kernel names up to their K, each
+    step's (rows, error))."""
+    from ..plan import compile_plan
+
+    g, w = wide_q4_k_llama(directory, int(rng.integers(0, 2**31)))
+    plan = compile_plan(g, device, precision)
+    ex = executor_cls(plan)
+    try:
+        return {l.kernel.name.split("_K")[0] for l in plan.launches}, row_regime_errors(ex, g, w, rng, tie)
+    finally:
+        ex.close()
+
+
 def long_context_against_oracle(executor, graph, weights, rng: np.random.Generator, context: int = 1040, vocab: int = 97) -> tuple[float, list[str]]:  # type: ignore[no-untyped-def]
     """One sequence prefilled with ``context`` random tokens, then two greedy decode steps over that
     long context (where GPU plans split decode attention), against the paged oracle: (the largest

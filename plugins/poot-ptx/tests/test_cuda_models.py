@@ -9,8 +9,8 @@ import pytest
 from poot.errors import DeviceUnavailable
 from poot.plan import compile_plan
 from poot.runtime import get_device
-from poot.testing.paged import (long_context_against_oracle, row_regime_errors, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle,
-                                wide_bf16_llama, wide_q4_k_llama)
+from poot.testing.paged import (long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama,
+                                wide_q4_k_llama_regimes)
 from poot.testing.synthetic import SYNTHETIC
 
 
@@ -81,15 +81,10 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     dequantization."""
     from poot_ptx.executor import CudaExecutor
 
-    g, w = wide_q4_k_llama(tmp_path / "q4k", int(rng.integers(0, 2**31)))
-    plan = compile_plan(g, cuda, precision)
-    names = {l.kernel.name.split("_K")[0] for l in plan.launches}
+    names, errors = wide_q4_k_llama_regimes(cuda, CudaExecutor, tmp_path / "q4k", rng, precision, tie=2 * bound)
     gemvs = {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemv_warp_q6_k", "gemv_warp_packed_q6_k"}
     more = {"gemm_warp_q4_k", "dequantize_bf16_q4_k", "gemm_mma_bf16", "dequantize_bf16_q6_k", "gemm_warp_bf16"} if precision == "high" else {"gemm_simt_q4_k"}
     assert gemvs | more <= names, names
-    ex = CudaExecutor(plan)
-    errors = row_regime_errors(ex, g, w, rng, tie=2 * bound)
-    ex.close()
     worst = max(e for _, e in errors)
     print(f"q4_k llama (matmul precision {precision}) on cuda:0: max |dlogit| {worst:.2g}, by rows {errors}")
     assert worst < bound

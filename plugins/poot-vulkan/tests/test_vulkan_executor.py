@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 
 from poot.plan import compile_plan
-from poot.testing.fixtures import device_or_skip
-from poot.testing.paged import (long_context_against_oracle, profiled_step, row_regime_errors, row_regimes_against_oracle, synthetic_graph,
-                                two_sequences_against_oracle, wide_bf16_llama, wide_q4_k_llama)
+from poot.testing.fixtures import device_or_skip, subgroups_or_skip
+from poot.testing.paged import (long_context_against_oracle, profiled_step, row_regimes_against_oracle, synthetic_graph,
+                                two_sequences_against_oracle, wide_bf16_llama, wide_q4_k_llama_regimes)
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +77,7 @@ def test_bf16_model_on_the_warp_gemv_matches_the_oracle(vulkan, tmp_path, rng):
     assert worst < 1e-3
 
 
-def test_q4_k_m_model_on_the_subgroup_gemvs_matches_the_oracle(vulkan, tmp_path, rng):
+def test_q4_k_m_model_on_the_subgroup_gemvs_matches_the_oracle(tmp_path, rng):
     """The Q4_K Llama GGUF with a Q6_K head and last down projection (as Q4_K_M files mix them),
     in every row-count regime: its products of up to four rows through GEMVs of a subgroup a
     feature (Q4_K and the head through the types' dequantization bodies, the K = 512 down
@@ -85,17 +85,11 @@ def test_q4_k_m_model_on_the_subgroup_gemvs_matches_the_oracle(vulkan, tmp_path,
     the register-tiled GEMM; against the oracle on gguf's dequantization."""
     from poot_vulkan.executor import VulkanExecutor as Executor
 
-    caps = vulkan.capabilities
-    if not caps.subgroup_ops or caps.subgroup_size < 8:
-        pytest.skip(f"the subgroup GEMVs need subgroup operations on 8+ lanes (this device: {caps.subgroup_size})")
-    g, w = wide_q4_k_llama(tmp_path / "q4km", int(rng.integers(0, 2**31)))
-    plan = compile_plan(g, vulkan)
-    names = {l.kernel.name.split("_K")[0] for l in plan.launches}
+    dev = subgroups_or_skip("vulkan:0")
+    caps = dev.capabilities
+    names, errors = wide_q4_k_llama_regimes(dev, Executor, tmp_path / "q4km", rng)
     want = {"gemv_warp_packed_q4_k", "gemv_warp_packed_q6_k", "gemm_simt_q4_k"} | ({"gemv_warp_q6_k"} if "i8" in caps.dtypes else set())
     assert want <= names, names
-    ex = Executor(plan)
-    errors = row_regime_errors(ex, g, w, rng)
-    ex.close()
     print(f"q4_k_m llama (subgroup GEMVs) on vulkan:0: |dlogit| by rows {errors}")
     assert max(e for _, e in errors) < 2e-3
 
