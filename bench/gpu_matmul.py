@@ -22,10 +22,12 @@ BATCH = 8  # runs a timing (their mean)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate/up": (14336, 4096), "down": (4096, 14336), "lm_head": (128256, 4096)}
 
 
-def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
-    """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows."""
+def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: ignore[no-untyped-def]
+    """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows (the
+    warpgroup GEMMs too with ``wgmma``: a Hopper GPU)."""
     from poot.kernel.library import linear_gpu as G
     from poot.kernel.library import linear_mma as M
+    from poot.kernel.library import linear_wgmma as W
 
     out = []
     if qtype not in ("bf16", "q4_k"):  # other packed types, few rows: the GEMV splitting K across a workgroup vs a warp a feature
@@ -75,6 +77,18 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
             if 16 * mt <= 2 * max(16, rows):
                 kern = M.gemm_warp(k, mt, tn, wk, xsplit=True)
                 out.append((kern.name + "+split", (split, kern), lambda n, mt=mt, tn=tn: (split_grid, (-(-rows // (16 * mt)), -(-n // (8 * tn))))))
+    if 4 < rows <= 64 and wgmma:  # one warpgroup's 64 rows, K split among workgroups (parts added by sum_parts)
+        for terms, bn in ((True, 128), (False, 128), (False, 256)):
+            for parts in (1, 2, 4, 8):
+                if k % (32 * parts) == 0:
+                    kern = W.gemm_wgmma(k, terms, bn, 4, 32, 64, warpgroups=1, ksplit=parts)
+                    pre = split if terms else M.split_bf16x2(k, 1)
+                    if parts == 1:
+                        out.append((kern.name + "+x", (pre, kern), lambda n, bn=bn: (split_grid, (-(-n // bn), -(-rows // 64)))))
+                    else:
+                        add = M.sum_parts(parts)
+                        out.append((kern.name + "+x+sum", (pre, kern, add), lambda n, bn=bn, parts=parts: (
+                            split_grid, (-(-n // bn), -(-rows // 64), parts), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
     if rows > 4:
         kern = M.gemm_mma(k, 2, 2, 2, 4)
         out.append((kern.name, kern, lambda n: (-(-n // 64), -(-rows // 64))))
@@ -91,6 +105,10 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
             kern = M.gemm_mma(k, wm, wn, tm, tn, xsplit=True)
             bm, bn = 16 * wm * tm, 8 * wn * tn
             out.append((kern.name + "+split", (split, kern), lambda n, bm=bm, bn=bn: (split_grid, (-(-n // bn), -(-rows // bm)))))
+        if wgmma:  # Hopper's warpgroup products (sm_90a), 128 rows a workgroup, stages of workgroup memory in a ring
+            for stages, bk, sw in ((4, 32, 0), (4, 32, 64), (3, 64, 128), (4, 64, 128)):
+                kern = W.gemm_wgmma(k, True, None, stages, bk, sw)
+                out.append((kern.name + "+split", (split, kern), lambda n, bn=W.wgmma_bn(True): (split_grid, (-(-n // bn), -(-rows // W.WGMMA_BM)))))
     # matmul precision "medium": x rounded to bf16 once (split_bf16x1), one product
     round1 = M.split_bf16x2(k, 1)
     if rows > 1:
@@ -105,6 +123,10 @@ def schedules(rows: int, k: int, qtype: str):  # type: ignore[no-untyped-def]
             kern = M.gemm_mma(k, wm, wn, tm, tn, split=False, xsplit=True)
             bm, bn = 16 * wm * tm, 8 * wn * tn
             out.append((kern.name + "+round", (round1, kern), lambda n, bm=bm, bn=bn: (split_grid, (-(-n // bn), -(-rows // bm)))))
+        if wgmma:
+            for bn, stages, bk, sw in ((256, 4, 32, 0), (256, 4, 32, 64), (256, 6, 32, 64), (256, 3, 64, 128), (256, 4, 64, 128), (128, 4, 64, 128)):
+                kern = W.gemm_wgmma(k, False, bn, stages, bk, sw)
+                out.append((kern.name + "+round", (round1, kern), lambda n, bn=bn: (split_grid, (-(-n // bn), -(-rows // W.WGMMA_BM)))))
     return out
 
 
@@ -150,7 +172,7 @@ def main() -> int:
             parts = ctx.alloc(8 * rows * n * 4)  # a K-split GEMM's parts
             lut = ctx.alloc(64)  # (the packed types timed here have no lookup table)
             ctx.upload(xp, x)
-            for sname, kern, grid in schedules(rows, k, args.qtype):
+            for sname, kern, grid in schedules(rows, k, args.qtype, "wgmma" in dev.capabilities.matrix_ops):
                 if args.only not in sname:
                     continue
                 kerns = kern if isinstance(kern, tuple) else (kern,)  # launches timed together
@@ -162,7 +184,9 @@ def main() -> int:
                 grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
                 ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xs": xs, "lut": lut}
                 def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
-                    named = {**ptrs, "p": parts, "y": parts} if "_S" in ck.kernel.name else {**ptrs, "p": parts}
+                    nm = ck.kernel.name
+                    parted = "_P" in nm if nm.startswith("gemm_wgmma") else "_S" in nm
+                    named = {**ptrs, "p": parts, "y": parts} if parted else {**ptrs, "p": parts}
                     return {p.name: named[p.name] for p in ck.kernel.buffers}
 
                 scal = {"m": rows, "n": n, "k": k, "count": rows * n, "row_bytes": row_bytes}

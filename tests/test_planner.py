@@ -228,6 +228,19 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
     assert kernels(graph, "medium", {"tokens": 9}) == ["split_bf16x1_K512", "gemm_warp_bf16_K512_1x4_W8_xb"]
     assert kernels(graph, "highest", {"tokens": 300}) == ["gemm_simt_bf16_K512_BK32"]
     assert {kernels(graph, p, {"tokens": 1})[0] for p in ("high", "medium", "highest")} == {"gemv_warp_bf16_K512_MR1"}
+    # a Hopper GPU (wgmma): the tiled products on its warpgroup instructions, the rest as before
+    hopper = lambda p, env: [l.kernel.name for l in plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(  # noqa: E731
+        1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), matmul_precision=p, dynamic_shared=227 * 1024)).launches if l.when is None or l.when(env)]
+    assert hopper("high", {"tokens": 300}) == ["split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_xs"]
+    assert hopper("medium", {"tokens": 300}) == ["split_bf16x1_K512", "gemm_wgmma_bf16_K512_N256_S4_BK64_W128_xb"]
+    assert hopper("medium", {"tokens": 9}) == kernels(graph, "medium", {"tokens": 9})
+    # 17-64 rows: a warpgroup's 64 rows a workgroup, K split to keep ~256 workgroups streaming the weights
+    assert hopper("high", {"tokens": 40}) == ["split_bf16x2_K512", "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
+    assert hopper("medium", {"tokens": 64}) == ["split_bf16x1_K512", "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xb", "sum_parts_8"]
+    assert hopper("highest", {"tokens": 300}) == ["gemm_simt_bf16_K512_BK32"]
+    # without the opt-in workgroup memory its ring of stages needs: the mma.sync GEMM
+    assert [l.kernel.name for l in plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(
+        1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}))).launches if l.when({"tokens": 300})] == kernels(graph, "high", {"tokens": 300})
     block = _block(head_dim=64)
     attn = lambda p: [k for k in kernels(block, p, {"tokens": 128, "batch": 2}) if k.startswith("attention")]  # noqa: E731
     assert attn("high") == ["attention_mma_D64_causal_BS4_nocap"] and attn("medium") == ["attention_mma_D64_causal_bf16_BS4_nocap"]

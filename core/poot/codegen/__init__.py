@@ -2,6 +2,6 @@
 
 from .compile import Artifact, CompileError, compile_kernel
 from .lower import lower_kernel
-from .targets import TARGETS, Target, host_target, spirv_target, target
+from .targets import TARGETS, Target, host_target, shared_layout, spirv_target, target
 
-__all__ = ["Artifact", "CompileError", "compile_kernel", "lower_kernel", "TARGETS", "Target", "host_target", "spirv_target", "target"]
+__all__ = ["Artifact", "CompileError", "compile_kernel", "lower_kernel", "TARGETS", "Target", "host_target", "shared_layout", "spirv_target", "target"]

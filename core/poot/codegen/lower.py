@@ -16,7 +16,7 @@ from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from ..kernel import ir as K
 from ..kernel.verify import uses_barriers, uses_subgroups, verify_kernel
-from .targets import Target
+from .targets import SHARED_ALIGN, Target, shared_layout
 
 __all__ = ["lower_kernel", "llvm_type"]
 
@@ -78,8 +78,16 @@ class _Lowerer:
     def lower(self) -> L.Module:
         k = self.k
         params = [L.PointerType(_mem_type(p.dtype), self.t.global_as) if isinstance(p, K.Buffer) else llvm_type(p.dtype) for p in k.params]
+        offsets, dynamic = shared_layout(k, self.t)
+        if dynamic and not self.host:  # one external array, sized at launch; each array a constant offset into it
+            dyn = L.GlobalVariable(self.m, L.ArrayType(I8, 0), f"{k.name}_dynamic_shared", addrspace=self.t.shared_as)
+            dyn.linkage = "external"
+            dyn.align = SHARED_ALIGN
+            for sh in k.shared:
+                at = dyn.gep([L.Constant(I32, 0), L.Constant(I32, offsets[sh.name])])
+                self.mem[sh.name] = (at.bitcast(L.PointerType(L.ArrayType(_mem_type(sh.dtype), sh.size), self.t.shared_as)), sh.dtype, sh.size)
         for sh in k.shared:
-            if self.host:
+            if self.host or dynamic:
                 continue
             g = L.GlobalVariable(self.m, L.ArrayType(_mem_type(sh.dtype), sh.size), f"{k.name}.{sh.name}", addrspace=self.t.shared_as)
             g.linkage = "internal"
@@ -302,6 +310,18 @@ class _Lowerer:
             self.mma(st)
         elif isinstance(st, K.Mma):
             self.mma_sync(st)
+        elif isinstance(st, K.Wgmma):
+            self.wgmma(st)
+        elif isinstance(st, K.WgmmaSync):
+            self.wgmma_sync(st)
+        elif isinstance(st, K.CopyAsync):
+            self.copy_async(st)
+        elif isinstance(st, K.CopyAsyncSync):
+            if self.t.name == "nvptx":  # (elsewhere the copies were ordinary loads and stores: nothing to wait for)
+                if st.op == "commit":
+                    b.call(self.intrinsic("llvm.nvvm.cp.async.commit.group", L.VoidType(), []), [])
+                else:
+                    b.call(self.intrinsic("llvm.nvvm.cp.async.wait.group", L.VoidType(), [I32]), [L.Constant(I32, st.n)])
         else:
             raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower statement {type(st).__name__}")
 
@@ -368,6 +388,52 @@ class _Lowerer:
         d = b.call(self.intrinsic(name, L.LiteralStructType([F32] * 4), types + [F32] * 4), regs + acc)
         for i, p in enumerate(ptrs):
             b.store(b.extract_value(d, i), p)
+
+    def copy_async(self, st: K.CopyAsync) -> None:
+        b = self.b
+        dst, dt_ = self.address(st.shared, st.at)
+        src, _ = self.address(st.buffer, st.index)
+        if self.t.name == "nvptx":
+            p3, p1 = L.PointerType(I8, self.t.shared_as), L.PointerType(I8, self.t.global_as)
+            b.call(self.intrinsic("llvm.nvvm.cp.async.cg.shared.global.16", L.VoidType(), [p3, p1]), [b.bitcast(dst, p3), b.bitcast(src, p1)])
+            return
+        vec = L.VectorType(_mem_type(dt_), 4)
+        v = b.load(b.bitcast(src, L.PointerType(vec, src.type.addrspace)))
+        b.store(v, b.bitcast(dst, L.PointerType(vec, dst.type.addrspace)))
+
+    def _wgmma_target(self) -> None:
+        if self.t.name != "nvptx" or "wgmma" not in self.t.matrix:
+            raise Refusal(f"kernel {self.k.name}", self.t.key, "warpgroup matrix products (wgmma) are lowered for nvptx:sm_90a only")
+
+    def wgmma(self, st: K.Wgmma) -> None:
+        """wgmma.mma_async by inline PTX (LLVM has no intrinsic for it): the two operands' matrix
+        descriptors (start address / 16, lbo / 16, sbo / 16, the swizzle mode) built from the shared
+        arrays' addresses, the accumulators read and written in place."""
+        self._wgmma_target()
+        b = self.b
+        words: list[L.Value] = []
+        for name, off in ((st.a, st.a_offset), (st.b, st.b_offset)):
+            addr = b.add(b.ptrtoint(self.mem[name][0], I32), self.expr(off))
+            start = b.and_(b.lshr(addr, L.Constant(I32, 4)), L.Constant(I32, 0x3FFF))
+            layout = {0: 0, 128: 1, 64: 2, 32: 3}[st.swizzle] << 30  # bits 62-63 of the descriptor
+            words += [b.or_(start, L.Constant(I32, (st.lbo >> 4) << 16)), L.Constant(I32, (st.sbo >> 4) | layout)]
+        na = len(st.acc)
+        d = ", ".join(f"${i}" for i in range(na))
+        asm = ("{ .reg .b64 da, db; .reg .pred p; "
+               f"mov.b64 da, {{${na}, ${na + 1}}}; mov.b64 db, {{${na + 2}, ${na + 3}}}; setp.ne.b32 p, ${na + 4}, 0; "
+               f"wgmma.mma_async.sync.aligned.m64n{2 * na}k16.f32.bf16.bf16 {{{d}}}, da, db, p, 1, 1, 0, 0; }}")
+        cons = ",".join(["=f"] * na + ["r"] * 5 + [str(i) for i in range(na)]) + ",~{memory}"
+        fn = L.InlineAsm(L.FunctionType(L.LiteralStructType([F32] * na), [I32] * 5 + [F32] * na), asm, cons, side_effect=True)
+        ptrs = [self._var_ptr(nm)[0] for nm in st.acc]
+        out = b.call(fn, words + [L.Constant(I32, 1)] + [b.load(p) for p in ptrs])
+        for i, p in enumerate(ptrs):
+            b.store(b.extract_value(out, i), p)
+
+    def wgmma_sync(self, st: K.WgmmaSync) -> None:
+        self._wgmma_target()
+        text = {"fence": "wgmma.fence.sync.aligned;", "commit": "wgmma.commit_group.sync.aligned;",
+                "wait": f"wgmma.wait_group.sync.aligned {st.n};", "proxy": "fence.proxy.async.shared::cta;"}[st.op]
+        self.b.call(L.InlineAsm(L.FunctionType(L.VoidType(), []), text, "~{memory}", side_effect=True), [])
 
     def barrier(self) -> None:
         b = self.b

@@ -29,6 +29,9 @@ class Target:
     max_shared: int = 1 << 30
     artifact: str = "object"  # object | ptx | code-object | spirv
     matrix: tuple[str, ...] = ()
+    # workgroup memory a kernel may declare statically; beyond it (up to max_shared) its arrays are
+    # placed in the launch's dynamic workgroup memory (``shared_layout``). None: max_shared
+    static_shared: int | None = None
 
     @property
     def key(self) -> str:
@@ -50,7 +53,8 @@ def host_target() -> Target:
 TARGETS: dict[str, Target] = {
     "nvptx:sm_80": Target("nvptx", "nvptx64-nvidia-cuda", "sm_80", "+ptx78", 1, 3, 32, 1024, 48 * 1024, "ptx", ("mma.sync",)),
     "nvptx:sm_90": Target("nvptx", "nvptx64-nvidia-cuda", "sm_90", "+ptx80", 1, 3, 32, 1024, 48 * 1024, "ptx", ("mma.sync",)),
-    "nvptx:sm_90a": Target("nvptx", "nvptx64-nvidia-cuda", "sm_90a", "+ptx80", 1, 3, 32, 1024, 48 * 1024, "ptx", ("mma.sync", "wgmma")),
+    # a Hopper SM gives a workgroup up to 227 KiB, past the 48 KiB PTX declares statically
+    "nvptx:sm_90a": Target("nvptx", "nvptx64-nvidia-cuda", "sm_90a", "+ptx80", 1, 3, 32, 1024, 227 * 1024, "ptx", ("mma.sync", "wgmma"), 48 * 1024),
     "amdgcn:gfx90a": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx90a", "", 1, 3, 64, 1024, 64 * 1024, "code-object", ("mfma",)),
     "amdgcn:gfx942": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx942", "", 1, 3, 64, 1024, 64 * 1024, "code-object", ("mfma",)),
     "amdgcn:gfx1100": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx1100", "", 1, 3, 32, 1024, 64 * 1024, "code-object", ("wmma",)),
@@ -77,3 +81,20 @@ def spirv_target(subgroup: int = 1) -> Target:
     if subgroup & (subgroup - 1) or subgroup > 128:
         raise Refusal("compile", "spirv", f"a subgroup of {subgroup} lanes (Vulkan subgroups are powers of two up to 128)")
     return replace(base, subgroup=subgroup)
+
+
+SHARED_ALIGN = 1024  # bytes: each array of dynamic workgroup memory starts at a multiple (a wgmma swizzle atom)
+
+
+def shared_layout(k, tgt: Target) -> tuple[dict[str, int], int]:  # type: ignore[no-untyped-def]
+    """Where kernel ``k``'s workgroup arrays lie in dynamic workgroup memory on ``tgt``: ({array: byte
+    offset}, bytes to ask for at launch), or ({}, 0) where they are declared statically (their total
+    within the target's static limit). The lowering and the runtime that launches both read it."""
+    total = sum(s.size * max(1, s.dtype.bits // 8) for s in k.shared)
+    if tgt.static_shared is None or total <= tgt.static_shared:
+        return {}, 0
+    offsets, at = {}, 0
+    for s in k.shared:
+        offsets[s.name] = at
+        at += -(-s.size * max(1, s.dtype.bits // 8) // SHARED_ALIGN) * SHARED_ALIGN
+    return offsets, at

@@ -18,8 +18,8 @@ from ..graph.dtypes import DType
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
     "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle", "Dot4I8", "PackBf16x2",
-    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma",
-    "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "const", "i32",
+    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma", "Wgmma", "WgmmaSync", "CopyAsync", "CopyAsyncSync",
+    "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "WGMMA_SYNC", "COPY_SYNC", "const", "i32",
 ]
 
 i32 = dt.i32
@@ -323,7 +323,73 @@ class Mma:
     dtype: DType = dt.bf16
 
 
-Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile, Mma]
+@dataclass(frozen=True)
+class Wgmma:
+    """A warpgroup's asynchronous 64 x n x 16 matrix multiply-accumulate with both operands in
+    workgroup memory (NVIDIA ``wgmma.mma_async``, sm_90a; four consecutive warps from a warp index
+    divisible by four execute it together): ``acc`` (n / 2 f32 locals of each thread) += A (64 rows x 16)
+    times B (n rows x 16) transposed, bf16 values. Both operands are K-major. With ``swizzle`` 0, in
+    8 x 8 core matrices of 128 contiguous bytes: value (r, k) lies at byte ``offset + (r // 8) * sbo +
+    (k // 8) * lbo + (r % 8) * 16 + (k % 8) * 2`` of its shared array (``a_offset``, ``b_offset``: i32
+    bytes, 16-byte aligned). With ``swizzle`` S (32, 64 or 128 bytes): rows of S bytes, groups of
+    eight rows ``sbo`` apart, in atoms of 8 S bytes aligned to their size whose 16-byte chunks are
+    permuted by address (chunk c of the row at byte a lies at chunk c ^ ((a >> 7) % (S / 16)));
+    the offset steps along K within a row; lbo is unused. acc follows the mma.sync accumulator layout per 8-column tile j (acc[4 j .. 4 j + 3]) on
+    rows 16 w + group and + 8 of the warpgroup's warp w. The product is only issued: it is ordered by
+    ``WgmmaSync``, and its accumulators must not be read before a wait covers it."""
+
+    acc: tuple[str, ...]
+    a: str
+    a_offset: Expr
+    b: str
+    b_offset: Expr
+    lbo: int
+    sbo: int
+    swizzle: int = 0
+
+
+WGMMA_SYNC = ("fence", "commit", "wait", "proxy")
+
+
+@dataclass(frozen=True)
+class WgmmaSync:
+    """Ordering around ``Wgmma``: "fence" before a warpgroup's first product reading registers or
+    workgroup memory written since (``wgmma.fence``); "commit" makes the products issued since the last
+    commit one group; "wait" until at most ``n`` of this warpgroup's groups are pending; "proxy" makes
+    this thread's ordinary stores to workgroup memory visible to the tensor cores' reads (its own
+    ``fence.proxy.async``; a barrier after it orders the whole workgroup's)."""
+
+    op: str
+    n: int = 0
+
+
+@dataclass(frozen=True)
+class CopyAsync:
+    """16 bytes of ``buffer`` from element ``index`` into workgroup array ``shared`` at element ``at``
+    (4-byte elements, both places 16-byte aligned), a copy that may complete after the statement
+    (NVIDIA ``cp.async``, through the L2 only, no registers): ``CopyAsyncSync`` orders it. Targets
+    without asynchronous copies load and store."""
+
+    shared: str
+    at: Expr
+    buffer: str
+    index: Expr
+
+
+COPY_SYNC = ("commit", "wait")
+
+
+@dataclass(frozen=True)
+class CopyAsyncSync:
+    """"commit": this thread's copies issued since its last commit become one group; "wait": until
+    at most ``n`` of its groups are pending. A barrier after the wait shows the workgroup's copies to
+    all its threads (and a ``WgmmaSync("proxy")`` before that barrier, to the tensor cores)."""
+
+    op: str
+    n: int = 0
+
+
+Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync]
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from ..graph import dtypes as dt
 from .ir import (
     BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
     Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Dot4I8, PackBf16x2, Un, VecLoad, VecStore,
+    Wgmma, WgmmaSync, WGMMA_SYNC, CopyAsync, CopyAsyncSync, COPY_SYNC,
 )
 
 __all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups"]
@@ -235,6 +236,43 @@ def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None
             for e in st.a + st.b:
                 if _expr(s, e, w)[0] != dt.i32:
                     raise s.fail(w, "mma registers are i32 (two 16-bit values each)")
+        elif isinstance(st, Wgmma):
+            if divergent:
+                raise s.fail(w, "a warpgroup matrix product must be reached by every thread")
+            if s.k.threads % 128:
+                raise s.fail(w, f"warpgroup matrix products need whole warpgroups of 128 threads, the workgroup has {s.k.threads}")
+            if not st.acc or len(st.acc) % 4 or len(st.acc) > 128:
+                raise s.fail(w, f"wgmma takes n / 2 accumulators for n a multiple of 8 up to 256, got {len(st.acc)}")
+            for nm in st.acc:
+                if s.vars.get(nm) != dt.f32:
+                    raise s.fail(w, f"wgmma accumulator '{nm}' must be an f32 local")
+            for name, off in ((st.a, st.a_offset), (st.b, st.b_offset)):
+                if not isinstance(s.shared.get(name), Shared):
+                    raise s.fail(w, f"wgmma operand '{name}' must be a shared array")
+                if _expr(s, off, w)[0] != dt.i32:
+                    raise s.fail(w, f"wgmma offset into '{name}' must be i32 bytes")
+            if st.swizzle not in (0, 32, 64, 128):
+                raise s.fail(w, f"wgmma swizzle is 0, 32, 64 or 128 bytes, got {st.swizzle}")
+            for what, v in (("lbo", st.lbo), ("sbo", st.sbo)):
+                if v % 16 or not 0 <= v < 1 << 18:
+                    raise s.fail(w, f"wgmma {what} must be a multiple of 16 below 2^18 bytes, got {v}")
+        elif isinstance(st, CopyAsync):
+            sh, buf = s.shared.get(st.shared), s.buffers.get(st.buffer)
+            if not isinstance(sh, Shared) or not isinstance(buf, Buffer):
+                raise s.fail(w, f"an asynchronous copy goes from a buffer ('{st.buffer}') to a shared array ('{st.shared}')")
+            if sh.dtype.bits != 32 or buf.dtype.bits != 32:
+                raise s.fail(w, f"asynchronous copies move four 4-byte elements: '{st.buffer}' holds {buf.dtype}, '{st.shared}' {sh.dtype}")
+            for e in (st.at, st.index):
+                if _expr(s, e, w)[0] != dt.i32:
+                    raise s.fail(w, "asynchronous copy indices must be i32")
+        elif isinstance(st, CopyAsyncSync):
+            if st.op not in COPY_SYNC or not 0 <= st.n <= 7:
+                raise s.fail(w, f"asynchronous copy ordering is one of {COPY_SYNC} with 0 <= n <= 7, got {st.op!r} {st.n}")
+        elif isinstance(st, WgmmaSync):
+            if divergent:
+                raise s.fail(w, "wgmma ordering must be reached by every thread")
+            if st.op not in WGMMA_SYNC or not 0 <= st.n <= 7:
+                raise s.fail(w, f"wgmma ordering is one of {WGMMA_SYNC} with 0 <= n <= 7, got {st.op!r} {st.n}")
         else:
             raise s.fail(w, f"not a statement: {st!r}")
     for name in declared:

@@ -41,6 +41,7 @@ class Limits:
     max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (None: no limit)
     # how f32 activations meet tensor cores (MATMUL_PRECISIONS): chosen by the user, not the device
     matmul_precision: str = "high"
+    dynamic_shared: int = 0  # workgroup memory a kernel may take past shared_bytes, asked for at launch
 
     def __post_init__(self) -> None:
         check_matmul_precision(self.matmul_precision)

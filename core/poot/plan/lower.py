@@ -450,7 +450,8 @@ def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -
     if device.target == "spirv":  # one SPIR-V module serves every Vulkan device: codegen holds kernels to Vulkan's guaranteed minimum
         shared = min(shared, TARGETS["spirv:vulkan1.3"].max_shared)
     return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops,
-                                                               caps.max_buffer_bytes, matmul_precision), gpu=device.target != "host")
+                                                               caps.max_buffer_bytes, matmul_precision, caps.dynamic_shared_bytes),
+                      gpu=device.target != "host")
 
 
 def _check(plan: Plan, limits: Limits) -> None:
@@ -466,8 +467,9 @@ def _check(plan: Plan, limits: Limits) -> None:
         if k.threads > limits.max_workgroup:
             raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs workgroups of {k.threads} threads; the device allows {limits.max_workgroup}")
         shared = sum(sh.size * max(1, sh.dtype.bits // 8) for sh in k.shared)
-        if shared > limits.shared_bytes:
-            raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs {shared} bytes of workgroup memory; the device has {limits.shared_bytes}")
+        if shared > max(limits.shared_bytes, limits.dynamic_shared):
+            raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs {shared} bytes of workgroup memory; the device has "
+                                                  f"{max(limits.shared_bytes, limits.dynamic_shared)}")
 
 
 def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Limits | None = None, gpu: bool = False) -> Plan:

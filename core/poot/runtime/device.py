@@ -60,6 +60,9 @@ class Capabilities:
     details: tuple[tuple[str, str], ...] = ()
     max_buffer_bytes: int | None = None  # the largest buffer a kernel may bind (Vulkan's storage buffer range, WebGPU's binding size)
     subgroup_ops: bool = True  # kernels may reduce and shuffle across a subgroup of subgroup_size lanes
+    # workgroup memory a kernel may take past shared_memory_bytes, asked for at launch (CUDA's opt-in
+    # dynamic shared memory); 0: none
+    dynamic_shared_bytes: int = 0
 
     def summary(self) -> str:
         gib = self.memory_bytes / 2**30

@@ -55,7 +55,7 @@ def cuda_devices() -> list[Device]:
         cc = (attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
         mem = _check(driver, "cuDeviceTotalMem", driver.cuDeviceTotalMem(dev))
         matrix = {"mma.sync.f16", "mma.sync.bf16"} if cc >= (8, 0) else set()
-        if cc >= (9, 0):
+        if cc == (9, 0):  # sm_90a code (wgmma) runs on compute capability 9.0 alone
             matrix |= {"wgmma"}
         caps = Capabilities(
             dtypes=frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"}),
@@ -66,6 +66,7 @@ def cuda_devices() -> list[Device]:
             shared_memory_bytes=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
             subgroup_size=attr(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE),
             memory_bytes=int(mem),
+            dynamic_shared_bytes=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
             matrix_ops=frozenset(matrix),
             details=(("compute capability", f"{cc[0]}.{cc[1]}"), ("arch", f"sm_{cc[0]}{cc[1]}")),
         )

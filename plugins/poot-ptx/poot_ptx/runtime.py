@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from poot.codegen import TARGETS, compile_kernel
+from poot.codegen import TARGETS, compile_kernel, shared_layout
 from poot.errors import PootError, Refusal
 from poot.graph import dtypes as dt
 from poot.kernel.ir import Buffer, Kernel
@@ -24,9 +24,13 @@ _SCALAR = {"f32": ctypes.c_float, "f64": ctypes.c_double, "i32": ctypes.c_int32,
 
 
 def target_for(device: Device) -> str:
-    """The codegen target of a CUDA device: its own sm_XY when poot has one, else the nearest below."""
+    """The codegen target of a CUDA device: its own sm_XY when poot has one, else the nearest below;
+    sm_90a (Hopper's own instructions, wgmma among them) for compute capability 9.0 exactly, the only
+    one that runs its code."""
     arch = dict(device.capabilities.details).get("arch", "sm_80") if device.capabilities else "sm_80"
     cc = int(arch.removeprefix("sm_").rstrip("a"))
+    if cc == 90:
+        return "nvptx:sm_90a"
     for t in ("nvptx:sm_90", "nvptx:sm_80"):
         if cc >= int(t.split("_")[-1]):
             return t
@@ -83,6 +87,10 @@ class CudaKernel:
             _check(d, "cuModuleUnload", d.cuModuleUnload(self.module))
             raise Refusal(kernel.name, target, f"compiled to {regs} registers a thread, it runs at most {most} threads a workgroup, "
                           f"not the {kernel.threads} its schedule asks; pick a schedule with fewer threads")
+        # workgroup memory past what PTX declares statically: asked for at each launch, allowed once here
+        self.dynamic_shared = shared_layout(kernel, TARGETS[target])[1]
+        if self.dynamic_shared:
+            _check(d, "cuFuncSetAttribute", d.cuFuncSetAttribute(self.function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.dynamic_shared))
 
     def args(self, pointers: Mapping[str, int], scalars: Mapping[str, float | int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         vals, types = [], []
@@ -101,7 +109,7 @@ class CudaKernel:
             return
         bx, by, bz = self.kernel.workgroup
         d = self.ctx.driver
-        _check(d, "cuLaunchKernel", d.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, 0, stream, self.args(pointers, scalars), 0))
+        _check(d, "cuLaunchKernel", d.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, self.dynamic_shared, stream, self.args(pointers, scalars), 0))
 
 
 class _Runner:

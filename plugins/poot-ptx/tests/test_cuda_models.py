@@ -22,6 +22,10 @@ def cuda():
         pytest.skip(f"no CUDA device here: {e}")
 
 
+def _tiled(dev) -> str:  # the tiled tensor-core GEMM the planner takes there: Hopper's warpgroup one, else mma.sync's
+    return "gemm_wgmma_bf16" if "wgmma" in dev.capabilities.matrix_ops else "gemm_mma_bf16"
+
+
 @pytest.mark.parametrize("name", sorted(SYNTHETIC))
 def test_families_on_cuda_match_the_oracle(cuda, name, tmp_path, rng):
     from poot_ptx.executor import CudaExecutor
@@ -58,7 +62,7 @@ def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     g, w = wide_bf16_llama(tmp_path / "wide", int(rng.integers(0, 2**31)))
     plan = compile_plan(g, cuda, precision)
     names = {l.kernel.name.split("_K")[0] for l in plan.launches}
-    assert {"gemv_warp_bf16", "gemm_warp_bf16", "gemm_mma_bf16", "split_bf16x2" if precision == "high" else "split_bf16x1"} <= names, names
+    assert {"gemv_warp_bf16", "gemm_warp_bf16", _tiled(cuda), "split_bf16x2" if precision == "high" else "split_bf16x1"} <= names, names
     assert {"attention_mma", "attention_decode"} <= {nm.split("_D")[0] for nm in names}, names
     ex = CudaExecutor(plan)
     worst = row_regimes_against_oracle(ex, g, w, rng, tie=0.0 if precision == "high" else 2 * bound)
@@ -83,7 +87,7 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
 
     names, errors = wide_q4_k_llama_regimes(cuda, CudaExecutor, tmp_path / "q4k", rng, precision, tie=2 * bound)
     gemvs = {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemv_warp_q6_k", "gemv_warp_packed_q6_k"}
-    more = {"gemm_warp_q4_k", "dequantize_bf16_q4_k", "gemm_mma_bf16", "dequantize_bf16_q6_k", "gemm_warp_bf16"} if precision == "high" else {"gemm_simt_q4_k"}
+    more = {"gemm_warp_q4_k", "dequantize_bf16_q4_k", _tiled(cuda), "dequantize_bf16_q6_k", "gemm_warp_bf16"} if precision == "high" else {"gemm_simt_q4_k"}
     assert gemvs | more <= names, names
     worst = max(e for _, e in errors)
     print(f"q4_k llama (matmul precision {precision}) on cuda:0: max |dlogit| {worst:.2g}, by rows {errors}")

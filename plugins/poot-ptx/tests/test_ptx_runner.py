@@ -18,7 +18,8 @@ def _dev(arch: str) -> Device:
 def test_target_follows_compute_capability():
     from poot_ptx.runtime import target_for
 
-    assert target_for(_dev("sm_90")) == "nvptx:sm_90"
+    assert target_for(_dev("sm_90")) == "nvptx:sm_90a"  # Hopper's own code (wgmma): compute capability 9.0 alone runs it
+    assert target_for(_dev("sm_100")) == "nvptx:sm_90"
     assert target_for(_dev("sm_89")) == "nvptx:sm_80"
     with pytest.raises(Exception, match="sm_75"):
         target_for(_dev("sm_75"))
