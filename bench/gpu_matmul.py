@@ -109,6 +109,16 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
             for stages, bk, sw in ((4, 32, 0), (4, 32, 64), (3, 64, 128), (4, 64, 128)):
                 kern = W.gemm_wgmma(k, True, None, stages, bk, sw)
                 out.append((kern.name + "+split", (split, kern), lambda n, bn=W.wgmma_bn(True): (split_grid, (-(-n // bn), -(-rows // W.WGMMA_BM)))))
+        if wgmma and rows > 64:  # the planner's configurations with K split among workgroups (parts added by sum_parts)
+            for terms in (True, False):
+                bn, stages, bk, sw = W.wgmma_config(terms)
+                pre = split if terms else M.split_bf16x2(k, 1)
+                for parts in (2, 4, 8):
+                    if k % (bk * parts) == 0:
+                        kern = W.gemm_wgmma(k, terms, bn, stages, bk, sw, ksplit=parts)
+                        add = M.sum_parts(parts)
+                        out.append((kern.name + "+x+sum", (pre, kern, add), lambda n, bn=bn, parts=parts: (
+                            split_grid, (-(-n // bn), -(-rows // W.WGMMA_BM), parts), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
     # matmul precision "medium": x rounded to bf16 once (split_bf16x1), one product
     round1 = M.split_bf16x2(k, 1)
     if rows > 1:

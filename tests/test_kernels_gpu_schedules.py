@@ -22,7 +22,7 @@ from poot.kernel.library import attention as attn_lib
 from poot.kernel.library.attention_gpu import MMA_QROWS, attention_decode, attention_mma
 from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, gemv_warp_packed, gemv_warp_q6_k, quantize_q8x2
 from poot.kernel.library.linear_mma import SPLIT_THREADS, gemm_mma, gemm_warp, glu_split, split_bf16x2, sum_parts
-from poot.kernel.library.linear_wgmma import WGMMA_BM, gemm_wgmma
+from poot.kernel.library.linear_wgmma import WGMMA_BM, gemm_wgmma, wgmma_config
 from poot.quant import quantization
 from poot.quant.bodies import BODIES, LUTS
 from poot.testing.kernels import bf16_round, poisoned, q8x2_reference, run_host, split_reference
@@ -147,17 +147,19 @@ def test_wgmma_gemm_compiles_for_sm_90a_only(split, bn, stages, bk, swizzle):
 
 
 @wgmma_only
-@pytest.mark.parametrize("split,bn", [(True, 128), (False, 256)])
-@pytest.mark.parametrize("parts", [1, 4])
-@pytest.mark.parametrize("m,n,k", [(5, 44, 256), (64, 136, 4096), (40, 24, 14336)])  # (m n a multiple of 4, as sum_parts reads)
-def test_wgmma_gemm_of_one_warpgroup_with_k_split(rng, split, bn, parts, m, n, k):
-    """Few rows: a warpgroup's 64 rows a workgroup, K split among workgroups, each part stored apart
-    and added by ``sum_parts`` (in order, as the planner runs them)."""
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("groups,parts", [(1, 1), (1, 4), (2, 2), (2, 8)])
+@pytest.mark.parametrize("m,n,k", [(5, 44, 512), (64, 136, 4096), (40, 24, 14336), (200, 300, 4096)])  # (m n a multiple of 4, as sum_parts reads)
+def test_wgmma_gemm_with_k_split(rng, split, groups, parts, m, n, k):
+    """K split among workgroups (one warpgroup's 64 rows or two warpgroups' 128 a workgroup, in the
+    configurations the planner takes), each part stored apart and added by ``sum_parts`` (in order,
+    as the planner runs them)."""
+    bn, stages, bk, sw = (128, 4, 32, 64) if groups == 1 else wgmma_config(split)
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     xs = split_reference(x) if split else split_reference(x)[: m * k // 2].copy()
     part = poisoned((parts, m, n))
-    run_host(gemm_wgmma(k, split, bn, 4, 32, 64, warpgroups=1, ksplit=parts), (-(-n // bn), -(-m // 64), parts), {"xs": xs, "w": bits, "y": part},
+    run_host(gemm_wgmma(k, split, bn, stages, bk, sw, warpgroups=groups, ksplit=parts), (-(-n // bn), -(-m // (64 * groups)), parts), {"xs": xs, "w": bits, "y": part},
              {"m": m, "n": n})
     y = part[0]
     if parts > 1:

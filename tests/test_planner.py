@@ -231,8 +231,12 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
     # a Hopper GPU (wgmma): the tiled products on its warpgroup instructions, the rest as before
     hopper = lambda p, env: [l.kernel.name for l in plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(  # noqa: E731
         1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), matmul_precision=p, dynamic_shared=227 * 1024)).launches if l.when is None or l.when(env)]
-    assert hopper("high", {"tokens": 300}) == ["split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_xs"]
-    assert hopper("medium", {"tokens": 300}) == ["split_bf16x1_K512", "gemm_wgmma_bf16_K512_N256_S4_BK64_W128_xb"]
+    assert hopper("high", {"tokens": 2048}) == ["split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_xs"]
+    assert hopper("medium", {"tokens": 2048}) == ["split_bf16x1_K512", "gemm_wgmma_bf16_K512_N256_S4_BK64_W128_xb"]
+    # fewer rows than fill the SMs with 128 x bn tiles: K split (as many parts as keep about 256
+    # workgroups of <= 96 KiB, 128 of more, busy), the parts added in order
+    assert hopper("high", {"tokens": 300}) == ["split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
+    assert hopper("medium", {"tokens": 300}) == ["split_bf16x1_K512", "gemm_wgmma_bf16_K512_N256_S4_BK64_W128_P8_xb", "sum_parts_8"]
     assert hopper("medium", {"tokens": 9}) == kernels(graph, "medium", {"tokens": 9})
     # 17-64 rows: a warpgroup's 64 rows a workgroup, K split to keep ~256 workgroups streaming the weights
     assert hopper("high", {"tokens": 40}) == ["split_bf16x2_K512", "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]

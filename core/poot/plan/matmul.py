@@ -230,9 +230,11 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
     wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
     hopper = xsplit and "wgmma" in limits.matrix and limits.dynamic_shared >= linear_wgmma.WGMMA_SHARED
-    few = _wgmma_few_rows(n, kk, nn, two, bufs, rows, split) if hopper and tiled and not streams_q4_k else []
-    out += few
-    for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64 if tiled else None))[: 1 if few else 2]:
+    # Hopper: 17+ rows through the warpgroup GEMM (Q4_K streams through gemm_warp up to 64 rows)
+    wg = _wgmma_launches(n, kk, nn, two, bufs, rows, split) if hopper and tiled and not streams_q4_k else []
+    if wg:
+        out += wg
+    for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64 if tiled else None))[: 1 if wg else 2]:
         if streams_q4_k:  # K / wk a multiple of 64: a warp's K is whole chunks of Q4_K blocks
             wk = next(v for v in (wk, 8, 4, 2, 1) if kk % (64 * v) == 0)
         k = linear_mma.gemm_warp(kk, mt, 4, wk, split=two, xsplit=xsplit, qtype="q4_k" if streams_q4_k else "bf16")
@@ -242,42 +244,57 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     # (eight warps) for products of 8192+ features (measured on Llama-3-8B's gate/up products:
     # 5% faster at 2048 rows on an H200, 2% with x rounded; no faster for the narrower ones)
     wm, wn, tm, tn = ((2, 4, 4, 8) if nn >= 8192 else (2, 2, 4, 8)) if xsplit else (2, 2, 2, 4)
-    if tiled and hopper:  # warpgroup products reading both operands from workgroup memory, copies ahead in a ring
-        k, bm, bn = linear_wgmma.gemm_wgmma(kk, two), linear_wgmma.WGMMA_BM, linear_wgmma.wgmma_bn(two)
-        out.append(Launch(n, k, {**bufs, "w": wd}, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
-    elif tiled:
+    wg_q4_k = _wgmma_launches(n, kk, nn, two, {**bufs, "w": wd}, rows, split, above=64) if hopper and tiled and streams_q4_k else []
+    if wg_q4_k:  # Q4_K beyond 64 rows: its bf16 copy through the warpgroup GEMM
+        out += wg_q4_k
+    elif tiled and not wg:
         k = linear_mma.gemm_mma(kk, wm, wn, tm, tn, split=two, xsplit=xsplit)
         bm, bn = 16 * wm * tm, 8 * wn * tn
         out.append(Launch(n, k, {**bufs, "w": wd}, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
     return out
 
 
-# workgroups a K-split warpgroup GEMM aims at for 17-64 rows: about two an SM of an H200 (132), the
-# best of bench/gpu_matmul.py's splits on Llama-3-8B's products at 64 rows (2 parts for 14336
-# features, 8 for 4096)
-WGMMA_FEW_GROUPS = 256
+# workgroups a K-split warpgroup GEMM aims at: as many as an H200's 132 SMs hold at once, two each
+# for kernels of up to 96 KiB of workgroup memory, one for more (the 192 KiB of x rounded) -- the
+# best of bench/gpu_matmul.py's splits on Llama-3-8B's products at 64-512 rows, within 17% of it
+# on every shape measured (e.g. at 64 rows 2 parts for 14336 features, 8 for 4096)
+WGMMA_GROUPS = 256
+# (rows above, up to, warpgroups a workgroup) of the warpgroup GEMM's regimes: one warpgroup's 64
+# rows for 17-64 rows, two (128 rows) beyond; K split while the output's tiles are too few
+_WGMMA_REGIMES = ((16, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2), (512, None, 2))
 
 
-def _wgmma_few_rows(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX) -> list[Launch]:
-    """17-64 rows on Hopper (bf16 weights or a dequantized copy): one warpgroup's 64 rows a workgroup,
-    K split in as many parts as keep about ``WGMMA_FEW_GROUPS`` workgroups streaming the weights,
-    the parts added by ``sum_parts`` (into a scratch area of the plan's); none where K or the
-    output do not divide (the streaming GEMM then)."""
-    tiles = -(-nn // 128)
-    parts = next((p for p in (8, 4, 2) if tiles * p <= WGMMA_FEW_GROUPS and kk % (32 * p) == 0), 1)
-    if kk % 32 or (parts > 1 and nn % 4):
-        return []
-    k = linear_wgmma.gemm_wgmma(kk, two, 128, 4, 32, 64, warpgroups=1, ksplit=parts)
-    when = between(16, 64, rows)
-    sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
-    grid = lambda env: (tiles, -(-rows(env) // 64), parts)  # noqa: E731
-    if parts == 1:
-        return [Launch(n, k, bufs, grid, sc, when)]
-    area = split.plan.add_scratch(lambda env: parts * rows(env) * nn)
-    add = linear_mma.sum_parts(parts)
-    return [Launch(n, k, {**bufs, "y": area}, grid, sc, when),
-            Launch(n, add, {"p": area, "y": bufs["y"]}, lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
-                   lambda env: {"count": rows(env) * nn}, when, label="sum_parts")]
+def _wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX,
+                    above: int = 16) -> list[Launch]:
+    """Products of more than ``above`` rows on Hopper (bf16 weights or a dequantized copy in ``bufs``), by regimes of
+    rows: the warpgroup GEMM with K split in as many parts (up to 8) as keep about ``WGMMA_GROUPS``
+    workgroups busy for the regime's most rows, the parts added by ``sum_parts`` from a scratch area
+    of the plan's; none where K does not divide into steps (the caller keeps mma.sync)."""
+    out: list[Launch] = []
+    for lo, hi, groups in _WGMMA_REGIMES:
+        if lo < above:
+            continue
+        bn, stages, bk, sw = (128, 4, 32, 64) if groups == 1 else linear_wgmma.wgmma_config(two)
+        if kk % bk:
+            return []
+        bm = 64 * groups
+        whole = linear_wgmma.gemm_wgmma(kk, two, bn, stages, bk, sw, warpgroups=groups)
+        aim = WGMMA_GROUPS if sum(4 * sh.size for sh in whole.shared) <= 96 * 1024 else WGMMA_GROUPS // 2
+        tiles = -(-nn // bn) * (-(-hi // bm) if hi else aim)
+        parts = next((p for p in (8, 4, 2) if tiles * p <= aim and kk % (bk * p) == 0 and nn % 4 == 0), 1)
+        k = linear_wgmma.gemm_wgmma(kk, two, bn, stages, bk, sw, warpgroups=groups, ksplit=parts)
+        when = between(lo, hi, rows)
+        sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+        grid = lambda env, bn=bn, bm=bm, parts=parts: (-(-nn // bn), -(-rows(env) // bm), parts)  # noqa: E731
+        if parts == 1:
+            out.append(Launch(n, k, bufs, grid, sc, when))
+            continue
+        area = split.plan.add_scratch(lambda env, parts=parts: parts * rows(env) * nn)
+        add = linear_mma.sum_parts(parts)
+        out += [Launch(n, k, {**bufs, "y": area}, grid, sc, when),
+                Launch(n, add, {"p": area, "y": bufs["y"]}, lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
+                       lambda env: {"count": rows(env) * nn}, when, label="sum_parts")]
+    return out
 
 
 def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch] | None:
