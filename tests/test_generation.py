@@ -175,3 +175,27 @@ def test_requests_that_cannot_fit_are_refused(smollm2):
     with pytest.raises(ParameterError, match="prompt"):
         smollm2.engine.add([10**7], SamplingParams())
     assert np.all(smollm2.pools["token_counts"] >= 0)
+
+
+def test_the_kv_pool_fits_a_device_beside_its_weights():
+    """Without --kv-memory the pool takes what max_seqs x max_context need, at most a quarter of the
+    host's free memory, and on a device with memory of its own at most what the weights leave there
+    (less a tenth, at least 1 GiB, for the rest); a device the weights fill is an error naming
+    kv_memory and saying what to do. (An 8B bf16 model on a 24 GiB card had been given a quarter of
+    the host's memory.)"""
+    from poot.llm.handle import kv_budget
+    from poot.runtime import Capabilities, Device
+
+    gib = 1 << 30
+
+    def dev(target, memory):
+        return Device("x", 0, "x", target=target, capabilities=Capabilities(frozenset({"f32"}), 1, 1024, 48 * 1024, 32, memory))
+
+    assert kv_budget(40 * gib, 1 << 20, dev("host", 64 * gib), 16 * gib, 64 * gib) == 16 * gib  # host: a quarter of free memory
+    assert kv_budget(2 * gib, 1 << 20, dev("nvptx", 24 * gib), 16 * gib, 64 * gib) == 2 * gib  # what is wanted fits
+    room = 24 * gib - 16 * gib - int(2.4 * gib)
+    assert abs(kv_budget(40 * gib, 1 << 20, dev("nvptx", 24 * gib), 16 * gib, 64 * gib) - room) < (1 << 20)  # beside the weights
+    assert kv_budget(40 * gib, 1 << 20, dev("spirv", 0), 16 * gib, 64 * gib) == 16 * gib  # memory not reported (WebGPU): the host's limit
+    with pytest.raises(ParameterError, match="kv-memory") as e:
+        kv_budget(40 * gib, 1 << 20, dev("nvptx", 16 * gib), 15 * gib, 64 * gib)
+    assert e.value.name == "kv_memory"

@@ -24,7 +24,7 @@ from ..models import StepShapes, family_for
 from ..plan import compile_plan
 from ..plan.common import check_matmul_precision
 from ..plugins import host
-from ..runtime import get_device
+from ..runtime import Device, get_device
 from ..runtime.executor import Executor
 from ..text import Tokenizer
 from ..text.chat import chat_template_for
@@ -54,6 +54,23 @@ def _available_memory() -> int:
     except OSError:
         pass
     return 2**31
+
+
+def kv_budget(want: int, per_block: int, device: Device, weight_bytes: int, host_available: int) -> int:
+    """Bytes for the KV pool when ``kv_memory`` is not given: what ``want`` (``max_seqs`` x
+    ``max_context``) needs, at most a quarter of the host's free memory (the pools' host arrays), and
+    on a device with memory of its own (``Capabilities.memory_bytes``) at most what its weights leave
+    there, less a tenth of it (at least 1 GiB) for activations, step scratch and the runtime. A device
+    whose weights leave no room for one block is an error that says what to do."""
+    budget = min(want, host_available // 4)
+    caps = device.capabilities
+    if device.target != "host" and caps is not None and caps.memory_bytes > 0:
+        room = caps.memory_bytes - weight_bytes - max(caps.memory_bytes // 10, 1 << 30)
+        if room < per_block:
+            raise ParameterError("kv_memory", f"{device.name} has {caps.memory_bytes / 2**30:.1f} GiB; the weights take {weight_bytes / 2**30:.1f} GiB "
+                                              f"and leave no room for the KV cache: load a smaller or more quantized model, or give --kv-memory")
+        budget = min(budget, room)
+    return budget
 
 
 @dataclass
@@ -102,7 +119,8 @@ class ModelHandle:
         for v in cache_inputs.values():
             per_block += int(np.prod([d.value for d in v.shape[1:]])) * 4
         want = max_seqs * -(-ctx // block_size)
-        budget = parse_bytes(kv_memory) if kv_memory is not None else min(want * per_block, _available_memory() // 4)
+        weight_bytes = sum(int(a.nbytes) for a in self.weights.values())
+        budget = parse_bytes(kv_memory) if kv_memory is not None else kv_budget(want * per_block, per_block, self.device, weight_bytes, _available_memory())
         blocks = budget // per_block
         if blocks < 1:
             raise ParameterError("kv_memory", f"{budget} bytes hold no KV block (one block is {per_block} bytes)")
