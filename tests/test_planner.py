@@ -244,7 +244,8 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
     assert hopper("highest", {"tokens": 300}) == ["gemm_simt_bf16_K512_BK32"]
     # without the opt-in workgroup memory its ring of stages needs: the mma.sync GEMM
     assert [l.kernel.name for l in plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(
-        1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}))).launches if l.when({"tokens": 300})] == kernels(graph, "high", {"tokens": 300})
+        1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}))).launches
+            if l.when is None or l.when({"tokens": 300})] == kernels(graph, "high", {"tokens": 300})
     block = _block(head_dim=64)
     attn = lambda p: [k for k in kernels(block, p, {"tokens": 128, "batch": 2}) if k.startswith("attention")]  # noqa: E731
     assert attn("high") == ["attention_mma_D64_causal_BS4_nocap"] and attn("medium") == ["attention_mma_D64_causal_bf16_BS4_nocap"]
@@ -285,6 +286,16 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
     assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1"]
     assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
+    # Hopper: the dequantized copies through the warpgroup GEMM (Q4_K beyond 64 rows only: up to 64 it streams)
+    hopper = plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}),
+                                                                      dynamic_shared=227 * 1024))
+    at = lambda t: [l for l in hopper.launches if l.when is None or l.when({"tokens": t})]  # noqa: E731
+    assert [l.kernel.name for l in at(40)] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs", "dequantize_bf16_q6_k_K512",
+                                               "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
+    assert at(40)[2].buffers["wd"] == at(40)[3].buffers["w"]
+    assert [l.kernel.name for l in at(300)] == ["dequantize_bf16_q4_k_K512", "split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs", "sum_parts_8",
+                                                "dequantize_bf16_q6_k_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
+    assert at(300)[0].buffers["wd"] == at(300)[2].buffers["w"] and at(300)[2].buffers["y"] == at(300)[3].buffers["p"] in hopper.scratch
     b = GraphBuilder()  # any other packed type: a subgroup a feature through its dequantization body
     xo = b.input("x", "f32", [sym("tokens"), 576])
     other = plan_graph(b.build({"y": b.linear(xo, b.weight("w", "q8_0", [64, 576]))}), device="gpu", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=8))

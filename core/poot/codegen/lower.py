@@ -15,7 +15,7 @@ from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from ..kernel import ir as K
-from ..kernel.verify import uses_barriers, uses_subgroups, verify_kernel
+from ..kernel.verify import uses_barriers, uses_subgroups, uses_swizzle, verify_kernel
 from .matrix import MatrixLowering
 from .targets import SHARED_ALIGN, Target, shared_layout
 
@@ -93,7 +93,7 @@ class _Lowerer(MatrixLowering):
             g = L.GlobalVariable(self.m, L.ArrayType(_mem_type(sh.dtype), sh.size), f"{k.name}.{sh.name}", addrspace=self.t.shared_as)
             g.linkage = "internal"
             g.initializer = L.Constant(L.ArrayType(_mem_type(sh.dtype), sh.size), L.Undefined)
-            g.align = 16
+            g.align = SHARED_ALIGN if uses_swizzle(k) else 16  # a swizzle atom at an address aligned to its size
             self.mem[sh.name] = (g, sh.dtype, sh.size)
         if self.host:
             self._host_functions(params)

@@ -10,10 +10,14 @@ A Vulkan device's subgroup width is the driver's (8 on lavapipe, 32 on NVIDIA, 6
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from ..errors import Refusal
 
-__all__ = ["Target", "TARGETS", "target", "host_target", "spirv_target"]
+if TYPE_CHECKING:
+    from ..kernel.ir import Kernel
+
+__all__ = ["Target", "TARGETS", "target", "host_target", "spirv_target", "shared_layout", "SHARED_ALIGN"]
 
 
 @dataclass(frozen=True)
@@ -86,7 +90,7 @@ def spirv_target(subgroup: int = 1) -> Target:
 SHARED_ALIGN = 1024  # bytes: each array of dynamic workgroup memory starts at a multiple (a wgmma swizzle atom)
 
 
-def shared_layout(k, tgt: Target) -> tuple[dict[str, int], int]:  # type: ignore[no-untyped-def]
+def shared_layout(k: Kernel, tgt: Target) -> tuple[dict[str, int], int]:
     """Where kernel ``k``'s workgroup arrays lie in dynamic workgroup memory on ``tgt``: ({array: byte
     offset}, bytes to ask for at launch), or ({}, 0) where they are declared statically (their total
     within the target's static limit). The lowering and the runtime that launches both read it."""

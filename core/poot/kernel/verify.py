@@ -13,7 +13,7 @@ from .ir import (
     Wgmma, WgmmaSync, WGMMA_SYNC, CopyAsync, CopyAsyncSync, COPY_SYNC,
 )
 
-__all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups"]
+__all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups", "uses_swizzle"]
 
 SCALAR_TYPES = (dt.f32, dt.f16, dt.bf16, dt.i32, dt.i64, dt.i8, dt.u8, dt.boolean, dt.f64)
 FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "rint", "erf", "recip", "pow"}
@@ -321,6 +321,12 @@ def _exprs(e: Expr):  # type: ignore[no-untyped-def]
 
 def uses_barriers(k: Kernel) -> bool:
     return any(isinstance(st, Barrier) for st in _walk(k.body))
+
+
+def uses_swizzle(k: Kernel) -> bool:
+    """Whether a warpgroup product of ``k`` reads swizzled operands (whose atoms must lie at
+    addresses aligned to their size: ``codegen.targets.SHARED_ALIGN``)."""
+    return any(isinstance(st, Wgmma) and st.swizzle for st in _walk(k.body))
 
 
 def uses_subgroups(k: Kernel) -> bool:

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..codegen.targets import TARGETS
+from ..codegen.targets import SHARED_ALIGN, TARGETS
 from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
@@ -467,9 +467,11 @@ def _check(plan: Plan, limits: Limits) -> None:
         if k.threads > limits.max_workgroup:
             raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs workgroups of {k.threads} threads; the device allows {limits.max_workgroup}")
         shared = sum(sh.size * max(1, sh.dtype.bits // 8) for sh in k.shared)
-        if shared > max(limits.shared_bytes, limits.dynamic_shared):
-            raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs {shared} bytes of workgroup memory; the device has "
-                                                  f"{max(limits.shared_bytes, limits.dynamic_shared)}")
+        if shared > limits.shared_bytes:  # past the static limit: dynamic workgroup memory, each array aligned
+            shared = sum(-(-sh.size * max(1, sh.dtype.bits // 8) // SHARED_ALIGN) * SHARED_ALIGN for sh in k.shared)
+            if shared > limits.dynamic_shared:
+                raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs {shared} bytes of workgroup memory; the device has "
+                                                      f"{max(limits.shared_bytes, limits.dynamic_shared)}")
 
 
 def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Limits | None = None, gpu: bool = False) -> Plan:

@@ -193,7 +193,8 @@ def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits
 
 def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list[Launch]:
     """Matmul ``n`` beyond four rows on tensor cores: a GEMM streaming the weights like a GEMV up to 64
-    rows, a tiled one beyond; x split into bf16 terms once (by ``split``). Packed weights are first
+    rows, a tiled one beyond, or on Hopper (wgmma) the warpgroup GEMM from 17 rows (``_wgmma_launches``;
+    Q4_K weights stream up to 64 rows there too); x split into bf16 terms once (by ``split``). Packed weights are first
     dequantized to bf16 into scratch memory (``dequantize_bf16``), but for Q4_K up to 64 rows, which
     the streaming GEMM dequantizes in registers to the same bf16 values (docs/NUMERICS.md)."""
     x, w = n.inputs
@@ -264,13 +265,16 @@ WGMMA_GROUPS = 256
 _WGMMA_REGIMES = ((16, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2), (512, None, 2))
 
 
-def _wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX,
+def _wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX | None,
                     above: int = 16) -> list[Launch]:
     """Products of more than ``above`` rows on Hopper (bf16 weights or a dequantized copy in ``bufs``), by regimes of
     rows: the warpgroup GEMM with K split in as many parts (up to 8) as keep about ``WGMMA_GROUPS``
     workgroups busy for the regime's most rows, the parts added by ``sum_parts`` from a scratch area
-    of the plan's; none where K does not divide into steps (the caller keeps mma.sync)."""
+    of the plan's; none where K does not divide into steps, or without x split once (the caller keeps
+    mma.sync)."""
     out: list[Launch] = []
+    if split is None:
+        return out
     for lo, hi, groups in _WGMMA_REGIMES:
         if lo < above:
             continue

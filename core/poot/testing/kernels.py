@@ -15,7 +15,8 @@ from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
-__all__ = ["run_host", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round"]
+__all__ = ["run_host", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round", "random_bf16",
+           "assert_f32_sum_close", "features_under_test"]
 
 _LOADED: dict[str, HostKernel] = {}
 _RUNNERS: dict[str, object] = {}
@@ -84,6 +85,35 @@ def split_reference(x: np.ndarray) -> np.ndarray:
     hi = bf16_bits(x)
     lo = bf16_bits(x.astype(np.float32) - (hi.astype(np.uint32) << 16).view(np.float32))
     return np.concatenate([hi.reshape(-1), lo.reshape(-1)]).view(np.int32).copy()
+
+
+def random_bf16(rng: np.random.Generator, shape: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+    """Random bf16 values as (their float32 values, their bits as int32 pairs: rows of words as GPU
+    matrix kernels bind bf16 weights)."""
+    bits = (rng.standard_normal(shape).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    return (bits.astype(np.uint32) << 16).view(np.float32), bits.view(np.int32)
+
+
+def assert_f32_sum_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray, slack: float = 0.0) -> None:
+    """Every element of ``got`` written (finite) and within the f32-summation bound 1e-5 * ``scale``
+    (the sum of |x||w| a product adds) of the float64 ``want``."""
+    assert np.isfinite(got).all(), "an output element was never written"
+    bad = np.abs(got - want) > 1e-5 * scale + 1e-6 + slack
+    assert not bad.any(), f"{bad.sum()} elements off, worst {np.abs(got - want).max():.3g}"
+
+
+def features_under_test() -> tuple[int, frozenset[str]]:
+    """``POOT_TEST_DEVICE``'s subgroup width (0 where kernels may not use subgroup operations) and
+    matrix operations: what decides which GPU-schedule cases run there."""
+    name = os.environ.get("POOT_TEST_DEVICE", "cpu")
+    if name == "cpu":
+        return 0, frozenset()
+    from ..runtime import get_device
+
+    caps = get_device(name).capabilities
+    if caps is None:
+        return 0, frozenset()
+    return (caps.subgroup_size if caps.subgroup_ops else 0), caps.matrix_ops
 
 
 def run_host(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, float | int] | None = None, threads: int = 2) -> None:

@@ -66,7 +66,8 @@ def cuda_devices() -> list[Device]:
             shared_memory_bytes=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK),
             subgroup_size=attr(A.CU_DEVICE_ATTRIBUTE_WARP_SIZE),
             memory_bytes=int(mem),
-            dynamic_shared_bytes=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
+            # past the 48 KiB PTX declares statically, for the sm_90a code that places arrays there
+            dynamic_shared_bytes=attr(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN) if cc == (9, 0) else 0,
             matrix_ops=frozenset(matrix),
             details=(("compute capability", f"{cc[0]}.{cc[1]}"), ("arch", f"sm_{cc[0]}{cc[1]}")),
         )

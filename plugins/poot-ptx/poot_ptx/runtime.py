@@ -90,7 +90,12 @@ class CudaKernel:
         # workgroup memory past what PTX declares statically: asked for at each launch, allowed once here
         self.dynamic_shared = shared_layout(kernel, TARGETS[target])[1]
         if self.dynamic_shared:
-            _check(d, "cuFuncSetAttribute", d.cuFuncSetAttribute(self.function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.dynamic_shared))
+            try:
+                _check(d, "cuFuncSetAttribute", d.cuFuncSetAttribute(self.function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.dynamic_shared))
+            except CudaCallError as e:
+                _check(d, "cuModuleUnload", d.cuModuleUnload(self.module))
+                raise Refusal(kernel.name, target, f"{self.dynamic_shared} bytes of workgroup memory are more than the device gives a workgroup ({e}); "
+                              "pick a schedule with fewer stages or narrower tiles") from None
 
     def args(self, pointers: Mapping[str, int], scalars: Mapping[str, float | int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         vals, types = [], []

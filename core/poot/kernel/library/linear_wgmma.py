@@ -1,8 +1,9 @@
 """Matrix products for many rows (prefill, large batches) on Hopper's warpgroup tensor-core
 instructions (``wgmma.mma_async``, sm_90a), built as Kernel IR.
 
-``gemm_wgmma``: a workgroup of two warpgroups computes 128 rows by ``bn`` features. K goes in steps
-of 32 or 64 through a ring of workgroup-memory stages (dynamic workgroup memory, 96-192 KiB): the
+``gemm_wgmma``: a workgroup of two warpgroups computes 128 rows by ``bn`` features (of one
+warpgroup, 64 rows: few rows, K split among workgroups). K goes in steps of 32 or 64 through a ring
+of workgroup-memory stages (48-192 KiB; past 48 KiB, dynamic workgroup memory): the
 threads issue asynchronous copies (``cp.async``, global memory to workgroup memory without
 registers) two steps ahead while the tensor cores multiply the current step (the products are
 asynchronous too, and the step before may still be running); one barrier a step. The tensor cores
