@@ -9,7 +9,7 @@ registers) two steps ahead while the tensor cores multiply the current step (the
 asynchronous too, and the step before may still be running); one barrier a step. The tensor cores
 read both operands straight from workgroup memory (no fragment loads through registers, which bound
 the mma.sync GEMM: ``linear_mma``). A step's rows lie whole (64 or 128 bytes) with their 16-byte
-chunks swizzled, as the instruction reads them without bank conflicts: 2.4-2.7x faster on an H200
+chunks swizzled, as the instruction reads them without bank conflicts: 2.0-2.7x faster on an H200
 than the same kernel on 8 x 8 core matrices (each 128 contiguous bytes, which it also takes).
 
 x comes as ``split_bf16x2`` wrote it (``xs``: the hi plane, then the lo plane), bf16 weight rows as
