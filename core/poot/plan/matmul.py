@@ -231,11 +231,11 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
     wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
     hopper = xsplit and "wgmma" in limits.matrix and limits.dynamic_shared >= linear_wgmma.WGMMA_SHARED
-    # Hopper: 17+ rows through the warpgroup GEMM (Q4_K streams through gemm_warp up to 64 rows)
-    wg = _wgmma_launches(n, kk, nn, two, bufs, rows, split) if hopper and tiled and not streams_q4_k else []
-    if wg:
-        out += wg
-    for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64 if tiled else None))[: 1 if wg else 2]:
+    # Hopper: 17+ rows through the warpgroup GEMM on the bf16 weights (Q4_K: 65+ rows on its bf16 copy;
+    # up to 64 it streams through gemm_warp)
+    wg = _wgmma_launches(n, kk, nn, two, {**bufs, "w": wd}, rows, split, above=64 if streams_q4_k else 16) if hopper and tiled else []
+    out += wg
+    for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 64 if tiled else None))[: 1 if wg and not streams_q4_k else 2]:
         if streams_q4_k:  # K / wk a multiple of 64: a warp's K is whole chunks of Q4_K blocks
             wk = next(v for v in (wk, 8, 4, 2, 1) if kk % (64 * v) == 0)
         k = linear_mma.gemm_warp(kk, mt, 4, wk, split=two, xsplit=xsplit, qtype="q4_k" if streams_q4_k else "bf16")
@@ -245,10 +245,7 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     # (eight warps) for products of 8192+ features (measured on Llama-3-8B's gate/up products:
     # 5% faster at 2048 rows on an H200, 2% with x rounded; no faster for the narrower ones)
     wm, wn, tm, tn = ((2, 4, 4, 8) if nn >= 8192 else (2, 2, 4, 8)) if xsplit else (2, 2, 2, 4)
-    wg_q4_k = _wgmma_launches(n, kk, nn, two, {**bufs, "w": wd}, rows, split, above=64) if hopper and tiled and streams_q4_k else []
-    if wg_q4_k:  # Q4_K beyond 64 rows: its bf16 copy through the warpgroup GEMM
-        out += wg_q4_k
-    elif tiled and not wg:
+    if tiled and not wg:
         k = linear_mma.gemm_mma(kk, wm, wn, tm, tn, split=two, xsplit=xsplit)
         bm, bn = 16 * wm * tm, 8 * wn * tn
         out.append(Launch(n, k, {**bufs, "w": wd}, lambda env: (-(-nn // bn), -(-rows(env) // bm)), sc, between(64, None, rows)))
