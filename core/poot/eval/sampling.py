@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["sample_reference", "gumbel_uniform", "sampling_hash", "logprobs_reference", "MASKED"]
+__all__ = ["sample_reference", "sample_scores", "gumbel_uniform", "sampling_hash", "logprobs_reference", "MASKED"]
 
 
 def sampling_hash(seeds: int | np.ndarray, step: int, tokens: int | np.ndarray) -> np.ndarray:
@@ -42,10 +42,20 @@ GUMBEL_FLOOR = 5.9e-8  # -log(u) is at least ~5.96e-8; the kernel floors it here
 def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
                      repetition: np.ndarray, presence: np.ndarray, frequency: np.ndarray, seeds: np.ndarray, steps: np.ndarray,
                      mask: np.ndarray | None = None, bias_ids: np.ndarray | None = None, bias_vals: np.ndarray | None = None) -> np.ndarray:
-    """``counts`` is [rows, vocab] (each row's history); ``mask`` [rows, ceil(vocab / 32)] int32 words,
-    bit set = allowed; ``bias_ids`` / ``bias_vals`` [rows, n] (id < 0 unused), added first."""
+    """Each row's token: the argmax of ``sample_scores`` (the arguments are its)."""
+    return np.argmax(sample_scores(logits, counts, temperature, top_k, top_p, min_p, repetition, presence, frequency, seeds, steps,
+                                   mask, bias_ids, bias_vals), axis=1).astype(np.int32)
+
+
+def sample_scores(logits: np.ndarray, counts: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
+                  repetition: np.ndarray, presence: np.ndarray, frequency: np.ndarray, seeds: np.ndarray, steps: np.ndarray,
+                  mask: np.ndarray | None = None, bias_ids: np.ndarray | None = None, bias_vals: np.ndarray | None = None) -> np.ndarray:
+    """Each token's score in f64 ([rows, vocab]; -inf where filtered out): the processed logit plus
+    its Gumbel noise, whose argmax is the draw. ``counts`` is [rows, vocab] (each row's history);
+    ``mask`` [rows, ceil(vocab / 32)] int32 words, bit set = allowed; ``bias_ids`` / ``bias_vals``
+    [rows, n] (id < 0 unused), added first."""
     rows, vocab = logits.shape
-    out = np.empty(rows, np.int32)
+    out = np.empty((rows, vocab), np.float64)
     for r in range(rows):
         z = logits[r].astype(np.float32).copy()
         if bias_ids is not None:
@@ -80,7 +90,7 @@ def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.nda
             u = gumbel_uniform(int(seeds[r]), int(steps[r]), np.arange(vocab)).astype(np.float64)
             score = score - np.log(np.maximum(-np.log(u), GUMBEL_FLOOR))
         score[~keep] = -np.inf
-        out[r] = int(np.argmax(score))
+        out[r] = score
     return out
 
 

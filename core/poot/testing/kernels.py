@@ -15,7 +15,7 @@ from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
-__all__ = ["run_host", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round", "random_bf16",
+__all__ = ["run_host", "assert_draws_match", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round", "random_bf16",
            "assert_f32_sum_close", "features_under_test"]
 
 _LOADED: dict[str, HostKernel] = {}
@@ -100,6 +100,20 @@ def assert_f32_sum_close(got: np.ndarray, want: np.ndarray, scale: np.ndarray, s
     assert np.isfinite(got).all(), "an output element was never written"
     bad = np.abs(got - want) > 1e-5 * scale + 1e-6 + slack
     assert not bad.any(), f"{bad.sum()} elements off, worst {np.abs(got - want).max():.3g}"
+
+
+def assert_draws_match(tokens: np.ndarray, scores: np.ndarray, rtol: float = 1e-5, share: float = 0.01) -> None:
+    """Each row's drawn token is the oracle's (the argmax of ``scores``, ``sample_scores``'s f64 scores)
+    or ties with it: a kernel adds Gumbel noise in f32 with an approximate log, so a row whose two
+    best scores lie within ``rtol`` may go either way. At most ``share`` of the rows (one at least)
+    may differ, and only by such a tie."""
+    want = np.argmax(scores, axis=1)
+    rows = np.nonzero(tokens != want)[0]
+    best = scores[rows, want[rows]]
+    got = scores[rows, tokens[rows]]
+    far = rows[~(got >= best - rtol * np.maximum(1.0, np.abs(best)))]
+    assert len(far) == 0, f"rows {far[:8].tolist()} drew {tokens[far[:8]].tolist()}, not the oracle's {want[far[:8]].tolist()} nor a tie with it"
+    assert len(rows) <= max(1, share * len(tokens)), f"{len(rows)} of {len(tokens)} rows drew a tie, not the oracle's token"
 
 
 def features_under_test() -> tuple[int, frozenset[str]]:
