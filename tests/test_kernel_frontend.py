@@ -11,7 +11,7 @@ import pytest
 
 from poot.codegen import compile_kernel, target
 from poot.codegen.compile import find_lld
-from poot.kernel import Const, In, KernelError, KernelSyntaxError, Out, f16, f32, i32, kernel
+from poot.kernel import Const, In, KernelError, KernelSyntaxError, Out, f16, f32, i32, inline, kernel
 from poot.testing.kernels import poisoned, run_host
 
 
@@ -55,6 +55,97 @@ def test_user_kernel_compiles_for_gpu_targets(name):
         pytest.skip("no ld.lld from LLVM 20+ to link AMDGPU code objects (pip install ziglang)")
     art = compile_kernel(silu_then_normalize.instantiate(BLOCK=128), target(name))
     assert art.data
+
+
+@inline
+def softsign(v: f32) -> f32:
+    return v / (1.0 + abs(v))
+
+
+@inline
+def scaled(v, times):  # untyped: ``times`` stays a compile-time constant when one is passed
+    out = v
+    for _ in static_range(times):  # unrolled: needs ``times`` known at compile time
+        out = out * 2.0
+    if out > 100.0:
+        out = 100.0
+    return softsign(out) + 0.0 * v  # calls another inline function
+
+
+@inline
+def count_down(n: i32) -> i32:
+    return count_down(n - 1)
+
+
+def reads_a_kernel_name(v: f32) -> f32:  # not decorated here: the test does, and expects the error
+    return v * cols  # noqa: F821
+
+
+@inline
+def bad_type(v: f32) -> i32:
+    return v + 1.0
+
+
+@kernel(workgroup=(32, 1, 1))
+def inline_calls(x: In[f32], y: Out[f32], cols: i32, TIMES: Const = 3):
+    row = group_id(0)
+    for c in range(thread_id(0), cols, 32):
+        v = x[row * cols + c]
+        if softsign(v) > 0.25:  # in a condition: its statements come before the if
+            y[row * cols + c] = scaled(v, TIMES)
+        else:
+            y[row * cols + c] = softsign(softsign(v)) - scaled(-v, 1)
+
+
+def test_inline_functions_expand_in_place_and_run_on_host(rng):
+    rows, cols = 3, 77
+    x = (rng.standard_normal((rows, cols)) * 30).astype(np.float32)
+    y = poisoned((rows, cols))
+    k = inline_calls.instantiate(TIMES=3)
+    run_host(k, (rows,), {"x": x, "y": y}, {"cols": cols})
+    ss = lambda v: v / (1 + np.abs(v))  # noqa: E731
+    sc = lambda v, t: ss(np.minimum(v * 2.0**t, 100.0))  # noqa: E731
+    want = np.where(ss(x) > 0.25, sc(x, 3), ss(ss(x)) - sc(-x, 1))
+    np.testing.assert_allclose(y, want, rtol=1e-6, atol=1e-7)
+    art = compile_kernel(k, target("nvptx:sm_80"))
+    assert art.data
+
+
+def test_inline_function_errors_name_the_function_and_its_line():
+    def recursive(y: Out[i32]):
+        y[0] = count_down(3)
+
+    with pytest.raises(KernelSyntaxError, match=r"count_down calls itself \(count_down -> count_down\)"):
+        kernel(recursive).instantiate()
+    with pytest.raises(KernelSyntaxError, match=rf"{__file__}:{_line_of(reads_a_kernel_name, 'v * cols')}: inline function "
+                                                r"reads_a_kernel_name uses 'cols', which is not its parameter"):
+        inline(reads_a_kernel_name)
+
+    def wrong_count(x: In[f32], y: Out[f32]):
+        y[0] = softsign(x[0], 2.0)
+
+    with pytest.raises(KernelSyntaxError, match=r"softsign\(\) takes 1 arguments, got 2"):
+        kernel(wrong_count).instantiate()
+
+    def wrong_type(x: In[i32], y: Out[f32]):
+        y[0] = softsign(x[0])
+
+    with pytest.raises(KernelSyntaxError, match=r"parameter 'v' is f32, got i32 \(cast it"):
+        kernel(wrong_type).instantiate()
+
+    def returns_wrong(x: In[f32], y: Out[i32]):
+        y[0] = bad_type(x[0])
+
+    with pytest.raises(KernelSyntaxError, match=rf"{_line_of(bad_type.fn, 'return v + 1.0')}: bad_type returns f32, annotated i32"):
+        kernel(returns_wrong).instantiate()
+
+    def no_return(v: f32) -> f32:
+        w = v * 2.0
+
+    with pytest.raises(KernelSyntaxError, match="inline function no_return must end with 'return value'"):
+        inline(no_return)
+    with pytest.raises(TypeError, match="called from kernels only"):
+        softsign(1.0)
 
 
 def _line_of(fn, text: str) -> int:

@@ -15,10 +15,25 @@ every backend. Temperature 0 means greedy (argmax after penalties).
 from __future__ import annotations
 
 from ...graph.dtypes import f32, i32
-from ..frontend import Const, In, Out, kernel
+from ..frontend import Const, In, Out, inline, kernel
 
 
 PART_WORDS = 3  # a chunk's (max, best score, best index) in ``parts``: the index as an f32 value (exact below 2**24)
+
+
+@inline
+def gumbel_score(z: f32, seed: i32, step: i32, i: i32) -> f32:
+    """Token ``i``'s Gumbel-max score: its processed logit ``z`` plus Gumbel noise from the uniform
+    of the counter-based hash of (seed, step, token) (``eval.sampling.sampling_hash``, a murmur3-style
+    finaliser; its logical shifts written as arithmetic ones and a mask)."""
+    h = seed ^ (step * -1640531535) ^ (i * 668265261)
+    h = h ^ ((h >> 16) & 65535)
+    h = h * -2048144789
+    h = h ^ ((h >> 13) & 524287)
+    h = h * -1028477387
+    h = h ^ ((h >> 16) & 65535)
+    u = (f32((h >> 9) & 8388607) + 0.5) / 8388608.0  # in [2^-24, 1 - 2^-24], exactly
+    return z - log(max(-log(u), 5.9e-8))  # the floor: an approximate log near 1 may give 0
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
@@ -72,14 +87,7 @@ def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], tempera
         if z >= -3.0e38:
             score = z
             if temp > 0.0:
-                h = seed ^ (step * -1640531535) ^ (i * 668265261)
-                h = h ^ ((h >> 16) & 65535)
-                h = h * -2048144789
-                h = h ^ ((h >> 13) & 524287)
-                h = h * -1028477387
-                h = h ^ ((h >> 16) & 65535)
-                u = (f32((h >> 9) & 8388607) + 0.5) / 8388608.0  # in [2^-24, 1 - 2^-24], exactly
-                score = z - log(max(-log(u), 5.9e-8))  # the floor: an approximate log near 1 may give 0
+                score = gumbel_score(z, seed, step, i)
             if score > best:
                 best = score
                 best_i = i
@@ -176,14 +184,7 @@ def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], 
             z = work[base + i]
             bits = as_i32(z)
             if bits ^ ((bits >> 31) & 2147483647) >= plo and z >= floor_z:
-                h = seed ^ (step * -1640531535) ^ (i * 668265261)
-                h = h ^ ((h >> 16) & 65535)
-                h = h * -2048144789
-                h = h ^ ((h >> 13) & 524287)
-                h = h * -1028477387
-                h = h ^ ((h >> 16) & 65535)
-                u = (f32((h >> 9) & 8388607) + 0.5) / 8388608.0  # in [2^-24, 1 - 2^-24], exactly
-                score = z - log(max(-log(u), 5.9e-8))  # the floor: an approximate log near 1 may give 0
+                score = gumbel_score(z, seed, step, i)
                 if score > best:
                     best = score
                     best_i = i
