@@ -16,29 +16,17 @@ from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from ..kernel import ir as K
 from ..kernel.verify import uses_barriers, uses_subgroups, uses_swizzle, verify_kernel
+from .arith import I8, I32, ArithmeticLowering, llvm_type
+from .arith import mem_type as _mem_type
 from .matrix import MatrixLowering
 from .targets import SHARED_ALIGN, Target, shared_layout
 
 __all__ = ["lower_kernel", "llvm_type"]
 
-I1, I8, I32, I64 = L.IntType(1), L.IntType(8), L.IntType(32), L.IntType(64)
-F32 = L.FloatType()
-LOG2E = 1.4426950408889634
-LN2 = 0.6931471805599453
 
 
-def llvm_type(t: DType) -> L.Type:
-    return {
-        "f32": F32, "f64": L.DoubleType(), "f16": L.HalfType(), "bf16": L.IntType(16),  # bf16: its bits; casts convert
-        "i32": I32, "i64": I64, "i8": I8, "u8": I8, "bool": I1,
-    }[t.name]
 
-
-def _mem_type(t: DType) -> L.Type:
-    return I8 if t == dt.boolean else llvm_type(t)
-
-
-class _Lowerer(MatrixLowering):
+class _Lowerer(MatrixLowering, ArithmeticLowering):
     def __init__(self, k: K.Kernel, tgt: Target) -> None:
         self.k, self.t = k, tgt
         self.m = L.Module(name=k.name)
@@ -455,193 +443,12 @@ class _Lowerer(MatrixLowering):
             return self.pack_bf16x2(self.expr(e.a), self.expr(e.b))
         raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower expression {type(e).__name__}")
 
-    def dot4_i8(self, a: L.Value, c: L.Value, acc: L.Value) -> L.Value:
-        """acc + the dot product of the signed bytes of a and c: dp4a on NVIDIA, byte arithmetic elsewhere."""
-        b = self.b
-        if self.t.name == "nvptx":
-            return b.call(self.intrinsic("llvm.nvvm.idp4a.s.s", I32, [I32, I32, I32]), [a, c, acc])
-        for i in range(4):
-            up = L.Constant(I32, 24 - 8 * i)
-            x = b.ashr(b.shl(a, up), L.Constant(I32, 24))
-            y = b.ashr(b.shl(c, up), L.Constant(I32, 24))
-            acc = b.add(acc, b.mul(x, y))
-        return acc
-
-    def pack_bf16x2(self, lo: L.Value, hi: L.Value) -> L.Value:
-        """The nearest bf16 of each of two f32, ``lo`` in the low half of an i32: one cvt on NVIDIA."""
-        b = self.b
-        if self.t.name == "nvptx":  # cvt puts its first source in the upper half
-            asm = L.InlineAsm(L.FunctionType(I32, [F32, F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-            return b.call(asm, [hi, lo])
-        halves = []
-        for v in (lo, hi):  # round to nearest even in 32-bit integers (SPIR-V here has no 16-bit type)
-            bits = b.bitcast(v, I32)
-            lsb = b.and_(b.lshr(bits, L.Constant(I32, 16)), L.Constant(I32, 1))
-            halves.append(b.lshr(b.add(bits, b.add(L.Constant(I32, 0x7FFF), lsb)), L.Constant(I32, 16)))
-        return b.or_(b.and_(halves[0], L.Constant(I32, 0xFFFF)), b.shl(halves[1], L.Constant(I32, 16)))
-
-    def fcall(self, name: str, *args: L.Value) -> L.Value:
-        ty = args[0].type
-        return self.b.call(self.intrinsic(f"{name}.{_suffix(ty)}", ty, [ty] * len(args)), list(args))
-
-    def binary(self, op: str, a: L.Value, c: L.Value, t: DType) -> L.Value:
-        b = self.b
-        if t.is_float:
-            if op in K.CMP_OPS:
-                return b.fcmp_ordered({"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op], a, c)
-            if op == "pow":
-                if self.t.name == "host":
-                    return self.fcall("llvm.pow", a, c)
-                return self.unary("exp2", b.fmul(c, self.unary("log2", a, t)), t)
-            fn = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv, "rem": b.frem}.get(op)
-            if fn is not None:
-                if self.host and op in ("add", "sub", "mul"):
-                    return fn(a, c, flags=("contract",))  # numerics policy: the host fuses a * b + c into one FMA
-                return fn(a, c)
-            return self.fcall("llvm.minnum" if op == "min" else "llvm.maxnum", a, c)
-        if op in K.CMP_OPS:
-            sign = t != dt.u8
-            pred = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op]
-            return b.icmp_signed(pred, a, c) if sign else b.icmp_unsigned(pred, a, c)
-        if op == "min":
-            return b.select(b.icmp_signed("<", a, c), a, c)
-        if op == "max":
-            return b.select(b.icmp_signed(">", a, c), a, c)
-        if op in ("add", "sub", "mul") and self.in_index:
-            return {"add": b.add, "sub": b.sub, "mul": b.mul}[op](a, c, flags=("nsw",))
-        return {"add": b.add, "sub": b.sub, "mul": b.mul, "div": b.sdiv, "rem": b.srem, "and": b.and_, "or": b.or_, "xor": b.xor,
-                "shl": b.shl, "shr": b.ashr}[op](a, c)
-
-    def unary(self, op: str, a: L.Value, t: DType) -> L.Value:
-        b = self.b
-        if op == "neg":
-            return b.fneg(a) if t.is_float else b.neg(a)
-        if op == "not":
-            return b.not_(a)
-        if op == "abs":
-            return self.fcall("llvm.fabs", a) if t.is_float else b.select(b.icmp_signed("<", a, L.Constant(a.type, 0)), b.neg(a), a)
-        one = L.Constant(a.type, 1.0)
-        if op == "recip":
-            return b.fdiv(one, a)
-        if op == "sqrt":
-            return self.fcall("llvm.sqrt", a)
-        if op == "rsqrt":
-            return b.fdiv(one, self.fcall("llvm.sqrt", a))
-        if op == "floor":
-            return self.fcall("llvm.floor", a)
-        if op == "rint":  # to nearest, ties to even
-            return self.fcall("llvm.rint", a)
-        if op == "erf":
-            return self._erf(a)
-        gpu = self.t.name in ("nvptx", "amdgcn")
-        if op in ("exp", "exp2"):
-            x = b.fmul(a, L.Constant(a.type, LOG2E)) if op == "exp" else a
-            if self.t.name == "nvptx":
-                return b.call(self.intrinsic("llvm.nvvm.ex2.approx.ftz.f", F32, [F32]), [x])
-            return self.fcall("llvm.exp2", x) if gpu or op == "exp2" else self.fcall("llvm.exp", a)
-        if op in ("log", "log2"):
-            if self.t.name == "nvptx":
-                y = b.call(self.intrinsic("llvm.nvvm.lg2.approx.ftz.f", F32, [F32]), [a])
-            elif gpu:
-                y = self.fcall("llvm.log2", a)
-            else:
-                return self.fcall("llvm.log" if op == "log" else "llvm.log2", a)
-            return b.fmul(y, L.Constant(a.type, LN2)) if op == "log" else y
-        if op in ("sin", "cos"):
-            if self.t.name in ("nvptx", "spirv"):
-                # sin.approx (and Vulkan's sin/cos, whose precision the spec leaves open: NVIDIA's
-                # driver loses it at large angles) is accurate on [-pi, pi] only: reduce by 2*pi first
-                # (Cody-Waite, two constants; k * 6.28125 is exact below 2**15 turns), so large angles
-                # (RoPE at long positions) keep about 1e-6 absolute error
-                k = self.fcall("llvm.rint", b.fmul(a, L.Constant(F32, 0.15915494309189535)))
-                if self.t.name == "spirv":
-                    r = b.fsub(a, b.fmul(k, L.Constant(F32, 6.28125)))
-                    r = b.fsub(r, b.fmul(k, L.Constant(F32, 0.0019353071795864769)))
-                    return self.fcall(f"llvm.{op}", r)
-                r = self.fcall("llvm.fma", b.fneg(k), L.Constant(F32, 6.28125), a)
-                r = self.fcall("llvm.fma", b.fneg(k), L.Constant(F32, 0.0019353071795864769), r)
-                return b.call(self.intrinsic(f"llvm.nvvm.{op}.approx.ftz.f", F32, [F32]), [r])
-            return self.fcall(f"llvm.{op}", a)
-        if op == "tanh":
-            # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both tails, no libm call on any target
-            e2 = self.unary("exp", b.fmul(a, L.Constant(a.type, 2.0)), t)
-            return b.fsub(one, b.fdiv(L.Constant(a.type, 2.0), b.fadd(e2, one)))
-        raise Refusal(f"kernel {self.k.name}", self.t.key, f"function {op} is not lowered")
-
-    def _erf(self, x: L.Value) -> L.Value:
-        """erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""
-        b, t = self.b, dt.f32
-        ax = self.fcall("llvm.fabs", x)
-        tt = b.fdiv(L.Constant(F32, 1.0), b.fadd(L.Constant(F32, 1.0), b.fmul(L.Constant(F32, 0.3275911), ax)))
-        poly = L.Constant(F32, 1.061405429)
-        for c in (-1.453152027, 1.421413741, -0.284496736, 0.254829592):
-            poly = b.fadd(b.fmul(poly, tt), L.Constant(F32, c))
-        poly = b.fmul(poly, tt)
-        y = b.fsub(L.Constant(F32, 1.0), b.fmul(poly, self.unary("exp", b.fneg(b.fmul(ax, ax)), t)))
-        if self.t.name == "spirv":  # the sign bit moved by integer operations: LLVM 22's SPIR-V backend
-            # crashes on what InstCombine makes of select(x < 0, -y, y) when x is a product
-            sign = b.and_(b.bitcast(x, I32), L.Constant(I32, -0x80000000))
-            return b.bitcast(b.or_(b.bitcast(y, I32), sign), F32)
-        return b.select(b.fcmp_ordered("<", x, L.Constant(F32, 0.0)), b.fneg(y), y)
-
-    def cast(self, v: L.Value, src: DType, dst: DType) -> L.Value:
-        b = self.b
-        if src == dst:
-            return v
-        to = llvm_type(dst)
-        if src == dt.bf16:  # the upper half of an f32
-            return self.cast(b.bitcast(b.shl(b.zext(v, I32), L.Constant(I32, 16)), F32), dt.f32, dst)
-        if dst == dt.bf16:  # round to nearest even, keep the upper half
-            bits = b.bitcast(self.cast(v, src, dt.f32), I32)
-            lsb = b.and_(b.lshr(bits, L.Constant(I32, 16)), L.Constant(I32, 1))
-            rounded = b.lshr(b.add(bits, b.add(L.Constant(I32, 0x7FFF), lsb)), L.Constant(I32, 16))
-            return b.trunc(rounded, to)
-        if dst == dt.boolean:
-            return b.fcmp_unordered("!=", v, L.Constant(v.type, 0.0)) if src.is_float else b.icmp_unsigned("!=", v, L.Constant(v.type, 0))
-        if src.is_float and dst.is_float:
-            return b.fpext(v, to) if dst.bits > src.bits else b.fptrunc(v, to) if dst.bits < src.bits else b.fptrunc(b.fpext(v, F32), to)
-        if src.is_float:
-            return b.fptosi(v, to)
-        if dst.is_float:
-            return b.uitofp(v, to) if src in (dt.u8, dt.boolean) else b.sitofp(v, to)
-        if dst.bits > src.bits or src == dt.boolean:
-            return b.zext(v, to) if src in (dt.u8, dt.boolean) else b.sext(v, to)
-        return b.trunc(v, to)
-
-    def subgroup_reduce(self, op: str, v: L.Value, t: DType) -> L.Value:
-        width = self.t.subgroup
-        off = 1
-        while off < width:
-            other = self.shuffle(v, L.Constant(I32, off), t, xor=True)
-            v = self.binary(op if op != "add" else "add", v, other, t)
-            off *= 2
-        return v
-
-    def shuffle(self, v: L.Value, lane: L.Value, t: DType, xor: bool) -> L.Value:
-        b = self.b
-        if self.host:
-            return v  # one lane per subgroup
-        bits = b.bitcast(v, I32) if t == dt.f32 else v
-        if self.t.name == "nvptx":
-            name = "llvm.nvvm.shfl.sync.bfly.i32" if xor else "llvm.nvvm.shfl.sync.idx.i32"
-            r = b.call(self.intrinsic(name, I32, [I32, I32, I32, I32]), [L.Constant(I32, -1), bits, lane, L.Constant(I32, 0x1F)])
-        else:
-            me = self.builtin(K.Builtin("lane_id"))
-            src = b.xor(me, lane) if xor else lane
-            r = b.call(self.intrinsic("llvm.amdgcn.ds.bpermute", I32, [I32, I32]), [b.shl(src, L.Constant(I32, 2)), bits])
-        return b.bitcast(r, F32) if t == dt.f32 else r
-
-
 class _PrivateAlloca(L.instructions.AllocaInstr):
     """An alloca printed with ``addrspace(5)`` (llvmlite's own has no address space)."""
 
     def descr(self, buf: list[str]) -> None:
         super().descr(buf)
         buf.append(", addrspace(5)")
-
-
-def _suffix(ty: L.Type) -> str:
-    return {"float": "f32", "double": "f64", "half": "f16", "bfloat": "bf16"}[str(ty)]
 
 
 def lower_kernel(k: K.Kernel, tgt: Target) -> L.Module:

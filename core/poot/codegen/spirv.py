@@ -64,7 +64,9 @@ from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from ..kernel import ir as K
-from .lower import F32, I32, _Lowerer, _mem_type, llvm_type
+from .arith import F32, I32, llvm_type
+from .arith import mem_type as _mem_type
+from .lower import _Lowerer
 
 __all__ = ["SpirvLowerer", "SpirvModule", "ENTRY", "SCALARS", "bindings", "scalar_words", "post_pass", "for_wgpu", "validate",
            "BARRIER_SEMANTICS"]
@@ -319,7 +321,7 @@ class SpirvLowerer(_Lowerer):
             inner = e.a.a  # type: ignore[union-attr]
             return self.expr(round_f16(inner if inner.dtype == dt.f32 else K.Cast(inner, dt.f32)))
         if isinstance(e, K.HalfToF32):  # no f16 values here: integer operations
-            from ..kernel.frontend import expand_half_to_f32
+            from ..kernel.translate import expand_half_to_f32
 
             return self.expr(expand_half_to_f32(e.a))
         if isinstance(e, K.Bitcast):
