@@ -43,10 +43,13 @@ def _hf_greedy(path, ids, n):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("which", ["smollm2", "gemma3"])
-def test_greedy_generation_equals_transformers(which, request):
+@pytest.mark.parametrize("which,kv_dtype", [("smollm2", "f32"), ("gemma3", "f32"), ("smollm2", "f16"), ("gemma3", "f16")])
+def test_greedy_generation_equals_transformers(which, kv_dtype, request):
+    """Greedy tokens equal transformers' (f32 eager on the same weights) for 64 tokens of each prompt,
+    with the KV cache in f32 and in f16 (keys and values rounded to halves as they are written)."""
     path = request.getfixturevalue(f"{which}_path")
-    m = poot.load(str(path), "cpu", max_seqs=3, max_context=256, progress=False)
+    m = poot.load(str(path), "cpu", max_seqs=3, max_context=256, progress=False, kv_dtype=kv_dtype)
+    assert all(a.dtype == np.dtype(np.float16 if kv_dtype == "f16" else np.float32) for n, a in m.pools.items() if "_cache." in n)
     ids = [m.encode(p, raw=True) for p in PROMPTS]
     got = m.complete(ids, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
     m.close()
@@ -167,6 +170,21 @@ def test_a_bad_load_option_names_itself():
     with pytest.raises(ParameterError) as e:
         poot.load("SmolLM2", "cpu", matmul_precision="fast")
     assert e.value.name == "matmul_precision" and "highest, high, medium" in str(e.value)
+    with pytest.raises(ParameterError) as e:
+        poot.load("SmolLM2", "cpu", kv_dtype="q8_0")
+    assert e.value.name == "kv_dtype" and "f32, f16" in str(e.value)
+
+
+def test_an_f16_kv_cache_holds_twice_the_blocks_in_the_same_memory():
+    sizes = {}
+    for kv_dtype in ("f32", "f16"):
+        m = poot.load("SmolLM2", "cpu", max_seqs=2, max_context=256, kv_memory="24M", progress=False, kv_dtype=kv_dtype)
+        pools = [a for n, a in m.pools.items() if "_cache." in n]
+        sizes[kv_dtype] = (m.num_blocks, sum(a.nbytes for a in pools))
+        out = m.complete([m.encode("The capital of France is", raw=True)], SamplingParams(temperature=0, max_tokens=6))[0]
+        assert "Paris" in out.text, out.text
+        m.close()
+    assert sizes["f16"][0] == 2 * sizes["f32"][0] and sizes["f16"][1] == sizes["f32"][1] <= 24 << 20
 
 
 def test_requests_that_cannot_fit_are_refused(smollm2):

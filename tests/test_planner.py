@@ -168,11 +168,14 @@ def _block(pool_dtype="f32", norm_reads_sum_late=False, head_dim=16):
     return PassManager(DEFAULT_PASSES).run(b.build(outs))
 
 
+@pytest.mark.parametrize("pools", ["f32", "f16"])
 @pytest.mark.parametrize("gpu", [False, True])
-def test_rope_with_kv_writes_and_residual_adds_with_norms_are_one_launch_each(gpu):
-    plan = plan_graph(_block(), gpu=gpu, limits=Limits(1024, 48 * 1024, subgroup=32 if gpu else 1))
+def test_rope_with_kv_writes_and_residual_adds_with_norms_are_one_launch_each(gpu, pools):
+    plan = plan_graph(_block(pool_dtype=pools), gpu=gpu, limits=Limits(1024, 48 * 1024, subgroup=32 if gpu else 1))
     labels = collections.Counter(l.label or l.node.op for l in plan.launches)
     assert labels["rope_kv_cache"] == 1 and labels["rope"] == 0 and labels["cache_write"] == 0, labels
+    pool_kernels = [l.kernel.name for l in plan.launches if l.label == "rope_kv_cache" or l.kernel.name.startswith(("attention_BLOCK", "attention_blocks", "attention_lanes"))]
+    assert pool_kernels and all(("_PTf16" in n) == (pools == "f16") for n in pool_kernels), pool_kernels
     assert labels["add_rms_norm"] == 2 and labels["rms_norm"] == 0, labels
     assert not any(l.kernel.name.startswith("ew_add") for l in plan.launches)
     assert len(plan.aliases) == 2  # the pools are written in place
@@ -203,6 +206,9 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
     assert names(narrow, 128, 2)[0].startswith("attention_blocks") and names(narrow, 2, 2)[0].startswith("attention_BLOCK")
     plain = plan_graph(_block(head_dim=64), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))  # 32 lanes, no mma.sync (Vulkan on NVIDIA)
     assert names(plain, 128, 2)[0].startswith("attention_blocks") and names(plain, 2, 2)[0].startswith("attention_BLOCK")
+    half = plan_graph(_block(pool_dtype="f16", head_dim=64), gpu=True, limits=mma)  # f16 pools: the warp and tensor-core kernels read f32 ones
+    assert names(half, 128, 2)[0].startswith("attention_blocks") and names(half, 2, 2)[0].startswith("attention_BLOCK")
+    assert all("_PTf16" in n for n in names(half, 128, 2) + names(half, 2, 2))
 
 
 def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
@@ -317,17 +323,25 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert not any("dequantize" in l.kernel.name or "mma" in l.kernel.name for l in launches("highest", 300)[1])
     # without subgroup operations: the GEMV whose workgroups split K, up to two rows
     plain = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))
-    assert [l.kernel.name for l in plain.launches if l.when({"tokens": 2})] == ["gemv_blocks_BB144_BLOCK64_BS256_ROWS4", "gemv_blocks_BB210_BLOCK64_BS256_ROWS4"]
+    assert [l.kernel.name for l in plain.launches if l.when({"tokens": 2})] == ["gemv_blocks_BB144_BLOCK64_BS256_QTYPEq4_k_ROWS4", "gemv_blocks_BB210_BLOCK64_BS256_QTYPEq6_k_ROWS4"]
     assert [l.kernel.name for l in plain.launches if l.when({"tokens": 3})] == ["gemm_simt_q4_k_K512_BK32", "gemm_simt_q6_k_K512_BK32"]
     monkeypatch.setattr(planner_matmul, "DEQUANT_BYTES", 2 * 256 * 512 - 1)
     assert [l.kernel.name.split("_K")[0] for l in launches("high", 300)[1]] == ["split_bf16x2", "gemm_warp_q4_k", "gemm_simt_q6_k"]
 
 
 def test_fusions_leave_what_they_cannot_prove():
-    """A pool of another type (a cast between) keeps its own RoPE and KV writes; a sum read before its
-    norm keeps its add kernel."""
-    plan = plan_graph(_block(pool_dtype="f16"), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
-    labels = collections.Counter(l.label or l.node.op for l in plan.launches)
+    """Keys converted before they are written (a cast between RoPE and the pool) keep their own RoPE
+    and KV writes; a sum read before its norm keeps its add kernel."""
+    b = GraphBuilder()
+    T = sym("tokens")
+    pos, slots = b.input("pos", "i32", [T]), b.input("slots", "i32", [T])
+    kp, vp = b.input("kp", "f16", [8, 4, 2, 16]), b.input("vp", "f16", [8, 4, 2, 16])
+    from poot.graph.rope import RopeConfig, apply_rope
+
+    q, k = (apply_rope(b, b.input(n, "f32", [T, 2, 16]), pos, RopeConfig(16)) for n in "qk")
+    graph = PassManager(DEFAULT_PASSES).run(b.build({"q": q, "kp": b.cache_write(kp, b.cast(k, "f16"), slots),
+                                                     "vp": b.cache_write(vp, b.input("v", "f32", [T, 2, 16]), slots)}))
+    labels = collections.Counter(l.label or l.node.op for l in plan_graph(graph, gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32)).launches)
     assert labels["rope_kv_cache"] == 0 and labels["rope"] == 2 and labels["cache_write"] == 2, labels
     plan = plan_graph(_block(norm_reads_sum_late=True), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
     labels = collections.Counter(l.label or l.node.op for l in plan.launches)

@@ -172,7 +172,8 @@ def _sampling(args: argparse.Namespace, max_tokens: int | None = None) -> Any:
 def _load(args: argparse.Namespace, **options: Any) -> Any:
     from .llm import load
 
-    kw = {"kv_memory": args.kv_memory, "max_context": args.context, "progress": True, "matmul_precision": args.matmul_precision, **options}
+    kw = {"kv_memory": args.kv_memory, "max_context": args.context, "progress": True, "matmul_precision": args.matmul_precision,
+          "kv_dtype": args.kv_dtype, **options}
     return load(args.model, args.device, **{k: v for k, v in kw.items() if v is not None})
 
 
@@ -264,7 +265,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import serve
 
     serve(args.model, args.device, args.host, args.port, args.api_key, args.max_batch, args.max_queue, args.kv_memory, args.context, args.name,
-          args.matmul_precision)
+          args.matmul_precision, args.kv_dtype)
     return 0
 
 
@@ -285,12 +286,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     ck = open_model(args.model)
     fam = family_for(ck.architecture)
     bs = 16
-    graph = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=bs)))
+    graph = PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=bs, cache_dtype=args.kv_dtype)))
     plan = compile_plan(graph, device, args.matmul_precision)
     n, blocks = args.tokens, -(-args.context // bs)
     pos = np.arange(args.context - n, args.context)
     batch = StepBatch(np.zeros(n), pos, np.zeros(n), pos, np.array([args.context]), np.arange(blocks).reshape(1, -1), np.array([n - 1]))
-    shapes = {name: np.empty((blocks,) + tuple(d.value for d in v.shape[1:]), np.float32) for name, v in graph.inputs().items() if name not in batch.as_inputs()}
+    shapes = {name: np.empty((blocks,) + tuple(d.value for d in v.shape[1:]), v.dtype.numpy) for name, v in graph.inputs().items() if name not in batch.as_inputs()}
     env = step_env(plan, {**batch.as_inputs(), **shapes})
     print(plan.describe(env))
     sp = plan_storage(plan, env)
@@ -302,6 +303,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .llm.handle import KV_DTYPES
     from .plan.common import MATMUL_PRECISIONS
 
     def precision_arg(q: argparse.ArgumentParser) -> None:
@@ -327,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--tokens", type=int, default=1, help="tokens in the step (1: a decode step)")
     pn.add_argument("--context", type=int, default=512, help="context the step sees, in tokens")
     pn.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
+    pn.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32", help="the KV cache's element type (default: f32)")
     precision_arg(pn)
     pn.set_defaults(func=cmd_plan)
     def model_args(q: argparse.ArgumentParser) -> None:
@@ -334,6 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
         q.add_argument("--context", type=int, default=2048, help="longest sequence, in tokens")
         q.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512M or 2G (default: what the sequences need, at most a quarter of free memory)")
+        q.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32", help="the KV cache's element type: f16 holds twice the tokens in the same memory (default: f32)")
         precision_arg(q)
 
     def sampling_args(q: argparse.ArgumentParser, temperature: float) -> None:

@@ -210,7 +210,8 @@ class GraphBuilder:
 
     def cache_write(self, pool: Value, values: Value, slots: Value) -> Value:
         """Write ``values[t]`` into ``pool`` at flat slot ``slots[t]`` (block * block_size + offset);
-        a negative slot skips the row. Returns the updated pool."""
+        a negative slot skips the row; float values are rounded to the pool's float type (nearest
+        even). Returns the updated pool."""
         return self._one("cache_write", [pool, values, slots])
 
     def count_tokens(self, counts: Value, tokens: Value, seq_ids: Value, count_rows: Value) -> Value:

@@ -224,10 +224,11 @@ def attention_block(b: GraphBuilder, x: Value, w: AttentionWeights, cfg: Attenti
     if cfg.rope is not None:
         q = apply_rope(b, q, kv.positions, cfg.rope)
         k = apply_rope(b, k, kv.positions, cfg.rope)
-    k_pool = b.cache_write(kv.k_pool, b.cast(k, kv.k_pool.dtype), kv.slots)
-    v_pool = b.cache_write(kv.v_pool, b.cast(v, kv.v_pool.dtype), kv.slots)
+    # keys and values are rounded to the pools' type as they are written; queries keep their own
+    k_pool = b.cache_write(kv.k_pool, k, kv.slots)
+    v_pool = b.cache_write(kv.v_pool, v, kv.slots)
     att = b.attention(
-        b.cast(q, kv.k_pool.dtype),
+        q,
         k_pool,
         v_pool,
         positions=kv.positions,

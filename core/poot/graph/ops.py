@@ -287,8 +287,8 @@ def _cache_write(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorTy
         raise _fail("cache_write", f"pool must be [blocks, block_size, ...], got {pool}")
     if slots.rank != 1 or not slots.dtype.is_int:
         raise _fail("cache_write", f"slot map must be a 1-D int tensor, got {slots}")
-    if new.dtype != pool.dtype:
-        raise _fail("cache_write", f"values {new.dtype} differ from pool {pool.dtype}")
+    if new.dtype != pool.dtype and not (new.dtype.is_float and pool.dtype.is_float):
+        raise _fail("cache_write", f"values {new.dtype} differ from pool {pool.dtype}")  # floats convert to the pool's type as written
     if new.shape[1:] != pool.shape[2:] or new.shape[0] != slots.shape[0]:
         raise _fail("cache_write", f"values {new} do not fit pool {pool} with slot map {slots}")
     return [pool]

@@ -140,7 +140,9 @@ class KernelTemplate:
         ctx = _Ctx(self.file, self.line0, consts, buffers, scalars, {}, {}, names=self.fn.__globals__)
         body = translate(ctx, self.tree.body)
         wg = tuple(consts[w] if isinstance(w, str) else w for w in self.workgroup)
-        suffix = "_".join(f"{k}{v}" for k, v in sorted(consts.items()) if isinstance(v, (int, bool)))
+        defaults = {name: d for name, ann, d in self.params if isinstance(ann, _ConstAnn)}
+        # numbers name every instance; a string (a dtype, an op) only where it is not the default
+        suffix = "_".join(f"{k}{v}" for k, v in sorted(consts.items()) if isinstance(v, (int, bool)) or (isinstance(v, str) and v != defaults.get(k)))
         k = ir.Kernel(f"{self.name}_{suffix}" if suffix else self.name, tuple(order), tuple(body), wg, tuple(ctx.shared.values()))  # type: ignore[arg-type]
         verify_kernel(k)
         return k

@@ -538,9 +538,15 @@ class _Translator:
         return out
 
     def _value_for(self, name: str, node: ast.expr) -> ir.Expr:
+        """The value stored into ``name``: a float converts to the memory's float type (rounded to
+        nearest even, as C converts on assignment); other types must match."""
         mem = self.c.buffers.get(name) or self.c.shared[name]
         v = self.expr(node)
-        return _lit(v, mem.dtype) if isinstance(v, (int, float, bool)) else v
+        if isinstance(v, (int, float, bool)):
+            return _lit(v, mem.dtype)
+        if v.dtype != mem.dtype and v.dtype.is_float and mem.dtype.is_float:
+            return ir.Cast(v, mem.dtype)
+        return v
 
     def _shared(self, n: ast.stmt, name: str, call: ast.Call) -> list[ir.Stmt]:
         c = self.c

@@ -32,6 +32,8 @@ from .engine import Engine, Event
 from .kv import BlockPool
 from .params import MAX_LOGPROBS, ParameterError, SamplingParams
 
+KV_DTYPES = ("f32", "f16")  # what the KV pools may hold: f16 halves their memory (values rounded to nearest even as written)
+
 __all__ = ["ModelHandle", "Completion", "load", "parse_bytes"]
 
 
@@ -87,8 +89,11 @@ class ModelHandle:
 
     def __init__(self, model: str, device: str | None = None, *, kv_memory: str | int | None = None, max_seqs: int = 16,
                  max_context: int | None = None, block_size: int = 16, max_step_tokens: int = 512, threads: int | None = None,
-                 progress: bool | None = None, matmul_precision: str = "high") -> None:
+                 progress: bool | None = None, matmul_precision: str = "high", kv_dtype: str = "f32") -> None:
         self.matmul_precision = check_matmul_precision(matmul_precision)  # before anything is loaded
+        if kv_dtype not in KV_DTYPES:
+            raise ParameterError("kv_dtype", f"'{kv_dtype}' is not a KV cache type; choose one of {', '.join(KV_DTYPES)}")
+        self.kv_dtype = kv_dtype
         self.progress = sys.stderr.isatty() if progress is None else progress
         t0 = time.perf_counter()
         self.device = get_device(device)
@@ -103,7 +108,7 @@ class ModelHandle:
         self.tokenizer = Tokenizer.from_gguf(ck.metadata) if ck.format == "gguf" else Tokenizer.from_hf(ck.path)
         self.template = chat_template_for(ck.chat_template or self.family.default_chat_template, ck.architecture, self.tokenizer.special_tokens)
         self._say(f"tracing and planning its step for {self.device.name}")
-        self._shapes = lambda lp: StepShapes(block_size=block_size, sample=True, logprobs=MAX_LOGPROBS if lp else 0)  # noqa: E731
+        self._shapes = lambda lp: StepShapes(block_size=block_size, cache_dtype=kv_dtype, sample=True, logprobs=MAX_LOGPROBS if lp else 0)  # noqa: E731
         self._graphs: dict[bool, Any] = {}
         self._plans: dict[bool, Any] = {}
         g = self._graph(False)
@@ -117,7 +122,7 @@ class ModelHandle:
         per_block = 0
         cache_inputs = {n: v for n, v in g.inputs().items() if "_cache." in n}
         for v in cache_inputs.values():
-            per_block += int(np.prod([d.value for d in v.shape[1:]])) * 4
+            per_block += int(np.prod([d.value for d in v.shape[1:]])) * v.dtype.itemsize
         want = max_seqs * -(-ctx // block_size)
         weight_bytes = sum(int(a.nbytes) for a in self.weights.values())
         budget = parse_bytes(kv_memory) if kv_memory is not None else kv_budget(want * per_block, per_block, self.device, weight_bytes, _available_memory())
@@ -125,7 +130,7 @@ class ModelHandle:
         if blocks < 1:
             raise ParameterError("kv_memory", f"{budget} bytes hold no KV block (one block is {per_block} bytes)")
         self.num_blocks = int(min(blocks, 1 << 20))
-        self.pools = {n: np.zeros((self.num_blocks,) + tuple(d.value for d in v.shape[1:]), np.float32) for n, v in cache_inputs.items()}
+        self.pools = {n: np.zeros((self.num_blocks,) + tuple(d.value for d in v.shape[1:]), v.dtype.numpy) for n, v in cache_inputs.items()}
         self.pools["token_counts"] = np.zeros((max_seqs, self.vocab), np.int32)
         self._executors: dict[bool, Executor] = {}
         self._executor(False)  # compile now; the log-probability variant when first asked
@@ -133,7 +138,7 @@ class ModelHandle:
         self.engine = Engine(self._executor, self.pools, self.tokenizer, self.vocab, BlockPool(self.num_blocks, block_size),
                              -(-ctx // block_size), max_seqs, max_step_tokens, self._constraints, MAX_LOGPROBS)
         self.load_seconds = time.perf_counter() - t0
-        self._say(f"ready in {self.load_seconds:.1f} s: {self.num_blocks} KV blocks of {block_size} ({self.num_blocks * per_block / 2**20:.0f} MiB), "
+        self._say(f"ready in {self.load_seconds:.1f} s: {self.num_blocks} KV blocks of {block_size} ({self.num_blocks * per_block / 2**20:.0f} MiB, {kv_dtype}), "
                   f"context {ctx}, {max_seqs} sequence{'s' if max_seqs != 1 else ''} at once")
 
     def _say(self, msg: str) -> None:
@@ -238,5 +243,6 @@ def load(model: str, device: str | None = None, **options: Any) -> ModelHandle:
     (default: ``POOT_DEVICE`` or the CPU). Options: ``kv_memory`` ('2G'), ``max_seqs``,
     ``max_context``, ``block_size``, ``max_step_tokens``, ``threads``, ``progress``,
     ``matmul_precision`` ("highest", "high" (default) or "medium": how f32 activations meet
-    tensor cores, where the device has them; docs/NUMERICS.md)."""
+    tensor cores, where the device has them; docs/NUMERICS.md), ``kv_dtype`` ("f32" (default) or
+    "f16": the KV cache's element type; f16 holds twice the tokens in the same memory)."""
     return ModelHandle(model, device, **options)

@@ -235,12 +235,11 @@ class _Tracer:
         if layer.rope is not None:
             q_pe = apply_rope(b, q_pe, ins["positions"], layer.rope)
             k_pe = apply_rope(b, k_pe, ins["positions"], layer.rope)
-        cd = pools[0].dtype
-        kp = b.cache_write(pools[0], b.cast(k_nope, cd), ins["slots"])
-        vp = b.cache_write(pools[1], b.cast(v, cd), ins["slots"])
-        krp = b.cache_write(pools[2], b.cast(b.reshape(k_pe, [T, m.rope_dim]), cd), ins["slots"])
+        kp = b.cache_write(pools[0], k_nope, ins["slots"])  # rounded to the pools' type as written
+        vp = b.cache_write(pools[1], v, ins["slots"])
+        krp = b.cache_write(pools[2], b.reshape(k_pe, [T, m.rope_dim]), ins["slots"])
         att = b.attention(
-            b.cast(b.concat([q_nope, q_pe], axis=-1), cd), kp, vp, k_shared=krp, positions=ins["positions"], seq_ids=ins["seq_ids"],
+            b.concat([q_nope, q_pe], axis=-1), kp, vp, k_shared=krp, positions=ins["positions"], seq_ids=ins["seq_ids"],
             ctx_lens=ins["ctx_lens"], block_tables=ins["block_tables"], window=layer.window, softcap=cfg.attn_softcap,
             scale=cfg.attn_scale if cfg.attn_scale is not None else 1 / math.sqrt(m.nope_dim + m.rope_dim),
         )

@@ -206,9 +206,9 @@ class RopeCache:
 
 
 def recognise_rope_caches(graph: Graph) -> dict[int, RopeCache]:
-    """k = rope(k) written into an f32 pool, v written into its pool by the same slot map, q rotated
-    by the same rope just before: keyed by ``RopeCache.at``. Every other reader of the four outputs
-    comes after that point."""
+    """k = rope(k) written into a pool (f32 or f16: the kernel rounds as it writes), v written into
+    a pool of the same type by the same slot map, q rotated by the same rope just before: keyed by
+    ``RopeCache.at``. Every other reader of the four outputs comes after that point."""
     users = graph.users()
     found: dict[int, RopeCache] = {}
     ropes = [n for n in graph.nodes if n.op == "rope"]
@@ -217,12 +217,12 @@ def recognise_rope_caches(graph: Graph) -> dict[int, RopeCache]:
     for wk in writes:
         pool, vals, slots = wk.inputs
         rk = vals.node
-        if rk.op != "rope" or pool.dtype != dt.f32 or pool.rank != 4 or [u.id for u in users[rk.id]] != [wk.id]:
+        if rk.op != "rope" or pool.dtype not in (dt.f32, dt.f16) or vals.dtype != dt.f32 or pool.rank != 4 or [u.id for u in users[rk.id]] != [wk.id]:
             continue
         rq = next((r for r in reversed(ropes) if r.id < rk.id and r.id not in taken and r.attrs == rk.attrs and _key(r.inputs[1]) == _key(rk.inputs[1])
                    and r.inputs[0].shape[2] == rk.inputs[0].shape[2] and not any(u.op == "cache_write" for u in users[r.id])), None)
-        wv = next((w for w in writes if w.id > wk.id and w.id not in taken and _key(w.inputs[2]) == _key(slots) and w.inputs[0].dtype == dt.f32
-                   and w.inputs[0].rank == 4 and w.inputs[0].shape[2] == pool.shape[2] and w.inputs[1].node.op != "rope"), None)
+        wv = next((w for w in writes if w.id > wk.id and w.id not in taken and _key(w.inputs[2]) == _key(slots) and w.inputs[0].dtype == pool.dtype
+                   and w.inputs[1].dtype == dt.f32 and w.inputs[0].rank == 4 and w.inputs[0].shape[2] == pool.shape[2] and w.inputs[1].node.op != "rope"), None)
         if rq is None or wv is None:
             continue
         rc = RopeCache(rq, rk, wk, wv)

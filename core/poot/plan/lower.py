@@ -219,6 +219,18 @@ class _Attn:
     bs: int
     scale: float
     buffers: dict[str, Any]  # the operand buffers every attention kernel takes
+    pool_type: str  # the KV pools' element type
+
+
+POOL_TYPES = ("f32", "f16")  # what the attention and cache-write kernels read and write
+
+
+def _pool_type(v: Value, op: str) -> str:
+    """The element type of a KV pool (or of the values written into one), as the kernels' type
+    constant (f32 or f16)."""
+    if v.dtype.name not in POOL_TYPES:
+        raise Refusal(op, "every device", f"KV pools (and values written into them) of {v.dtype}: the kernels read and write {' or '.join(POOL_TYPES)}")
+    return v.dtype.name
 
 
 def _attention_operands(n: Node, device: str) -> _Attn:
@@ -233,16 +245,16 @@ def _attention_operands(n: Node, device: str) -> _Attn:
     dr = ops["k_shared"].shape[2].value if spec.k_shared else 0
     scale = spec.scale if spec.scale is not None else 1.0 / float(np.sqrt(dk + dr))
     bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v),
-                            "ks_pool": _key(ops["k_shared"]) if spec.k_shared else np.zeros(1, np.float32),
+                            "ks_pool": _key(ops["k_shared"]) if spec.k_shared else np.zeros(1, k.dtype.numpy),
                             "positions": _key(ops["positions"]), "seq_ids": _key(ops["seq_ids"]), "ctx_lens": _key(ops["ctx_lens"]),
                             "block_tables": _key(ops["block_tables"]), "out": _key(n.outputs[0])}
-    return _Attn(spec, ops, hq, hkv, dk, dv, dr, bs, scale, bufs)
+    return _Attn(spec, ops, hq, hkv, dk, dv, dr, bs, scale, bufs, _pool_type(k, "attention"))
 
 
 def _attention(n: Node) -> Launch:
     a = _attention_operands(n, "host")
     spec, ops = a.spec, a.ops
-    kern = attn_lib.attention_lanes.instantiate(HQ=a.hq, HKV=a.hkv, DK=a.dk, DV=a.dv, DR=a.dr, BS=a.bs, CAUSAL=spec.causal, TILE=16)
+    kern = attn_lib.attention_lanes.instantiate(HQ=a.hq, HKV=a.hkv, DK=a.dk, DV=a.dv, DR=a.dr, BS=a.bs, CAUSAL=spec.causal, TILE=16, PT=a.pool_type)
 
     def scalars(env: Env) -> dict[str, float | int]:
         return {"mb": _shape(ops["block_tables"], env)[1], "scale": a.scale, "window": spec.window or 0, "softcap": spec.softcap or 0.0}
@@ -253,7 +265,7 @@ def _attention(n: Node) -> Launch:
 def _cache_write(n: Node) -> Launch:
     pool, vals, slots = n.inputs
     width = int(np.prod([d.value for d in pool.shape[2:]]))
-    k = movement.cache_write.instantiate(BLOCK=128)
+    k = movement.cache_write.instantiate(BLOCK=128, PT=_pool_type(pool, "cache_write"), VT=_pool_type(vals, "cache_write"))
     return Launch(n, k, {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])}, lambda env: (max(1, _shape(slots, env)[0]),), lambda env: {"width": width})
 
 
@@ -318,7 +330,7 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     if a.dk + a.dr > 1024:
         raise Refusal("attention", "gpu", f"query heads of {a.dk + a.dr} values: the GPU schedule holds at most 1024 in workgroup memory")
     block = 64 if a.dv <= 64 else (128 if a.dv <= 128 else 256)
-    kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block)
+    kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block, PT=a.pool_type)
     # heads of 64 or 128 values on 32-lane subgroups: a warp a position (coalesced key and value
     # rows). Chosen where mma.sync is (NVIDIA through PTX, where it is verified); Vulkan and WebGPU
     # devices keep the thread-a-position schedule until it has run there
@@ -341,14 +353,14 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     long = lambda env: _shape(ops["block_tables"], env)[1] * a.bs >= SPLIT_CONTEXT and tokens(env) * a.hq <= 512  # noqa: E731
     parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
     acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
-    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block)
+    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
     split_when = When(f"tokens < 8 * batch, context >= {SPLIT_CONTEXT}", lambda env: decode(env) and long(env))
     split = [Launch(n, split_k, {**a.buffers, "out": acc, "part_m": pm, "part_l": pl}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when),
              Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=min(block, 128)), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
                     lambda env: (tokens(env) * a.hq,), lambda env: {"dv": a.dv}, split_when, label="attention_merge")]
     per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}", lambda env: decode(env) and not long(env))
     width = max(a.dk + a.dr, a.dv)
-    bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128)
+    bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128, PT=a.pool_type)
     if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:
         per_token.when = When(f"context < {SPLIT_CONTEXT} or many tokens", lambda env: not (decode(env) and long(env)))
         return [per_token, *split]
@@ -426,7 +438,8 @@ def _rope_cache(rc: RopeCache, gpu: bool) -> Launch:
     v = rc.write_v.inputs[1]
     a = rc.rope_q.attrs
     hq, hkv, head_dim, v_dim = q.shape[1].value, k.shape[1].value, q.shape[2].value, v.shape[2].value
-    kern = rope_lib.rope_kv_cache.instantiate(ROT=a["dim"], NEOX=a["layout"] == "neox", BLOCK=_rope_block(a["dim"], gpu))
+    kern = rope_lib.rope_kv_cache.instantiate(ROT=a["dim"], NEOX=a["layout"] == "neox", BLOCK=_rope_block(a["dim"], gpu),
+                                              PT=_pool_type(rc.write_k.inputs[0], "rope_kv_cache"))
     bufs = {"q": _key(q), "k": _key(k), "v": _key(v), "positions": _key(pos), "inv_freq": np.array(a["inv_freq"].array),
             "slots": _key(rc.write_k.inputs[2]), "q_out": _key(rc.rope_q.outputs[0]), "k_pool": _key(rc.write_k.outputs[0]),
             "v_pool": _key(rc.write_v.outputs[0])}

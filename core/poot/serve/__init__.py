@@ -12,7 +12,7 @@ def create_app(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 def serve(model: str, device: str | None = None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, max_batch: int = 16,
           max_queue: int = 256, kv_memory: str | None = None, context: int | None = None, name: str | None = None,
-          matmul_precision: str = "high") -> None:
+          matmul_precision: str = "high", kv_dtype: str = "f32") -> None:
     """Load ``model`` and serve it until interrupted."""
     try:
         import uvicorn
@@ -22,12 +22,12 @@ def serve(model: str, device: str | None = None, host: str = "127.0.0.1", port: 
         raise PootError("serving needs FastAPI and uvicorn: pip install 'poot[serve]'") from None
     from ..llm import load
 
-    opts = {"max_seqs": max_batch, "max_step_tokens": 256, "progress": True, "matmul_precision": matmul_precision}
+    opts = {"max_seqs": max_batch, "max_step_tokens": 256, "progress": True, "matmul_precision": matmul_precision, "kv_dtype": kv_dtype}
     if kv_memory is not None:
         opts["kv_memory"] = kv_memory
     if context is not None:
         opts["max_context"] = context
     handle = load(model, device, **opts)
     app = create_app(handle, name or model, api_key, max_queue)
-    print(f"poot: serving {name or model} on http://{host}:{port}/v1 ({handle.device.name}, matmul precision {handle.matmul_precision})", flush=True)
+    print(f"poot: serving {name or model} on http://{host}:{port}/v1 ({handle.device.name}, matmul precision {handle.matmul_precision}, KV cache {handle.kv_dtype})", flush=True)
     uvicorn.run(app, host=host, port=port, log_level="warning")

@@ -94,9 +94,9 @@ def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Genera
     return worst
 
 
-def _traced(path):  # type: ignore[no-untyped-def]
-    """The checkpoint at ``path`` traced for 4-token blocks and run through the default passes:
-    (graph, oracle weights)."""
+def _traced(path, cache_dtype: str = "f32"):  # type: ignore[no-untyped-def]
+    """The checkpoint at ``path`` traced for 4-token blocks (KV pools of ``cache_dtype``) and run
+    through the default passes: (graph, oracle weights)."""
     from ..eval.model import oracle_weights
     from ..graph.passes import DEFAULT_PASSES, PassManager
     from ..load import open_checkpoint
@@ -104,15 +104,15 @@ def _traced(path):  # type: ignore[no-untyped-def]
 
     ck = open_checkpoint(str(path))
     fam = family_for(ck.architecture)
-    return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4))), oracle_weights(ck.weights)
+    return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4, cache_dtype=cache_dtype))), oracle_weights(ck.weights)
 
 
-def synthetic_graph(name: str, directory, seed: int, dtype: str = "float32", **overrides):  # type: ignore[no-untyped-def]
+def synthetic_graph(name: str, directory, seed: int, dtype: str = "float32", cache_dtype: str = "f32", **overrides):  # type: ignore[no-untyped-def]
     """A synthetic checkpoint of family ``name`` written under ``directory``, traced for 4-token blocks
-    and run through the default passes: (graph, oracle weights)."""
+    (KV pools of ``cache_dtype``) and run through the default passes: (graph, oracle weights)."""
     from .synthetic import build_synthetic
 
-    return _traced(build_synthetic(name, directory, seed, dtype=dtype, **overrides))
+    return _traced(build_synthetic(name, directory, seed, dtype=dtype, **overrides), cache_dtype)
 
 
 def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]

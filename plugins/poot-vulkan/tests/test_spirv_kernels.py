@@ -333,6 +333,17 @@ def test_kernel_library_compiles():
         S.validate(codegen.compile_kernel(k, TARGET, use_cache=False).data, k.name)
 
 
+def test_f16_kv_pool_writers_are_refused_by_name():
+    """KV pools of f16 are read as 16-bit halves of words, but not written: the cache writers are
+    refused with the buffer named (the planner's plan for such pools then fails before any launch)."""
+    from poot.errors import Refusal
+    from poot.kernel.library import movement, rope
+
+    for k in (movement.cache_write.instantiate(BLOCK=128, PT="f16"), rope.rope_kv_cache.instantiate(ROT=64, NEOX=True, BLOCK=32, PT="f16")):
+        with pytest.raises(Refusal, match="buffer '(pool|k_pool)' is f16"):
+            codegen.compile_kernel(k, TARGET, use_cache=False)
+
+
 def test_for_wgpu_module_runs_through_naga(rng):
     """The same module, Aligned operands dropped, loads in wgpu (naga translates it) and computes the
     same RMSNorm: the binding layout (one storage buffer per binding, scalars last) suits both."""

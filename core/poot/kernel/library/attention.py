@@ -16,10 +16,10 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
+def attention(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In["PT"], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
               block_tables: In[i32], out: Out[f32], part_m: Out[f32], part_l: Out[f32],
               hq: i32, hkv: i32, dk: i32, dv: i32, dr: i32, bs: i32, mb: i32, scale: f32, window: i32, softcap: f32,
-              CAUSAL: Const = True, SPLITS: Const = 1, BLOCK: Const = 64):
+              CAUSAL: Const = True, SPLITS: Const = 1, BLOCK: Const = 64, PT: Const = "f32"):
     """out[t, h, :] = softmax(scale * q.k) v over the visible context; grid (tokens, hq, SPLITS)."""
     t = group_id(0)
     h = group_id(1)
@@ -60,18 +60,18 @@ def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], po
             kb = (slot * hkv + g) * dk
             dot = 0.0
             for d in range(0, dk4, 4):  # four independent loads a step
-                k0 = k_pool[kb + d]
-                k1 = k_pool[kb + d + 1]
-                k2 = k_pool[kb + d + 2]
-                k3 = k_pool[kb + d + 3]
+                k0 = f32(k_pool[kb + d])
+                k1 = f32(k_pool[kb + d + 1])
+                k2 = f32(k_pool[kb + d + 2])
+                k3 = f32(k_pool[kb + d + 3])
                 dot += qs[d] * k0
                 dot += qs[d + 1] * k1
                 dot += qs[d + 2] * k2
                 dot += qs[d + 3] * k3
             for d in range(dk4, dk):
-                dot += qs[d] * k_pool[kb + d]
+                dot += qs[d] * f32(k_pool[kb + d])
             for d in range(dr):
-                dot += qs[dk + d] * ks_pool[slot * dr + d]
+                dot += qs[dk + d] * f32(ks_pool[slot * dr + d])
             sc = dot * scale
             if softcap > 0.0:
                 sc = tanh(sc / softcap) * softcap
@@ -88,10 +88,10 @@ def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], po
         vo = g * dv + min(tid, dv - 1)  # threads past dv load what the last one does and store nothing
         n4 = n // 4 * 4
         for i in range(0, n4, 4):  # the slots come from workgroup memory: four value loads in flight
-            v0 = v_pool[slots[i] * hkv * dv + vo]
-            v1 = v_pool[slots[i + 1] * hkv * dv + vo]
-            v2 = v_pool[slots[i + 2] * hkv * dv + vo]
-            v3 = v_pool[slots[i + 3] * hkv * dv + vo]
+            v0 = f32(v_pool[slots[i] * hkv * dv + vo])
+            v1 = f32(v_pool[slots[i + 1] * hkv * dv + vo])
+            v2 = f32(v_pool[slots[i + 2] * hkv * dv + vo])
+            v3 = f32(v_pool[slots[i + 3] * hkv * dv + vo])
             p0 = exp(scores[i] - m_new)
             p1 = exp(scores[i + 1] - m_new)
             p2 = exp(scores[i + 2] - m_new)
@@ -107,7 +107,7 @@ def attention(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], po
         for i in range(n4, n):
             p = exp(scores[i] - m_new)
             l += p
-            acc += p * v_pool[slots[i] * hkv * dv + vo]
+            acc += p * f32(v_pool[slots[i] * hkv * dv + vo])
         m = m_new
         barrier()
     if tid < dv:
@@ -141,9 +141,9 @@ def attention_merge(part_acc: In[f32], part_m: In[f32], part_l: In[f32], out: Ou
 
 
 @kernel(workgroup=(1, 1, 1))
-def attention_lanes(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
+def attention_lanes(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In["PT"], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
                     block_tables: In[i32], out: Out[f32], mb: i32, scale: f32, window: i32, softcap: f32,
-                    HQ: Const = 8, HKV: Const = 8, DK: Const = 64, DV: Const = 64, DR: Const = 0, BS: Const = 16, CAUSAL: Const = True, TILE: Const = 16):
+                    HQ: Const = 8, HKV: Const = 8, DK: Const = 64, DV: Const = 64, DR: Const = 0, BS: Const = 16, CAUSAL: Const = True, TILE: Const = 16, PT: Const = "f32"):
     """The same attention scheduled for a CPU core: one workgroup per (query token, query head), head
     dimensions static, so dot products and the value accumulation run as 16-lane vectors; the
     context is scored TILE positions at a time (one rescale per tile). Grid (tokens, HQ)."""
@@ -177,11 +177,11 @@ def attention_lanes(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f3
                 lanes[i] = 0.0
             for c in static_range(DK // 16):
                 for i in range(16):
-                    lanes[i] += q[qb + c * 16 + i] * k_pool[kb + c * 16 + i]
+                    lanes[i] += q[qb + c * 16 + i] * f32(k_pool[kb + c * 16 + i])
             for d in range(DK // 16 * 16, DK):
-                lanes[0] += q[qb + d] * k_pool[kb + d]
+                lanes[0] += q[qb + d] * f32(k_pool[kb + d])
             for d in range(DR):
-                lanes[0] += q[qb + DK + d] * ks_pool[slot * DR + d]
+                lanes[0] += q[qb + DK + d] * f32(ks_pool[slot * DR + d])
             for w in static_range(4):
                 for i in range(8 >> w):
                     lanes[i] += lanes[i + (8 >> w)]
@@ -201,7 +201,7 @@ def attention_lanes(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f3
             j = j0 + jj
             vb = ((block_tables[s * mb + j // BS] * BS + j % BS) * HKV + g) * DV
             for d in range(DV):
-                acc[d] += p * v_pool[vb + d]
+                acc[d] += p * f32(v_pool[vb + d])
         m = m_new
     ob = (t * HQ + h) * DV
     for d in range(DV):
@@ -212,9 +212,9 @@ def attention_lanes(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f3
 
 
 @kernel(workgroup=(128, 1, 1))
-def attention_blocks(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f32], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
+def attention_blocks(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In["PT"], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
                      block_tables: In[i32], out: Out[f32], ntok: i32, hq: i32, hkv: i32, dk: i32, dv: i32, dr: i32, bs: i32, mb: i32,
-                     scale: f32, window: i32, softcap: f32, CAUSAL: Const = True, QT: Const = 16, KT: Const = 16, D: Const = 128):
+                     scale: f32, window: i32, softcap: f32, CAUSAL: Const = True, QT: Const = 16, KT: Const = 16, D: Const = 128, PT: Const = "f32"):
     """The same attention for prefill: a workgroup takes QT consecutive query tokens of one head and
     walks their sequence's keys KT at a time, each key and value tile loaded once into workgroup
     memory for all QT queries (rather than once per query). A block holding tokens of several
@@ -294,13 +294,13 @@ def attention_blocks(q: In[f32], k_pool: In[f32], v_pool: In[f32], ks_pool: In[f
                 barrier()
                 for e in range(tid, KT * dk, 128):
                     kr = e // dk
-                    ks[kr * (D + 1) + e % dk] = k_pool[(kslot[kr] * hkv + g) * dk + e % dk]
+                    ks[kr * (D + 1) + e % dk] = f32(k_pool[(kslot[kr] * hkv + g) * dk + e % dk])
                 for e in range(tid, KT * dr, 128):
                     kr = e // dr
-                    ks[kr * (D + 1) + dk + e % dr] = ks_pool[kslot[kr] * dr + e % dr]
+                    ks[kr * (D + 1) + dk + e % dr] = f32(ks_pool[kslot[kr] * dr + e % dr])
                 for e in range(tid, KT * dv, 128):
                     kr = e // dv
-                    vs[kr * (D + 1) + e % dv] = v_pool[(kslot[kr] * hkv + g) * dv + e % dv]
+                    vs[kr * (D + 1) + e % dv] = f32(v_pool[(kslot[kr] * hkv + g) * dv + e % dv])
                 barrier()
                 for e in range(tid, QT * KT, 128):  # scores, masked to -3e38
                     r = e // KT
