@@ -4,12 +4,13 @@ Prefill: one prompt of ``--prompt`` tokens (256) into an empty cache. Decode: ``
 tokens (64) after it. Both sides get the same token ids and pick the argmax themselves: poot through
 its generation engine (``poot.load``: bucketed steps, sampling on the device), llama.cpp through
 llama-cpp-python's ``eval`` and its logits. Rounds follow a warm-up; medians are reported, with the
-ratio poot / llama.cpp (above 1: poot is faster).
+ratio poot / llama.cpp (above 1: poot is faster). ``--kv-dtype f16`` gives poot a KV cache of halves,
+as llama.cpp's default cache is.
 
 llama.cpp comes from llama-cpp-python: the script installs it (a source build of several minutes)
 unless it is importable already, or runs it with the interpreter given by ``--peer-python``.
 
-    python bench/cpu_vs_llamacpp.py [--threads 1 2] [--rounds 3] [--record]
+    python bench/cpu_vs_llamacpp.py [--threads 1 2] [--rounds 3] [--kv-dtype f16] [--record]
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--kv-dtype", choices=("f32", "f16"), default="f32", help="poot's KV cache type (llama.cpp's default cache is f16)")
     ap.add_argument("--peer-python", help="an interpreter with llama_cpp importable (default: this one, installing it if needed)")
     ap.add_argument("--record", action="store_true", help="append the results to docs/PERFORMANCE.md")
     args = ap.parse_args()
@@ -56,7 +58,7 @@ def main() -> None:
     rows = []
     for threads in args.threads:
         print(f"bench: {threads} thread(s): poot ...", file=sys.stderr, flush=True)
-        m = poot.load(args.model, "cpu", threads=threads, max_seqs=1, max_context=1024, progress=False)
+        m = poot.load(args.model, "cpu", threads=threads, max_seqs=1, max_context=max(1024, args.prompt + args.decode), progress=False, kv_dtype=args.kv_dtype)
         ours = measure_engine(m, [prompt], args.decode, args.rounds)
         m.close()
         print(f"bench: {threads} thread(s): llama.cpp ...", file=sys.stderr, flush=True)
@@ -70,7 +72,7 @@ def main() -> None:
         text = doc.read_text()
         machine = f"{cpu_name()}, {os.cpu_count()} vCPU"
         lines = [f"| {datetime.date.today()} | {machine} | {t} | {pp:.0f} | {lp:.0f} | {pp / lp:.2f} | {pd:.1f} | {ld:.1f} | {pd / ld:.2f} | "
-                 f"engine (`poot.load`), llama-cpp-python {v} |" for t, pp, lp, pd, ld, v in rows]
+                 f"engine (`poot.load`), KV cache {args.kv_dtype}, prompt {args.prompt}; llama-cpp-python {v} |" for t, pp, lp, pd, ld, v in rows]
         marker = "<!-- cpu-vs-llamacpp rows -->"
         if marker not in text:
             raise SystemExit(f"{doc}: no '{marker}' line to add rows after")

@@ -20,18 +20,6 @@ KERNELS = catalogue()
 IDS = [k.name for k in KERNELS]
 
 
-def _f16_pool_kernels() -> list[K.Kernel]:
-    """The kernels that write and read KV pools of f16 (``kv_dtype="f16"``): targets with 16-bit
-    stores compile them; SPIR-V here refuses the writers (plugins/poot-vulkan's tests)."""
-    from poot.kernel.library import attention, movement, rope
-
-    return [attention.attention.instantiate(CAUSAL=True, SPLITS=1, BLOCK=128, PT="f16"), attention.attention.instantiate(CAUSAL=True, SPLITS=4, BLOCK=128, PT="f16"),
-            attention.attention_blocks.instantiate(CAUSAL=True, QT=16, KT=16, D=128, PT="f16"), movement.cache_write.instantiate(BLOCK=128, PT="f16"),
-            rope.rope_kv_cache.instantiate(ROT=128, NEOX=True, BLOCK=64, PT="f16")]
-
-
-KERNELS += _f16_pool_kernels()
-
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) is not installed here")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])

@@ -204,10 +204,13 @@ def test_rope(rng, layout, rot):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("pools", ["f32", "f16"])
 @pytest.mark.parametrize("layout,rot,dv", [("neox", 64, 64), ("interleaved", 32, 48)])
-def test_rope_kv_cache(rng, layout, rot, dv):
+def test_rope_kv_cache(rng, layout, rot, dv, pools):
     """q rotated, k rotated into its pool, v copied into its pool, one launch: the pools' other
-    slots keep their contents, a negative slot writes nothing."""
+    slots keep their contents, a negative slot writes nothing. f16 pools: k within a half's step
+    of the rotation rounded (the two rotations differ in their last f32 bits), v rounded exactly."""
+    pt = {"f32": np.float32, "f16": np.float16}[pools]
     t, hq, hkv, d, nb, bs = 5, 6, 2, 64, 4, 4
     q, k = rng.standard_normal((t, hq, d)).astype(np.float32), rng.standard_normal((t, hkv, d)).astype(np.float32)
     v = rng.standard_normal((t, hkv, dv)).astype(np.float32)
@@ -216,10 +219,10 @@ def test_rope_kv_cache(rng, layout, rot, dv):
     slots[2] = -1
     cfg = RopeConfig(rot, 10000.0, layout, YarnScaling(4.0, 4096)) if layout == "neox" else RopeConfig(rot, 10000.0, layout)
     inv, af = rope_frequencies(cfg)
-    k_pool, v_pool = rng.standard_normal((nb, bs, hkv, d)).astype(np.float32), rng.standard_normal((nb, bs, hkv, dv)).astype(np.float32)
+    k_pool, v_pool = rng.standard_normal((nb, bs, hkv, d)).astype(pt), rng.standard_normal((nb, bs, hkv, dv)).astype(pt)
     want_k, want_v = k_pool.copy(), v_pool.copy()
     q_out = poisoned((t, hq, d))
-    run_host(rope.rope_kv_cache.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=32), (t, hq + 2 * hkv),
+    run_host(rope.rope_kv_cache.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=32, PT=pools), (t, hq + 2 * hkv),
              {"q": q, "k": k, "v": v, "positions": pos, "inv_freq": inv.astype(np.float32), "slots": slots, "q_out": q_out, "k_pool": k_pool, "v_pool": v_pool},
              {"hq": hq, "hkv": hkv, "head_dim": d, "v_dim": dv, "attn_factor": af})
     rot_of = lambda x, hh: oracle(lambda b: apply_rope(b, b.input("x", "f32", [t, hh, d]), b.input("p", "i32", [t]), cfg), {"x": x, "p": pos})  # noqa: E731
@@ -228,7 +231,8 @@ def test_rope_kv_cache(rng, layout, rot, dv):
     for i, s in enumerate(slots):
         if s >= 0:
             want_k.reshape(nb * bs, hkv, d)[s], want_v.reshape(nb * bs, hkv, dv)[s] = kr[i], v[i]
-    np.testing.assert_allclose(k_pool, want_k, rtol=1e-5, atol=2e-5)
+    rtol, atol = (1e-5, 2e-5) if pools == "f32" else (2.0**-10, 2.0**-24)
+    np.testing.assert_allclose(k_pool.astype(np.float32), want_k.astype(np.float32), rtol=rtol, atol=atol)
     np.testing.assert_array_equal(v_pool, want_v)
 
 
@@ -618,18 +622,26 @@ def test_row_reductions(rng, op):
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-5)
 
 
-def test_cache_write_through_a_shuffled_slot_map(rng):
+@pytest.mark.parametrize("pools", ["f32", "f16"])
+def test_cache_write_through_a_shuffled_slot_map(rng, pools):
+    """Rows written at their slots, a negative slot skipped; into f16 pools each value rounded as
+    numpy rounds it (ties to even, subnormal halves, overflow to infinity: bit for bit)."""
     nb, bs, width, t = 6, 4, 24, 9
-    pool = rng.standard_normal((nb, bs, width)).astype(np.float32)
+    pool = rng.standard_normal((nb, bs, width)).astype({"f32": np.float32, "f16": np.float16}[pools])
     vals = rng.standard_normal((t, width)).astype(np.float32)
+    if pools == "f16":  # halves' midpoints (ties), subnormal halves, values past the largest half
+        h = rng.integers(0, 0x7BFF, 40).astype(np.uint16).view(np.float16).astype(np.float64)
+        vals[:2] = np.concatenate([((h[:-1] + np.nextafter(h[:-1].astype(np.float16), np.float16(np.inf)).astype(np.float64)) / 2)[:39],
+                                   [2.0**-24 * 1.5, -(2.0**-20) * 1.25, 3.0e-8, 65520.0, -70000.0, 65519.0, 6.0e-5, -2.0**-25, 0.0]]).astype(np.float32).reshape(2, width)
     slots = rng.permutation(nb * bs)[:t].astype(np.int32)
     slots[3] = -1
     got = pool.copy()
-    run_host(movement.cache_write.instantiate(BLOCK=32), (t,), {"values": vals, "slots": slots, "pool": got}, {"width": width})
+    run_host(movement.cache_write.instantiate(BLOCK=32, PT=pools), (t,), {"values": vals, "slots": slots, "pool": got}, {"width": width})
     b = GraphBuilder()
-    want = evaluate(b.build({"y": b.cache_write(b.input("p", "f32", [nb, bs, width]), b.input("v", "f32", [t, width]), b.input("s", "i32", [t]))}),
+    want = evaluate(b.build({"y": b.cache_write(b.input("p", pools, [nb, bs, width]), b.input("v", "f32", [t, width]), b.input("s", "i32", [t]))}),
                     {"p": pool, "v": vals, "s": slots})["y"]
-    np.testing.assert_array_equal(got, want)
+    assert got.dtype == want.dtype == pool.dtype
+    np.testing.assert_array_equal(got.view(np.uint32 if pools == "f32" else np.uint16), want.view(np.uint32 if pools == "f32" else np.uint16))
 
 
 def test_dot4_i8_sums_signed_byte_products(rng):

@@ -181,9 +181,11 @@ def _cache_dir() -> Path:
 
 @functools.cache
 def _codegen_source_hash() -> str:
-    """Artifacts depend on the stages after LLVM IR too (post-passes): their source is in the key."""
+    """Artifacts depend on the stages after LLVM IR too (post-passes): their source is in the key,
+    with the kernel-layer helpers the lowering expands (f16 rounding and encoding, half widening)."""
     h = hashlib.sha256()
-    for f in sorted(Path(__file__).parent.glob("*.py")):
+    here = Path(__file__).parent
+    for f in [*sorted(here.glob("*.py")), here.parent / "kernel" / "library" / "elementwise.py", here.parent / "kernel" / "translate.py"]:
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 

@@ -193,7 +193,7 @@ class SpirvLowerer(_Lowerer):
     def _check(self) -> None:
         k = self.k
         self._words = {p.name for p in k.buffers if p.dtype == dt.u8 and p.readonly}
-        self._halves = {p.name for p in k.buffers if p.dtype in (dt.bf16, dt.f16) and p.readonly}
+        self._halves = {p.name for p in k.buffers if p.dtype in (dt.bf16, dt.f16) and (p.readonly or p.dtype == dt.f16)}
         self._vec4 = _vec4_buffers(k) - self._words - self._halves
         for p in k.params:
             if p.name in self._words or p.name in self._halves:
@@ -205,7 +205,16 @@ class SpirvLowerer(_Lowerer):
         for sh in k.shared:
             if sh.dtype not in _MEMORY_TYPES:
                 raise self._refuse(f"shared array '{sh.name}' is {sh.dtype}; the Vulkan target handles f32 and i32")
+        pairs: set[int] = set()  # the f16 casts of values stored two halves a word: lowered with integer operations
         for st in _stmts(k.body):
+            buf = getattr(st, "buffer", None)
+            if buf in self._halves and not k.param(buf).readonly:  # a writable buffer of halves
+                if not (isinstance(st, K.VecStore) and len(st.values) == 2):
+                    raise self._refuse(f"'{buf}' holds 16-bit values: write them two at a time (vstore(buf, i, a, b), i even), "
+                                       f"so that each store is a whole 32-bit word")
+                if not all(isinstance(v, K.Cast) and v.dtype == dt.f16 and v.a.dtype == dt.f32 for v in st.values):
+                    raise self._refuse(f"values stored into '{buf}' must be f32 values converted to f16")
+                pairs |= {id(v) for v in st.values}
             if isinstance(st, K.AtomicAdd):
                 mem = k.param(st.buffer)
                 if not isinstance(mem, K.Buffer) or mem.dtype != dt.i32:
@@ -218,7 +227,7 @@ class SpirvLowerer(_Lowerer):
                 # f32(f16(x)) rounds through a half: lowered with integer operations, no f16 value
                 halves = {id(x.a) for x in _exprs(e) if _rounds_through_half(x)}
                 for x in _exprs(e):
-                    if id(x) in halves:
+                    if id(x) in halves or id(x) in pairs:
                         continue
                     if isinstance(x, K.Load) and x.buffer in self._words:
                         if id(x) not in bytes_ok:
@@ -368,6 +377,12 @@ class SpirvLowerer(_Lowerer):
         elif isinstance(st, K.VecLoad):  # element by element: the backend aborts on a vector load from an array element
             for i, name in enumerate(st.names):
                 self.stmt(K.Let(name, K.Load(st.buffer, K.Bin("add", st.index, K.Const(i, dt.i32)), st.dtype)))
+        elif isinstance(st, K.VecStore) and st.buffer in self._halves:  # two halves: one 32-bit word at i / 2
+            from ..kernel.library.elementwise import f16_bits
+
+            lo, hi = (f16_bits(v.a) for v in st.values)  # type: ignore[attr-defined]
+            word = K.Bin("or", K.Bin("and", lo, K.Const(0xFFFF, dt.i32)), K.Bin("shl", hi, K.Const(16, dt.i32)))
+            super().stmt(K.Store(st.buffer, K.Bin("shr", st.index, K.Const(1, dt.i32)), word))
         elif isinstance(st, K.VecStore):
             for i, value in enumerate(st.values):
                 self.stmt(K.Store(st.buffer, K.Bin("add", st.index, K.Const(i, dt.i32)), value))

@@ -183,8 +183,9 @@ class _Translator:
             op = "and" if isinstance(n.op, ast.And) else "or"
             out = vals[0]
             for v in vals[1:]:
-                if isinstance(out, bool) and isinstance(v, bool):
-                    out = (out and v) if op == "and" else (out or v)
+                if isinstance(out, bool) or isinstance(v, bool):  # a compile-time side decides or drops out
+                    known, other = (out, v) if isinstance(out, bool) else (v, out)
+                    out = (other if known else False) if op == "and" else (True if known else other)
                     continue
                 ea, eb = _typed(out, v)
                 if ea.dtype != dt.boolean or eb.dtype != dt.boolean:

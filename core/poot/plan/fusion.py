@@ -225,6 +225,8 @@ def recognise_rope_caches(graph: Graph) -> dict[int, RopeCache]:
                    and w.inputs[1].dtype == dt.f32 and w.inputs[0].rank == 4 and w.inputs[0].shape[2] == pool.shape[2] and w.inputs[1].node.op != "rope"), None)
         if rq is None or wv is None:
             continue
+        if pool.dtype == dt.f16 and (rk.attrs["dim"] % 4 or pool.shape[3].value % 2 or wv.inputs[0].shape[3].value % 2):
+            continue  # halves are written two at a time: the rotation in pairs of pairs, whole words
         rc = RopeCache(rq, rk, wk, wv)
         if all(u.id in rc.nodes or u.id > rc.at for m in (rq, wk, wv) for u in users[m.id]):
             found[rc.at] = rc

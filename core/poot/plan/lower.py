@@ -265,7 +265,10 @@ def _attention(n: Node) -> Launch:
 def _cache_write(n: Node) -> Launch:
     pool, vals, slots = n.inputs
     width = int(np.prod([d.value for d in pool.shape[2:]]))
-    k = movement.cache_write.instantiate(BLOCK=128, PT=_pool_type(pool, "cache_write"), VT=_pool_type(vals, "cache_write"))
+    pt = _pool_type(pool, "cache_write")
+    if pt == "f16" and width % 2:
+        raise Refusal("cache_write", "every device", f"f16 pools are written two halves at a time: rows of {width} values do not pair up")
+    k = movement.cache_write.instantiate(BLOCK=128, PT=pt, VT=_pool_type(vals, "cache_write"))
     return Launch(n, k, {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])}, lambda env: (max(1, _shape(slots, env)[0]),), lambda env: {"width": width})
 
 

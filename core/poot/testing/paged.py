@@ -70,11 +70,13 @@ def _step_against_oracle(executor, oracle, batch: StepBatch, pools, weights, ste
     return want, float(np.abs(got - want).max())
 
 
-def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Generator, vocab: int = 97, steps: int = 3) -> float:  # type: ignore[no-untyped-def]
+def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Generator, vocab: int = 97, steps: int = 3,  # type: ignore[no-untyped-def]
+                                 tie: float = 0.0) -> float:
     """Run ``executor`` (a plan of ``graph``) and the paged oracle side by side: two sequences of 11 and
     4 random tokens prefilled into one pool of shuffled 4-token blocks (every position's logits), then
-    greedy decode steps. Every step's argmax must agree; returns the largest |logit difference|,
-    after checking the executor wrote the KV pools."""
+    greedy decode steps. Every step's argmax must agree (in rows whose top two logits are more than
+    ``tie`` apart); returns the largest |logit difference|, after checking the executor wrote the KV
+    pools."""
     from ..eval.model import PagedOracle
 
     oracle = PagedOracle(graph, weights, num_blocks=24)
@@ -85,7 +87,7 @@ def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Genera
     worst = 0.0
     for step in range(steps):
         batch = pages.step(chunks, all_logits=step == 0, width=8)
-        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step)
+        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
         worst = max(worst, diff)
         rows = batch.seq_ids[batch.logit_rows]
         chunks = [[int(want[np.nonzero(rows == s)[0][-1]].argmax())] for s in range(2)]

@@ -30,6 +30,20 @@ def test_families_on_vulkan_match_the_oracle(vulkan, name, tmp_path, rng):
     assert worst < 1e-4
 
 
+@pytest.mark.parametrize("name", ["llama", "deepseek_v2"])
+def test_f16_kv_pools_on_vulkan_match_the_oracle(vulkan, name, tmp_path, rng):
+    """KV pools of halves (``kv_dtype="f16"``): written two halves to a 32-bit word (the SPIR-V target
+    stores no 16-bit values), read as halves of words; logits within the f16-pool bound (docs/NUMERICS.md)."""
+    from poot_vulkan.executor import VulkanExecutor
+
+    g, w = synthetic_graph(name, tmp_path / name, int(rng.integers(0, 2**31)), cache_dtype="f16")
+    ex = VulkanExecutor(compile_plan(g, vulkan))
+    worst = two_sequences_against_oracle(ex, g, w, rng, tie=2e-3)
+    ex.close()
+    print(f"{name} with f16 pools on vulkan:0: max |dlogit| {worst:.2g}")
+    assert worst < 2e-3
+
+
 def test_device_local_buffers_written_through_staging_match_the_oracle(vulkan, tmp_path, rng):
     """The path a discrete GPU takes (weights, pools, arena and scalars in device-local memory written
     by copy commands through a staging buffer, outputs copied back by the step itself), forced on

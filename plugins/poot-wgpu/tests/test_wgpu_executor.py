@@ -29,6 +29,19 @@ def test_families_on_wgpu_match_the_oracle(adapter, name, tmp_path, rng):
     assert worst < 1e-4
 
 
+def test_f16_kv_pools_on_wgpu_match_the_oracle(adapter, tmp_path, rng):
+    """KV pools of halves, written two to a 32-bit word and read as halves of words, through naga:
+    logits within the f16-pool bound (docs/NUMERICS.md)."""
+    from poot_wgpu.executor import WgpuExecutor
+
+    g, w = synthetic_graph("gemma3", tmp_path / "gemma3", int(rng.integers(0, 2**31)), cache_dtype="f16")
+    ex = WgpuExecutor(compile_plan(g, adapter))
+    worst = two_sequences_against_oracle(ex, g, w, rng, tie=2e-3)
+    ex.close()
+    print(f"gemma3 with f16 pools on wgpu:0: max |dlogit| {worst:.2g}")
+    assert worst < 2e-3
+
+
 def test_a_step_is_profiled_with_timestamp_queries(adapter, tmp_path, rng):
     """Each launch timed in a compute pass of its own; WebGPU timestamps are nanoseconds, so the
     launches' sum is a fraction of the wall time profile() took for three runs."""

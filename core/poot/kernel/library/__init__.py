@@ -35,6 +35,12 @@ def catalogue() -> list[Kernel]:
         movement.reduce_rows.instantiate(OP="mean", BLOCK=128),
         movement.reduce_rows.instantiate(OP="max", BLOCK=128),
         movement.cache_write.instantiate(BLOCK=128),
+        # KV pools of halves (kv_dtype="f16"): written two halves at a time, widened as read
+        movement.cache_write.instantiate(BLOCK=128, PT="f16"),
+        rope.rope_kv_cache.instantiate(ROT=128, NEOX=True, BLOCK=64, PT="f16"),
+        rope.rope_kv_cache.instantiate(ROT=64, NEOX=False, BLOCK=32, PT="f16"),
+        attention.attention.instantiate(CAUSAL=True, SPLITS=4, BLOCK=128, PT="f16"),
+        attention.attention_blocks.instantiate(CAUSAL=True, QT=16, KT=16, D=64, PT="f16"),
     ]
     for q in sorted(BODIES):
         bs, bb, _ = BODIES[q]

@@ -145,3 +145,22 @@ def round_f16(e: K.Expr) -> K.Expr:
     out = K.Select(K.Bin("ge", mag, i(0x477FF000)), K.Bin("or", sign, i(0x7F800000)), out)
     out = K.Select(K.Bin("ge", mag, i(0x7F800000)), bits, out)
     return K.Bitcast(out, dt.f32)
+
+
+def f16_bits(e: K.Expr) -> K.Expr:
+    """The 16 bits (in the low half of an i32) of the IEEE half nearest an f32 (ties to even), with
+    integer and f32 operations only: ``round_f16``'s value re-encoded (exponent rebiased for
+    normals, mantissa times 2^24 for subnormals, infinity and NaN kept as such)."""
+    i = lambda v: K.Const(v, dt.i32)  # noqa: E731
+    bits = K.Bitcast(round_f16(e), dt.i32)
+    sign = K.Bin("and", K.Bin("shr", bits, i(16)), i(0x8000))
+    mag = K.Bin("and", bits, i(0x7FFFFFFF))
+    man = K.Bin("and", K.Bin("shr", mag, i(13)), i(0x3FF))
+    normal = K.Bin("or", K.Bin("shl", K.Bin("sub", K.Bin("shr", mag, i(23)), i(112)), i(10)), man)
+    # below 2^-14: the count of 2^-24 steps, rounded by rint from the value itself (scaling by 2^24 is
+    # exact); round_f16's own subnormal rounding adds and removes 0.5, which a SPIR-V driver may fold
+    tiny = K.Cast(K.Un("rint", K.Bin("mul", K.Un("abs", e), K.Const(16777216.0, dt.f32))), dt.i32)
+    special = K.Bin("or", K.Bin("or", i(0x7C00), man), K.Select(K.Bin("gt", mag, i(0x7F800000)), i(0x200), i(0)))
+    out = K.Select(K.Bin("ge", mag, i(0x38800000)), normal, tiny)
+    out = K.Select(K.Bin("ge", mag, i(0x7F800000)), special, out)
+    return K.Bin("or", sign, out)

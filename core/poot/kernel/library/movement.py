@@ -48,12 +48,17 @@ def reduce_rows(x: In[f32], y: Out[f32], cols: i32, OP: Const = "sum", BLOCK: Co
 @kernel(workgroup=("BLOCK", 1, 1))
 def cache_write(values: In["VT"], slots: In[i32], pool: Out["PT"], width: i32, BLOCK: Const = 128, PT: Const = "f32", VT: Const = "f32"):
     """pool[slots[t], :] = values[t, :] for each new token t (a negative slot skips it), converted
-    from ``VT`` to the pool's type ``PT`` (f32 or f16: rounded to nearest even); grid (tokens,)."""
+    from ``VT`` to the pool's type ``PT`` (f32 or f16: rounded to nearest even); grid (tokens,).
+    Halves are written two at a time (``width`` even), so a thread writes whole 32-bit words."""
     t = group_id(0)
     s = slots[t]
     if s >= 0:
-        for c in range(thread_id(0), width, BLOCK):
-            pool[s * width + c] = f32(values[t * width + c])
+        if PT == "f16":
+            for c in range(2 * thread_id(0), width, 2 * BLOCK):
+                vstore(pool, s * width + c, f32(values[t * width + c]), f32(values[t * width + c + 1]))
+        else:
+            for c in range(thread_id(0), width, BLOCK):
+                pool[s * width + c] = f32(values[t * width + c])
 
 
 @kernel(workgroup=(1, 1, 1))

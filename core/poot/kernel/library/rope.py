@@ -37,7 +37,9 @@ def rope_kv_cache(q: In[f32], k: In[f32], v: In[f32], positions: In[i32], inv_fr
                   ROT: Const = 64, NEOX: Const = True, BLOCK: Const = 64, PT: Const = "f32"):
     """Grid (tokens, hq + 2 hkv): workgroup (t, h) rotates query head h into q_out, key head h - hq
     into the k pool at the token's slot, or copies value head h - hq - hkv into the v pool there (a
-    negative slot writes no k or v); the pools hold ``PT`` values (f32, or f16 rounded to nearest even)."""
+    negative slot writes no k or v); the pools hold ``PT`` values (f32, or f16 rounded to nearest
+    even, written two at a time so that a thread writes whole 32-bit words: ``ROT`` a multiple of 4,
+    head widths even)."""
     t = group_id(0)
     h = group_id(1)
     s = slots[t]
@@ -56,7 +58,34 @@ def rope_kv_cache(q: In[f32], k: In[f32], v: In[f32], positions: In[i32], inv_fr
             q_out[b] = x2 * cs + x1 * sn
         for i in range(ROT + thread_id(0), head_dim, BLOCK):
             q_out[src + i] = q[src + i]
-    if h >= hq and h < hq + hkv and s >= 0:  # flat conditions: SPIR-V wants structured exits
+    if PT == "f16" and h >= hq and h < hq + hkv and s >= 0:  # halves: whole words, two rotations a thread
+        src = (t * hkv + h - hq) * head_dim
+        dst = (s * hkv + h - hq) * head_dim
+        for j in range(thread_id(0), ROT // 4, BLOCK):
+            i = 2 * j
+            ang0 = pos * inv_freq[i]
+            ang1 = pos * inv_freq[i + 1]
+            c0 = cos(ang0) * attn_factor
+            s0 = sin(ang0) * attn_factor
+            c1 = cos(ang1) * attn_factor
+            s1 = sin(ang1) * attn_factor
+            if NEOX:  # pairs (i, i + ROT / 2) and (i + 1, i + 1 + ROT / 2): the words at i and i + ROT / 2
+                x1a = k[src + i]
+                x1b = k[src + i + 1]
+                x2a = k[src + i + ROT // 2]
+                x2b = k[src + i + 1 + ROT // 2]
+                vstore(k_pool, dst + i, x1a * c0 - x2a * s0, x1b * c1 - x2b * s1)
+                vstore(k_pool, dst + i + ROT // 2, x2a * c0 + x1a * s0, x2b * c1 + x1b * s1)
+            else:  # pairs (2i, 2i + 1) and (2i + 2, 2i + 3): two words
+                x1a = k[src + 2 * i]
+                x2a = k[src + 2 * i + 1]
+                x1b = k[src + 2 * i + 2]
+                x2b = k[src + 2 * i + 3]
+                vstore(k_pool, dst + 2 * i, x1a * c0 - x2a * s0, x2a * c0 + x1a * s0)
+                vstore(k_pool, dst + 2 * i + 2, x1b * c1 - x2b * s1, x2b * c1 + x1b * s1)
+        for i in range(ROT + 2 * thread_id(0), head_dim, 2 * BLOCK):
+            vstore(k_pool, dst + i, k[src + i], k[src + i + 1])
+    if PT != "f16" and h >= hq and h < hq + hkv and s >= 0:  # flat conditions: SPIR-V wants structured exits
         src = (t * hkv + h - hq) * head_dim
         dst = (s * hkv + h - hq) * head_dim
         for i in range(thread_id(0), ROT // 2, BLOCK):
@@ -73,5 +102,9 @@ def rope_kv_cache(q: In[f32], k: In[f32], v: In[f32], positions: In[i32], inv_fr
             k_pool[dst + i] = k[src + i]
     if h >= hq + hkv and s >= 0:
         hv = h - hq - hkv
-        for i in range(thread_id(0), v_dim, BLOCK):
-            v_pool[(s * hkv + hv) * v_dim + i] = v[(t * hkv + hv) * v_dim + i]
+        if PT == "f16":
+            for i in range(2 * thread_id(0), v_dim, 2 * BLOCK):
+                vstore(v_pool, (s * hkv + hv) * v_dim + i, v[(t * hkv + hv) * v_dim + i], v[(t * hkv + hv) * v_dim + i + 1])
+        else:
+            for i in range(thread_id(0), v_dim, BLOCK):
+                v_pool[(s * hkv + hv) * v_dim + i] = v[(t * hkv + hv) * v_dim + i]
