@@ -274,18 +274,21 @@ def _paged_case(rng, v, bs=4):
 
 
 @pytest.mark.parametrize("splits", [1, 3, "lanes", "blocks"])
-@pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
+@pytest.mark.parametrize("mask,pools", [("causal", "f32"), ("window+softcap", "f32"), ("full", "f32"), ("window+softcap", "f16")])
 @pytest.mark.parametrize("variant", sorted(ATTN))
-def test_paged_attention(rng, variant, mask, splits):
-    """The GPU-style kernel (one pass, or split context + merge) and the host's lane schedule."""
+def test_paged_attention(rng, variant, mask, pools, splits):
+    """The GPU-style kernel (one pass, or split context + merge) and the host's lane schedule (a KV
+    head's query heads together); pools of f32, or of f16 (kv_dtype="f16") widened as read."""
     v = ATTN[variant]
     data, bs, mb = _paged_case(rng, v)
+    if pools == "f16":
+        data.update({n: data[n].astype(np.float16) for n in ("k", "v", "ks")})
     T = len(data["seq_ids"])
     causal, window, softcap, scale = mask != "full", 9 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
     bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": data["ks"], "positions": data["positions"], "seq_ids": data["seq_ids"],
             "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"]}
     if splits == "blocks":  # query tokens in blocks sharing key tiles; the tokens are shuffled, so blocks mix sequences
-        k = attn_lib.attention_blocks.instantiate(CAUSAL=causal, QT=4, KT=8, D=64)
+        k = attn_lib.attention_blocks.instantiate(CAUSAL=causal, QT=4, KT=8, D=64, PT=pools)
         out = bufs["out"] = poisoned((T, v["hq"], v["dv"]))
         sc = {"ntok": T, "hq": v["hq"], "hkv": v["hkv"], "dk": v["dk"], "dv": v["dv"], "dr": v["dr"], "bs": bs, "mb": mb, "scale": scale,
               "window": window, "softcap": softcap}
@@ -294,13 +297,14 @@ def test_paged_attention(rng, variant, mask, splits):
     elif splits == "lanes":
         if os.environ.get("POOT_TEST_DEVICE", "cpu") != "cpu":
             pytest.skip("the lane schedule is the host's (one thread a workgroup); GPU plans use the other two")
-        k = attn_lib.attention_lanes.instantiate(HQ=v["hq"], HKV=v["hkv"], DK=v["dk"], DV=v["dv"], DR=v["dr"], BS=bs, CAUSAL=causal, TILE=16)
+        gq = v["hq"] // v["hkv"] if mask != "causal" else 1  # a KV head's query heads together, or one a workgroup
+        k = attn_lib.attention_lanes.instantiate(HQ=v["hq"], HKV=v["hkv"], DK=v["dk"], DV=v["dv"], DR=v["dr"], BS=bs, CAUSAL=causal, TILE=16, PT=pools, GQ=gq)
         out = bufs["out"] = poisoned((T, v["hq"], v["dv"]))
-        run_host(k, (T, v["hq"]), bufs, {"mb": mb, "scale": scale, "window": window, "softcap": softcap})
+        run_host(k, (T, v["hq"] // gq), bufs, {"mb": mb, "scale": scale, "window": window, "softcap": softcap})
         splits = 1
     else:
         block = 64 if v["dv"] <= 64 else 128
-        k = attn_lib.attention.instantiate(CAUSAL=causal, SPLITS=splits, BLOCK=block)
+        k = attn_lib.attention.instantiate(CAUSAL=causal, SPLITS=splits, BLOCK=block, PT=pools)
         out = poisoned((T, v["hq"], splits * v["dv"]) if splits > 1 else (T, v["hq"], v["dv"]))
         pm, pl = poisoned((T * v["hq"] * splits,)), poisoned((T * v["hq"] * splits,))
         bufs.update(out=out, part_m=pm, part_l=pl)
@@ -312,7 +316,7 @@ def test_paged_attention(rng, variant, mask, splits):
         out = final
     graph_data = {n: a for n, a in data.items() if n != "ks" or v["dr"]}
     b = GraphBuilder()
-    ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in graph_data.items()}
+    ins = {n: b.input(n, {"float32": "f32", "float16": "f16"}.get(a.dtype.name, "i32"), list(a.shape)) for n, a in graph_data.items()}
     y = b.attention(ins["q"], ins["k"], ins["v"], k_shared=ins["ks"] if v["dr"] else None, positions=ins["positions"], seq_ids=ins["seq_ids"],
                     ctx_lens=ins["ctx_lens"], block_tables=ins["block_tables"], causal=causal, window=window or None, softcap=softcap or None, scale=scale)
     want = evaluate(b.build({"y": y}), graph_data)["y"]

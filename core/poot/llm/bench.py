@@ -51,18 +51,21 @@ def measure_engine(handle, prompts: Sequence[Sequence[int]], decode: int, rounds
 _PEER = textwrap.dedent(
     """
     import json, statistics, sys, time
+    import numpy as np
     from llama_cpp import Llama
     path, threads, prompt, decode, rounds = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
     llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512, n_ubatch=512, verbose=False)
+    # the last evaluated token's logits, from the context (llama-cpp-python keeps its ``scores`` only with logits_all)
+    last = lambda: int(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).argmax())
     pre, dec = [], []
     for _ in range(rounds + 1):
         llm.reset()
         t = time.perf_counter(); llm.eval(prompt); p = time.perf_counter() - t
-        tok = int(llm.scores[llm.n_tokens - 1].argmax())
+        tok = last()
         t = time.perf_counter()
         for i in range(decode - 1):
             llm.eval([tok])
-            tok = int(llm.scores[llm.n_tokens - 1].argmax())
+            tok = last()
         d = time.perf_counter() - t
         pre.append(len(prompt) / p); dec.append((decode - 1) / d)
     print(json.dumps({"prefill": statistics.median(pre[1:]), "decode": statistics.median(dec[1:]), "version": __import__("llama_cpp").__version__}))

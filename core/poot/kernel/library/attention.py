@@ -143,16 +143,21 @@ def attention_merge(part_acc: In[f32], part_m: In[f32], part_l: In[f32], out: Ou
 @kernel(workgroup=(1, 1, 1))
 def attention_lanes(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In["PT"], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
                     block_tables: In[i32], out: Out[f32], mb: i32, scale: f32, window: i32, softcap: f32,
-                    HQ: Const = 8, HKV: Const = 8, DK: Const = 64, DV: Const = 64, DR: Const = 0, BS: Const = 16, CAUSAL: Const = True, TILE: Const = 16, PT: Const = "f32"):
-    """The same attention scheduled for a CPU core: one workgroup per (query token, query head), head
-    dimensions static, so dot products and the value accumulation run as 16-lane vectors; the
-    context is scored TILE positions at a time (one rescale per tile). Grid (tokens, HQ)."""
+                    HQ: Const = 8, HKV: Const = 8, DK: Const = 64, DV: Const = 64, DR: Const = 0, BS: Const = 16, CAUSAL: Const = True, TILE: Const = 16, PT: Const = "f32", GQ: Const = 1):
+    """The same attention scheduled for a CPU core: one workgroup per (query token, GQ query heads
+    of one KV head), those heads scored together, so each key and value is read (and widened) once
+    for all of them; head dimensions static, so dot products and the value accumulation run as
+    16-lane vectors; the context is scored TILE positions at a time (one rescale per tile). Grid
+    (tokens, HQ / GQ); GQ divides HQ / HKV."""
     t = group_id(0)
-    h = group_id(1)
-    acc = shared(f32, DV)
-    lanes = shared(f32, 16)
-    sc = shared(f32, TILE)
-    g = h // (HQ // HKV)
+    h0 = group_id(1) * GQ  # the workgroup's first query head
+    g = h0 // (HQ // HKV)
+    acc = shared(f32, GQ * DV)
+    lanes = shared(f32, GQ * 16)
+    sc = shared(f32, GQ * TILE)
+    mh = shared(f32, GQ)  # per query head: running max, sum, the tile's max
+    lh = shared(f32, GQ)
+    tmx = shared(f32, GQ)
     s = seq_ids[t]
     pos = positions[t]
     end = ctx_lens[s]
@@ -161,54 +166,68 @@ def attention_lanes(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In[
     start = 0
     if window > 0:
         start = max(0, pos - window + 1)
-    qb = (t * HQ + h) * (DK + DR)
-    for d in range(DV):
+    qb = (t * HQ + h0) * (DK + DR)  # head h0 + hh at qb + hh * (DK + DR)
+    for d in range(GQ * DV):
         acc[d] = 0.0
-    m = -3.0e38
-    l = 0.0
+    for hh in static_range(GQ):
+        mh[hh] = -3.0e38
+        lh[hh] = 0.0
     for j0 in range(start, end, TILE):
         n = min(TILE, end - j0)
-        tmax = -3.0e38
+        for hh in static_range(GQ):
+            tmx[hh] = -3.0e38
         for jj in range(n):
             j = j0 + jj
             slot = block_tables[s * mb + j // BS] * BS + j % BS
             kb = (slot * HKV + g) * DK
-            for i in range(16):
+            for i in range(GQ * 16):
                 lanes[i] = 0.0
             for c in static_range(DK // 16):
                 for i in range(16):
-                    lanes[i] += q[qb + c * 16 + i] * f32(k_pool[kb + c * 16 + i])
+                    kv = f32(k_pool[kb + c * 16 + i])
+                    for hh in static_range(GQ):
+                        lanes[hh * 16 + i] += q[qb + hh * (DK + DR) + c * 16 + i] * kv
             for d in range(DK // 16 * 16, DK):
-                lanes[0] += q[qb + d] * f32(k_pool[kb + d])
+                kv = f32(k_pool[kb + d])
+                for hh in static_range(GQ):
+                    lanes[hh * 16] += q[qb + hh * (DK + DR) + d] * kv
             for d in range(DR):
-                lanes[0] += q[qb + DK + d] * f32(ks_pool[slot * DR + d])
-            for w in static_range(4):
-                for i in range(8 >> w):
-                    lanes[i] += lanes[i + (8 >> w)]
-            x = lanes[0] * scale
-            if softcap > 0.0:
-                x = tanh(x / softcap) * softcap
-            sc[jj] = x
-            tmax = max(tmax, x)
-        m_new = max(m, tmax)
-        corr = exp(m - m_new)
-        l = l * corr
-        for d in range(DV):
-            acc[d] = acc[d] * corr
+                kv = f32(ks_pool[slot * DR + d])
+                for hh in static_range(GQ):
+                    lanes[hh * 16] += q[qb + hh * (DK + DR) + DK + d] * kv
+            for hh in static_range(GQ):
+                for w in static_range(4):
+                    for i in range(8 >> w):
+                        lanes[hh * 16 + i] += lanes[hh * 16 + i + (8 >> w)]
+                x = lanes[hh * 16] * scale
+                if softcap > 0.0:
+                    x = tanh(x / softcap) * softcap
+                sc[hh * TILE + jj] = x
+                tmx[hh] = max(tmx[hh], x)
+        for hh in static_range(GQ):
+            m_new = max(mh[hh], tmx[hh])
+            corr = exp(mh[hh] - m_new)
+            lh[hh] = lh[hh] * corr
+            mh[hh] = m_new
+            for d in range(DV):
+                acc[hh * DV + d] = acc[hh * DV + d] * corr
         for jj in range(n):
-            p = exp(sc[jj] - m_new)
-            l += p
             j = j0 + jj
             vb = ((block_tables[s * mb + j // BS] * BS + j % BS) * HKV + g) * DV
+            for hh in static_range(GQ):
+                sc[hh * TILE + jj] = exp(sc[hh * TILE + jj] - mh[hh])  # the weight p
+                lh[hh] += sc[hh * TILE + jj]
             for d in range(DV):
-                acc[d] += p * f32(v_pool[vb + d])
-        m = m_new
-    ob = (t * HQ + h) * DV
-    for d in range(DV):
-        if l > 0.0:
-            out[ob + d] = acc[d] / l
-        else:
-            out[ob + d] = 0.0
+                vv = f32(v_pool[vb + d])
+                for hh in static_range(GQ):
+                    acc[hh * DV + d] += sc[hh * TILE + jj] * vv
+    for hh in static_range(GQ):
+        ob = (t * HQ + h0 + hh) * DV
+        for d in range(DV):
+            if lh[hh] > 0.0:
+                out[ob + d] = acc[hh * DV + d] / lh[hh]
+            else:
+                out[ob + d] = 0.0
 
 
 @kernel(workgroup=(128, 1, 1))
