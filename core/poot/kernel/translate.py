@@ -19,9 +19,9 @@ from . import ir
 
 __all__ = ["KernelSyntaxError", "InlineFunction", "translate", "expand_half_to_f32", "DTYPES"]
 
+
 class KernelSyntaxError(PootError):
     """Python outside the kernel subset, located by file and line."""
-
 
 
 DTYPES = {"f32": dt.f32, "f16": dt.f16, "bf16": dt.bf16, "f64": dt.f64, "i32": dt.i32, "i64": dt.i64, "i8": dt.i8, "u8": dt.u8, "bool": dt.boolean}
