@@ -25,6 +25,7 @@ import numpy as np
 
 import poot
 from poot.llm.bench import llamacpp_python, measure_engine, measure_llamacpp
+from poot.llm.handle import KV_DTYPES
 from poot.load import resolve_model
 
 
@@ -47,7 +48,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--kv-dtype", choices=("f32", "f16"), default="f32", help="poot's KV cache type (llama.cpp's default cache is f16)")
+    ap.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32", help="poot's KV cache type (llama.cpp's default cache is f16)")
     ap.add_argument("--peer-python", help="an interpreter with llama_cpp importable (default: this one, installing it if needed)")
     ap.add_argument("--record", action="store_true", help="append the results to docs/PERFORMANCE.md")
     args = ap.parse_args()

@@ -20,7 +20,6 @@ KERNELS = catalogue()
 IDS = [k.name for k in KERNELS]
 
 
-
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) is not installed here")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 def test_ptx_accepted_by_ptxas(arch, tmp_path):

@@ -40,7 +40,7 @@ from typing import Any
 from ..graph.dtypes import DType
 from . import ir
 from .translate import DTYPES as _DTYPES
-from .translate import InlineFunction, KernelSyntaxError, _Ctx, translate
+from .translate import Context, InlineFunction, KernelSyntaxError, translate
 from .verify import verify_kernel
 
 __all__ = ["kernel", "inline", "KernelTemplate", "KernelSyntaxError", "InlineFunction", "In", "Out", "Const"]
@@ -137,7 +137,7 @@ class KernelTemplate:
                 raise KernelSyntaxError(f"kernel {self.name}: parameter '{name}' has annotation {ann!r}; use In[T], Out[T], a dtype or Const")
         if constants:
             raise KernelSyntaxError(f"kernel {self.name}: unknown constants {sorted(constants)}")
-        ctx = _Ctx(self.file, self.line0, consts, buffers, scalars, {}, {}, names=self.fn.__globals__)
+        ctx = Context(self.file, self.line0, consts, buffers, scalars, {}, {}, names=self.fn.__globals__)
         body = translate(ctx, self.tree.body)
         wg = tuple(consts[w] if isinstance(w, str) else w for w in self.workgroup)
         defaults = {name: d for name, ann, d in self.params if isinstance(ann, _ConstAnn)}

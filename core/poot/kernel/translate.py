@@ -17,7 +17,7 @@ from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from . import ir
 
-__all__ = ["KernelSyntaxError", "InlineFunction", "translate", "expand_half_to_f32", "DTYPES"]
+__all__ = ["KernelSyntaxError", "InlineFunction", "Context", "translate", "expand_half_to_f32", "DTYPES"]
 
 
 class KernelSyntaxError(PootError):
@@ -81,7 +81,10 @@ class _Rename(ast.NodeTransformer):
 
 
 @dataclass
-class _Ctx:
+class Context:
+    """What a kernel's translation knows: its source location, compile-time constants, parameters,
+    locals and shared arrays so far, and its module's names."""
+
     file: str
     line0: int
     consts: dict[str, Any]
@@ -115,14 +118,14 @@ def _typed(a: Value, b: Value) -> tuple[ir.Expr, ir.Expr]:
     return (a if ta else _lit(a, tb)), (b if tb else _lit(b, ta))
 
 
-def translate(ctx: _Ctx, body: list[ast.stmt]) -> list[ir.Stmt]:
+def translate(ctx: Context, body: list[ast.stmt]) -> list[ir.Stmt]:
     """Kernel IR statements for a kernel function's ``body`` in the context ``ctx`` (its parameters,
     constants and module globals); ``ctx`` collects the shared arrays it declares."""
     return _Translator(ctx).block(body)
 
 
 class _Translator:
-    def __init__(self, ctx: _Ctx) -> None:
+    def __init__(self, ctx: Context) -> None:
         self.c = ctx
         self.pending: list[ir.Stmt] = []  # an inline call's statements, placed before the statement that calls it
         self.inlining: list[str] = []

@@ -23,6 +23,7 @@ from ..load import open_model
 from ..models import StepShapes, family_for
 from ..plan import compile_plan
 from ..plan.common import check_matmul_precision
+from ..plan.lower import POOL_TYPES
 from ..plugins import host
 from ..runtime import Device, get_device
 from ..runtime.executor import Executor
@@ -32,7 +33,7 @@ from .engine import Engine, Event
 from .kv import BlockPool
 from .params import MAX_LOGPROBS, ParameterError, SamplingParams
 
-KV_DTYPES = ("f32", "f16")  # what the KV pools may hold: f16 halves their memory (values rounded to nearest even as written)
+KV_DTYPES = POOL_TYPES  # what the KV pools may hold (the kernels' pool types): f16 halves their memory, values rounded as written
 
 __all__ = ["ModelHandle", "Completion", "load", "parse_bytes"]
 

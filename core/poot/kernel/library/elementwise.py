@@ -149,8 +149,9 @@ def round_f16(e: K.Expr) -> K.Expr:
 
 def f16_bits(e: K.Expr) -> K.Expr:
     """The 16 bits (in the low half of an i32) of the IEEE half nearest an f32 (ties to even), with
-    integer and f32 operations only: ``round_f16``'s value re-encoded (exponent rebiased for
-    normals, mantissa times 2^24 for subnormals, infinity and NaN kept as such)."""
+    integer and f32 operations only: normals from ``round_f16``'s value re-encoded (exponent
+    rebiased), subnormals as the value's count of 2^-24 steps rounded by ``rint``, infinity and NaN
+    kept as such."""
     i = lambda v: K.Const(v, dt.i32)  # noqa: E731
     bits = K.Bitcast(round_f16(e), dt.i32)
     sign = K.Bin("and", K.Bin("shr", bits, i(16)), i(0x8000))
