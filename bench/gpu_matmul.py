@@ -58,6 +58,25 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                 kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=True)
                 out.append((kern.name + "+q8", (q8, kern),
                             lambda n, kern=kern, mr=mr: ((-(-rows * k // 4 // G.Q8_THREADS),), (-(-n // (kern.threads // 32)), -(-rows // mr)))))
+        else:  # the streaming tensor-core GEMM dequantizing in registers, x split once (both terms, or rounded)
+            for terms in (True, False):
+                pre = M.split_bf16x2(k) if terms else M.split_bf16x2(k, 1)
+                for mt, tn, wk in ((1, 4, 8), (2, 4, 8), (2, 2, 8), (4, 2, 8), (4, 4, 8), (2, 8, 8), (4, 1, 16), (2, 4, 16), (2, 2, 16)):
+                    if 16 * mt > 2 * max(16, rows) or k % (64 * wk):
+                        continue
+                    kern = M.gemm_warp(k, mt, tn, wk, split=terms, xsplit=True, qtype="q4_k")
+                    out.append((kern.name + ("+split" if terms else "+round"), (pre, kern),
+                                lambda n, mt=mt, tn=tn: ((-(-rows * k // 8 // M.SPLIT_THREADS),), (-(-rows // (16 * mt)), -(-n // (8 * tn))))))
+                for parts in (1, 2, 4, 8) if wgmma else ():  # Hopper: the warpgroup GEMM dequantizing in workgroup memory
+                    if k % (64 * parts) == 0:
+                        kern = W.gemm_wgmma_q4_k(k, terms, parts)
+                        sx = (-(-rows * k // 8 // M.SPLIT_THREADS),)
+                        g = lambda n, parts=parts: (-(-n // W.Q4_K_WGMMA_BN), -(-rows // 64), parts)  # noqa: E731
+                        if parts == 1:
+                            out.append((kern.name + "+x", (pre, kern), lambda n, g=g: (sx, g(n))))
+                        else:
+                            out.append((kern.name + "+x+sum", (pre, kern, M.sum_parts(parts)),
+                                        lambda n, g=g: (sx, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
         return out
     if rows <= 4:
         mr = 1 if rows == 1 else 4

@@ -25,11 +25,12 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("path")
     ap.add_argument("--near", type=float, default=1e-3, help="largest log-probability gap counted as a tie (docs/NUMERICS.md)")
+    ap.add_argument("--kv-dtype", default="f32", help="the KV cache's element type on both devices (f32 or f16)")
     args = ap.parse_args()
     results = {}
     for dev in ("cpu", "cuda:0"):
         params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True, logprobs=5 if dev == "cpu" else None)
-        m = poot.load(args.path, dev, max_seqs=len(PROMPTS), max_context=256, progress=False)
+        m = poot.load(args.path, dev, max_seqs=len(PROMPTS), max_context=256, progress=False, kv_dtype=args.kv_dtype)
         m.complete(PROMPTS[:1], SamplingParams(temperature=0, max_tokens=4), raw=True)  # warm: captures
         t = time.perf_counter()
         results[dev] = m.complete(PROMPTS, params, raw=True)
@@ -48,7 +49,7 @@ def main() -> int:
         ties += tie
         print(f"{p!r}: differs at token {diff}: cpu {a.tokens[diff]}, cuda:0 {b.tokens[diff]}, "
               f"log-probability gap on the cpu {gap:.3g} ({'a near tie' if tie else 'NOT a near tie'}); equal before it")
-    print(f"greedy tokens cuda:0 vs cpu: {equal}/{len(PROMPTS)} prompts equal, {ties} first differences at near ties")
+    print(f"greedy tokens cuda:0 vs cpu ({args.kv_dtype} KV cache): {equal}/{len(PROMPTS)} prompts equal, {ties} first differences at near ties")
     return 0 if equal + ties == len(PROMPTS) else 1
 
 

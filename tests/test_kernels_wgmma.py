@@ -15,7 +15,7 @@ import pytest
 from poot.codegen import compile_kernel
 from poot.codegen.targets import target
 from poot.kernel.library.linear_mma import SPLIT_THREADS, sum_parts
-from poot.kernel.library.linear_wgmma import WGMMA_BM, gemm_wgmma, wgmma_config
+from poot.kernel.library.linear_wgmma import Q4_K_WGMMA_BN, WGMMA_BM, gemm_wgmma, gemm_wgmma_q4_k, wgmma_config
 from poot.testing.kernels import assert_f32_sum_close as _close
 from poot.testing.kernels import bf16_round, features_under_test, poisoned, run_host, split_reference
 from poot.testing.kernels import random_bf16 as _bf16
@@ -132,3 +132,52 @@ def test_swizzled_operands_declared_statically_are_aligned_to_their_atoms():
     assert sum(4 * sh.size for sh in kern.shared) == 48 * 1024 and shared_layout(kern, target("nvptx:sm_90a")) == ({}, 0)
     ptx = compile_kernel(kern, target("nvptx:sm_90a"), use_cache=False).data.decode()
     assert ptx.count(".shared .align 1024") == len(kern.shared) == 2
+
+
+@pytest.mark.parametrize("split,parts", [(True, 1), (False, 4)])
+def test_q4_k_wgmma_compiles_for_sm_90a(split, parts):
+    """The Q4_K warpgroup GEMM: wgmma on the bf16 tiles its threads write from Q4_K blocks that
+    cp.async brought in (no global load outside the copies), within 96 registers' reach of three
+    workgroups an SM (no spills) and a refusal for K that is not whole blocks."""
+    kern = gemm_wgmma_q4_k(4096, split, parts)
+    text = compile_kernel(kern, target("nvptx:sm_90a"), use_cache=False).data.decode()
+    ptx = " ".join(text.split())
+    assert f"wgmma.mma_async.sync.aligned.m64n{Q4_K_WGMMA_BN}k16.f32.bf16.bf16" in ptx
+    assert "ld.global" not in ptx and "cp.async.cg.shared.global" in ptx and "st.shared.v4" in ptx and "fence.proxy.async.shared::cta" in ptx
+    assert sum(4 * sh.size for sh in kern.shared) <= 76 * 1024  # three workgroups an SM
+    ptxas = shutil.which("ptxas")
+    if ptxas:
+        out = subprocess.run([ptxas, "-arch=sm_90a", "-v", "-o", os.devnull, "-"], input=text.encode(), capture_output=True, check=True).stderr.decode()
+        assert " 0 bytes spill stores" in out and "serialized" not in out, out
+    with pytest.raises(ValueError, match="multiple of 256"):
+        gemm_wgmma_q4_k(4160)
+    with pytest.raises(ValueError, match="K split"):
+        gemm_wgmma_q4_k(512, ksplit=16)
+
+
+@wgmma_only
+@pytest.mark.parametrize("split", [True, False])
+@pytest.mark.parametrize("parts", [1, 2, 8])
+@pytest.mark.parametrize("m,n,k", [(5, 44, 512), (64, 136, 4096), (40, 24, 14336), (17, 300, 2048), (64, 128, 256)])
+def test_q4_k_wgmma_matches_the_product_of_the_dequantized_weights(rng, split, parts, m, n, k):
+    """Q4_K blocks dequantized to bf16 in workgroup memory, K summed in the order the quant bytes
+    hold it: within the f32-summation bound of x (two bf16 terms, or rounded) times the nearest
+    bf16 of gguf's dequantization, every output written; each K part its own slice."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    from poot.quant import quantization
+
+    if k % (64 * parts):
+        pytest.skip(f"K {k} does not split in {parts} parts of whole chunks")
+    raw = quantization("q4_k").quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32))
+    w = bf16_round(gq.dequantize(raw, GGMLQuantizationType.Q4_K).reshape(n, k).astype(np.float32))
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xs = split_reference(x) if split else split_reference(x)[: m * k // 2].copy()
+    part = poisoned((parts, m, n))
+    run_host(gemm_wgmma_q4_k(k, split, parts), (-(-n // Q4_K_WGMMA_BN), -(-m // 64), parts),
+             {"xs": xs, "w": raw.view(np.int32).reshape(-1), "y": part}, {"m": m, "n": n})
+    xv = (x if split else bf16_round(x)).astype(np.float64)
+    _close(part.astype(np.float64).sum(axis=0), xv @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)
+    kp = k // parts
+    _close(part[-1], xv[:, k - kp:] @ w[:, k - kp:].T.astype(np.float64), np.abs(x[:, k - kp:]) @ np.abs(w[:, k - kp:]).T)

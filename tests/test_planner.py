@@ -292,13 +292,17 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
     assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1"]
     assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
-    # Hopper: the dequantized copies through the warpgroup GEMM (Q4_K beyond 64 rows only: up to 64 it streams)
+    # Hopper: Q4_K from 33 to 64 rows through the warpgroup GEMM that dequantizes in workgroup memory,
+    # beyond through its dequantized copy; the Q6_K weight through its copy from 17 rows
     hopper = plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}),
                                                                       dynamic_shared=227 * 1024))
     at = lambda t: [l for l in hopper.launches if l.when is None or l.when({"tokens": t})]  # noqa: E731
-    assert [l.kernel.name for l in at(40)] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs", "dequantize_bf16_q6_k_K512",
+    assert [l.kernel.name for l in at(40)] == ["split_bf16x2_K512", "gemm_wgmma_q4_k_K512_S4_P8_xs", "sum_parts_8", "dequantize_bf16_q6_k_K512",
                                                "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
-    assert at(40)[2].buffers["wd"] == at(40)[3].buffers["w"]
+    assert at(40)[1].buffers["w"] == hopper.launches[0].buffers["w"] and at(40)[1].buffers["y"] == at(40)[2].buffers["p"] in hopper.scratch
+    assert at(40)[3].buffers["wd"] == at(40)[4].buffers["w"]
+    assert [l.kernel.name for l in at(12)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_1x4_W8_xs"]
+    assert [l.kernel.name for l in at(32)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
     assert [l.kernel.name for l in at(300)] == ["dequantize_bf16_q4_k_K512", "split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs", "sum_parts_8",
                                                 "dequantize_bf16_q6_k_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
     assert at(300)[0].buffers["wd"] == at(300)[2].buffers["w"] and at(300)[2].buffers["y"] == at(300)[3].buffers["p"] in hopper.scratch

@@ -168,7 +168,7 @@ def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generato
 
 def row_regime_errors(executor, graph, weights, rng: np.random.Generator, tie: float = 0.0) -> list[tuple[int, float]]:  # type: ignore[no-untyped-def]
     """Steps of every row-count regime a GPU planner tells apart, against the paged oracle: 85 rows
-    (three prompts), 3 decode rows, 20 rows, 9 rows, one row. Every step's argmax must agree (but
+    (three prompts), 3 decode rows, 20 rows, 40 rows, 9 rows, one row. Every step's argmax must agree (but
     where the oracle's top two logits are within ``tie``); returns each step's (rows, largest
     |logit difference|)."""
     from ..eval.model import PagedOracle
@@ -181,9 +181,9 @@ def row_regime_errors(executor, graph, weights, rng: np.random.Generator, tie: f
     prompts = [rng.integers(0, 97, n).tolist() for n in (70, 11, 4)]
     errors: list[tuple[int, float]] = []
     last: list[int | None] = [None, None, None]
-    for step in range(5):
-        chunks = [prompts, [[t] for t in last], [rng.integers(0, 97, 20).tolist(), [], []], [[], rng.integers(0, 97, 9).tolist(), []],
-                  [[last[0]], [], []]][step]
+    for step in range(6):
+        chunks = [prompts, [[t] for t in last], [rng.integers(0, 97, 20).tolist(), [], []], [[], [], rng.integers(0, 97, 40).tolist()],
+                  [[], rng.integers(0, 97, 9).tolist(), []], [[last[0]], [], []]][step]
         batch = pages.step(chunks, all_logits=step == 0, width=32)
         want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
         errors.append((sum(len(c) for c in chunks), diff))
