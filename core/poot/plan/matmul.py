@@ -307,10 +307,10 @@ def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, A
     """Q4_K products of 33 to ``hi`` rows on Hopper: ``gemm_wgmma_q4_k`` (64 rows a workgroup, the
     weights dequantized in workgroup memory), K split in as many parts (up to 8) as keep about
     ``WGMMA_GROUPS`` workgroups busy, the parts added by ``sum_parts``; none where K is not whole
-    blocks. On an H200 at 64 rows of Llama-3-8B's products it takes 0.70-0.93x the time of the
-    streaming ``gemm_warp`` (the K-split parts these choose: the fastest measured for each shape but
-    o's, within 1%); at 16 rows it took 2-3x (``bench/gpu_matmul.py``), and batch-16 decode (steps
-    of 32 rows) fell from about 1,700 to 882 tok/s with it from 17 rows, so fewer rows stream."""
+    blocks. On an H200 at 64 rows of Llama-3-8B's products it takes 0.70-0.94x the time of the
+    streaming ``gemm_warp`` (with the K-split parts these choose: the fastest measured for each shape
+    but o's, within 1%); at 16 rows 2.6-3.8x (``bench/gpu_matmul.py``), and batch-16 decode (steps
+    of 32 rows) fell from about 1,700 to 882 tok/s with it from 17 rows, so up to 32 rows stream."""
     if kk % 256:
         return []
     bn = linear_wgmma.Q4_K_WGMMA_BN
