@@ -275,14 +275,14 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
 
 
 def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefill: int, rounds: int, profile: bool = False,
-                 matmul_precision: str = "high") -> dict[str, float]:
+                 matmul_precision: str = "high", kv_dtype: str = "f32") -> dict[str, float]:
     import poot
     from poot.llm.bench import measure_engine
 
-    say(f"poot: loading {path.name} on {device} (matmul precision {matmul_precision})")
+    say(f"poot: loading {path.name} on {device} (matmul precision {matmul_precision}, {kv_dtype} KV cache)")
     t = time.perf_counter()
     m = poot.load(str(path), device, max_seqs=max(batches), max_step_tokens=max(prefill, 64), max_context=prefill + 64, progress=True,
-                  matmul_precision=matmul_precision)
+                  matmul_precision=matmul_precision, kv_dtype=kv_dtype)
     say(f"poot: ready in {time.perf_counter() - t:.1f} s")
     if profile:
         _profile_steps(m)
@@ -317,6 +317,7 @@ def main() -> None:
     ap.add_argument("--matmul-precision", nargs="+", default=["high"], choices=["highest", "high", "medium"],
                     help="the bf16 model's matmul precision; more than one: the others measured too (batches > 1 and prefill: batch 1 is GEMVs)")
     ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest")
+    ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16"], help="poot's KV cache type (transformers keeps its bf16 one)")
     ap.add_argument("--also", nargs="*", default=[], metavar="DEVICE",
                     help="other devices (vulkan:0, wgpu:0) whose batch-1 decode of the same models is measured too, as a ratio to --device's")
     args = ap.parse_args()
@@ -339,7 +340,7 @@ def main() -> None:
         if need_mix:
             write_q4_k_model(q4km, dims, args.layers, layer, embed, head, mix=True)
         say(f"models written in {time.perf_counter() - t:.0f} s")
-    res: dict[str, object] = {"layers": args.layers, "date": time.strftime("%Y-%m-%d")}
+    res: dict[str, object] = {"layers": args.layers, "date": time.strftime("%Y-%m-%d"), "kv_dtype": args.kv_dtype}
     bw = copy_bandwidth() if args.device.startswith("cuda") else None
     res["copy_bytes_per_s"] = bw
     if bw:
@@ -349,7 +350,8 @@ def main() -> None:
     for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256), ("q4_k_m", q4km, 0.0)):
         if (args.only and args.only != name) or (name == "q4_k_m" and not want_mix):
             continue
-        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0])
+        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0],
+                                               args.kv_dtype)
         if bw:
             roof = bw / (decode_weight_bytes(dims, args.layers, bpv) if bpv else mixed_weight_bytes(dims, args.layers))
             res[f"roofline_{name}"] = roof
@@ -357,12 +359,12 @@ def main() -> None:
     extra = args.matmul_precision[1:] if args.only in (None, "bf16") else []
     for prec in extra:  # the bf16 model at the other precisions: only the steps of more than 4 rows differ
         res[f"poot_bf16_{prec}"] = measure_poot(bf16_dir, dims.vocab, args.device, [b for b in args.batches if b > 4] or [1], args.prefill, args.rounds,
-                                                args.profile, prec)
+                                                args.profile, prec, args.kv_dtype)
     models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)) if (not args.only or args.only == n) and (n != "q4_k_m" or want_mix)]
     for name, path in models:  # the same model's batch-1 decode on the other devices
         for other in args.also:
             try:
-                r = measure_poot(path, dims.vocab, other, [1], args.prefill if name == "bf16" else 0, args.rounds, args.profile)
+                r = measure_poot(path, dims.vocab, other, [1], args.prefill if name == "bf16" else 0, args.rounds, args.profile, kv_dtype=args.kv_dtype)
             except Exception as e:  # a device that cannot run it is reported, not fatal to the run
                 say(f"{other}: {type(e).__name__}: {e}")
                 res[f"poot_{name}@{other}"] = {"error": f"{type(e).__name__}: {e}"}

@@ -496,25 +496,37 @@ def _prefill_case(rng, hq, hkv, d, bs=16):
                 ctx_lens=ctx.astype(np.int32), block_tables=tables), bs, mb
 
 
+def _pools_as(data: dict, pt: str) -> tuple[dict, dict]:
+    """(the kernel's pools, the case with its pools as the kernel reads them, widened to f32): f16
+    pools hold the case's values rounded to halves, which the reference then takes exactly."""
+    if pt == "f32":
+        return {"k_pool": data["k"], "v_pool": data["v"], "ks_pool": np.zeros(1, np.float32)}, data
+    k, v = data["k"].astype(np.float16), data["v"].astype(np.float16)
+    return {"k_pool": k, "v_pool": v, "ks_pool": np.zeros(1, np.float16)}, {**data, "k": k.astype(np.float32), "v": v.astype(np.float32)}
+
+
 @mma_only
 @pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
 @pytest.mark.parametrize("d,hq,hkv", [(128, 4, 1), (64, 6, 2)])
 @pytest.mark.parametrize("bs", [16, 64])
-def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs):
+@pytest.mark.parametrize("pt", ["f32", "f16"])
+def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs, pt):
     """``attention_mma`` (q k^T and P v on tensor cores, both sides split into two bf16 terms) against
-    the graph evaluator's attention, over paged pools, several sequences a block."""
+    the graph evaluator's attention, over paged pools of f32 or f16 (halves widened as read),
+    several sequences a block."""
 
     data, bs, mb = _prefill_case(rng, hq, hkv, d, bs)
+    pools, data = _pools_as(data, pt)
     t = len(data["seq_ids"])
     causal, window, softcap, scale = mask != "full", 40 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
     out = poisoned((t, hq, d))
-    bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": np.zeros(1, np.float32), "positions": data["positions"],
+    bufs = {"q": data["q"], **pools, "positions": data["positions"],
             "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out}
     scalars = {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
-    run_host(attention_mma(d, causal), (-(-t // MMA_QROWS), hq), bufs, scalars)
+    run_host(attention_mma(d, causal, pt=pt), (-(-t // MMA_QROWS), hq), bufs, scalars)
     # as plans build it: the pools' block size fixed in the kernel (tiles read the table once a block), soft-capping only where the model has it
     fixed = poisoned((t, hq, d))
-    run_host(attention_mma(d, causal, block=bs, softcap=softcap > 0), (-(-t // MMA_QROWS), hq), {**bufs, "out": fixed}, scalars)
+    run_host(attention_mma(d, causal, block=bs, softcap=softcap > 0, pt=pt), (-(-t // MMA_QROWS), hq), {**bufs, "out": fixed}, scalars)
     def reference(d_):  # type: ignore[no-untyped-def]
         b = GraphBuilder()
         ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in d_.items()}
@@ -535,11 +547,28 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs):
     # matmul precision "medium": q, k, v and P rounded to bf16, one product each. Against attention
     # over q, k and v rounded: what is left is P's rounding (2^-9 of each weight) and f32 order
     out1 = poisoned((t, hq, d))
-    run_host(attention_mma(d, causal, split=False, block=bs, softcap=softcap > 0), (-(-t // MMA_QROWS), hq), {**bufs, "out": out1}, scalars)
+    run_host(attention_mma(d, causal, split=False, block=bs, softcap=softcap > 0, pt=pt), (-(-t // MMA_QROWS), hq), {**bufs, "out": out1}, scalars)
     assert np.isfinite(out1).all(), "an output element was never written"
     want1 = reference({**data, **{n: bf16_round(data[n]) for n in ("q", "k", "v")}})
     err1 = np.abs(out1 - want1)
     assert err1.max() < 8e-3 and err1.mean() < 5e-4, f"max error {err1.max():.3g}, mean {err1.mean():.3g}"
+
+
+@pytest.mark.parametrize("kern", [attention_decode(128, True, 1, "f16"), attention_decode(64, True, 8, "f16"), attention_mma(128, pt="f16"),
+                                  attention_mma(64, True, False, pt="f16")], ids=lambda k: k.name)
+def test_gpu_attention_reads_f16_pools_as_halves(kern):
+    """The warp decode attention and the tensor-core prefill attention over f16 pools: keys and values
+    loaded as halves (four a load) and widened, within ptxas's registers (no spills); a pool type
+    other than f32 or f16 is refused by name."""
+    ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
+    assert "ld.global.nc.v4.b16" in ptx or "ld.global.nc.v2.b16" in ptx
+    assert "cvt.f32.f16" in ptx
+    ptxas = shutil.which("ptxas")
+    if ptxas:
+        out = subprocess.run([ptxas, "-arch=sm_90", "-v", "-o", os.devnull, "-"], input=ptx.encode(), capture_output=True, check=True).stderr.decode()
+        assert " 0 bytes spill stores" in out, out
+    with pytest.raises(ValueError, match="f32 or f16"):
+        attention_decode(128, pt="bf16")
 
 
 def _decode_case(rng, hq, hkv, d, bs=16):
@@ -556,17 +585,20 @@ def _decode_case(rng, hq, hkv, d, bs=16):
 @pytest.mark.parametrize("splits", [1, 8])
 @pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
 @pytest.mark.parametrize("d,hq,hkv", [(128, 8, 2), (64, 3, 3)])
-def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv):
+@pytest.mark.parametrize("pt", ["f32", "f16"])
+def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt):
     """``attention_decode`` (one pass, or the context split in 8 and merged by ``attention_merge``)
-    against the graph evaluator's attention over paged pools, contexts of 1 to 1,100 positions."""
+    against the graph evaluator's attention over paged pools of f32 or f16 (halves widened as read),
+    contexts of 1 to 1,100 positions."""
     data, bs, mb = _decode_case(rng, hq, hkv, d)
+    pools, data = _pools_as(data, pt)
     t = len(data["seq_ids"])
     causal, window, softcap, scale = mask != "full", 300 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
     out = poisoned((t, hq, splits * d))
     pm, pl = poisoned((t * hq * splits,)), poisoned((t * hq * splits,))
-    bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": np.zeros(1, np.float32), "positions": data["positions"],
+    bufs = {"q": data["q"], **pools, "positions": data["positions"],
             "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out, "part_m": pm, "part_l": pl}
-    run_host(attention_decode(d, causal, splits), (t, hq, splits), bufs,
+    run_host(attention_decode(d, causal, splits, pt), (t, hq, splits), bufs,
              {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
     if splits > 1:
         final = poisoned((t, hq, d))

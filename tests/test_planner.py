@@ -189,9 +189,9 @@ def test_norms_sum_by_subgroup_reductions_where_the_device_runs_them(subgroup):
 
 
 def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
-    """Prompts of 64+ new tokens on average with heads of 64 or 128 values and f32 pools, given
-    mma.sync: the tensor-core attention; decode there: a warp a position; otherwise the thread-a-position
-    schedules."""
+    """Prompts of 64+ new tokens on average with heads of 64 or 128 values, given mma.sync: the
+    tensor-core attention; decode there: a warp a position (over f32 or f16 pools); otherwise the
+    thread-a-position schedules."""
     mma = Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}))
 
     def names(plan, tokens, batch):
@@ -206,9 +206,9 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
     assert names(narrow, 128, 2)[0].startswith("attention_blocks") and names(narrow, 2, 2)[0].startswith("attention_BLOCK")
     plain = plan_graph(_block(head_dim=64), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))  # 32 lanes, no mma.sync (Vulkan on NVIDIA)
     assert names(plain, 128, 2)[0].startswith("attention_blocks") and names(plain, 2, 2)[0].startswith("attention_BLOCK")
-    half = plan_graph(_block(pool_dtype="f16", head_dim=64), gpu=True, limits=mma)  # f16 pools: the warp and tensor-core kernels read f32 ones
-    assert names(half, 128, 2)[0].startswith("attention_blocks") and names(half, 2, 2)[0].startswith("attention_BLOCK")
-    assert all("_PTf16" in n for n in names(half, 128, 2) + names(half, 2, 2))
+    half = plan_graph(_block(pool_dtype="f16", head_dim=64), gpu=True, limits=mma)  # f16 pools: the same kernels, reading halves
+    assert names(half, 128, 2) == ["attention_mma_D64_causal_BS4_nocap_PTf16"] and names(half, 2, 2) == ["attention_decode_D64_causal_S1_PTf16"]
+    assert names(half, 40, 2)[0].startswith("attention_blocks") and "_PTf16" in names(half, 40, 2)[0]
 
 
 def test_matmul_precision_chooses_how_activations_meet_tensor_cores():

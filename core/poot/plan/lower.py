@@ -349,11 +349,10 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     # heads of 64 or 128 values on 32-lane subgroups: a warp a position (coalesced key and value
     # rows). Chosen where mma.sync is (NVIDIA through PTX, where it is verified); Vulkan and WebGPU
     # devices keep the thread-a-position schedule until it has run there
-    f32_pools = ops["k"].dtype == ops["v"].dtype == ops["q"].dtype == dt.f32
     warp_decode = (limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0
-                   and f32_pools)
+                   and ops["q"].dtype == dt.f32)
     if warp_decode:
-        kern = attn_gpu.attention_decode(a.dk, spec.causal, 1)
+        kern = attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type)
     dummy = np.zeros(1, np.float32)
     bufs = {**a.buffers, "part_m": dummy, "part_l": dummy}
 
@@ -368,7 +367,7 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     long = lambda env: _shape(ops["block_tables"], env)[1] * a.bs >= SPLIT_CONTEXT and tokens(env) * a.hq <= 512  # noqa: E731
     parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
     acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
-    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
+    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS, a.pool_type) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
     split_when = When(f"tokens < 8 * batch, context >= {SPLIT_CONTEXT}", lambda env: decode(env) and long(env))
     split = [Launch(n, split_k, {**a.buffers, "out": acc, "part_m": pm, "part_l": pl}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when),
              Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=min(block, 128)), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
@@ -393,7 +392,7 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
         return [per_token, *split, blocks]
     long_prompts = lambda env: tokens(env) >= attn_gpu.MMA_QROWS * batch(env)  # noqa: E731
     blocks.when = When(f"8 * batch <= tokens < {attn_gpu.MMA_QROWS} * batch", lambda env: prefill(env) and not long_prompts(env))
-    mk = attn_gpu.attention_mma(a.dk, spec.causal, split=limits.matmul_precision == "high", block=a.bs, softcap=bool(spec.softcap))
+    mk = attn_gpu.attention_mma(a.dk, spec.causal, split=limits.matmul_precision == "high", block=a.bs, softcap=bool(spec.softcap), pt=a.pool_type)
     mma = Launch(n, mk, a.buffers, lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
                  lambda env: {"ntok": tokens(env), **scalars(env)}, When(f"tokens >= {attn_gpu.MMA_QROWS} * batch", long_prompts))
     return [per_token, *split, blocks, mma]

@@ -117,11 +117,11 @@ def synthetic_graph(name: str, directory, seed: int, dtype: str = "float32", cac
     return _traced(build_synthetic(name, directory, seed, dtype=dtype, **overrides), cache_dtype)
 
 
-def wide_bf16_llama(directory, seed: int):  # type: ignore[no-untyped-def]
-    """A synthetic bf16 Llama wide enough (K of 256 and 512) for the GPU's fast schedules: (graph,
-    oracle weights)."""
-    return synthetic_graph("llama", directory, seed, dtype="bfloat16", hidden_size=256, intermediate_size=512, num_attention_heads=4,
-                           num_key_value_heads=2, head_dim=64)
+def wide_bf16_llama(directory, seed: int, cache_dtype: str = "f32"):  # type: ignore[no-untyped-def]
+    """A synthetic bf16 Llama wide enough (K of 256 and 512) for the GPU's fast schedules, KV pools
+    of ``cache_dtype``: (graph, oracle weights)."""
+    return synthetic_graph("llama", directory, seed, dtype="bfloat16", cache_dtype=cache_dtype, hidden_size=256, intermediate_size=512,
+                           num_attention_heads=4, num_key_value_heads=2, head_dim=64)
 
 
 def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
@@ -208,10 +208,11 @@ def wide_q4_k_llama_regimes(device, executor_cls, directory, rng: np.random.Gene
         ex.close()
 
 
-def long_context_against_oracle(executor, graph, weights, rng: np.random.Generator, context: int = 1040, vocab: int = 97) -> tuple[float, list[str]]:  # type: ignore[no-untyped-def]
+def long_context_against_oracle(executor, graph, weights, rng: np.random.Generator, context: int = 1040, vocab: int = 97,  # type: ignore[no-untyped-def]
+                                tie: float = 0.0) -> tuple[float, list[str]]:
     """One sequence prefilled with ``context`` random tokens, then two greedy decode steps over that
-    long context (where GPU plans split decode attention), against the paged oracle: (the largest
-    |logit difference|, the launch names of the last step)."""
+    long context (where GPU plans split decode attention), against the paged oracle (argmax equal
+    but within ``tie``): (the largest |logit difference|, the launch names of the last step)."""
     from ..eval.model import PagedOracle
     from ..runtime.executor import step_env
 
@@ -224,7 +225,7 @@ def long_context_against_oracle(executor, graph, weights, rng: np.random.Generat
     worst, names = 0.0, []
     for step in range(3):
         batch = pages.step(chunks, width=-(-(context + 4) // 4))
-        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step)
+        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
         worst = max(worst, diff)
         names = executor.capture(step_env(executor.plan, {**batch.as_inputs(), **pools})).names
         chunks = [[int(want[-1].argmax())]]

@@ -50,6 +50,25 @@ def test_decode_over_a_long_context_splits_attention(cuda, tmp_path, rng):
     assert worst < 1e-4
 
 
+def test_f16_kv_pools_on_the_fast_attention_match_the_oracle(cuda, tmp_path, rng):
+    """A bf16 Llama (heads of 64) with f16 KV pools: its 1,040-token prompt through the tensor-core
+    attention and its decode steps through the warp attention split over the context, both reading
+    halves, against the oracle on f16 pools (a key or value may round to the neighbouring half on
+    one side only: the CPU device's f16 bound)."""
+    from poot_ptx.executor import CudaExecutor
+
+    g, w = wide_bf16_llama(tmp_path / "wide16", int(rng.integers(0, 2**31)), cache_dtype="f16")
+    plan = compile_plan(g, cuda)
+    planned = {l.kernel.name for l in plan.launches if l.node.op == "attention"}
+    assert any(n.startswith("attention_mma") and n.endswith("_PTf16") for n in planned), planned
+    ex = CudaExecutor(plan)
+    worst, names = long_context_against_oracle(ex, g, w, rng, tie=2e-3)
+    ex.close()
+    assert "attention_merge" in names and any(n.startswith("attention_decode") and n.endswith("_PTf16") for n in names), names
+    print(f"bf16 llama with f16 KV pools on cuda:0: max |dlogit| {worst:.2g}")
+    assert worst < 5e-3
+
+
 @pytest.mark.parametrize("precision,bound", [("high", 1e-3), ("medium", 0.1)])
 def test_bf16_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng, precision, bound):
     """A bf16 Llama wide enough (K of 256 and 512) for the warp GEMVs and the tensor-core GEMMs, in

@@ -46,21 +46,37 @@ def _split(v: K.Expr, name: str) -> list[K.Stmt]:
             K.Let(f"{name}l", _bf16_rest(_r(f"{name}v", F32), _r(f"{name}h")))]
 
 
+def _pool_dtype(kernel: str, pt: str) -> dt.DType:
+    if pt not in ("f32", "f16"):
+        raise ValueError(f"{kernel}: KV pools of f32 or f16, got {pt}")
+    return F32 if pt == "f32" else dt.f16
+
+
+def _pool_load(names: tuple[str, ...], pool: str, at: K.Expr, dtype: dt.DType) -> list[K.Stmt]:
+    """Locals ``names`` (f32) from consecutive elements of ``pool`` at ``at``: one wide load, halves
+    widened after it."""
+    if dtype == F32:
+        return [K.VecLoad(names, pool, at, F32)]
+    return [K.VecLoad(tuple(f"{nm}_h" for nm in names), pool, at, dtype), *(K.Let(nm, K.Cast(_r(f"{nm}_h", dtype), F32)) for nm in names)]
+
+
 def _fmax(a: K.Expr, b: K.Expr) -> K.Expr:
     return K.Bin("max", a, b)
 
 
 @lru_cache(maxsize=None)
-def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: int = 0, softcap: bool = True) -> K.Kernel:
+def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: int = 0, softcap: bool = True, pt: str = "f32") -> K.Kernel:
     """out[t, h, :] = softmax(scale * q.k) v over each token's visible context, for head widths
     ``d`` (keys and values); the parameters of ``attention.attention_blocks``. Grid
     (ceil(ntok / 64), hq). With ``split`` False each operand is rounded to bf16 instead of split,
     one product each (``matmul_precision`` "medium": what bf16 flash attention computes). A
     ``block`` size of the pools fixed here (not 0) replaces the divisions by the ``bs`` parameter
     in every key's address with constant ones; ``softcap`` False leaves soft-capping out (the
-    ``softcap`` parameter must then be 0)."""
+    ``softcap`` parameter must then be 0). Pools of ``pt`` "f32" or "f16" (halves widened as they
+    are read: split into two bf16 terms, exactly)."""
     if d not in (64, 128):
         raise ValueError(f"attention_mma: head width 64 or 128, got {d}")
+    pool = _pool_dtype("attention_mma", pt)
     terms = 2 if split else 1
     bs: K.Expr = _c(block) if block else _r("bs")
     ksteps, dtiles = d // 16, d // 8
@@ -167,7 +183,7 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
         kr, c4 = _b("div", e, d // 4), _b("rem", e, d // 4)
         tile += [K.Let(f"kj{it}", K.Bin("min", _add(_r("j0"), kr), _b("sub", _r("kend"), 1))),
                  K.Let(f"ksl{it}", slot(_r(f"kj{it}"))),
-                 K.VecLoad(tuple(f"kv{it}_{v}" for v in range(4)), "k_pool", _add(_mul(_add(_mul(_r(f"ksl{it}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), F32)]
+                 *_pool_load(tuple(f"kv{it}_{v}" for v in range(4)), "k_pool", _add(_mul(_add(_mul(_r(f"ksl{it}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), pool)]
         at = _add(_mul(kr, kstride), _mul(c4, 2))
         if not split:
             tile.append(K.VecStore("ks_hi", at, tuple(K.PackBf16x2(_r(f"kv{it}_{2 * w}", F32), _r(f"kv{it}_{2 * w + 1}", F32)) for w in range(2))))
@@ -184,8 +200,8 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
         for w in range(2):
             tile += [K.Let(f"vj{it}_{w}", K.Bin("min", _add(_r("j0"), _mul(kp, 2), w), _b("sub", _r("kend"), 1))),
                      K.Let(f"vsl{it}_{w}", slot(_r(f"vj{it}_{w}"))),
-                     K.VecLoad(tuple(f"vv{it}_{w}_{v}" for v in range(4)), "v_pool",
-                               _add(_mul(_add(_mul(_r(f"vsl{it}_{w}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), F32)]
+                     *_pool_load(tuple(f"vv{it}_{w}_{v}" for v in range(4)), "v_pool",
+                                 _add(_mul(_add(_mul(_r(f"vsl{it}_{w}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), pool)]
             for v in range(4 if split else 0):
                 tile += _split(_r(f"vv{it}_{w}_{v}", F32), f"vs{it}_{w}_{v}")
         for v in range(4):
@@ -287,7 +303,7 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
     seq.append(K.If(K.Bin("ge", _r("s"), _c(0)), tuple(run)))
     seq.append(K.Barrier())
     body.append(K.For("sq", _c(0), _r("nseq"), tuple(seq)))
-    params = (K.Buffer("q", F32), K.Buffer("k_pool", F32), K.Buffer("v_pool", F32), K.Buffer("ks_pool", F32),
+    params = (K.Buffer("q", F32), K.Buffer("k_pool", pool), K.Buffer("v_pool", pool), K.Buffer("ks_pool", pool),
               K.Buffer("positions", I32), K.Buffer("seq_ids", I32), K.Buffer("ctx_lens", I32), K.Buffer("block_tables", I32),
               K.Buffer("out", F32, readonly=False),
               *(K.ScalarParam(nm, I32) for nm in ("ntok", "hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
@@ -295,7 +311,7 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
     planes = ("hi", "lo")[:terms]
     shared = (*(K.Shared(f"ks_{p}", I32, _KT * kstride) for p in planes), *(K.Shared(f"vt_{p}", I32, d * vstride) for p in planes),
               K.Shared("rseq", I32, MMA_QROWS), K.Shared("rpos", I32, MMA_QROWS), K.Shared("rdone", I32, MMA_QROWS), K.Shared("sinfo", I32, 8))
-    tag = ("" if split else "_bf16") + (f"_BS{block}" if block else "") + ("" if softcap else "_nocap")
+    tag = ("" if split else "_bf16") + (f"_BS{block}" if block else "") + ("" if softcap else "_nocap") + ("_PTf16" if pt == "f16" else "")
     kern = K.Kernel(f"attention_mma_D{d}{'_causal' if causal else ''}{tag}", params, tuple(body), (128, 1, 1), shared)
     verify_kernel(kern)
     return kern
@@ -305,16 +321,18 @@ DECODE_UNROLL = 4  # positions a warp scores per step (their key and value loads
 
 
 @lru_cache(maxsize=None)
-def attention_decode(d: int = 128, causal: bool = True, splits: int = 1) -> K.Kernel:
+def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32") -> K.Kernel:
     """Decode attention with a warp per position: out[t, h, :] = softmax(scale * q.k) v over token t's
     visible context, the parameters of ``attention.attention`` (``splits`` > 1: this workgroup's share
     of the context, partial results for ``attention.attention_merge``). Four warps walk the context
     ``DECODE_UNROLL`` positions each a step; the 32 lanes of a warp hold d / 32 dimensions each, so a
     key or value row is one coalesced load a warp, and a score is a subgroup sum. Each warp keeps
     its own running max, sum and output; the four are combined at the end through workgroup memory.
-    Heads of ``d`` = 64 or 128 values (keys and values), no shared key part. Grid (tokens, hq, splits)."""
+    Heads of ``d`` = 64 or 128 values (keys and values), no shared key part. Grid (tokens, hq, splits).
+    Pools of ``pt`` "f32" or "f16" (halves widened as they are read)."""
     if d not in (64, 128):
         raise ValueError(f"attention_decode: head width 64 or 128, got {d}")
+    pool = _pool_dtype("attention_decode", pt)
     e, un, warps = d // 32, DECODE_UNROLL, 4
     body: list[K.Stmt] = [
         K.Let("t", K.Builtin("group_id", 0)), K.Let("h", K.Builtin("group_id", 1)), K.Let("split", K.Builtin("group_id", 2)),
@@ -339,8 +357,8 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1) -> K.Ke
                  K.Let(f"sl{u}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"jc{u}"), _r("bs"))), I32), _r("bs")),
                                       _b("rem", _r(f"jc{u}"), _r("bs")))),
                  K.Let(f"row{u}", _add(_mul(_add(_mul(_r(f"sl{u}"), _r("hkv")), _r("kvh")), d), _mul(_r("lane"), e))),
-                 K.VecLoad(tuple(f"k{u}_{i}" for i in range(e)), "k_pool", _r(f"row{u}"), F32),
-                 K.VecLoad(tuple(f"v{u}_{i}" for i in range(e)), "v_pool", _r(f"row{u}"), F32)]
+                 *_pool_load(tuple(f"k{u}_{i}" for i in range(e)), "k_pool", _r(f"row{u}"), pool),
+                 *_pool_load(tuple(f"v{u}_{i}" for i in range(e)), "v_pool", _r(f"row{u}"), pool)]
     for u in range(un):
         dot: K.Expr = K.Bin("mul", _r("q0", F32), _r(f"k{u}_0", F32))
         for i in range(1, e):
@@ -379,12 +397,13 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1) -> K.Ke
         fin.append(K.Store("out", _add(_mul(row, d), _r("tid")),
                            K.Select(K.Bin("gt", _r("ll", F32), _f(0.0)), K.Bin("div", _r("aa", F32), _r("ll", F32)), _f(0.0))))
     body.append(K.If(K.Bin("lt", _r("tid"), _c(d)), tuple(fin)))
-    params = (K.Buffer("q", F32), K.Buffer("k_pool", F32), K.Buffer("v_pool", F32), K.Buffer("ks_pool", F32),
+    params = (K.Buffer("q", F32), K.Buffer("k_pool", pool), K.Buffer("v_pool", pool), K.Buffer("ks_pool", pool),
               K.Buffer("positions", I32), K.Buffer("seq_ids", I32), K.Buffer("ctx_lens", I32), K.Buffer("block_tables", I32),
               K.Buffer("out", F32, readonly=False), K.Buffer("part_m", F32, readonly=False), K.Buffer("part_l", F32, readonly=False),
               *(K.ScalarParam(nm, I32) for nm in ("hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
               K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
     shared = (K.Shared("wm", F32, warps), K.Shared("wl", F32, warps), K.Shared("wacc", F32, warps * d))
-    kern = K.Kernel(f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}", params, tuple(body), (32 * warps, 1, 1), shared)
+    kern = K.Kernel(f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}" + ("_PTf16" if pt == "f16" else ""), params, tuple(body),
+                    (32 * warps, 1, 1), shared)
     verify_kernel(kern)
     return kern
