@@ -4,13 +4,13 @@ Prefill: one prompt of ``--prompt`` tokens (256) into an empty cache. Decode: ``
 tokens (64) after it. Both sides get the same token ids and pick the argmax themselves: poot through
 its generation engine (``poot.load``: bucketed steps, sampling on the device), llama.cpp through
 llama-cpp-python's ``eval`` and its logits. Rounds follow a warm-up; medians are reported, with the
-ratio poot / llama.cpp (above 1: poot is faster). ``--kv-dtype f16`` gives poot a KV cache of halves,
-as llama.cpp's default cache is.
+ratio poot / llama.cpp (above 1: poot is faster). poot's KV cache holds halves (``--kv-dtype f16``,
+its default, as llama.cpp's default cache does); ``--kv-dtype f32`` measures a cache of floats.
 
 llama.cpp comes from llama-cpp-python: the script installs it (a source build of several minutes)
 unless it is importable already, or runs it with the interpreter given by ``--peer-python``.
 
-    python bench/cpu_vs_llamacpp.py [--threads 1 2] [--rounds 3] [--kv-dtype f16] [--record]
+    python bench/cpu_vs_llamacpp.py [--threads 1 2] [--rounds 3] [--kv-dtype f32] [--record]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=256)
     ap.add_argument("--decode", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32", help="poot's KV cache type (llama.cpp's default cache is f16)")
+    ap.add_argument("--kv-dtype", choices=KV_DTYPES, default="f16", help="poot's KV cache type (default f16, as llama.cpp's cache)")
     ap.add_argument("--peer-python", help="an interpreter with llama_cpp importable (default: this one, installing it if needed)")
     ap.add_argument("--record", action="store_true", help="append the results to docs/PERFORMANCE.md")
     args = ap.parse_args()

@@ -275,7 +275,7 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
 
 
 def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefill: int, rounds: int, profile: bool = False,
-                 matmul_precision: str = "high", kv_dtype: str = "f32") -> dict[str, float]:
+                 matmul_precision: str = "high", kv_dtype: str = "f16") -> dict[str, float]:
     import poot
     from poot.llm.bench import measure_engine
 
@@ -317,7 +317,7 @@ def main() -> None:
     ap.add_argument("--matmul-precision", nargs="+", default=["high"], choices=["highest", "high", "medium"],
                     help="the bf16 model's matmul precision; more than one: the others measured too (batches > 1 and prefill: batch 1 is GEMVs)")
     ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest")
-    ap.add_argument("--kv-dtype", default="f32", choices=["f32", "f16"], help="poot's KV cache type (transformers keeps its bf16 one)")
+    ap.add_argument("--kv-dtype", default="f16", choices=["f32", "f16"], help="poot's KV cache type (default f16, poot's own; transformers keeps a bf16 one)")
     ap.add_argument("--also", nargs="*", default=[], metavar="DEVICE",
                     help="other devices (vulkan:0, wgpu:0) whose batch-1 decode of the same models is measured too, as a ratio to --device's")
     args = ap.parse_args()

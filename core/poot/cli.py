@@ -329,7 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--tokens", type=int, default=1, help="tokens in the step (1: a decode step)")
     pn.add_argument("--context", type=int, default=512, help="context the step sees, in tokens")
     pn.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
-    pn.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32", help="the KV cache's element type (default: f32)")
+    pn.add_argument("--kv-dtype", choices=KV_DTYPES, default="f16", help="the KV cache's element type (default: f16)")
     precision_arg(pn)
     pn.set_defaults(func=cmd_plan)
     def model_args(q: argparse.ArgumentParser) -> None:
@@ -337,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         q.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
         q.add_argument("--context", type=int, default=2048, help="longest sequence, in tokens")
         q.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512M or 2G (default: what the sequences need, at most a quarter of free memory)")
-        q.add_argument("--kv-dtype", choices=KV_DTYPES, default="f32", help="the KV cache's element type: f16 holds twice the tokens in the same memory (default: f32)")
+        q.add_argument("--kv-dtype", choices=KV_DTYPES, default="f16", help="the KV cache's element type: f16 (the default) holds twice the tokens of f32 in the same memory")
         precision_arg(q)
 
     def sampling_args(q: argparse.ArgumentParser, temperature: float) -> None:

@@ -90,7 +90,7 @@ class ModelHandle:
 
     def __init__(self, model: str, device: str | None = None, *, kv_memory: str | int | None = None, max_seqs: int = 16,
                  max_context: int | None = None, block_size: int = 16, max_step_tokens: int = 512, threads: int | None = None,
-                 progress: bool | None = None, matmul_precision: str = "high", kv_dtype: str = "f32") -> None:
+                 progress: bool | None = None, matmul_precision: str = "high", kv_dtype: str = "f16") -> None:
         self.matmul_precision = check_matmul_precision(matmul_precision)  # before anything is loaded
         if kv_dtype not in KV_DTYPES:
             raise ParameterError("kv_dtype", f"'{kv_dtype}' is not a KV cache type; choose one of {', '.join(KV_DTYPES)}")
@@ -244,6 +244,7 @@ def load(model: str, device: str | None = None, **options: Any) -> ModelHandle:
     (default: ``POOT_DEVICE`` or the CPU). Options: ``kv_memory`` ('2G'), ``max_seqs``,
     ``max_context``, ``block_size``, ``max_step_tokens``, ``threads``, ``progress``,
     ``matmul_precision`` ("highest", "high" (default) or "medium": how f32 activations meet
-    tensor cores, where the device has them; docs/NUMERICS.md), ``kv_dtype`` ("f32" (default) or
-    "f16": the KV cache's element type; f16 holds twice the tokens in the same memory)."""
+    tensor cores, where the device has them; docs/NUMERICS.md), ``kv_dtype`` ("f16" (default) or
+    "f32": the KV cache's element type; f16 holds twice the tokens in the same memory, as llama.cpp's
+    default cache does)."""
     return ModelHandle(model, device, **options)

@@ -12,7 +12,7 @@ def create_app(*args, **kwargs):  # type: ignore[no-untyped-def]
 
 def serve(model: str, device: str | None = None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, max_batch: int = 16,
           max_queue: int = 256, kv_memory: str | None = None, context: int | None = None, name: str | None = None,
-          matmul_precision: str = "high", kv_dtype: str = "f32") -> None:
+          matmul_precision: str = "high", kv_dtype: str = "f16") -> None:
     """Load ``model`` and serve it until interrupted."""
     try:
         import uvicorn
