@@ -194,9 +194,10 @@ def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits
 def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list[Launch]:
     """Matmul ``n`` beyond four rows on tensor cores: a GEMM streaming the weights like a GEMV up to 64
     rows, a tiled one beyond, or on Hopper (wgmma) the warpgroup GEMM from 17 rows (``_wgmma_launches``;
-    Q4_K weights stream up to 64 rows there too); x split into bf16 terms once (by ``split``). Packed weights are first
-    dequantized to bf16 into scratch memory (``dequantize_bf16``), but for Q4_K up to 64 rows, which
-    the streaming GEMM dequantizes in registers to the same bf16 values (docs/NUMERICS.md)."""
+    Q4_K weights there stream up to 32 rows and take the warpgroup GEMM that dequantizes in workgroup
+    memory from 33 to 64, ``_q4_k_wgmma_launches``); x split into bf16 terms once (by ``split``).
+    Packed weights are first dequantized to bf16 into scratch memory (``dequantize_bf16``), but for
+    Q4_K up to 64 rows, which those GEMMs dequantize to the same bf16 values (docs/NUMERICS.md)."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
@@ -231,8 +232,7 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
     wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
     hopper = xsplit and "wgmma" in limits.matrix and limits.dynamic_shared >= linear_wgmma.WGMMA_SHARED
-    # Hopper: 17+ rows through the warpgroup GEMM on the bf16 weights (Q4_K: 65+ rows on its bf16 copy;
-    # up to 64 it streams through gemm_warp)
+    # Hopper: 17+ rows through the warpgroup GEMM on the bf16 weights (Q4_K: 65+ rows on its bf16 copy)
     wg = _wgmma_launches(n, kk, nn, two, {**bufs, "w": wd}, rows, split, above=64 if streams_q4_k else 16) if hopper and tiled else []
     out += wg
     # Q4_K on Hopper from 33 rows (to 64, or every row count where no bf16 copy is made): the
