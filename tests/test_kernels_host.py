@@ -273,12 +273,13 @@ def _paged_case(rng, v, bs=4):
     return data, bs, MB
 
 
-@pytest.mark.parametrize("splits", [1, 3, "lanes", "blocks"])
+@pytest.mark.parametrize("splits", [1, 3, "lanes", "lanes3", "blocks"])
 @pytest.mark.parametrize("mask,pools", [("causal", "f32"), ("window+softcap", "f32"), ("full", "f32"), ("window+softcap", "f16")])
 @pytest.mark.parametrize("variant", sorted(ATTN))
 def test_paged_attention(rng, variant, mask, pools, splits):
     """The GPU-style kernel (one pass, or split context + merge) and the host's lane schedule (a KV
-    head's query heads together); pools of f32, or of f16 (kv_dtype="f16") widened as read."""
+    head's query heads together; one pass, or split context + merge); pools of f32, or of f16
+    (kv_dtype="f16") widened as read."""
     v = ATTN[variant]
     data, bs, mb = _paged_case(rng, v)
     if pools == "f16":
@@ -294,14 +295,17 @@ def test_paged_attention(rng, variant, mask, pools, splits):
               "window": window, "softcap": softcap}
         run_host(k, (-(-T // 4), v["hq"]), bufs, sc)
         splits = 1
-    elif splits == "lanes":
+    elif splits in ("lanes", "lanes3"):
         if os.environ.get("POOT_TEST_DEVICE", "cpu") != "cpu":
             pytest.skip("the lane schedule is the host's (one thread a workgroup); GPU plans use the other two")
         gq = v["hq"] // v["hkv"] if mask != "causal" else 1  # a KV head's query heads together, or one a workgroup
-        k = attn_lib.attention_lanes.instantiate(HQ=v["hq"], HKV=v["hkv"], DK=v["dk"], DV=v["dv"], DR=v["dr"], BS=bs, CAUSAL=causal, TILE=16, PT=pools, GQ=gq)
-        out = bufs["out"] = poisoned((T, v["hq"], v["dv"]))
-        run_host(k, (T, v["hq"] // gq), bufs, {"mb": mb, "scale": scale, "window": window, "softcap": softcap})
-        splits = 1
+        splits = 3 if splits == "lanes3" else 1
+        k = attn_lib.attention_lanes.instantiate(HQ=v["hq"], HKV=v["hkv"], DK=v["dk"], DV=v["dv"], DR=v["dr"], BS=bs, CAUSAL=causal, TILE=16, PT=pools, GQ=gq,
+                                                 SPLITS=splits)
+        out = poisoned((T, v["hq"], splits * v["dv"]))
+        pm, pl = poisoned((T * v["hq"] * splits,)), poisoned((T * v["hq"] * splits,))
+        bufs.update(out=out, part_m=pm, part_l=pl)
+        run_host(k, (T, v["hq"] // gq, splits), bufs, {"mb": mb, "scale": scale, "window": window, "softcap": softcap})
     else:
         block = 64 if v["dv"] <= 64 else 128
         k = attn_lib.attention.instantiate(CAUSAL=causal, SPLITS=splits, BLOCK=block, PT=pools)

@@ -251,11 +251,17 @@ def _attention_operands(n: Node, device: str) -> _Attn:
     return _Attn(spec, ops, hq, hkv, dk, dv, dr, bs, scale, bufs, _pool_type(k, "attention"))
 
 
-def _attention(n: Node) -> list[Launch]:
+HOST_SPLIT_GROUPS = 32  # a host step whose tokens x KV heads is below this splits each context in SPLITS
+
+
+def _attention(n: Node, plan: Plan) -> list[Launch]:
     """The host's lane schedule: a KV head's query heads in one workgroup (each key and value read
-    once for all of them) for prompts and for f16 pools; decode over f32 pools keeps a workgroup a
-    query head, whose more workgroups balance better over the cores (measured: SmolLM2 at a
-    1,560-token context, 2 threads)."""
+    once for all of them). A step of few (token, KV head) pairs (decode: SmolLM2's three KV heads
+    are three workgroups, two cores leave one idle half the time) splits each context in
+    ``SPLITS`` shares, a workgroup each, merged by ``attention_merge``. Otherwise prompts and f16
+    pools group the heads, and f32 pools at fewer than 8 tokens keep a workgroup a query head, whose
+    more workgroups balance better over the cores (measured: SmolLM2 at a 1,560-token context, 2
+    threads)."""
     a = _attention_operands(n, "host")
     spec, ops = a.spec, a.ops
     tokens = lambda env: max(1, _shape(ops["q"], env)[0])  # noqa: E731
@@ -263,15 +269,25 @@ def _attention(n: Node) -> list[Launch]:
     def scalars(env: Env) -> dict[str, float | int]:
         return {"mb": _shape(ops["block_tables"], env)[1], "scale": a.scale, "window": spec.window or 0, "softcap": spec.softcap or 0.0}
 
-    def launch(gq: int, when: When | None = None) -> Launch:
+    dummy = np.zeros(1, np.float32)
+
+    def launch(gq: int, when: When, splits: int = 1, bufs: dict[str, Any] | None = None) -> Launch:
         kern = attn_lib.attention_lanes.instantiate(HQ=a.hq, HKV=a.hkv, DK=a.dk, DV=a.dv, DR=a.dr, BS=a.bs, CAUSAL=spec.causal, TILE=16,
-                                                    PT=a.pool_type, GQ=gq)
-        return Launch(n, kern, a.buffers, lambda env: (tokens(env), a.hq // gq), scalars, when)
+                                                    PT=a.pool_type, GQ=gq, SPLITS=splits)
+        return Launch(n, kern, bufs or {**a.buffers, "part_m": dummy, "part_l": dummy}, lambda env: (tokens(env), a.hq // gq, splits), scalars, when)
 
     group = a.hq // a.hkv
+    few = lambda env: tokens(env) * a.hkv < HOST_SPLIT_GROUPS  # noqa: E731
+    parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
+    acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
+    split_when = When(f"tokens x KV heads < {HOST_SPLIT_GROUPS}", few)
+    out = [launch(group, split_when, SPLITS, {**a.buffers, "out": acc, "part_m": pm, "part_l": pl}),
+           Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=64), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
+                  lambda env: (tokens(env) * a.hq,), lambda env: {"dv": a.dv}, split_when, label="attention_merge")]
     if a.pool_type == "f16" or group == 1:
-        return [launch(group)]
-    return [launch(1, When("tokens < 8", lambda env: tokens(env) < 8)), launch(group, When("tokens >= 8", lambda env: tokens(env) >= 8))]
+        return out + [launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}", lambda env: not few(env)))]
+    return out + [launch(1, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens < 8", lambda env: not few(env) and tokens(env) < 8)),
+                  launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens >= 8", lambda env: not few(env) and tokens(env) >= 8))]
 
 
 def _cache_write(n: Node) -> Launch:
@@ -588,7 +604,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         elif n.op == "rope":
             plan.launches.append(_rope(n, gpu))
         elif n.op == "attention":
-            plan.launches.extend(_attention_gpu(n, limits, plan) if gpu else _attention(n))
+            plan.launches.extend(_attention_gpu(n, limits, plan) if gpu else _attention(n, plan))
         elif n.op == "topk":
             plan.launches.append(_topk(n))
         else:

@@ -142,15 +142,20 @@ def attention_merge(part_acc: In[f32], part_m: In[f32], part_l: In[f32], out: Ou
 
 @kernel(workgroup=(1, 1, 1))
 def attention_lanes(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In["PT"], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
-                    block_tables: In[i32], out: Out[f32], mb: i32, scale: f32, window: i32, softcap: f32,
-                    HQ: Const = 8, HKV: Const = 8, DK: Const = 64, DV: Const = 64, DR: Const = 0, BS: Const = 16, CAUSAL: Const = True, TILE: Const = 16, PT: Const = "f32", GQ: Const = 1):
+                    block_tables: In[i32], out: Out[f32], part_m: Out[f32], part_l: Out[f32], mb: i32, scale: f32, window: i32, softcap: f32,
+                    HQ: Const = 8, HKV: Const = 8, DK: Const = 64, DV: Const = 64, DR: Const = 0, BS: Const = 16, CAUSAL: Const = True, TILE: Const = 16, PT: Const = "f32", GQ: Const = 1,
+                    SPLITS: Const = 1):
     """The same attention scheduled for a CPU core: one workgroup per (query token, GQ query heads
     of one KV head), those heads scored together, so each key and value is read (and widened) once
     for all of them; head dimensions static, so dot products and the value accumulation run as
     16-lane vectors; the context is scored TILE positions at a time (one rescale per tile). Grid
-    (tokens, HQ / GQ); GQ divides HQ / HKV."""
+    (tokens, HQ / GQ, SPLITS); GQ divides HQ / HKV. With SPLITS > 1 each workgroup takes its share of
+    the context (whole tiles) and writes its heads' running max, sum and unscaled output for
+    ``attention_merge``, as ``attention`` does: a decode step's few workgroups become enough for
+    every core."""
     t = group_id(0)
     h0 = group_id(1) * GQ  # the workgroup's first query head
+    split = group_id(2)
     g = h0 // (HQ // HKV)
     acc = shared(f32, GQ * DV)
     lanes = shared(f32, GQ * 16)
@@ -166,6 +171,12 @@ def attention_lanes(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In[
     start = 0
     if window > 0:
         start = max(0, pos - window + 1)
+    if SPLITS > 1:  # this workgroup's share of the context, in whole tiles
+        tiles = (end - start + TILE - 1) // TILE
+        per = (tiles + SPLITS - 1) // SPLITS
+        s0 = start + split * per * TILE
+        end = min(end, s0 + per * TILE)
+        start = s0
     qb = (t * HQ + h0) * (DK + DR)  # head h0 + hh at qb + hh * (DK + DR)
     for d in range(GQ * DV):
         acc[d] = 0.0
@@ -222,12 +233,19 @@ def attention_lanes(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In[
                 for hh in static_range(GQ):
                     acc[hh * DV + d] += sc[hh * TILE + jj] * vv
     for hh in static_range(GQ):
-        ob = (t * HQ + h0 + hh) * DV
-        for d in range(DV):
-            if lh[hh] > 0.0:
-                out[ob + d] = acc[hh * DV + d] / lh[hh]
-            else:
-                out[ob + d] = 0.0
+        if SPLITS > 1:
+            part = (t * HQ + h0 + hh) * SPLITS + split
+            for d in range(DV):
+                out[part * DV + d] = acc[hh * DV + d]
+            part_m[part] = mh[hh]
+            part_l[part] = lh[hh]
+        else:
+            ob = (t * HQ + h0 + hh) * DV
+            for d in range(DV):
+                if lh[hh] > 0.0:
+                    out[ob + d] = acc[hh * DV + d] / lh[hh]
+                else:
+                    out[ob + d] = 0.0
 
 
 @kernel(workgroup=(128, 1, 1))
