@@ -16,6 +16,10 @@ x comes as ``split_bf16x2`` wrote it (``xs``: the hi plane, then the lo plane), 
 i32 words: the same operands and the same sums as ``linear_mma.gemm_mma`` on x split once (``split``
 True: both terms against each weight, ``matmul_precision`` "high"; False: the hi term only,
 "medium").
+
+``gemm_wgmma_q4_k``: the one-warpgroup GEMM on Q4_K weight rows, which its threads dequantize step
+by step into bf16 tiles in workgroup memory (the tensor cores read bf16 only): Q4_K's 4.5 bits a
+weight cross the memory bus instead of a bf16 copy's 16.
 """
 
 from __future__ import annotations
