@@ -254,6 +254,17 @@ def _attention_operands(n: Node, device: str) -> _Attn:
 HOST_SPLIT_GROUPS = 32  # a host step whose tokens x KV heads is below this splits each context in SPLITS
 
 
+def _context_splits(n: Node, a: _Attn, plan: Plan, tokens: Callable[[Env], int], when: When, block: int) -> tuple[dict[str, Any], Launch]:
+    """For attention with each context split in ``SPLITS`` shares under ``when``: the split kernel's
+    output buffers (partial outputs, maxima and sums of every (token, query head, share) in the
+    plan's scratch memory) and the ``attention_merge`` launch (``block`` threads) that combines them."""
+    parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
+    acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
+    merge = Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=block), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
+                   lambda env: (tokens(env) * a.hq,), lambda env: {"dv": a.dv}, when, label="attention_merge")
+    return {"out": acc, "part_m": pm, "part_l": pl}, merge
+
+
 def _attention(n: Node, plan: Plan) -> list[Launch]:
     """The host's lane schedule: a KV head's query heads in one workgroup (each key and value read
     once for all of them). A step of few (token, KV head) pairs (decode: SmolLM2's three KV heads
@@ -278,12 +289,9 @@ def _attention(n: Node, plan: Plan) -> list[Launch]:
 
     group = a.hq // a.hkv
     few = lambda env: tokens(env) * a.hkv < HOST_SPLIT_GROUPS  # noqa: E731
-    parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
-    acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
     split_when = When(f"tokens x KV heads < {HOST_SPLIT_GROUPS}", few)
-    out = [launch(group, split_when, SPLITS, {**a.buffers, "out": acc, "part_m": pm, "part_l": pl}),
-           Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=64), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
-                  lambda env: (tokens(env) * a.hq,), lambda env: {"dv": a.dv}, split_when, label="attention_merge")]
+    parts, merge = _context_splits(n, a, plan, tokens, split_when, 64)
+    out = [launch(group, split_when, SPLITS, {**a.buffers, **parts}), merge]
     if a.pool_type == "f16" or group == 1:
         return out + [launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}", lambda env: not few(env)))]
     return out + [launch(1, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens < 8", lambda env: not few(env) and tokens(env) < 8)),
@@ -381,13 +389,10 @@ def _attention_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
     per_token = Launch(n, kern, bufs, lambda env: (tokens(env), a.hq, 1), scalars)
     decode = lambda env: tokens(env) < 8 * batch(env)  # noqa: E731
     long = lambda env: _shape(ops["block_tables"], env)[1] * a.bs >= SPLIT_CONTEXT and tokens(env) * a.hq <= 512  # noqa: E731
-    parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
-    acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
     split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS, a.pool_type) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
     split_when = When(f"tokens < 8 * batch, context >= {SPLIT_CONTEXT}", lambda env: decode(env) and long(env))
-    split = [Launch(n, split_k, {**a.buffers, "out": acc, "part_m": pm, "part_l": pl}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when),
-             Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=min(block, 128)), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
-                    lambda env: (tokens(env) * a.hq,), lambda env: {"dv": a.dv}, split_when, label="attention_merge")]
+    parts, merge = _context_splits(n, a, plan, tokens, split_when, min(block, 128))
+    split = [Launch(n, split_k, {**a.buffers, **parts}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when), merge]
     per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}", lambda env: decode(env) and not long(env))
     width = max(a.dk + a.dr, a.dv)
     bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128, PT=a.pool_type)
