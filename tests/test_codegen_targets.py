@@ -13,6 +13,7 @@ import pytest
 from poot.codegen import CompileError, compile_kernel, target
 from poot.codegen.compile import find_lld
 from poot.errors import Refusal
+from poot.graph import dtypes as dt
 from poot.kernel import ir as K
 from poot.kernel.library import catalogue
 
@@ -94,3 +95,28 @@ def test_refusals_are_typed():
         compile_kernel(huge, target("nvptx:sm_90"))
     with pytest.raises(Refusal, match="unknown target"):
         target("tpu:v5")
+
+
+def test_kernels_wait_for_the_launch_before_where_launches_can_overlap():
+    """sm_90+ PTX waits for the launch before (griddepcontrol) at a kernel's entry, or where the
+    kernel places its ``AwaitPrior`` (after loads of weights only); other targets have no such wait.
+    The wait is refused under control flow and twice."""
+    from poot.kernel.verify import KernelError, verify_kernel
+
+    f32 = K.Buffer("x", dt.f32), K.Buffer("y", dt.f32, readonly=False)
+    tid = K.Builtin("thread_id", 0)
+    plain = K.Kernel("plain", f32, (K.Store("y", tid, K.Load("x", tid, dt.f32)),), (32, 1, 1), ())
+    placed = K.Kernel("placed", f32, (K.Let("w", K.Load("x", tid, dt.f32)), K.AwaitPrior(), K.Store("y", tid, K.Ref("w", dt.f32))), (32, 1, 1), ())
+    for k in (plain, placed):
+        verify_kernel(k)
+        ptx = compile_kernel(k, target("nvptx:sm_90a"), use_cache=False).data.decode()
+        body = ptx[ptx.index(k.name):]
+        assert body.count("griddepcontrol.wait") == 1 and body.count("griddepcontrol.launch_dependents") == 1
+        if k is placed:  # the load comes before the wait, the store after it
+            assert body.index("ld.global") < body.index("griddepcontrol.wait") < body.index("st.global")
+        assert "griddepcontrol" not in compile_kernel(k, target("nvptx:sm_80"), use_cache=False).data.decode()
+    nested = K.Kernel("nested", f32, (K.If(K.Bin("lt", tid, K.Const(4, K.i32)), (K.AwaitPrior(),)),), (32, 1, 1), ())
+    twice = K.Kernel("twice", f32, (K.AwaitPrior(), K.AwaitPrior()), (32, 1, 1), ())
+    for bad, why in ((nested, "top level"), (twice, "more than once")):
+        with pytest.raises(KernelError, match=why):
+            verify_kernel(bad)

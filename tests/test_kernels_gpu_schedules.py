@@ -153,14 +153,15 @@ def test_gemv_warp_bf16(rng, k, mr, m, per_warp):
 @gpu_only
 @pytest.mark.parametrize("k", [512, 1024, 256 * 7])  # two blocks a row (guarded), four, seven
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
-@pytest.mark.parametrize("unroll,per_warp", [(2, 1), (4, 1), (2, 3), (1, 2)])
-def test_gemv_warp_q4_k(rng, k, mr, m, unroll, per_warp):
+@pytest.mark.parametrize("unroll,per_warp,wide", [(None, 1, True), (2, 1, True), (None, 3, True), (1, 2, True), (2, 1, False), (4, 1, False), (1, 2, False)])
+def test_gemv_warp_q4_k(rng, k, mr, m, unroll, per_warp, wide):
+    """Lanes of 32 quant bytes a block (``wide``) or 16, ``unroll`` blocks a lane a step."""
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, :32] = 0  # a block of zeros: scale 0, nothing divided by it
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, unroll=unroll, per_warp=per_warp)
+    kern = gemv_warp("q4_k", k, mr, unroll=unroll, per_warp=per_warp, wide=wide)
     run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
     want, flip, bound, exact = _q4_k_products(x, raw)
     _close(y, want, np.abs(x) @ np.abs(quantization("q4_k").dequantize(raw)).T, slack=flip)
@@ -217,8 +218,9 @@ def test_x_quantized_once_as_two_int8_terms(rng, m, k):
 
 @gpu_only
 @pytest.mark.parametrize("k", [512, 4096, 256 * 7])
-@pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 4)])
-def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll):
+@pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 1)])
+@pytest.mark.parametrize("wide", [True, False])
+def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide):
     """x quantized once by its own kernel into global buffers, then the GEMV without a prologue:
     the same values as the workgroup-memory version computes (numpy emulation) and the same bound."""
     n = 21
@@ -229,7 +231,7 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll):
     run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
     assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all(), "a quantized word was never written"
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=True)
+    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=True, wide=wide)
     run_host(kern, (-(-n // warps), -(-m // mr)), {"xq": xq, "xr": xr, "xds": xds, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
     want, flip, bound, exact = _q4_k_products(x, raw)
     _close(y, want, np.abs(x) @ np.abs(quantization("q4_k").dequantize(raw)).T, slack=flip)
@@ -421,9 +423,12 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m,per_warp", [(1, 1, 1), (4, 3, 1), (1, 1, 3), (4, 3, 2)])
-def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp):
-    n, k = 29, 1024
+@pytest.mark.parametrize("mr,m,per_warp,wide", [(1, 1, 1, True), (4, 3, 1, True), (1, 1, 3, True), (4, 3, 2, False), (1, 1, 1, False), (1, 1, 3, False)])
+@pytest.mark.parametrize("k", [1024, 256 * 11])  # Q4_K: one step of a warp's blocks, or two (the second partial)
+def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, k):
+    if not wide and qtype != "q4_k":
+        pytest.skip("lanes of 16 or 32 bytes are Q4_K's")
+    n = 29
     if qtype == "bf16":
         (wg, bg), (wu, bu) = _bf16(rng, (n, k)), _bf16(rng, (n, k))
     else:
@@ -432,7 +437,7 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
         bg, bu = np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp)
+    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide)
     run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
     if qtype == "bf16":
         g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
@@ -445,10 +450,13 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m,per_warp", [(1, 1, 1), (4, 2, 1), (1, 1, 2), (4, 2, 3)])
-def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp):
+@pytest.mark.parametrize("mr,m,per_warp,wide", [(1, 1, 1, True), (4, 2, 1, True), (1, 1, 2, True), (4, 2, 3, True), (1, 1, 1, False), (4, 2, 3, False)])
+@pytest.mark.parametrize("k", [512, 256 * 11])
+def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp, wide, k):
     """Parts of 24, 8 and 13 features: with several features a warp, one warp's features span parts."""
-    parts, k = (24, 8, 13), 512
+    if not wide and qtype != "q4_k":
+        pytest.skip("lanes of 16 or 32 bytes are Q4_K's")
+    parts = (24, 8, 13)
     q = quantization("q4_k")
     ws, bufs = [], {}
     for i, n in enumerate(parts):
@@ -460,7 +468,7 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
         ws.append(w)
         bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
     x = rng.standard_normal((m, k)).astype(np.float32)
-    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp)
+    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide)
     run_host(kern, (-(-sum(parts) // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, **bufs}, {"m": m, "n": sum(parts)})
     for i, w in enumerate(ws):
         if qtype == "bf16":

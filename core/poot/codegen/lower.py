@@ -15,7 +15,7 @@ from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from ..kernel import ir as K
-from ..kernel.verify import uses_barriers, uses_subgroups, uses_swizzle, verify_kernel
+from ..kernel.verify import awaits_prior, uses_barriers, uses_subgroups, uses_swizzle, verify_kernel
 from .arith import I8, I32, ArithmeticLowering, llvm_type
 from .arith import mem_type as _mem_type
 from .matrix import MatrixLowering
@@ -110,8 +110,17 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
             set.add(fn.attributes, f'"amdgpu-flat-work-group-size"="1,{self.k.threads}"')
         self._bind_params(fn)
         self.b = L.IRBuilder(fn.append_basic_block("entry"))
+        if not awaits_prior(self.k):  # a kernel that places no wait of its own waits first
+            self.await_prior()
         self.block(self.k.body)
         self.b.ret_void()
+
+    def await_prior(self) -> None:
+        """``AwaitPrior``: griddepcontrol where the target has it (sm_90+), the wait then the release
+        of the next launch; nothing elsewhere."""
+        if self.t.name == "nvptx" and int(self.t.cpu.removeprefix("sm_").rstrip("a")) >= 90:
+            text = "griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;"
+            self.b.call(L.InlineAsm(L.FunctionType(L.VoidType(), []), text, "~{memory}", side_effect=True), [])
 
     def _host_functions(self, params: list[L.Type]) -> None:
         k = self.k
@@ -305,6 +314,8 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
             self.wgmma_sync(st)
         elif isinstance(st, K.CopyAsync):
             self.copy_async(st)
+        elif isinstance(st, K.AwaitPrior):
+            self.await_prior()
         elif isinstance(st, K.CopyAsyncSync):
             if self.t.name == "nvptx":  # (elsewhere the copies were ordinary loads and stores: nothing to wait for)
                 if st.op == "commit":

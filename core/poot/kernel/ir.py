@@ -18,7 +18,7 @@ from ..graph.dtypes import DType
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
     "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle", "Dot4I8", "PackBf16x2",
-    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma", "Wgmma", "WgmmaSync", "CopyAsync", "CopyAsyncSync",
+    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma", "Wgmma", "WgmmaSync", "CopyAsync", "CopyAsyncSync", "AwaitPrior",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "WGMMA_SYNC", "COPY_SYNC", "const", "i32",
 ]
 
@@ -389,7 +389,17 @@ class CopyAsyncSync:
     n: int = 0
 
 
-Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync]
+@dataclass(frozen=True)
+class AwaitPrior:
+    """Wait until the launch before this one has finished and its writes are visible, then let the
+    launch after this one start (NVIDIA's programmatic dependent launch, sm_90+: ``griddepcontrol``).
+    Every thread reaches it, at the body's top level, before any access to memory another launch
+    of the step writes: what comes before it may read only memory no launch writes (weights), and so
+    overlaps the launch before. A kernel without one waits at its entry. Where launches are not
+    made programmatic (other targets, other executors) they are serial and it does nothing."""
+
+
+Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync, AwaitPrior]
 
 
 @dataclass(frozen=True)

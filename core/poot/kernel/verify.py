@@ -10,10 +10,10 @@ from ..graph import dtypes as dt
 from .ir import (
     BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
     Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Dot4I8, PackBf16x2, Un, VecLoad, VecStore,
-    Wgmma, WgmmaSync, WGMMA_SYNC, CopyAsync, CopyAsyncSync, COPY_SYNC,
+    Wgmma, WgmmaSync, WGMMA_SYNC, CopyAsync, CopyAsyncSync, COPY_SYNC, AwaitPrior,
 )
 
-__all__ = ["KernelError", "verify_kernel", "uses_barriers", "uses_subgroups", "uses_swizzle"]
+__all__ = ["KernelError", "verify_kernel", "awaits_prior", "uses_barriers", "uses_subgroups", "uses_swizzle"]
 
 SCALAR_TYPES = (dt.f32, dt.f16, dt.bf16, dt.i32, dt.i64, dt.i8, dt.u8, dt.boolean, dt.f64)
 FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "rint", "erf", "recip", "pow"}
@@ -268,6 +268,9 @@ def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None
         elif isinstance(st, CopyAsyncSync):
             if st.op not in COPY_SYNC or not 0 <= st.n <= 7:
                 raise s.fail(w, f"asynchronous copy ordering is one of {COPY_SYNC} with 0 <= n <= 7, got {st.op!r} {st.n}")
+        elif isinstance(st, AwaitPrior):
+            if where != "body":
+                raise s.fail(w, "the wait for the launch before must be at the kernel body's top level (every thread reaches it once)")
         elif isinstance(st, WgmmaSync):
             if divergent:
                 raise s.fail(w, "wgmma ordering must be reached by every thread")
@@ -299,6 +302,8 @@ def verify_kernel(k: Kernel, max_threads: int = 1024) -> None:
         if sh.size < 1:
             raise KernelError(f"kernel {k.name}: shared array '{sh.name}' needs a positive size")
     _block(_Scope(k), k.body, "body", False)
+    if sum(isinstance(st, AwaitPrior) for st in k.body) > 1:
+        raise KernelError(f"kernel {k.name}: waits for the launch before more than once")
 
 
 def _walk(body: Iterable[Stmt]):  # type: ignore[no-untyped-def]
@@ -317,6 +322,11 @@ def _exprs(e: Expr):  # type: ignore[no-untyped-def]
         sub = getattr(e, f, None)
         if sub is not None and not isinstance(sub, (str, int, float)):
             yield from _exprs(sub)
+
+
+def awaits_prior(k: Kernel) -> bool:
+    """Whether ``k`` places its own wait for the launch before (``AwaitPrior``)."""
+    return any(isinstance(st, AwaitPrior) for st in k.body)
 
 
 def uses_barriers(k: Kernel) -> bool:

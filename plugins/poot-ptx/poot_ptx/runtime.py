@@ -108,13 +108,28 @@ class CudaKernel:
                 types.append(_SCALAR[p.dtype.name])
         return tuple(vals), tuple(types)
 
-    def launch(self, grid: Sequence[int], pointers: Mapping[str, int], scalars: Mapping[str, float | int], stream: Any = 0) -> None:
+    def launch(self, grid: Sequence[int], pointers: Mapping[str, int], scalars: Mapping[str, float | int], stream: Any = 0,
+               programmatic: bool = False) -> bool:
+        """Queue the kernel on ``stream`` (False when the grid is empty: nothing queued). With
+        ``programmatic`` (sm_90+) it may start while the kernel queued before it on the stream still
+        runs: its ``AwaitPrior`` (at its entry unless it places one) holds it until that one is done."""
         gx, gy, gz = (list(grid) + [1, 1])[:3]
         if gx * gy * gz == 0:
-            return
+            return False
         bx, by, bz = self.kernel.workgroup
         d = self.ctx.driver
-        _check(d, "cuLaunchKernel", d.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, self.dynamic_shared, stream, self.args(pointers, scalars), 0))
+        if not programmatic:
+            _check(d, "cuLaunchKernel", d.cuLaunchKernel(self.function, gx, gy, gz, bx, by, bz, self.dynamic_shared, stream, self.args(pointers, scalars), 0))
+            return True
+        cfg = d.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = gx, gy, gz, bx, by, bz
+        cfg.sharedMemBytes, cfg.hStream = self.dynamic_shared, stream
+        attr = d.CUlaunchAttribute()
+        attr.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg.attrs, cfg.numAttrs = [attr], 1
+        _check(d, "cuLaunchKernelEx", d.cuLaunchKernelEx(cfg, self.function, self.args(pointers, scalars), 0))
+        return True
 
 
 class _Runner:

@@ -62,7 +62,7 @@ def q8_shared_words(k: int, mr: int) -> int:
     return mr * (k // 2 + k // 16)
 
 
-def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
+def _quantize_x_q8(k: int, mr: int, threads: int, wide: bool = False) -> list[K.Stmt]:
     """The workgroup's ``mr`` rows of x quantized into workgroup memory as two int8 terms per value,
     x ~ d (q1 + q2 / Q8_SPLIT): per 32 values d = max|x| / 127 and q1 = rint(x / d) (four a word in
     ``xq``) as llama.cpp's Q8_1, then the remainder's q2 = rint((x - d q1) Q8_SPLIT / d) (``xr``),
@@ -71,7 +71,9 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
     block exchanging max and sum by shuffles: short, so the GEMV starts soon. Rounding by ``rint``,
     not by adding and subtracting 1.5 * 2**23: SPIR-V lets a driver fold (t + c) - c to t (Mesa's
     does: every q2 came out zero). A block's words are stored even sub-blocks first, then odd ones
-    (``_q4_k_rows`` reads them so, free of bank conflicts). Ends with a barrier. ``mr * k / 4`` is a
+    (the readers' lanes of one block then read 32 consecutive words, no two in one bank); with
+    ``wide`` (``_q4_k_rows``' lanes of 32 bytes) each sub-block's two halves of four words are 16
+    words apart, the first of them after the second in odd blocks. Ends with a barrier. ``mr * k / 4`` is a
     multiple of 32 (k of 256): whole warps take part in each step."""
     words = k // 4
     total = mr * words  # a multiple of 64: a warp's threads are all in or all out of a turn
@@ -86,7 +88,13 @@ def _quantize_x_q8(k: int, mr: int, threads: int) -> list[K.Stmt]:
         qi = f"qi{u}"
         row = K.Bin("min", _add(_r("m0"), _b("div", _r(qi), words)), _b("sub", _r("m"), 1))
         t = _b("and", _r(qi), 63)  # the word's place in its block of 256 values: sub-block s = t / 8, word t % 8
-        slot = _add(_b("sub", _r(qi), t), _b("or", _b("and", t, 7), _b("or", _b("shl", _b("and", _b("shr", t, 4), 3), 3), _b("shl", _b("and", _b("shr", t, 3), 1), 5))))
+        odd = _b("shl", _b("and", _b("shr", t, 3), 1), 5)  # odd sub-blocks 32 words on
+        if wide:  # sub-block pair s / 2 at 4 (s / 2) in each half; half h of 4 words at 16 (h ^ (block & 1))
+            half = _b("xor", _b("and", _b("shr", t, 2), 1), _b("and", _b("shr", _b("rem", _r(qi), words), 6), 1))
+            place = _b("or", _b("or", _b("and", t, 3), _b("shl", _b("and", _b("shr", t, 4), 3), 2)), _b("or", _b("shl", half, 4), odd))
+        else:  # sub-block pair s / 2 at 8 (s / 2)
+            place = _b("or", _b("and", t, 7), _b("or", _b("shl", _b("and", _b("shr", t, 4), 3), 3), odd))
+        slot = _add(_b("sub", _r(qi), t), place)
         first, rest = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r(qi), words), 4)), slot, qi, f"_{u}")
         loads += [K.Let(qi, K.Bin("min", _add(K.Builtin("thread_id", 0), u * threads), _c(total - 1))), *first]
         last = (u + 1) * threads > total
@@ -179,47 +187,67 @@ def q4_k_bf16_pairs(p: str, part: str, words: list[str], shift: int) -> list[K.E
     return [K.PackBf16x2(vals[2 * q], vals[2 * q + 1]) for q in range(len(vals) // 2)]
 
 
-def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool = False) -> list[K.Stmt]:
-    """The loop body of a Q4_K warp GEMV step: 4 ``un`` blocks a step, eight lanes a block, each lane 16
-    quant bytes (32 values, halves of two sub-blocks) of ``un`` blocks of each weight row, against x
-    quantized to int8 in workgroup memory: the sums are dp4a's, scaled per sub-block."""
+def _q4_k_lane(wide: bool) -> list[K.Stmt]:
+    """A Q4_K warp GEMV lane's place in its blocks (the same every step): its pair of sub-blocks
+    (2c, 2c + 1), 32 quant bytes a block with ``wide`` (four lanes a block), else the half ``hh`` of
+    them (eight lanes a block)."""
+    if wide:
+        out = [K.Let("c", _b("rem", _r("lane"), 4))]
+    else:
+        out = [K.Let("c", _b("div", _b("rem", _r("lane"), 8), 2)), K.Let("hh", _b("rem", _r("lane"), 2))]
+    return out + [K.Let("sh", _mul(_b("rem", _r("c"), 2), 16))]
+
+
+def _q4_k_block(k: int, un: int, wide: bool, it: K.Expr, u: int, clamp: bool = True) -> K.Expr:
+    """The block the lane reads ``u``-th in step ``it`` (``un`` blocks a lane a step); past the row's
+    end (K not a multiple of a step's blocks) its last, read again and summed as nothing."""
+    per = 8 if wide else 4  # blocks the warp reads at once
+    blk = _add(_mul(it, per * un), _b("div", _r("lane"), 32 // per), per * u)
+    return K.Bin("min", blk, _c(k // 256 - 1)) if clamp and (k // 256) % (per * un) else blk
+
+
+def _q4_k_rows(weights: list[str], bufs: list[str], k: int, mr: int, un: int, xglobal: bool, wide: bool) -> list[K.Stmt]:
+    """The loop body of a Q4_K warp GEMV step ``it``: each lane's ``un`` blocks of each weight row
+    ``j`` (16 or, ``wide``, 32 quant bytes of each and its 16-byte head: d, dmin, scales), every load
+    issued before any sum, against x quantized to int8 (in workgroup memory, or with ``xglobal`` in
+    global memory): dp4a's scaled per sub-block, into ``{weight}acc{r}``. ``weights`` name the
+    locals, ``bufs`` the buffers."""
     nb, nb32 = k // 256, k // 32
-    per_step, lanes = 4, 8  # blocks a warp reads at once, lanes a block
+    partial = nb % ((8 if wide else 4) * un) != 0
+    qw = 8 if wide else 4  # quant words a lane a block
     mask = _c(0x0F0F0F0F)
-    out: list[K.Stmt] = [
-        K.Let("lb", _b("rem", _r("lane"), lanes)),
-        K.Let("c", _b("div", _r("lb"), 2)),  # the lane's pair of sub-blocks (2c, 2c + 1)
-        K.Let("hh", _b("rem", _r("lb"), 2)),  # which half of their 32 values
-        K.Let("sh", _mul(_b("rem", _r("c"), 2), 16)),
-    ]
-    # every weight load of the step is issued before any sum (all ``un`` blocks' loads in flight at
-    # once); a step past the row's end (K not a multiple of a step's blocks) reads its last block
-    # again and adds nothing
-    partial = nb % (per_step * un) != 0
     loads: list[K.Stmt] = []
     body: list[K.Stmt] = []
     for u in range(un):
-        blk = _add(_mul(_r("it"), per_step * un), _b("div", _r("lane"), lanes), per_step * u)
-        loads.append(K.Let(f"blk{u}", K.Bin("min", blk, _c(nb - 1)) if partial else blk))
-        for p in weights:
-            base = _add(_mul(_r("j"), nb * 36), _mul(_r(f"blk{u}"), 36))
-            loads.append(K.Let(f"{p}base{u}", base))  # a block is 36 words: 16-byte aligned
-            at = _add(_r(f"{p}base{u}"), 4, _mul(_r("c"), 8), _mul(_r("hh"), 4))
-            loads.append(K.VecLoad(tuple(f"{p}q{u}_{i}" for i in range(4)), p, at, I32))
-            loads.append(K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), p, _r(f"{p}base{u}"), I32))
+        loads.append(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)))
+        for p, buf in zip(weights, bufs):
+            base = _add(_mul(_r("j"), nb * 36), _mul(_r(f"blk{u}"), 36))  # a block is 36 words: 16-byte aligned
+            loads.append(K.Let(f"{p}base{u}", base))
+            at = _add(_r(f"{p}base{u}"), 4, _mul(_r("c"), 8), 0 if wide else _mul(_r("hh"), 4))
+            for h in range(qw // 4):
+                loads.append(K.VecLoad(tuple(f"{p}q{u}_{4 * h + i}" for i in range(4)), buf, _add(at, 4 * h), I32))
+            loads.append(K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), buf, _r(f"{p}base{u}"), I32))
         for r in range(mr):  # x's row r: in workgroup memory, or row min(m0 + r, m - 1) of the quantized buffers
             xrow: K.Expr = K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)) if xglobal else _c(r)
-            # sub-blocks 2c and 2c + 1: in order in global memory; in workgroup memory a block's even
-            # sub-blocks come first, then its odd ones, so that the eight lanes reading one block's
-            # words at once read 32 consecutive words (no two in one bank)
-            xw = _add(_mul(xrow, k // 4), _mul(_r(f"blk{u}"), 64), _mul(_r("c"), 16 if xglobal else 8), _mul(_r("hh"), 4))
-            odd = 8 if xglobal else 32
-            sb = _add(_mul(xrow, nb32), _mul(_r(f"blk{u}"), 8), _mul(_r("c"), 2))
-            names = lambda t: tuple(f"{t}{u}_{r}_{i}" for i in range(4))  # noqa: E731
-            body += [K.VecLoad(names("xl"), "xq", xw, I32), K.VecLoad(names("xh"), "xq", _add(xw, odd), I32),
-                     K.VecLoad(names("yl"), "xr", xw, I32), K.VecLoad(names("yh"), "xr", _add(xw, odd), I32)]
-            body += [K.VecLoad((f"dl{u}_{r}", f"sl{u}_{r}"), "xds", _mul(sb, 2), F32),
-                     K.VecLoad((f"dh{u}_{r}", f"sh{u}_{r}"), "xds", _add(_mul(sb, 2), 2), F32)]
+            row0 = _add(_mul(xrow, k // 4), _mul(_r(f"blk{u}"), 64))
+            # the lane's words of sub-blocks 2c (low nibbles) and 2c + 1 (high): in global memory in
+            # order; in workgroup memory as _quantize_x_q8 placed them
+            if xglobal:
+                lo_at = [_add(row0, _mul(_r("c"), 16), 0 if wide else _mul(_r("hh"), 4), 4 * h) for h in range(qw // 4)]
+                hi_off = 8
+            elif wide:
+                par = _mul(_b("and", _r(f"blk{u}"), 1), 16)
+                lo_at = [_add(row0, _b("xor", _c(16 * h), par), _mul(_r("c"), 4)) for h in range(2)]
+                hi_off = 32
+            else:
+                lo_at = [_add(row0, _mul(_r("c"), 8), _mul(_r("hh"), 4))]
+                hi_off = 32
+            for t, arr in (("x", "xq"), ("y", "xr")):
+                for h, at in enumerate(lo_at):
+                    body += [K.VecLoad(tuple(f"{t}l{u}_{r}_{4 * h + i}" for i in range(4)), arr, at, I32),
+                             K.VecLoad(tuple(f"{t}h{u}_{r}_{4 * h + i}" for i in range(4)), arr, _add(at, hi_off), I32)]
+            sb = _add(_mul(xrow, nb32), _mul(_r(f"blk{u}"), 8), _mul(_r("c"), 2))  # (d, sum) of sub-blocks 2c, 2c + 1
+            body.append(K.VecLoad((f"dl{u}_{r}", f"sl{u}_{r}", f"dh{u}_{r}", f"sh{u}_{r}"), "xds", _mul(sb, 2), F32))
         for p in weights:
             body += q4_k_lane_scales(p, u)
             for r in range(mr):
@@ -227,7 +255,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool =
                 ih: K.Expr = _c(0)
                 jl: K.Expr = _c(0)
                 jh: K.Expr = _c(0)
-                for i in range(4):
+                for i in range(qw):
                     q = _r(f"{p}q{u}_{i}")
                     lo, hi = _b("and", q, mask), _b("and", _b("shr", q, 4), mask)
                     il = K.Dot4I8(lo, _r(f"xl{u}_{r}_{i}"), il)
@@ -241,17 +269,18 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int = 2, xglobal: bool =
                 dots = K.Bin("add", K.Bin("mul", _r(f"{p}scl{u}", F32), K.Bin("mul", _r(f"dl{u}_{r}", F32), both(il, jl))),
                              K.Bin("mul", _r(f"{p}sch{u}", F32), K.Bin("mul", _r(f"dh{u}_{r}", F32), both(ih, jh))))
                 mins = K.Bin("add", K.Bin("mul", _r(f"{p}mnl{u}", F32), _r(f"sl{u}_{r}", F32)), K.Bin("mul", _r(f"{p}mnh{u}", F32), _r(f"sh{u}_{r}", F32)))
-                mins = K.Bin("mul", _f(0.5), mins)  # the two lanes of a sub-block pair each take half its sums' share
+                if not wide:
+                    mins = K.Bin("mul", _f(0.5), mins)  # the two lanes of a sub-block pair each take half its sums' share
                 term: K.Expr = K.Bin("sub", dots, mins)
-                if partial:
-                    term = K.Select(K.Bin("lt", blk, _c(nb)), term, _f(0.0))
+                if partial:  # the block it read again adds nothing
+                    term = K.Select(K.Bin("lt", _q4_k_block(k, un, wide, _r("it"), u, clamp=False), _c(nb)), term, _f(0.0))
                 body.append(K.Assign(f"{p}acc{r}", K.Bin("add", _r(f"{p}acc{r}", F32), term)))
-    return out + loads + body
+    return loads + body
 
 
 @lru_cache(maxsize=None)
-def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int = 2,
-              shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1) -> K.Kernel:
+def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
+              shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. ``unroll``: Q4_K blocks
@@ -265,7 +294,12 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     several products of the same x in one launch, weights ``w0``, ``w1``, ... into ``y0``, ``y1``,
     ... (q, k and v, say); n is then their total. ``per_warp``: features a warp computes one after
     the other (grid (ceil(n / (warps per_warp)), ...)): fewer workgroups, so a Q4_K workgroup's
-    quantization of x serves more features."""
+    quantization of x serves more features. ``wide`` (Q4_K): a lane takes 32 quant bytes of a
+    block (all of a sub-block pair's), four lanes a block, so its sub-blocks' scales are decoded once
+    for twice the bytes and the whole of a pair's sums is one lane's; else 16 (eight lanes a block).
+    By default wide for one row of x (more rows' x words would not fit the registers).
+    ``unroll``: blocks a lane loads before it sums them (default 1 wide, else 2: eight blocks a warp
+    a step either way)."""
     if qtype not in GEMV_TYPES:
         raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
     if shared_sums and (qtype != "bf16" or parts):
@@ -284,8 +318,12 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     shared: tuple[K.Shared, ...] = ()
     if xglobal and qtype != "q4_k":
         raise ValueError("gemv_warp: x comes quantized for Q4_K weights only")
+    wide = mr == 1 if wide is None else wide
+    unroll = unroll or (1 if wide else 2)
+    if qtype == "q4_k":
+        body += _q4_k_lane(wide)
     if qtype == "q4_k" and not xglobal:
-        body += _quantize_x_q8(k, mr, threads)
+        body += _quantize_x_q8(k, mr, threads, wide)
         shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
     else:
         for r in range(mr):
@@ -298,7 +336,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             inner, un = _bf16_rows(weights, k, mr)
             out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
         else:
-            out.append(K.For("it", _c(0), _c(-(-(k // 256) // (4 * unroll))), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal))))
+            steps = -(-(k // 256) // ((8 if wide else 4) * unroll))
+            out.append(K.For("it", _c(0), _c(steps), tuple(_q4_k_rows(weights, weights, k, mr, unroll, xglobal, wide))))
         sums = [(r, wb) for r in range(mr) for wb in weights]
         if shared_sums:  # lane i of a warp keeps slot i; halving strides leave the warp's sum in lane 0
             tid = K.Builtin("thread_id", 0)
@@ -349,10 +388,12 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
     name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
-    if qtype == "q4_k" and (warps, unroll) != (Q4_K_WARPS, 2):
+    if qtype == "q4_k" and (warps, unroll) != (Q4_K_WARPS, 1 if wide else 2):
         name += f"_W{warps}_U{unroll}"
     if per_warp != 1:
         name += f"_F{per_warp}"
+    if qtype == "q4_k" and wide != (mr == 1):
+        name += "_wide" if wide else "_narrow"
     if shared_sums:
         name += "_shared_sums"
     if xglobal:
