@@ -292,6 +292,9 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
     assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1"]
     assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
+    # one row of x: the Q4_K GEMV's lanes take 32 quant bytes on CUDA devices, 16 elsewhere (Vulkan)
+    vk = plan_graph(graph, device="vulkan:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
+    assert [l.kernel.name for l in vk.launches if l.when is None or l.when({"tokens": 1})][0] == "gemv_warp_q4_k_K512_MR1_narrow"
     # Hopper: Q4_K from 33 to 64 rows through the warpgroup GEMM that dequantizes in workgroup memory,
     # beyond through its dequantized copy; the Q6_K weight through its copy from 17 rows
     hopper = plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}),
