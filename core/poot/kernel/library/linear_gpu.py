@@ -206,12 +206,11 @@ def _q4_k_block(k: int, un: int, wide: bool, it: K.Expr, u: int, clamp: bool = T
     return K.Bin("min", blk, _c(k // 256 - 1)) if clamp and (k // 256) % (per * un) else blk
 
 
-def _q4_k_rows(weights: list[str], bufs: list[str], k: int, mr: int, un: int, xglobal: bool, wide: bool) -> list[K.Stmt]:
+def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide: bool) -> list[K.Stmt]:
     """The loop body of a Q4_K warp GEMV step ``it``: each lane's ``un`` blocks of each weight row
     ``j`` (16 or, ``wide``, 32 quant bytes of each and its 16-byte head: d, dmin, scales), every load
     issued before any sum, against x quantized to int8 (in workgroup memory, or with ``xglobal`` in
-    global memory): dp4a's scaled per sub-block, into ``{weight}acc{r}``. ``weights`` name the
-    locals, ``bufs`` the buffers."""
+    global memory): dp4a's scaled per sub-block, into ``{weight}acc{r}``."""
     nb, nb32 = k // 256, k // 32
     partial = nb % ((8 if wide else 4) * un) != 0
     qw = 8 if wide else 4  # quant words a lane a block
@@ -220,13 +219,13 @@ def _q4_k_rows(weights: list[str], bufs: list[str], k: int, mr: int, un: int, xg
     body: list[K.Stmt] = []
     for u in range(un):
         loads.append(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)))
-        for p, buf in zip(weights, bufs):
+        for p in weights:
             base = _add(_mul(_r("j"), nb * 36), _mul(_r(f"blk{u}"), 36))  # a block is 36 words: 16-byte aligned
             loads.append(K.Let(f"{p}base{u}", base))
             at = _add(_r(f"{p}base{u}"), 4, _mul(_r("c"), 8), 0 if wide else _mul(_r("hh"), 4))
             for h in range(qw // 4):
-                loads.append(K.VecLoad(tuple(f"{p}q{u}_{4 * h + i}" for i in range(4)), buf, _add(at, 4 * h), I32))
-            loads.append(K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), buf, _r(f"{p}base{u}"), I32))
+                loads.append(K.VecLoad(tuple(f"{p}q{u}_{4 * h + i}" for i in range(4)), p, _add(at, 4 * h), I32))
+            loads.append(K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), p, _r(f"{p}base{u}"), I32))
         for r in range(mr):  # x's row r: in workgroup memory, or row min(m0 + r, m - 1) of the quantized buffers
             xrow: K.Expr = K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)) if xglobal else _c(r)
             row0 = _add(_mul(xrow, k // 4), _mul(_r(f"blk{u}"), 64))
@@ -337,7 +336,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
         else:
             steps = -(-(k // 256) // ((8 if wide else 4) * unroll))
-            out.append(K.For("it", _c(0), _c(steps), tuple(_q4_k_rows(weights, weights, k, mr, unroll, xglobal, wide))))
+            out.append(K.For("it", _c(0), _c(steps), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal, wide))))
         sums = [(r, wb) for r in range(mr) for wb in weights]
         if shared_sums:  # lane i of a warp keeps slot i; halving strides leave the warp's sum in lane 0
             tid = K.Builtin("thread_id", 0)
