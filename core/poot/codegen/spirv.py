@@ -682,6 +682,9 @@ _NARROW_OPS = {
     173: "cmp-signed", 175: "cmp-signed", 177: "cmp-signed", 179: "cmp-signed",  # SGreaterThan(Equal), SLessThan(Equal)
     245: "keep", 169: "keep", 83: "keep",  # Phi, Select, CopyObject
 }
+# GLSL.std.450 integer instructions on narrow integers, by the same kinds: SAbs, SMin, SMax, SClamp;
+# UMin, UMax, UClamp
+_NARROW_GLSL = {5: "signed", 39: "signed", 42: "signed", 45: "signed", 38: "keep", 41: "keep", 44: "keep"}
 _OP_CONVERT_S_TO_F = 111
 _OP_SHL, _OP_SHR_ARITH, _OP_AND, _OP_COPY = 196, 195, 199, 83
 
@@ -715,11 +718,16 @@ def _widen_narrow_ints(m: _Spv) -> bool:
             width[ops[1]] = narrow[ops[0]]
         elif op not in _NO_RESULT_TYPE and len(ops) >= 2 and ops[0] in narrow:
             width[ops[1]] = narrow[ops[0]]
+    glsl = {ops[0] for ops in m.of(_OP_EXT_INST_IMPORT) if _string(ops[1:]) == "GLSL.std.450"}
+
+    def glsl_kind(op: int, ops: list[int]) -> str | None:  # a GLSL integer instruction this pass widens
+        return _NARROW_GLSL.get(ops[3]) if op == _OP_EXT_INST and ops[2] in glsl else None
+
     known = set(_NARROW_OPS) | {_OP_UCONVERT, _OP_SCONVERT, _OP_CONVERT_S_TO_F, _OP_CONSTANT}
     for op, ops in m.insts:
         if op in _NO_RESULT_TYPE or len(ops) < 2:
             continue
-        if (ops[0] in narrow or any(o in width for o in _id_operands(op, ops))) and op not in known:
+        if (ops[0] in narrow or any(o in width for o in _id_operands(op, ops))) and op not in known and glsl_kind(op, ops) is None:
             return False
     needed = set(consts.values()) | {(1 << w) - 1 for w in narrow.values()} | {32 - w for w in narrow.values()}
     c32 = {v: m.constant(u32, v) for v in sorted(needed)}  # declared first: declaring edits m.insts
@@ -740,11 +748,13 @@ def _widen_narrow_ints(m: _Spv) -> bool:
         if op in (_OP_TYPE_INT, _OP_CONSTANT) and ops[0] in narrow:
             continue
         ops = list(ops)
-        if op in _NO_RESULT_TYPE or len(ops) < 2 or op not in known or op == _OP_CONSTANT:  # (literals are not ids)
+        ext = None if op in _NO_RESULT_TYPE or len(ops) < 4 else glsl_kind(op, ops)
+        if op in _NO_RESULT_TYPE or len(ops) < 2 or (op not in known and ext is None) or op == _OP_CONSTANT:  # (literals are not ids)
             out.append([op, ops])
             continue
-        src_w = {i: width[ops[i]] for i in range(2, len(ops)) if ops[i] in width}  # operand position -> its narrow width
-        for i in range(2, len(ops)):
+        first = 4 if ext else 2  # an extended instruction's set and number are not operands
+        src_w = {i: width[ops[i]] for i in range(first, len(ops)) if ops[i] in width}  # operand position -> its narrow width
+        for i in range(first, len(ops)):
             if ops[i] in consts:
                 ops[i] = c32[consts[ops[i]]]
         out_w = narrow.get(ops[0])
@@ -761,7 +771,7 @@ def _widen_narrow_ints(m: _Spv) -> bool:
                 ops[2] = sext(ops[2], src_w[2])
             out.append([op, ops])
             continue
-        kind = _NARROW_OPS.get(op)
+        kind = ext or _NARROW_OPS.get(op)
         if kind is None or (out_w is None and not src_w):
             out.append([op, ops])
             continue

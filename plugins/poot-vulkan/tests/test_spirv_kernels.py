@@ -482,24 +482,48 @@ def narrowed_index_math(out: Out[i32], cols: i32):
         out[c * 4 + 3] = (j - (j // 64) * 64) // 32
 
 
-def test_narrow_integer_arithmetic_is_redone_in_32_bits(device, tmp_path, monkeypatch):
-    """LLVM narrows index math of known range to 8- and 16-bit integers, which need shaderInt8 and
-    shaderInt16 on Vulkan and which naga takes not at all: the post-pass redoes it in 32 bits (values
-    kept zero-extended, sign-extended where an instruction is signed). LLVM's output here has narrow
-    arithmetic; the module has no narrow type left, is valid, and computes what numpy does."""
+def _run_narrowed(device, template, tmp_path, monkeypatch, llvm_narrow: str, cols: int = 300) -> np.ndarray:
+    """Compile ``template`` (whose LLVM output must match ``llvm_narrow``: narrow integers), check
+    that its SPIR-V has no narrow integer type left, run it on ``device`` and return ``out``."""
     import re
 
     from poot_vulkan.runtime import VulkanKernel
 
     monkeypatch.setenv("POOT_DUMP", str(tmp_path))
-    k, spv = compile_spirv(narrowed_index_math)
-    llvm_out = (tmp_path / f"{k.name}.spirv.opt.ll").read_text()
-    assert re.search(r"= (add|sub|mul|sdiv|srem|udiv|urem|and|or|xor|shl|lshr|ashr)( nuw| nsw| exact)* i(8|16) ", llvm_out), \
-        "this kernel no longer exercises narrow integers: pick another"
+    k, spv = compile_spirv(template)
+    assert re.search(llvm_narrow, (tmp_path / f"{k.name}.spirv.opt.ll").read_text()), "this kernel no longer exercises narrow integers: pick another"
     assert not {ops[1] for op, ops in S._Spv(spv, k.name).insts if op == 21} & {8, 16}  # OpTypeInt
-    cols = 300
     out = np.full(cols * 4, -999, np.int32)
     VulkanKernel(k, spv, device).run((1,), {"out": out}, {"cols": cols})
-    c = np.arange(cols) % 256
+    return out
+
+
+def test_narrow_integer_arithmetic_is_redone_in_32_bits(device, tmp_path, monkeypatch):
+    """LLVM narrows index math of known range to 8- and 16-bit integers, which need shaderInt8 and
+    shaderInt16 on Vulkan and which naga takes not at all: the post-pass redoes it in 32 bits (values
+    kept zero-extended, sign-extended where an instruction is signed). LLVM's output here has narrow
+    arithmetic; the module has no narrow type left, is valid, and computes what numpy does."""
+    out = _run_narrowed(device, narrowed_index_math, tmp_path, monkeypatch, r"= (add|sub|mul|sdiv|srem|udiv|urem|and|or|xor|shl|lshr|ashr)( nuw| nsw| exact)* i(8|16) ")
+    c = np.arange(300) % 256
     want = np.stack([c // 32, (c // 64) * 2, c % 32 - 16, (c - (c // 64) * 64) // 32], 1).reshape(-1)
+    np.testing.assert_array_equal(out, want)
+
+
+@kernel(workgroup=(128, 1, 1))
+def narrowed_min_max(out: Out[i32], cols: i32):
+    for c in range(thread_id(0), cols, 128):
+        lane = c % 32  # LLVM takes these minima and maxima in 8 bits (llvm.smin.i8 / smax.i8)
+        out[c * 4 + 0] = min(lane // 4, 5)
+        out[c * 4 + 1] = max(lane - 16, -3)
+        out[c * 4 + 2] = min(lane - 16, 2)
+        out[c * 4 + 3] = max(lane // 8, 2)
+
+
+def test_narrow_minima_and_maxima_are_redone_in_32_bits(device, tmp_path, monkeypatch):
+    """GLSL's SMin/SMax (and the other integer extended instructions) on narrowed integers are
+    widened too (operands sign-extended for the signed ones), negative values among them: before,
+    one such instruction left the whole module narrow (shaderInt8 on Vulkan; naga refused it)."""
+    out = _run_narrowed(device, narrowed_min_max, tmp_path, monkeypatch, r"@llvm\.s(min|max)\.i(8|16)\(")
+    lane = np.arange(300) % 32
+    want = np.stack([np.minimum(lane // 4, 5), np.maximum(lane - 16, -3), np.minimum(lane - 16, 2), np.maximum(lane // 8, 2)], 1).reshape(-1)
     np.testing.assert_array_equal(out, want)
