@@ -269,6 +269,12 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
                 f"one by one; the step's graph {statistics.median(walls) * 1e3:.2f} ms (median of 5 replays)")
             for name, sec in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
                 say(f"    {sec * 1e3:8.3f} ms  {name}")
+            if hasattr(ex, "graph_seconds"):  # inside the graph: its time without each of the largest classes of launches
+                whole = ex.graph_seconds(step)
+                say(f"  the step's launches as one graph, without the inputs' copy: {whole * 1e3:.3f} ms; without each class of launches:")
+                for name, _ in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
+                    saved = whole - ex.graph_seconds(step, lambda n, name=name: n == name)
+                    say(f"    {saved * 1e3:8.3f} ms  {name} ({sum(n == name for n, _ in times)} launches)")
         return replay(step, inputs)
 
     ex.replay = profiled
@@ -316,7 +322,8 @@ def main() -> None:
     ap.add_argument("--json", help="write the figures here too")
     ap.add_argument("--matmul-precision", nargs="+", default=["high"], choices=["highest", "high", "medium"],
                     help="the bf16 model's matmul precision; more than one: the others measured too (batches > 1 and prefill: batch 1 is GEMVs)")
-    ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest")
+    ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest; on CUDA also what "
+                                                               "each of the largest classes of launches costs inside the step's graph (the graph timed without it)")
     ap.add_argument("--kv-dtype", default="f16", choices=["f32", "f16"], help="poot's KV cache type (default f16, poot's own; transformers keeps a bf16 one)")
     ap.add_argument("--also", nargs="*", default=[], metavar="DEVICE",
                     help="other devices (vulkan:0, wgpu:0) whose batch-1 decode of the same models is measured too, as a ratio to --device's")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -271,6 +271,42 @@ class CudaExecutor(Executor):
                 d.cuEventDestroy(e)
             self.ctx.free(stall)
         return list(zip(step.names, np.median(times, axis=0).tolist()))
+
+    def graph_seconds(self, step: CudaStep, leave_out: Callable[[str], bool] = lambda name: False, repeat: int = 5, runs: int = 20) -> float:
+        """Seconds a replay of ``step``'s launches takes as one CUDA graph (median of ``repeat``
+        timings of ``runs`` replays queued back to back, between CUDA events), captured again
+        without the launches whose names ``leave_out`` accepts and without the inputs' copy: what
+        a class of launches costs inside the graph, where a launch timed alone carries its own
+        start-up. Left-out launches write nothing, so this graph's results are not the step's."""
+        self._live(step)
+        self.ctx.make_current()
+        d = self.d
+        programmatic = self.programmatic and dict(step.storage.env).get("tokens", PROGRAMMATIC_TOKENS + 1) <= PROGRAMMATIC_TOKENS
+        _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
+        try:
+            follows_kernel = False
+            for (ck, grid, ptrs, scalars), name in zip(step.calls, step.names):
+                if not leave_out(name):
+                    follows_kernel = ck.launch(grid, ptrs, scalars, self.stream, programmatic=programmatic and follows_kernel) or follows_kernel
+        finally:
+            graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
+        events = [_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2)]
+        try:
+            graph_exec = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
+            times = []
+            for _ in range(repeat + 1):  # the first a warm-up
+                _check(d, "cuEventRecord", d.cuEventRecord(events[0], self.stream))
+                for _ in range(runs):
+                    _check(d, "cuGraphLaunch", d.cuGraphLaunch(graph_exec, self.stream))
+                _check(d, "cuEventRecord", d.cuEventRecord(events[1], self.stream))
+                _check(d, "cuEventSynchronize", d.cuEventSynchronize(events[1]))
+                times.append(_check(d, "cuEventElapsedTime", d.cuEventElapsedTime(events[0], events[1])) / 1e3 / runs)
+            _check(d, "cuGraphExecDestroy", d.cuGraphExecDestroy(graph_exec))
+        finally:
+            _check(d, "cuGraphDestroy", d.cuGraphDestroy(graph))
+            for e in events:
+                d.cuEventDestroy(e)
+        return float(np.median(times[1:]))
 
     def read(self, step: CudaStep, name: str) -> np.ndarray:
         self._live(step)
