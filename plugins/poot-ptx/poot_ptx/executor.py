@@ -4,8 +4,8 @@ fixed) replayed after the step's inputs are written into its pinned staging memo
 first node copies them all to the device in one transfer. On sm_90+ the launches of a step of at
 most ``PROGRAMMATIC_TOKENS`` tokens (decode at small batches: warp GEMVs, latency-bound) are
 programmatic: each may start while the one before it drains, held at its ``AwaitPrior`` until that
-one is done (H200, Llama-3-8B Q4_K: a batch-1 step 2.4% shorter; a batch-64 step 16% longer, so
-larger steps stay serial). ``POOT_CUDA_PDL=0`` captures every step serial."""
+one is done (H200, Llama-3-8B Q4_K: a batch-1 step's graph 2-4% shorter; a batch-64 step's 16%
+longer, so larger steps stay serial). ``POOT_CUDA_PDL=0`` captures every step serial."""
 
 from __future__ import annotations
 
@@ -190,10 +190,7 @@ class CudaExecutor(Executor):
         try:
             if total:
                 _check(d, "cuMemcpyHtoDAsync", d.cuMemcpyHtoDAsync(dev, pinned, total, self.stream))
-            programmatic = self.programmatic and env.get("tokens", PROGRAMMATIC_TOKENS + 1) <= PROGRAMMATIC_TOKENS
-            follows_kernel = False  # the first kernel follows the inputs' copy: a plain dependency
-            for ck, grid, ptrs, scalars in calls:
-                follows_kernel = ck.launch(grid, ptrs, scalars, self.stream, programmatic=programmatic and follows_kernel) or follows_kernel
+            self._queue(calls, env)
         finally:
             graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
         try:
@@ -212,6 +209,15 @@ class CudaExecutor(Executor):
         if old is not None:  # captured under weights or pools since rebound
             self._drop(old)
         return step
+
+    def _queue(self, calls: list[tuple[Any, tuple[int, ...], dict[str, int], dict[str, Any]]], env: Mapping[str, int]) -> None:
+        """Launch ``calls`` on the stream being captured: programmatic after the first kernel in a
+        step of up to ``PROGRAMMATIC_TOKENS`` tokens (the first follows the inputs' copy: a plain
+        dependency)."""
+        programmatic = self.programmatic and env.get("tokens", PROGRAMMATIC_TOKENS + 1) <= PROGRAMMATIC_TOKENS
+        follows_kernel = False
+        for ck, grid, ptrs, scalars in calls:
+            follows_kernel = ck.launch(grid, ptrs, scalars, self.stream, programmatic=programmatic and follows_kernel) or follows_kernel
 
     def _drop(self, step: CudaStep) -> None:
         """Free a step's graph and memory; replaying or reading it afterwards is a PootError (its
@@ -281,13 +287,9 @@ class CudaExecutor(Executor):
         self._live(step)
         self.ctx.make_current()
         d = self.d
-        programmatic = self.programmatic and dict(step.storage.env).get("tokens", PROGRAMMATIC_TOKENS + 1) <= PROGRAMMATIC_TOKENS
         _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
-            follows_kernel = False
-            for (ck, grid, ptrs, scalars), name in zip(step.calls, step.names):
-                if not leave_out(name):
-                    follows_kernel = ck.launch(grid, ptrs, scalars, self.stream, programmatic=programmatic and follows_kernel) or follows_kernel
+            self._queue([c for c, name in zip(step.calls, step.names) if not leave_out(name)], dict(step.storage.env))
         finally:
             graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
         events = [_check(d, "cuEventCreate", d.cuEventCreate(0)) for _ in range(2)]
