@@ -120,3 +120,29 @@ def test_kernels_wait_for_the_launch_before_where_launches_can_overlap():
     for bad, why in ((nested, "top level"), (twice, "more than once")):
         with pytest.raises(KernelError, match=why):
             verify_kernel(bad)
+
+
+def test_prefetches_go_to_the_bulk_copy_engine_on_hopper_and_nowhere_else():
+    """``Prefetch`` of a range before the wait: one ``cp.async.bulk.prefetch.L2`` of the given
+    bytes, ahead of ``griddepcontrol.wait``, on sm_90+; no instruction on sm_80, the host or SPIR-V
+    (a hint). A prefetch of a workgroup array or with a float count is refused."""
+    from poot.codegen.targets import spirv_target
+    from poot.kernel.verify import KernelError, verify_kernel
+
+    bufs = K.Buffer("x", dt.f32), K.Buffer("y", dt.f32, readonly=False)
+    tid = K.Builtin("thread_id", 0)
+    body = (K.Prefetch("x", K.Bin("mul", tid, K.Const(64, K.i32)), K.Const(4096, K.i32)), K.AwaitPrior(), K.Store("y", tid, K.Load("x", tid, dt.f32)))
+    k = K.Kernel("ask_first", bufs, body, (32, 1, 1), ())
+    verify_kernel(k)
+    ptx = compile_kernel(k, target("nvptx:sm_90a"), use_cache=False).data.decode()
+    body_ptx = ptx[ptx.index(".entry"):]
+    assert body_ptx.count("cp.async.bulk.prefetch.L2.global") == 1 and "4096" in body_ptx
+    assert body_ptx.index("cp.async.bulk.prefetch") < body_ptx.index("griddepcontrol.wait") < body_ptx.index("ld.global")
+    assert "prefetch" not in compile_kernel(k, target("nvptx:sm_80"), use_cache=False).data.decode()
+    assert compile_kernel(k, target("host"), use_cache=False) is not None
+    assert compile_kernel(k, spirv_target(1), use_cache=False).data[:4] == b"\x03\x02\x23\x07"  # SPIR-V's magic number
+    shared = K.Kernel("ask_shared", bufs, (K.Prefetch("s", K.Const(0, K.i32), K.Const(16, K.i32)),), (32, 1, 1), (K.Shared("s", dt.f32, 64),))
+    floaty = K.Kernel("ask_float", bufs, (K.Prefetch("x", K.Const(0, K.i32), K.Const(16.0, dt.f32)),), (32, 1, 1), ())
+    for bad, why in ((shared, "reads a buffer"), (floaty, "byte count must be i32")):
+        with pytest.raises(KernelError, match=why):
+            verify_kernel(bad)

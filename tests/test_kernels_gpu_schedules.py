@@ -139,13 +139,14 @@ def test_gemv_warp_for_every_packed_type(rng, qtype, mr, m):
 
 @gpu_only
 @pytest.mark.parametrize("k", [256, 512, 1024 * 3])
-@pytest.mark.parametrize("mr,m,per_warp", [(1, 1, 1), (4, 2, 1), (4, 4, 1), (4, 7, 1), (1, 1, 2), (4, 7, 3)])
-def test_gemv_warp_bf16(rng, k, mr, m, per_warp):
+@pytest.mark.parametrize("mr,m,per_warp,prefetch", [(1, 1, 1, False), (4, 2, 1, False), (4, 4, 1, False), (4, 7, 1, False), (1, 1, 2, False), (4, 7, 3, False),
+                                                  (1, 1, 1, True), (4, 7, 3, True)])
+def test_gemv_warp_bf16(rng, k, mr, m, per_warp, prefetch):
     n = 37  # not a multiple of the eight warps of a workgroup
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    run_host(gemv_warp("bf16", k, mr, per_warp=per_warp), (-(-n // (8 * per_warp)), -(-m // mr)), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
+    run_host(gemv_warp("bf16", k, mr, per_warp=per_warp, prefetch=prefetch), (-(-n // (8 * per_warp)), -(-m // mr)), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
 
@@ -153,15 +154,18 @@ def test_gemv_warp_bf16(rng, k, mr, m, per_warp):
 @gpu_only
 @pytest.mark.parametrize("k", [512, 1024, 256 * 7])  # two blocks a row (guarded), four, seven
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
-@pytest.mark.parametrize("unroll,per_warp,wide", [(None, 1, True), (2, 1, True), (None, 3, True), (1, 2, True), (2, 1, False), (4, 1, False), (1, 2, False)])
-def test_gemv_warp_q4_k(rng, k, mr, m, unroll, per_warp, wide):
-    """Lanes of 32 quant bytes a block (``wide``) or 16, ``unroll`` blocks a lane a step."""
+@pytest.mark.parametrize("unroll,per_warp,wide,prefetch", [(None, 1, True, False), (2, 1, True, False), (None, 3, True, False), (1, 2, True, False),
+                                                          (2, 1, False, False), (4, 1, False, False), (1, 2, False, False), (None, 1, True, True), (2, 2, False, True)])
+def test_gemv_warp_q4_k(rng, k, mr, m, unroll, per_warp, wide, prefetch):
+    """Lanes of 32 quant bytes a block (``wide``) or 16, ``unroll`` blocks a lane a step; with
+    ``prefetch`` the rows asked for into the L2 first (21 rows: the last workgroup's warps past n
+    ask for nothing)."""
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, :32] = 0  # a block of zeros: scale 0, nothing divided by it
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, unroll=unroll, per_warp=per_warp, wide=wide)
+    kern = gemv_warp("q4_k", k, mr, unroll=unroll, per_warp=per_warp, wide=wide, prefetch=prefetch)
     run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
     want, flip, bound, exact = _q4_k_products(x, raw)
     _close(y, want, np.abs(x) @ np.abs(quantization("q4_k").dequantize(raw)).T, slack=flip)
@@ -423,9 +427,10 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m,per_warp,wide", [(1, 1, 1, True), (4, 3, 1, True), (1, 1, 3, True), (4, 3, 2, False), (1, 1, 1, False), (1, 1, 3, False)])
+@pytest.mark.parametrize("mr,m,per_warp,wide,prefetch", [(1, 1, 1, True, False), (4, 3, 1, True, False), (1, 1, 3, True, False), (4, 3, 2, False, False),
+                                                     (1, 1, 1, False, False), (1, 1, 3, False, False), (1, 1, 1, True, True), (4, 3, 2, False, True)])
 @pytest.mark.parametrize("k", [1024, 256 * 11])  # Q4_K: one step of a warp's blocks, or two (the second partial)
-def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, k):
+def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, prefetch, k):
     if not wide and qtype != "q4_k":
         pytest.skip("lanes of 16 or 32 bytes are Q4_K's")
     n = 29
@@ -437,7 +442,7 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
         bg, bu = np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide)
+    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch=prefetch)
     run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
     if qtype == "bf16":
         g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
@@ -450,10 +455,12 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m,per_warp,wide", [(1, 1, 1, True), (4, 2, 1, True), (1, 1, 2, True), (4, 2, 3, True), (1, 1, 1, False), (4, 2, 3, False)])
+@pytest.mark.parametrize("mr,m,per_warp,wide,prefetch", [(1, 1, 1, True, False), (4, 2, 1, True, False), (1, 1, 2, True, False), (4, 2, 3, True, False),
+                                                     (1, 1, 1, False, False), (4, 2, 3, False, False), (1, 1, 1, True, True), (4, 2, 3, True, True)])
 @pytest.mark.parametrize("k", [512, 256 * 11])
-def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp, wide, k):
-    """Parts of 24, 8 and 13 features: with several features a warp, one warp's features span parts."""
+def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp, wide, prefetch, k):
+    """Parts of 24, 8 and 13 features: with several features a warp, one warp's features span parts.
+    ``prefetch``: each warp asks for its rows (in whichever part) before it waits."""
     if not wide and qtype != "q4_k":
         pytest.skip("lanes of 16 or 32 bytes are Q4_K's")
     parts = (24, 8, 13)
@@ -468,7 +475,7 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
         ws.append(w)
         bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
     x = rng.standard_normal((m, k)).astype(np.float32)
-    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide)
+    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide, prefetch=prefetch)
     run_host(kern, (-(-sum(parts) // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, **bufs}, {"m": m, "n": sum(parts)})
     for i, w in enumerate(ws):
         if qtype == "bf16":

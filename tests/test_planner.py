@@ -304,6 +304,9 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
                                                "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
     assert at(40)[1].buffers["w"] == hopper.launches[0].buffers["w"] and at(40)[1].buffers["y"] == at(40)[2].buffers["p"] in hopper.scratch
     assert at(40)[3].buffers["wd"] == at(40)[4].buffers["w"]
+    # one row of x on Hopper: the Q4_K GEMV asks for its rows into the L2 first (Q6_K's does not)
+    assert [l.kernel.name for l in at(1)] == ["gemv_warp_q4_k_K512_MR1_pf", "gemv_warp_q6_k_K512_MR1"]
+    assert [l.kernel.name for l in at(3)] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
     assert [l.kernel.name for l in at(12)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_1x4_W8_xs"]
     assert [l.kernel.name for l in at(32)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
     assert [l.kernel.name for l in at(300)] == ["dequantize_bf16_q4_k_K512", "split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs", "sum_parts_8",

@@ -115,12 +115,25 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
         self.block(self.k.body)
         self.b.ret_void()
 
+    def _hopper(self) -> bool:
+        """sm_90 or later: griddepcontrol and the bulk copy engine."""
+        return self.t.name == "nvptx" and int(self.t.cpu.removeprefix("sm_").rstrip("a")) >= 90
+
     def await_prior(self) -> None:
         """``AwaitPrior``: griddepcontrol where the target has it (sm_90+), the wait then the release
         of the next launch; nothing elsewhere."""
-        if self.t.name == "nvptx" and int(self.t.cpu.removeprefix("sm_").rstrip("a")) >= 90:
+        if self._hopper():
             text = "griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;"
             self.b.call(L.InlineAsm(L.FunctionType(L.VoidType(), []), text, "~{memory}", side_effect=True), [])
+
+    def prefetch(self, st: K.Prefetch) -> None:
+        """``Prefetch``: the bulk copy engine's prefetch into the L2 where the target has it (sm_90+);
+        nothing elsewhere (a hint)."""
+        if self._hopper():
+            ptr, _ = self.address(st.buffer, st.index)
+            fn = L.InlineAsm(L.FunctionType(L.VoidType(), [L.IntType(64), I32]), "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r,~{memory}",
+                             side_effect=True)
+            self.b.call(fn, [self.b.ptrtoint(ptr, L.IntType(64)), self.expr(st.nbytes)])
 
     def _host_functions(self, params: list[L.Type]) -> None:
         k = self.k
@@ -316,6 +329,8 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
             self.copy_async(st)
         elif isinstance(st, K.AwaitPrior):
             self.await_prior()
+        elif isinstance(st, K.Prefetch):
+            self.prefetch(st)
         elif isinstance(st, K.CopyAsyncSync):
             if self.t.name == "nvptx":  # (elsewhere the copies were ordinary loads and stores: nothing to wait for)
                 if st.op == "commit":

@@ -19,6 +19,7 @@ __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
     "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle", "Dot4I8", "PackBf16x2",
     "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma", "Wgmma", "WgmmaSync", "CopyAsync", "CopyAsyncSync", "AwaitPrior",
+    "Prefetch",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "WGMMA_SYNC", "COPY_SYNC", "const", "i32",
 ]
 
@@ -399,7 +400,21 @@ class AwaitPrior:
     made programmatic (other targets, other executors) they are serial and it does nothing."""
 
 
-Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync, AwaitPrior]
+@dataclass(frozen=True)
+class Prefetch:
+    """A hint that ``nbytes`` bytes of ``buffer`` from element ``index`` on (16-byte aligned, a
+    multiple of 16 bytes) are read soon: NVIDIA sm_90+ brings them into the L2 by the bulk copy
+    engine (``cp.async.bulk.prefetch``), one instruction for the whole range, no registers and
+    nothing to wait for. Other targets ignore it. It reads no value, so before an ``AwaitPrior`` it
+    may name only memory no launch of the step writes (weights): the launch before is then still
+    running, and the range arrives while it drains."""
+
+    buffer: str
+    index: Expr
+    nbytes: Expr
+
+
+Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync, AwaitPrior, Prefetch]
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ from ..graph import dtypes as dt
 from .ir import (
     BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
     Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Dot4I8, PackBf16x2, Un, VecLoad, VecStore,
-    Wgmma, WgmmaSync, WGMMA_SYNC, CopyAsync, CopyAsyncSync, COPY_SYNC, AwaitPrior,
+    Wgmma, WgmmaSync, WGMMA_SYNC, CopyAsync, CopyAsyncSync, COPY_SYNC, AwaitPrior, Prefetch,
 )
 
 __all__ = ["KernelError", "verify_kernel", "awaits_prior", "uses_barriers", "uses_subgroups", "uses_swizzle"]
@@ -268,6 +268,13 @@ def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None
         elif isinstance(st, CopyAsyncSync):
             if st.op not in COPY_SYNC or not 0 <= st.n <= 7:
                 raise s.fail(w, f"asynchronous copy ordering is one of {COPY_SYNC} with 0 <= n <= 7, got {st.op!r} {st.n}")
+        elif isinstance(st, Prefetch):
+            buf = s.buffers.get(st.buffer)
+            if not isinstance(buf, Buffer):
+                raise s.fail(w, f"a prefetch reads a buffer, not '{st.buffer}'")
+            for what, e in (("index", st.index), ("byte count", st.nbytes)):
+                if _expr(s, e, w)[0] != dt.i32:
+                    raise s.fail(w, f"a prefetch's {what} must be i32")
         elif isinstance(st, AwaitPrior):
             if where != "body":
                 raise s.fail(w, "the wait for the launch before must be at the kernel body's top level (every thread reaches it once)")

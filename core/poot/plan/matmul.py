@@ -121,6 +121,13 @@ def _wide(mr: int, limits: Limits) -> bool:
     return mr == 1 and "mma.sync.bf16" in limits.matrix
 
 
+def _prefetch(qtype: str, mr: int, limits: Limits) -> bool:
+    """Warp GEMVs that ask for their weight rows into the L2 first (``gemv_warp``'s ``prefetch``):
+    Q4_K for one row of x on devices with a bulk copy engine (Hopper), where it was measured faster;
+    elsewhere the hint would be ignored, or is not yet measured."""
+    return qtype == "q4_k" and mr == 1 and "wgmma" in limits.matrix
+
+
 def _warp_gemv_fits(t: dt.DType, k: int, limits: Limits) -> bool:
     """Whether the warp GEMV runs weights of type ``t`` and rows of ``k`` here: on 32-lane subgroups,
     or for bf16 without subgroup operations (the lanes' sums through workgroup memory)."""
@@ -354,7 +361,7 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> li
     if not few:
         return None
     for mr, lo, hi in few:
-        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums, wide=_wide(mr, limits))
+        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums, wide=_wide(mr, limits), prefetch=_prefetch(w.dtype.name, mr, limits))
         out.append(Launch(n, k, bufs, lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
     if _on_tensor_cores(n, limits) and (w.dtype == dt.bf16 or split is not None):
         out += _tensor_core_launches(n, limits, split)
@@ -414,7 +421,8 @@ def glu_launches(glu: Glu, out: Value, limits: Limits) -> list[Launch]:
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
     ss = limits.subgroup != 32
     f = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True, shared_sums=ss).threads // 32  # features a workgroup
-    return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits)), bufs,
+    return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits),
+                                                  prefetch=_prefetch(wg.dtype.name, mr, limits)), bufs,
                    lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows), label="gated_mlp")
             for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits)]
 
@@ -450,7 +458,8 @@ def siblings_launches(ns: list[Node], limits: Limits) -> list[Launch]:
         bufs[f"w{i}"], bufs[f"y{i}"] = _key(m.inputs[1]), _key(m.outputs[0])
     total = sum(parts)
     f = linear_gpu.gemv_warp(w.dtype.name, kk, 1, parts=parts).threads // 32  # features a workgroup
-    return [Launch(ns[0], linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits)), bufs, lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
+    return [Launch(ns[0], linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), prefetch=_prefetch(w.dtype.name, mr, limits)), bufs,
+                   lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
                    lambda env: {"m": rows(env), "n": total}, between(lo, hi, rows), label=f"{len(ns)} matmuls")
             for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits)]
 

@@ -279,7 +279,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
 
 @lru_cache(maxsize=None)
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
-              shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None) -> K.Kernel:
+              shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. ``unroll``: Q4_K blocks
@@ -298,7 +298,10 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     for twice the bytes and the whole of a pair's sums is one lane's; else 16 (eight lanes a block).
     By default wide for one row of x (more rows' x words would not fit the registers).
     ``unroll``: blocks a lane loads before it sums them (default 1 wide, else 2: eight blocks a warp
-    a step either way)."""
+    a step either way). With ``prefetch`` each warp's first lane asks for its weight rows whole
+    (``Prefetch``, into the L2) first: they stream in while x is quantized, and the loads after hit
+    the L2 instead of waiting on the memory one step at a time. (Asked for before the wait for the
+    launch before, overlapping it, they made the step slower: the kernel waits first.)"""
     if qtype not in GEMV_TYPES:
         raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
     if shared_sums and (qtype != "bf16" or parts):
@@ -379,6 +382,20 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             feature.append(K.If(K.Bin("lt", _r("jf"), _r("n")), (K.Let("j", _r("jf")), *product(weights, "y", _r("n")))))
         weights_p = [K.Buffer(wb, I32) for wb in weights]
         outs = [K.Buffer("y", F32, readonly=False)]
+    if prefetch:
+        row_words = k // 2 if qtype == "bf16" else k // 256 * 36
+        asks: list[K.Stmt] = []
+        for fi in range(per_warp):
+            jf = _add(_mul(_r("jg"), per_warp), fi)
+            if parts:
+                off = 0
+                for i, size in enumerate(parts):
+                    inside = K.Bin("and", K.Bin("ge", jf, _c(off)), K.Bin("lt", jf, _c(off + size)))
+                    asks.append(K.If(inside, (K.Prefetch(f"w{i}", _mul(_b("sub", jf, off), row_words), _c(row_words * 4)),)))
+                    off += size
+            else:
+                asks.append(K.If(K.Bin("lt", jf, _r("n")), tuple(K.Prefetch(wb, _mul(jf, row_words), _c(row_words * 4)) for wb in weights)))
+        body = [*body[:3], K.If(K.Bin("eq", _r("lane"), _c(0)), tuple(asks)), *body[3:]]
     if per_warp == 1:
         body += [K.Let("jf", _r("jg")), *feature]
     else:
@@ -395,6 +412,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         name += "_wide" if wide else "_narrow"
     if shared_sums:
         name += "_shared_sums"
+    if prefetch:
+        name += "_pf"
     if xglobal:
         name += "_xq"
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
