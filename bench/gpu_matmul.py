@@ -48,12 +48,20 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
     if qtype == "q4_k":
         if rows <= 4:
             mr = 1 if rows == 1 else max(m for m in (1, 2, 4) if 4 * G.q8_shared_words(k, m) <= 48 * 1024)
-            # the planner's first; then several features a warp (fewer workgroups quantizing x)
+            # one row: the planner's (lanes of 32 bytes, rows asked for first on Hopper); then other warps, unrolls, several features a warp (fewer
+            # workgroups quantizing x)
+            if mr == 1:
+                kern = G.gemv_warp("q4_k", k, mr, prefetch=wgmma)
+                out.append((kern.name, kern, lambda n, kern=kern: (-(-n // (kern.threads // 32)), rows)))
             for warps, unroll, per_warp in ((G.Q4_K_WARPS, 2, 1), (16, 4, 1), (G.Q4_K_WARPS, 2, 2), (16, 4, 2), (8, 4, 1), (32, 4, 1)):
                 kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll, per_warp=per_warp)
                 out.append((kern.name, kern, lambda n, kern=kern, mr=mr, f=per_warp: (-(-n // (kern.threads // 32 * f)), -(-rows // mr))))
             # x quantized once by its own launch (timed with the GEMV: "+q8"), the GEMV without a prologue
             q8 = G.quantize_q8x2(k)
+            for pf in (False, True):  # ... or staged in workgroup memory (the GEMV alone, then "+q8"); rows asked for first (pf)
+                kern = G.gemv_warp("q4_k", k, mr, prefetch=pf, staged=True)
+                staged = lambda n, kern=kern, mr=mr: (-(-n // (kern.threads // 32)), -(-rows // mr))  # noqa: E731
+                out += [(kern.name, kern, staged), (kern.name + "+q8", (q8, kern), lambda n, staged=staged: ((-(-rows * k // 4 // G.Q8_THREADS),), staged(n)))]
             for warps, unroll in ((4, 2), (4, 4), (8, 2), (8, 4), (2, 4)):
                 kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=True)
                 out.append((kern.name + "+q8", (q8, kern),
@@ -211,7 +219,7 @@ def main() -> int:
                     print(f"| {sname} | {rows} | {name} {n}x{k} | refused: {e.reason} | | |")
                     continue
                 grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
-                ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xs": xs, "lut": lut}
+                ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xq_in": xq, "xr_in": xr, "xds_in": xds, "xs": xs, "lut": lut}
                 def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
                     nm = ck.kernel.name
                     parted = "_P" in nm if nm.startswith("gemm_wgmma") else "_S" in nm

@@ -140,7 +140,8 @@ def test_prefetches_go_to_the_bulk_copy_engine_on_hopper_and_nowhere_else():
     assert body_ptx.index("cp.async.bulk.prefetch") < body_ptx.index("griddepcontrol.wait") < body_ptx.index("ld.global")
     assert "prefetch" not in compile_kernel(k, target("nvptx:sm_80"), use_cache=False).data.decode()
     assert compile_kernel(k, target("host"), use_cache=False) is not None
-    assert compile_kernel(k, spirv_target(1), use_cache=False).data[:4] == b"\x03\x02\x23\x07"  # SPIR-V's magic number
+    if shutil.which("spirv-opt"):  # (SPIR-V goes through SPIRV-Tools: installed where the Vulkan backend is tested)
+        assert compile_kernel(k, spirv_target(1), use_cache=False).data[:4] == b"\x03\x02\x23\x07"  # SPIR-V's magic number
     shared = K.Kernel("ask_shared", bufs, (K.Prefetch("s", K.Const(0, K.i32), K.Const(16, K.i32)),), (32, 1, 1), (K.Shared("s", dt.f32, 64),))
     floaty = K.Kernel("ask_float", bufs, (K.Prefetch("x", K.Const(0, K.i32), K.Const(16.0, dt.f32)),), (32, 1, 1), ())
     for bad, why in ((shared, "reads a buffer"), (floaty, "byte count must be i32")):

@@ -220,13 +220,26 @@ def test_x_quantized_once_as_two_int8_terms(rng, m, k):
     check_q8x2(x, xq, xr, xds)
 
 
+def _x_for(x, staged):
+    """The GEMV's x buffers: x itself, or (``staged``) x quantized once by ``quantize_q8x2``."""
+    if not staged:
+        return {"x": x}
+    m, k = x.shape
+    out = {"xq_in": poisoned((m * k // 4,), np.int32), "xr_in": poisoned((m * k // 4,), np.int32), "xds_in": poisoned((m * k // 16,))}
+    run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": out["xq_in"], "xr": out["xr_in"], "xds": out["xds_in"]}, {"m": m})
+    return out
+
+
 @gpu_only
 @pytest.mark.parametrize("k", [512, 4096, 256 * 7])
 @pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 1)])
 @pytest.mark.parametrize("wide", [True, False])
-def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide):
-    """x quantized once by its own kernel into global buffers, then the GEMV without a prologue:
-    the same values as the workgroup-memory version computes (numpy emulation) and the same bound."""
+@pytest.mark.parametrize("staged", [False, True])
+def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, staged):
+    """x quantized once by its own kernel into global buffers, then the GEMV reading them from
+    there (or, ``staged``, copying its rows into workgroup memory first): the same values as the
+    workgroup-memory version computes (numpy emulation) and the same bound; staged, bit for bit
+    the sums of the GEMV that quantizes x itself."""
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -235,8 +248,14 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide):
     run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
     assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all(), "a quantized word was never written"
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=True, wide=wide)
-    run_host(kern, (-(-n // warps), -(-m // mr)), {"xq": xq, "xr": xr, "xds": xds, "w": np.ascontiguousarray(raw).view(np.int32), "y": y}, {"m": m, "n": n})
+    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide)
+    sfx = "_in" if staged else ""
+    w = np.ascontiguousarray(raw).view(np.int32)
+    run_host(kern, (-(-n // warps), -(-m // mr)), {f"xq{sfx}": xq, f"xr{sfx}": xr, f"xds{sfx}": xds, "w": w, "y": y}, {"m": m, "n": n})
+    if staged:
+        itself = poisoned((m, n))
+        run_host(gemv_warp("q4_k", k, mr, warps, unroll=unroll, wide=wide), (-(-n // warps), -(-m // mr)), {"x": x, "w": w, "y": itself}, {"m": m, "n": n})
+        np.testing.assert_array_equal(y, itself)
     want, flip, bound, exact = _q4_k_products(x, raw)
     _close(y, want, np.abs(x) @ np.abs(quantization("q4_k").dequantize(raw)).T, slack=flip)
     assert (np.abs(y - exact) <= bound).all(), "further from the exact product than two int8 terms allow"
@@ -427,12 +446,14 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m,per_warp,wide,prefetch", [(1, 1, 1, True, False), (4, 3, 1, True, False), (1, 1, 3, True, False), (4, 3, 2, False, False),
-                                                     (1, 1, 1, False, False), (1, 1, 3, False, False), (1, 1, 1, True, True), (4, 3, 2, False, True)])
+@pytest.mark.parametrize("mr,m,per_warp,wide,flags", [(1, 1, 1, True, ""), (4, 3, 1, True, ""), (1, 1, 3, True, ""), (4, 3, 2, False, ""),
+                                                  (1, 1, 1, False, ""), (1, 1, 3, False, ""), (1, 1, 1, True, "pf"), (4, 3, 2, False, "pf"),
+                                                  (1, 1, 1, True, "pf xs"), (4, 3, 2, False, "xs")])
 @pytest.mark.parametrize("k", [1024, 256 * 11])  # Q4_K: one step of a warp's blocks, or two (the second partial)
-def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, prefetch, k):
-    if not wide and qtype != "q4_k":
-        pytest.skip("lanes of 16 or 32 bytes are Q4_K's")
+def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, flags, k):
+    """``flags``: "pf" the rows asked for first, "xs" x quantized once by its own kernel and staged."""
+    if (not wide or "xs" in flags) and qtype != "q4_k":
+        pytest.skip("lanes of 16 or 32 bytes and x quantized once are Q4_K's")
     n = 29
     if qtype == "bf16":
         (wg, bg), (wu, bu) = _bf16(rng, (n, k)), _bf16(rng, (n, k))
@@ -442,8 +463,8 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
         bg, bu = np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch=prefetch)
-    run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
+    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags)
+    run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
     if qtype == "bf16":
         g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
     else:  # against x quantized to int8 as the kernel does (test_gemv_warp_q4_k bounds that)
@@ -455,14 +476,16 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m,per_warp,wide,prefetch", [(1, 1, 1, True, False), (4, 2, 1, True, False), (1, 1, 2, True, False), (4, 2, 3, True, False),
-                                                     (1, 1, 1, False, False), (4, 2, 3, False, False), (1, 1, 1, True, True), (4, 2, 3, True, True)])
+@pytest.mark.parametrize("mr,m,per_warp,wide,flags", [(1, 1, 1, True, ""), (4, 2, 1, True, ""), (1, 1, 2, True, ""), (4, 2, 3, True, ""),
+                                                  (1, 1, 1, False, ""), (4, 2, 3, False, ""), (1, 1, 1, True, "pf"), (4, 2, 3, True, "pf"),
+                                                  (1, 1, 1, True, "pf xs"), (4, 2, 3, True, "xs")])
 @pytest.mark.parametrize("k", [512, 256 * 11])
-def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp, wide, prefetch, k):
+def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp, wide, flags, k):
     """Parts of 24, 8 and 13 features: with several features a warp, one warp's features span parts.
-    ``prefetch``: each warp asks for its rows (in whichever part) before it waits."""
-    if not wide and qtype != "q4_k":
-        pytest.skip("lanes of 16 or 32 bytes are Q4_K's")
+    ``flags``: "pf" each warp asks for its rows (in whichever part) first; "xs" x quantized once and
+    staged."""
+    if (not wide or "xs" in flags) and qtype != "q4_k":
+        pytest.skip("lanes of 16 or 32 bytes and x quantized once are Q4_K's")
     parts = (24, 8, 13)
     q = quantization("q4_k")
     ws, bufs = [], {}
@@ -475,8 +498,8 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
         ws.append(w)
         bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
     x = rng.standard_normal((m, k)).astype(np.float32)
-    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide, prefetch=prefetch)
-    run_host(kern, (-(-sum(parts) // (kern.threads // 32 * per_warp)), -(-m // mr)), {"x": x, **bufs}, {"m": m, "n": sum(parts)})
+    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags)
+    run_host(kern, (-(-sum(parts) // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), **bufs}, {"m": m, "n": sum(parts)})
     for i, w in enumerate(ws):
         if qtype == "bf16":
             _close(bufs[f"y{i}"], x.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)

@@ -87,19 +87,47 @@ def _quantize_x_q8(k: int, mr: int, threads: int, wide: bool = False) -> list[K.
             loads, sums = [], []
         qi = f"qi{u}"
         row = K.Bin("min", _add(_r("m0"), _b("div", _r(qi), words)), _b("sub", _r("m"), 1))
-        t = _b("and", _r(qi), 63)  # the word's place in its block of 256 values: sub-block s = t / 8, word t % 8
-        odd = _b("shl", _b("and", _b("shr", t, 3), 1), 5)  # odd sub-blocks 32 words on
-        if wide:  # sub-block pair s / 2 at 4 (s / 2) in each half; half h of 4 words at 16 (h ^ (block & 1))
-            half = _b("xor", _b("and", _b("shr", t, 2), 1), _b("and", _b("shr", _b("rem", _r(qi), words), 6), 1))
-            place = _b("or", _b("or", _b("and", t, 3), _b("shl", _b("and", _b("shr", t, 4), 3), 2)), _b("or", _b("shl", half, 4), odd))
-        else:  # sub-block pair s / 2 at 8 (s / 2)
-            place = _b("or", _b("and", t, 7), _b("or", _b("shl", _b("and", _b("shr", t, 4), 3), 3), odd))
-        slot = _add(_b("sub", _r(qi), t), place)
-        first, rest = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r(qi), words), 4)), slot, qi, f"_{u}")
+        first, rest = _q8_word(_add(_mul(row, k), _mul(_b("rem", _r(qi), words), 4)), _q8_slot(_r(qi), words, wide), qi, f"_{u}")
         loads += [K.Let(qi, K.Bin("min", _add(K.Builtin("thread_id", 0), u * threads), _c(total - 1))), *first]
         last = (u + 1) * threads > total
         sums += [K.If(K.Bin("lt", _add(K.Builtin("thread_id", 0), u * threads), _c(total)), tuple(rest))] if last else rest
     return out + loads + sums + [K.Barrier()]
+
+
+def _q8_slot(qi: K.Expr, words: int, wide: bool) -> K.Expr:
+    """Where word ``qi`` of the workgroup's quantized rows of x (``words`` a row) sits in workgroup
+    memory (``_quantize_x_q8``'s layout). Four consecutive words from a multiple of four sit side
+    by side."""
+    t = _b("and", qi, 63)  # the word's place in its block of 256 values: sub-block s = t / 8, word t % 8
+    odd = _b("shl", _b("and", _b("shr", t, 3), 1), 5)  # odd sub-blocks 32 words on
+    if wide:  # sub-block pair s / 2 at 4 (s / 2) in each half; half h of 4 words at 16 (h ^ (block & 1))
+        half = _b("xor", _b("and", _b("shr", t, 2), 1), _b("and", _b("shr", _b("rem", qi, words), 6), 1))
+        place = _b("or", _b("or", _b("and", t, 3), _b("shl", _b("and", _b("shr", t, 4), 3), 2)), _b("or", _b("shl", half, 4), odd))
+    else:  # sub-block pair s / 2 at 8 (s / 2)
+        place = _b("or", _b("and", t, 7), _b("or", _b("shl", _b("and", _b("shr", t, 4), 3), 3), odd))
+    return _add(_b("sub", qi, t), place)
+
+
+def _stage_x_q8(k: int, mr: int, threads: int, wide: bool) -> list[K.Stmt]:
+    """The workgroup's ``mr`` rows of x, quantized once for every reader by ``quantize_q8x2``
+    (buffers ``xq_in``, ``xr_in``, ``xds_in``), copied into workgroup memory in
+    ``_quantize_x_q8``'s layout, 16 bytes a load: a few loads a thread instead of the quantization's
+    arithmetic. Ends with a barrier."""
+    words, sums = k // 4, k // 16
+    out: list[K.Stmt] = []
+    tid = K.Builtin("thread_id", 0)
+    for name, per, placed in (("xq", words, True), ("xr", words, True), ("xds", sums, False)):
+        quads = mr * per // 4
+        for u in range(-(-quads // threads)):
+            qv = _add(tid, u * threads)
+            qi = _mul(qv, 4)  # the first of the quad's words among the workgroup's rows
+            row = K.Bin("min", _add(_r("m0"), _b("div", qi, per)), _b("sub", _r("m"), 1))
+            names = tuple(f"{name}s{u}_{i}" for i in range(4))
+            dtype = F32 if name == "xds" else I32
+            copy: tuple[K.Stmt, ...] = (K.VecLoad(names, f"{name}_in", _add(_mul(row, per), _b("rem", qi, per)), dtype),
+                                        K.VecStore(name, _q8_slot(qi, per, wide) if placed else qi, tuple(_r(nm, dtype) for nm in names)))
+            out += [K.If(K.Bin("lt", qv, _c(quads)), copy)] if (u + 1) * threads > quads else list(copy)
+    return out + [K.Barrier()]
 
 
 def _q8_word(at: K.Expr, slot: K.Expr | None = None, qi: str = "qi", sfx: str = "") -> tuple[list[K.Stmt], list[K.Stmt]]:
@@ -279,13 +307,16 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
 
 @lru_cache(maxsize=None)
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
-              shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False) -> K.Kernel:
+              shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False,
+              staged: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. ``unroll``: Q4_K blocks
     a lane loads before it sums them. With ``xglobal`` (Q4_K) x comes already quantized, by
     ``quantize_q8x2``, in buffers ``xq``, ``xr`` and ``xds`` instead of ``x``: no workgroup memory, no
-    barrier, any number of warps a workgroup. With ``shared_sums`` (bf16, targets without subgroup operations:
+    barrier, any number of warps a workgroup. With ``staged`` (Q4_K) x comes quantized in those
+    buffers as ``xq_in``, ``xr_in`` and ``xds_in``, and the workgroup copies its rows into
+    workgroup memory (``_stage_x_q8``) instead of quantizing them. With ``shared_sums`` (bf16, targets without subgroup operations:
     SPIR-V here) the 32 lanes of a warp finish their sums through workgroup memory, every thread
     reaching the barriers (a warp past ``n`` computes row ``n - 1`` and stores nothing).
     With ``glu``: two weights ``wg`` and ``wu`` against the same x, and y = silu(x wg^T) * (x wu^T)
@@ -318,14 +349,16 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
     ]
     shared: tuple[K.Shared, ...] = ()
-    if xglobal and qtype != "q4_k":
+    if (xglobal or staged) and qtype != "q4_k":
         raise ValueError("gemv_warp: x comes quantized for Q4_K weights only")
+    if xglobal and staged:
+        raise ValueError("gemv_warp: x quantized once is read from global memory (xglobal) or staged in workgroup memory (staged), not both")
     wide = mr == 1 if wide is None else wide
     unroll = unroll or (1 if wide else 2)
     if qtype == "q4_k":
         body += _q4_k_lane(wide)
     if qtype == "q4_k" and not xglobal:
-        body += _quantize_x_q8(k, mr, threads, wide)
+        body += _stage_x_q8(k, mr, threads, wide) if staged else _quantize_x_q8(k, mr, threads, wide)
         shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
     else:
         for r in range(mr):
@@ -400,7 +433,10 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         body += [K.Let("jf", _r("jg")), *feature]
     else:
         body.append(K.For("fi", _c(0), _c(per_warp), (K.Let("jf", _add(_mul(_r("jg"), per_warp), _r("fi"))), *feature)))
-    xs: tuple[K.Param, ...] = (K.Buffer("xq", I32), K.Buffer("xr", I32), K.Buffer("xds", F32)) if xglobal else (K.Buffer("x", F32),)
+    xs: tuple[K.Param, ...] = (K.Buffer("x", F32),)
+    if xglobal or staged:
+        sfx = "_in" if staged else ""
+        xs = (K.Buffer(f"xq{sfx}", I32), K.Buffer(f"xr{sfx}", I32), K.Buffer(f"xds{sfx}", F32))
     params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
     name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
@@ -416,6 +452,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         name += "_pf"
     if xglobal:
         name += "_xq"
+    if staged:
+        name += "_xs"
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern
