@@ -302,10 +302,13 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     at = lambda t: [l for l in hopper.launches if l.when is None or l.when({"tokens": t})]  # noqa: E731
     assert [l.kernel.name for l in at(40)] == ["split_bf16x2_K512", "gemm_wgmma_q4_k_K512_S4_P8_xs", "sum_parts_8", "dequantize_bf16_q6_k_K512",
                                                "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
-    assert at(40)[1].buffers["w"] == hopper.launches[0].buffers["w"] and at(40)[1].buffers["y"] == at(40)[2].buffers["p"] in hopper.scratch
+    assert at(40)[1].buffers["w"] == at(1)[1].buffers["w"] and at(40)[1].buffers["y"] == at(40)[2].buffers["p"] in hopper.scratch
     assert at(40)[3].buffers["wd"] == at(40)[4].buffers["w"]
-    # one row of x on Hopper: the Q4_K GEMV asks for its rows into the L2 first (Q6_K's does not)
-    assert [l.kernel.name for l in at(1)] == ["gemv_warp_q4_k_K512_MR1_pf", "gemv_warp_q6_k_K512_MR1"]
+    # one row of x on Hopper: x quantized once, by its own launch, for the Q4_K GEMV, which stages it
+    # (Q6_K's quantizes x itself); more rows: each workgroup quantizes its rows
+    assert [l.kernel.name for l in at(1)] == ["quantize_q8x2_K512", "gemv_warp_q4_k_K512_MR1_xs", "gemv_warp_q6_k_K512_MR1"]
+    assert all(at(1)[0].buffers[n] == at(1)[1].buffers[f"{n}_in"] in hopper.scratch for n in ("xq", "xr", "xds"))
+    assert at(1)[0].buffers["x"] == at(1)[2].buffers["x"] and "x" not in at(1)[1].buffers
     assert [l.kernel.name for l in at(3)] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
     assert [l.kernel.name for l in at(12)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_1x4_W8_xs"]
     assert [l.kernel.name for l in at(32)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
@@ -387,3 +390,33 @@ def test_a_steps_symbols_come_from_its_inputs_shapes():
         step_env(plan, {**inputs, "ctx": np.zeros((2, 1), np.int32)})
     with pytest.raises(PootError, match="input 'seq': dimension tokens is 4 here but 5 elsewhere"):
         step_env(plan, {**inputs, "seq": np.zeros(4, np.int32)})
+
+
+def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path):
+    """Hopper, one row: each x that one-row Q4_K GEMVs read (q/k/v's, the gated MLP's, o's, down's)
+    is quantized by one launch placed before its first reader, into scratch areas its readers
+    stage; the products fused into one launch take x that way too."""
+    from poot.testing.paged import wide_q4_k_llama
+
+    g, _ = wide_q4_k_llama(tmp_path, 1)
+    hopper = Limits(1024, 48 * 1024, frozenset({"f32", "f16", "bf16", "i8", "i32"}), 32, frozenset({"mma.sync.bf16", "wgmma"}), 1 << 40, "high", 227 * 1024)
+    plan = plan_graph(g, device="cuda:0", gpu=True, limits=hopper)
+
+    def runs(l):  # in the one-row step (a decode step of one sequence)
+        try:
+            return l.when is None or l.when({"tokens": 1, "batch": 1, "max_blocks": 4})
+        except KeyError:
+            return False
+
+    step = [l for l in plan.launches if runs(l)]
+    written: dict = {}
+    readers = collections.Counter()
+    for l in step:
+        if l.kernel.name.startswith("quantize_q8x2"):
+            assert l.buffers["xq"] not in written, "x quantized twice"
+            written[l.buffers["xq"]] = l.buffers["x"]
+        elif l.kernel.name.startswith("gemv_warp") and l.kernel.name.endswith("_xs"):
+            assert l.buffers["xq_in"] in written, f"{l.kernel.name} reads x quantized before any launch writes it"
+            readers[l.label or "matmul"] += 1
+    assert readers["3 matmuls"] == readers["gated_mlp"] == 2 and readers["matmul"] >= 3, readers  # two layers: q/k/v and gate/up fused; o, down
+    assert not any(l.kernel.name.startswith("gemv_warp_q4_k") and not l.kernel.name.endswith("_xs") and "MR1" in l.kernel.name for l in step)

@@ -29,7 +29,7 @@ from .common import pad as _pad
 from .common import shape as _shape
 from .common import strides as _strides
 from .common import Limits
-from .matmul import SplitX, between, find_glus, find_siblings, glu_launches, glu_split_launches, matmul_gpu, matmul_host, siblings_launches
+from .matmul import QuantizedX, SplitX, between, find_glus, find_siblings, glu_launches, glu_split_launches, matmul_gpu, matmul_host, siblings_launches
 from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
                      virtual_views)
 from .memory import stored_nbytes
@@ -539,6 +539,7 @@ def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Li
 def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     plan = Plan(graph, [])
     split = SplitX(plan, 2 if limits.matmul_precision == "high" else 1)
+    qx = QuantizedX(plan)
     norms_at = recognise_rms_norms(graph) if fuse else {}
     inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
     groups = elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
@@ -583,7 +584,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
                 ew = _elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0])))
                 glu = next((gl for gl in glus.values() if gl.root == n.id), None)
                 if glu is not None and ew.buffers["out"] == _key(n.outputs[0]):  # few rows: one warp GEMV over both weights
-                    fused = glu_launches(glu, n.outputs[0], limits)
+                    fused = glu_launches(glu, n.outputs[0], limits, qx)
                     ew.when = between(4, None, lambda env, x=glu.gate.inputs[0]: int(np.prod(_shape(x, env)[:-1])))
                     plan.launches.extend(fused)
                     # more rows: the product straight into the bf16 terms the down projection reads
@@ -594,11 +595,12 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
                         continue
                 plan.launches.append(ew)
         elif n.op == "matmul":
-            ls = matmul_gpu(n, limits, split) if gpu else matmul_host(n, limits.shared_bytes)
-            if n.id in glus or n.id in in_siblings:  # few rows: a fused launch computes this product (or its use)
+            fused_few = n.id in glus or n.id in in_siblings  # few rows: a fused launch computes this product (or its use), reading x its own way
+            ls = matmul_gpu(n, limits, split, None if fused_few else qx) if gpu else matmul_host(n, limits.shared_bytes)
+            if fused_few:
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
             if n.id in siblings:
-                plan.launches.extend(siblings_launches(siblings[n.id], limits))
+                plan.launches.extend(siblings_launches(siblings[n.id], limits, qx))
             plan.launches.extend(ls)
         elif n.op == "gather":
             plan.launches.append(_gather(n))

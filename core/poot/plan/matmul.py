@@ -21,7 +21,8 @@ from .common import key as _key
 from .common import shape as _shape
 from .plan import Launch, Plan, When
 
-__all__ = ["between", "matmul_host", "matmul_gpu", "find_glus", "glu_launches", "glu_split_launches", "find_siblings", "siblings_launches", "SplitX"]
+__all__ = ["between", "matmul_host", "matmul_gpu", "find_glus", "glu_launches", "glu_split_launches", "find_siblings", "siblings_launches", "SplitX",
+           "QuantizedX"]
 
 
 def _blocks(t: dt.DType, k: int) -> tuple[int, int]:
@@ -121,11 +122,26 @@ def _wide(mr: int, limits: Limits) -> bool:
     return mr == 1 and "mma.sync.bf16" in limits.matrix
 
 
-def _prefetch(qtype: str, mr: int, limits: Limits) -> bool:
-    """Warp GEMVs that ask for their weight rows into the L2 first (``gemv_warp``'s ``prefetch``):
-    Q4_K for one row of x on devices with a bulk copy engine (Hopper), where it was measured faster;
-    elsewhere the hint would be ignored, or is not yet measured."""
+def _staged(qtype: str, mr: int, limits: Limits) -> bool:
+    """Warp GEMVs that read x quantized once (``QuantizedX``) and stage it in workgroup memory
+    instead of each workgroup quantizing x itself: Q4_K for one row of x on Hopper, where it was
+    measured faster (H200, Llama-3-8B: the batch-1 step's graph 2.349 -> 2.243 ms, though it adds a
+    launch for each x; with the GEMV's rows asked for into the L2 first as well, slower: 2.390)."""
     return qtype == "q4_k" and mr == 1 and "wgmma" in limits.matrix
+
+
+def _x_once(n: Node, x: Value, k: int, mr: int, rows: Callable[[Env], int], when: When, limits: Limits,
+            qx: QuantizedX | None) -> tuple[dict[str, Any], list[Launch]]:
+    """For a warp GEMV of ``mr`` rows that stages x quantized once (``_staged``): its buffers of x
+    quantized and the launch that writes them, if none does yet; else nothing."""
+    if qx is None or not _staged(n.inputs[1].dtype.name, mr, limits):
+        return {}, []
+    return qx.of(n, x, k, rows, when)
+
+
+def _reading(bufs: dict[str, Any], xs: dict[str, Any]) -> dict[str, Any]:
+    """A GEMV's buffers, x's quantized ones (``_x_once``) in place of x where there are any."""
+    return {**{k: v for k, v in bufs.items() if k != "x"}, **xs} if xs else bufs
 
 
 def _warp_gemv_fits(t: dt.DType, k: int, limits: Limits) -> bool:
@@ -160,6 +176,29 @@ class SplitX:
         """A new scratch area for x split (its planes: 2 bytes a value each), found by ``of`` after."""
         xs = self.areas[_key(x)] = self.plan.add_scratch(lambda env: rows(env) * k * self.terms // 2)
         return xs
+
+
+@dataclass
+class QuantizedX:
+    """x quantized to the Q4_K GEMV's two int8 terms (``quantize_q8x2``) once for all the one-row
+    GEMVs that read it (q, k and v; gate and up): three scratch areas of the plan's by x, written by
+    one launch placed before the first of them."""
+
+    plan: Plan
+    areas: dict[tuple[int, int], dict[str, tuple[int, int]]] = field(default_factory=dict)
+
+    def of(self, n: Node, x: Value, k: int, rows: Callable[[Env], int], when: When) -> tuple[dict[str, tuple[int, int]], list[Launch]]:
+        """The GEMV's buffers of x quantized (``xq_in``, ``xr_in``, ``xds_in``), and the launch that
+        writes them (none when one already does)."""
+        xk = _key(x)
+        if xk in self.areas:
+            return self.areas[xk], []
+        add = self.plan.add_scratch
+        bufs = self.areas[xk] = {"xq_in": add(lambda env: rows(env) * k // 4), "xr_in": add(lambda env: rows(env) * k // 4),
+                                 "xds_in": add(lambda env: rows(env) * k // 16)}
+        kern = linear_gpu.quantize_q8x2(k)
+        return bufs, [Launch(n, kern, {"x": xk, "xq": bufs["xq_in"], "xr": bufs["xr_in"], "xds": bufs["xds_in"]},
+                             lambda env: (-(-rows(env) * k // 4 // linear_gpu.Q8_THREADS),), lambda env: {"m": rows(env)}, when, label="quantize_x")]
 
 
 # bytes of bf16 a packed weight dequantized for the tensor cores may take in a step's scratch memory
@@ -342,7 +381,7 @@ def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, A
                    lambda env: {"count": rows(env) * nn}, when, label="sum_parts")]
 
 
-def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch] | None:
+def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None, qx: QuantizedX | None = None) -> list[Launch] | None:
     """Schedules that use the chip, where they apply (32-lane subgroups; K a multiple of 256):
     warp-per-feature GEMVs with 16-byte loads for decode (bf16 and Q4_K weights), tensor-core
     GEMMs for more rows (bf16 weights, or Q4_K dequantized to bf16 given ``split``; given mma.sync and
@@ -361,8 +400,10 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> li
     if not few:
         return None
     for mr, lo, hi in few:
-        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums, wide=_wide(mr, limits), prefetch=_prefetch(w.dtype.name, mr, limits))
-        out.append(Launch(n, k, bufs, lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
+        xs, pre = _x_once(n, x, kk, mr, rows, between(lo, hi, rows), limits, qx)
+        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums, wide=_wide(mr, limits), staged=bool(xs))
+        out += pre
+        out.append(Launch(n, k, _reading(bufs, xs), lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
     if _on_tensor_cores(n, limits) and (w.dtype == dt.bf16 or split is not None):
         out += _tensor_core_launches(n, limits, split)
     elif w.dtype == dt.bf16 and _simt_step(kk, limits):  # register tiles on CUDA cores, bf16 read as words
@@ -413,7 +454,7 @@ def find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) ->
     return found
 
 
-def glu_launches(glu: Glu, out: Value, limits: Limits) -> list[Launch]:
+def glu_launches(glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = None) -> list[Launch]:
     x, wg = glu.gate.inputs
     nn, kk = wg.shape[0].value, wg.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
@@ -421,10 +462,13 @@ def glu_launches(glu: Glu, out: Value, limits: Limits) -> list[Launch]:
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
     ss = limits.subgroup != 32
     f = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True, shared_sums=ss).threads // 32  # features a workgroup
-    return [Launch(glu.gate, linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits),
-                                                  prefetch=_prefetch(wg.dtype.name, mr, limits)), bufs,
-                   lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows), label="gated_mlp")
-            for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits)]
+    launches = []
+    for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits):
+        xs, pre = _x_once(glu.gate, x, kk, mr, rows, between(lo, hi, rows), limits, qx)
+        kern = linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits), staged=bool(xs))
+        launches += [*pre, Launch(glu.gate, kern, _reading(bufs, xs), lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc,
+                                  between(lo, hi, rows), label="gated_mlp")]
+    return launches
 
 
 def find_siblings(graph: Graph, limits: Limits, taken: Mapping[int, Any]) -> dict[int, list[Node]]:
@@ -448,7 +492,7 @@ def find_siblings(graph: Graph, limits: Limits, taken: Mapping[int, Any]) -> dic
     return out
 
 
-def siblings_launches(ns: list[Node], limits: Limits) -> list[Launch]:
+def siblings_launches(ns: list[Node], limits: Limits, qx: QuantizedX | None = None) -> list[Launch]:
     x, w = ns[0].inputs
     kk = w.shape[1].value
     parts = tuple(m.inputs[1].shape[0].value for m in ns)
@@ -458,20 +502,23 @@ def siblings_launches(ns: list[Node], limits: Limits) -> list[Launch]:
         bufs[f"w{i}"], bufs[f"y{i}"] = _key(m.inputs[1]), _key(m.outputs[0])
     total = sum(parts)
     f = linear_gpu.gemv_warp(w.dtype.name, kk, 1, parts=parts).threads // 32  # features a workgroup
-    return [Launch(ns[0], linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), prefetch=_prefetch(w.dtype.name, mr, limits)), bufs,
-                   lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
-                   lambda env: {"m": rows(env), "n": total}, between(lo, hi, rows), label=f"{len(ns)} matmuls")
-            for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits)]
+    launches = []
+    for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits):
+        xs, pre = _x_once(ns[0], x, kk, mr, rows, between(lo, hi, rows), limits, qx)
+        kern = linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), staged=bool(xs))
+        launches += [*pre, Launch(ns[0], kern, _reading(bufs, xs), lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
+                                  lambda env: {"m": rows(env), "n": total}, between(lo, hi, rows), label=f"{len(ns)} matmuls")]
+    return launches
 
 
-def matmul_gpu(n: Node, limits: Limits, split: SplitX | None = None) -> list[Launch]:
+def matmul_gpu(n: Node, limits: Limits, split: SplitX | None = None, qx: QuantizedX | None = None) -> list[Launch]:
     """The GPU launches of matmul ``n``; with ``split``, tensor-core products read x split once."""
     x, w = n.inputs
     if n.attrs["transpose_b"] and w.rank == 3:  # per-expert weights: the lane schedules, one thread per workgroup (correct, not yet fast)
         return matmul_host(n, 1 << 20)
     if not n.attrs["transpose_b"] or w.rank != 2:
         raise Refusal("matmul", "gpu", "the GPU planner runs x @ w^T with a 2-D weight, or per expert")
-    return _matmul_fast_gpu(n, limits, split) or _matmul_gpu_generic(n, limits, split)
+    return _matmul_fast_gpu(n, limits, split, qx) or _matmul_gpu_generic(n, limits, split)
 
 
 def _simt_step(k: int, limits: Limits) -> int:
