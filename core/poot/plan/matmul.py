@@ -181,8 +181,9 @@ class SplitX:
 @dataclass
 class QuantizedX:
     """x quantized to the Q4_K GEMV's two int8 terms (``quantize_q8x2``) once for all the one-row
-    GEMVs that read it (q, k and v; gate and up): three scratch areas of the plan's by x, written by
-    one launch placed before the first of them."""
+    GEMVs that stage it (``_staged``: q, k and v in one launch, gate and up in another, o, down, the
+    output head): three scratch areas of the plan's by x, written by one launch placed before the
+    first of them."""
 
     plan: Plan
     areas: dict[tuple[int, int], dict[str, tuple[int, int]]] = field(default_factory=dict)
@@ -512,7 +513,8 @@ def siblings_launches(ns: list[Node], limits: Limits, qx: QuantizedX | None = No
 
 
 def matmul_gpu(n: Node, limits: Limits, split: SplitX | None = None, qx: QuantizedX | None = None) -> list[Launch]:
-    """The GPU launches of matmul ``n``; with ``split``, tensor-core products read x split once."""
+    """The GPU launches of matmul ``n``; with ``split``, tensor-core products read x split once;
+    with ``qx``, one-row GEMVs that stage x read it quantized once."""
     x, w = n.inputs
     if n.attrs["transpose_b"] and w.rank == 3:  # per-expert weights: the lane schedules, one thread per workgroup (correct, not yet fast)
         return matmul_host(n, 1 << 20)
