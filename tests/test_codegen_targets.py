@@ -124,8 +124,8 @@ def test_kernels_wait_for_the_launch_before_where_launches_can_overlap():
 
 def test_prefetches_go_to_the_bulk_copy_engine_on_hopper_and_nowhere_else():
     """``Prefetch`` of a range before the wait: one ``cp.async.bulk.prefetch.L2`` of the given
-    bytes, ahead of ``griddepcontrol.wait``, on sm_90+; no instruction on sm_80, the host or SPIR-V
-    (a hint). A prefetch of a workgroup array or with a float count is refused."""
+    bytes, ahead of ``griddepcontrol.wait``, on sm_90+; none on sm_80; the host and SPIR-V compile
+    it away (a hint). A prefetch of a workgroup array or with a float count is refused."""
     from poot.codegen.targets import spirv_target
     from poot.kernel.verify import KernelError, verify_kernel
 

@@ -186,8 +186,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
               staged: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
-    quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. ``unroll``: Q4_K blocks
-    a lane loads before it sums them. With ``xglobal`` (Q4_K) x comes already quantized, by
+    quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. With ``xglobal`` (Q4_K) x comes already quantized, by
     ``quantize_q8x2``, in buffers ``xq``, ``xr`` and ``xds`` instead of ``x``: no workgroup memory, no
     barrier, any number of warps a workgroup. With ``staged`` (Q4_K) x comes quantized in those
     buffers as ``xq_in``, ``xr_in`` and ``xds_in``, and the workgroup copies its rows into
@@ -203,8 +202,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     block (all of a sub-block pair's), four lanes a block, so its sub-blocks' scales are decoded once
     for twice the bytes and the whole of a pair's sums is one lane's; else 16 (eight lanes a block).
     By default wide for one row of x (more rows' x words would not fit the registers).
-    ``unroll``: blocks a lane loads before it sums them (default 1 wide, else 2: eight blocks a warp
-    a step either way). With ``prefetch`` each warp's first lane asks for its weight rows whole
+    ``unroll`` (Q4_K): blocks a lane loads before it sums them (default 1 wide, else 2: eight blocks
+    a warp a step either way). With ``prefetch`` each warp's first lane asks for its weight rows whole
     (``Prefetch``, into the L2) first: they stream in while x is quantized, and the loads after hit
     the L2 instead of waiting on the memory one step at a time. (Asked for before the wait for the
     launch before, overlapping it, they made the step slower: the kernel waits first. With x
