@@ -624,10 +624,11 @@ def _decode_case(rng, hq, hkv, d, bs=16):
 @pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
 @pytest.mark.parametrize("d,hq,hkv", [(128, 8, 2), (64, 3, 3)])
 @pytest.mark.parametrize("pt", ["f32", "f16"])
-def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt):
-    """``attention_decode`` (one pass, or the context split in 8 and merged by ``attention_merge``)
-    against the graph evaluator's attention over paged pools of f32 or f16 (halves widened as read),
-    contexts of 1 to 1,100 positions."""
+@pytest.mark.parametrize("warps", [4, 16])
+def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt, warps):
+    """``attention_decode`` (one pass, or the context split in 8 and merged by ``attention_merge``;
+    four warps a workgroup or sixteen) against the graph evaluator's attention over paged pools of
+    f32 or f16 (halves widened as read), contexts of 1 to 1,100 positions."""
     data, bs, mb = _decode_case(rng, hq, hkv, d)
     pools, data = _pools_as(data, pt)
     t = len(data["seq_ids"])
@@ -636,7 +637,7 @@ def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt)
     pm, pl = poisoned((t * hq * splits,)), poisoned((t * hq * splits,))
     bufs = {"q": data["q"], **pools, "positions": data["positions"],
             "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out, "part_m": pm, "part_l": pl}
-    run_host(attention_decode(d, causal, splits, pt), (t, hq, splits), bufs,
+    run_host(attention_decode(d, causal, splits, pt, warps), (t, hq, splits), bufs,
              {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
     if splits > 1:
         final = poisoned((t, hq, d))

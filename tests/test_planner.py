@@ -201,7 +201,8 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
     wide = plan_graph(_block(head_dim=64), gpu=True, limits=mma)
     assert names(wide, 128, 2) == ["attention_mma_D64_causal_BS4_nocap"]  # the pools' block size fixed, no soft-cap
     assert names(wide, 40, 2)[0].startswith("attention_blocks")  # short prompts: the CUDA-core blocks
-    assert names(wide, 2, 2) == ["attention_decode_D64_causal_S1"]  # decode: a warp a position
+    assert names(wide, 2, 2) == ["attention_decode_D64_causal_S1"]  # decode: a warp a position, 16 warps a workgroup
+    assert names(wide, 200, 200) == ["attention_decode_D64_causal_S1_W4"]  # many (token, head) pairs: four warps, several an SM
     narrow = plan_graph(_block(), gpu=True, limits=mma)  # heads of 16: the CUDA-core schedules
     assert names(narrow, 128, 2)[0].startswith("attention_blocks") and names(narrow, 2, 2)[0].startswith("attention_BLOCK")
     plain = plan_graph(_block(head_dim=64), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))  # 32 lanes, no mma.sync (Vulkan on NVIDIA)
@@ -420,3 +421,33 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path):
             readers[l.label or "matmul"] += 1
     assert readers["3 matmuls"] == readers["gated_mlp"] == 2 and readers["matmul"] >= 3, readers  # two layers: q/k/v and gate/up fused; o, down
     assert not any(l.kernel.name.startswith("gemv_warp_q4_k") and not l.kernel.name.endswith("_xs") and "MR1" in l.kernel.name for l in step)
+
+
+def test_reads_before_the_wait_for_the_launch_before_name_only_memory_no_launch_writes():
+    """Under programmatic launches a kernel runs up to its ``AwaitPrior`` while the launch before is
+    still running: the decode attention reads only the step's inputs there, and the planner refuses
+    a plan whose kernel reads (or writes) there memory another launch of the step writes."""
+    import dataclasses
+
+    from poot.graph import dtypes as dt
+    from poot.kernel import ir as K
+    from poot.kernel.verify import before_wait
+    from poot.plan.lower import _check_waits
+
+    mma = Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}))
+    plan = plan_graph(_block(head_dim=64), gpu=True, limits=mma)  # checked as it is planned
+    decode = next(l for l in plan.launches if l.kernel.name.startswith("attention_decode"))
+    assert before_wait(decode.kernel) == ({"seq_ids", "positions", "ctx_lens", "block_tables"}, set())
+    # the same kernel made to read q (RoPE's output) before its wait: refused by name
+    body = decode.kernel.body
+    at = next(i for i, st in enumerate(body) if isinstance(st, K.AwaitPrior))
+    early_q = K.Let("early", K.Load("q", K.Const(0, dt.i32), dt.f32))
+    bad = dataclasses.replace(decode.kernel, body=(*body[:at], early_q, *body[at:]))
+    assert "q" in before_wait(bad)[0]
+    decode.kernel = bad
+    with pytest.raises(Refusal, match="touches q before its wait"):
+        _check_waits(plan)
+    # writing before the wait is refused whatever the buffer
+    decode.kernel = dataclasses.replace(bad, body=(*body[:at], K.Store("out", K.Const(0, dt.i32), K.Const(0.0, dt.f32)), *body[at:]))
+    with pytest.raises(Refusal, match="touches out before"):
+        _check_waits(plan)

@@ -4,6 +4,7 @@ on malformed input, so nothing may reach it unchecked)."""
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import fields
 
 from ..errors import PootError
 from ..graph import dtypes as dt
@@ -334,6 +335,29 @@ def _exprs(e: Expr):  # type: ignore[no-untyped-def]
 def awaits_prior(k: Kernel) -> bool:
     """Whether ``k`` places its own wait for the launch before (``AwaitPrior``)."""
     return any(isinstance(st, AwaitPrior) for st in k.body)
+
+
+def before_wait(k: Kernel) -> tuple[frozenset[str], frozenset[str]]:
+    """The buffers ``k`` reads, and those it writes, before its ``AwaitPrior`` (none without one):
+    under programmatic launches the launch before may still be running there, so the planner lets
+    them name only memory no launch of the step writes."""
+    if not awaits_prior(k):
+        return frozenset(), frozenset()
+    head = list(k.body[:next(i for i, st in enumerate(k.body) if isinstance(st, AwaitPrior))])
+    params = {p.name for p in k.params if isinstance(p, Buffer)}
+    reads: set[str] = set()
+    writes: set[str] = set()
+    for st in _walk(head):
+        if isinstance(st, (Store, VecStore, AtomicAdd)):
+            writes.add(st.buffer)
+        elif isinstance(getattr(st, "buffer", None), str):  # loads, prefetches, asynchronous copies
+            reads.add(st.buffer)
+        for f in fields(st):
+            v = getattr(st, f.name)
+            for e in (v if isinstance(v, tuple) else (v,)):
+                if isinstance(e, Expr.__args__):  # type: ignore[attr-defined]
+                    reads.update(x.buffer for x in _exprs(e) if isinstance(x, Load))
+    return frozenset(reads & params), frozenset(writes & params)
 
 
 def uses_barriers(k: Kernel) -> bool:

@@ -23,7 +23,7 @@ from ..load import open_model
 from ..models import StepShapes, family_for
 from ..plan import compile_plan
 from ..plan.common import check_matmul_precision
-from ..plan.lower import POOL_TYPES
+from ..plan.attention import POOL_TYPES
 from ..plugins import host
 from ..runtime import Device, get_device
 from ..runtime.executor import Executor

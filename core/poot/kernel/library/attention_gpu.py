@@ -31,7 +31,7 @@ from .. import ir as K
 from ..verify import verify_kernel
 from ._kir import _add, _b, _bf16_bits, _bf16_rest, _c, _f, _mma_lanes, _mul, _pair, _r
 
-__all__ = ["attention_mma", "attention_decode", "MMA_QROWS", "DECODE_UNROLL"]
+__all__ = ["attention_mma", "attention_decode", "MMA_QROWS", "DECODE_UNROLL", "DECODE_WARPS"]
 
 F32, I32 = dt.f32, dt.i32
 MMA_QROWS = 64  # query tokens a workgroup (four warps of 16)
@@ -318,22 +318,29 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
 
 
 DECODE_UNROLL = 4  # positions a warp scores per step (their key and value loads in flight together)
+DECODE_WARPS = 16  # warps a decode attention workgroup: 64 positions a step
 
 
 @lru_cache(maxsize=None)
-def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32") -> K.Kernel:
+def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32", warps: int = 0) -> K.Kernel:
     """Decode attention with a warp per position: out[t, h, :] = softmax(scale * q.k) v over token t's
     visible context, the parameters of ``attention.attention`` (``splits`` > 1: this workgroup's share
-    of the context, partial results for ``attention.attention_merge``). Four warps walk the context
-    ``DECODE_UNROLL`` positions each a step; the 32 lanes of a warp hold d / 32 dimensions each, so a
-    key or value row is one coalesced load a warp, and a score is a subgroup sum. Each warp keeps
-    its own running max, sum and output; the four are combined at the end through workgroup memory.
-    Heads of ``d`` = 64 or 128 values (keys and values), no shared key part. Grid (tokens, hq, splits).
-    Pools of ``pt`` "f32" or "f16" (halves widened as they are read)."""
+    of the context, partial results for ``attention.attention_merge``). ``warps`` warps (default
+    ``DECODE_WARPS``) walk the context ``DECODE_UNROLL`` positions each a step, so a step has
+    ``warps * DECODE_UNROLL`` positions' loads in flight (a decode context of up to 64 is one step:
+    the kernel is a chain of memory latencies, a step each); the 32 lanes of a warp hold d / 32
+    dimensions each, so a key or value row is one coalesced load a warp, and a score is a subgroup
+    sum. Each warp keeps its own running max, sum and output; they are combined at the end through
+    workgroup memory. The token's sequence, context and first step's block-table entries are read
+    before the wait for the launch before (``AwaitPrior``: the step's inputs, which no launch
+    writes), so they overlap it. Heads of ``d`` = 64 or 128 values (keys and values), no shared key
+    part. Grid (tokens, hq, splits). Pools of ``pt`` "f32" or "f16" (halves widened as they are read)."""
     if d not in (64, 128):
         raise ValueError(f"attention_decode: head width 64 or 128, got {d}")
+    if warps not in (0, 1, 2, 4, 8, 16, 32) or warps * 32 > 1024:
+        raise ValueError(f"attention_decode: 1 to 32 warps, a power of two, got {warps}")
     pool = _pool_dtype("attention_decode", pt)
-    e, un, warps = d // 32, DECODE_UNROLL, 4
+    e, un, warps = d // 32, DECODE_UNROLL, warps or DECODE_WARPS
     body: list[K.Stmt] = [
         K.Let("t", K.Builtin("group_id", 0)), K.Let("h", K.Builtin("group_id", 1)), K.Let("split", K.Builtin("group_id", 2)),
         K.Let("tid", K.Builtin("thread_id", 0)), K.Let("lane", _b("rem", _r("tid"), 32)), K.Let("warp", _b("div", _r("tid"), 32)),
@@ -348,14 +355,22 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
                  K.Let("s0", _add(_r("wstart"), _mul(_mul(_r("split"), _r("per")), 32))),
                  K.Assign("wend", K.Bin("min", _r("wend"), _add(_r("s0"), _mul(_r("per"), 32)))),
                  K.Assign("wstart", _r("s0"))]
+
+    def block(j: K.Expr) -> K.Expr:  # the pool block of position j (clamped into the context)
+        return K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", K.Bin("max", K.Bin("min", j, _b("sub", _r("wend"), 1)), _c(0)), _r("bs"))), I32)
+
+    # the first step's block-table entries, before the wait (the step's inputs: no launch writes them)
+    body += [K.Let(f"bt{u}", block(_add(_r("wstart"), _r("warp"), warps * u))) for u in range(un)]
+    body.append(K.AwaitPrior())
     body.append(K.VecLoad(tuple(f"q{i}" for i in range(e)), "q", _add(_mul(_add(_mul(_r("t"), _r("hq")), _r("h")), d), _mul(_r("lane"), e)), F32))
     body += [K.Let("m", _f(_NEG)), K.Let("l", _f(0.0))] + [K.Let(f"acc{i}", _f(0.0)) for i in range(e)]
     step: list[K.Stmt] = []
     for u in range(un):  # every load of the step first
         step += [K.Let(f"j{u}", _add(_r("jb"), _r("warp"), warps * u)),
                  K.Let(f"jc{u}", K.Bin("min", _r(f"j{u}"), _b("sub", _r("wend"), 1))),
-                 K.Let(f"sl{u}", _add(_mul(K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", _r(f"jc{u}"), _r("bs"))), I32), _r("bs")),
-                                      _b("rem", _r(f"jc{u}"), _r("bs")))),
+                 K.Let(f"b{u}", _r(f"bt{u}")),
+                 K.If(K.Bin("ne", _r("jb"), _r("wstart")), (K.Assign(f"b{u}", block(_r(f"j{u}"))),)),
+                 K.Let(f"sl{u}", _add(_mul(_r(f"b{u}"), _r("bs")), _b("rem", _r(f"jc{u}"), _r("bs")))),
                  K.Let(f"row{u}", _add(_mul(_add(_mul(_r(f"sl{u}"), _r("hkv")), _r("kvh")), d), _mul(_r("lane"), e))),
                  *_pool_load(tuple(f"k{u}_{i}" for i in range(e)), "k_pool", _r(f"row{u}"), pool),
                  *_pool_load(tuple(f"v{u}_{i}" for i in range(e)), "v_pool", _r(f"row{u}"), pool)]
@@ -382,8 +397,10 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
     body += [K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("wm", _r("warp"), _r("m", F32)), K.Store("wl", _r("warp"), _r("l", F32)))),
              K.VecStore("wacc", _add(_mul(_r("warp"), d), _mul(_r("lane"), e)), tuple(_r(f"acc{i}", F32) for i in range(e))),
              K.Barrier()]
-    fin: list[K.Stmt] = [K.Let("mm", _fmax(_fmax(K.Load("wm", _c(0), F32), K.Load("wm", _c(1), F32)), _fmax(K.Load("wm", _c(2), F32), K.Load("wm", _c(3), F32)))),
-                         K.Let("ll", _f(0.0)), K.Let("aa", _f(0.0))]
+    wms: list[K.Expr] = [K.Load("wm", _c(w), F32) for w in range(warps)]
+    while len(wms) > 1:  # the largest of the warps' maxima, as a tree
+        wms = [_fmax(wms[i], wms[i + 1]) for i in range(0, len(wms), 2)]
+    fin: list[K.Stmt] = [K.Let("mm", wms[0]), K.Let("ll", _f(0.0)), K.Let("aa", _f(0.0))]
     for w in range(warps):
         fin += [K.Let(f"f{w}", K.Un("exp", K.Bin("sub", K.Load("wm", _c(w), F32), _r("mm", F32)))),
                 K.Assign("ll", K.Bin("add", _r("ll", F32), K.Bin("mul", K.Load("wl", _c(w), F32), _r(f"f{w}", F32)))),
@@ -403,7 +420,8 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
               *(K.ScalarParam(nm, I32) for nm in ("hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
               K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
     shared = (K.Shared("wm", F32, warps), K.Shared("wl", F32, warps), K.Shared("wacc", F32, warps * d))
-    kern = K.Kernel(f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}" + ("_PTf16" if pt == "f16" else ""), params, tuple(body),
+    kern = K.Kernel(f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}" + ("" if warps == DECODE_WARPS else f"_W{warps}")
+                    + ("_PTf16" if pt == "f16" else ""), params, tuple(body),
                     (32 * warps, 1, 1), shared)
     verify_kernel(kern)
     return kern

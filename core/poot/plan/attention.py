@@ -1,0 +1,197 @@
+"""Attention planned as kernel launches: the operands of an ``attention`` node (pools, block tables,
+heads), the host's lane schedule and the GPU schedules (decode a warp a position on NVIDIA, the
+context split across workgroups and merged for long contexts, prefill in blocks of query tokens or
+on tensor cores)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import Refusal
+from ..graph import dtypes as dt
+from ..graph.ir import Node, Value
+from ..kernel.library import attention as attn_lib
+from ..kernel.library import attention_gpu as attn_gpu
+from .common import Env, Limits
+from .common import key as _key
+from .common import shape as _shape
+from .plan import Launch, Plan, When
+
+@dataclass(frozen=True)
+class _Attn:
+    """An attention node's operands and sizes, as every schedule reads them."""
+
+    spec: Any
+    ops: dict[str, Value]
+    hq: int
+    hkv: int
+    dk: int
+    dv: int
+    dr: int
+    bs: int
+    scale: float
+    buffers: dict[str, Any]  # the operand buffers every attention kernel takes
+    pool_type: str  # the KV pools' element type
+
+
+POOL_TYPES = ("f32", "f16")  # what the attention and cache-write kernels read and write
+
+
+def pool_type(v: Value, op: str) -> str:
+    """The element type of a KV pool (or of the values written into one), as the kernels' type
+    constant (f32 or f16)."""
+    if v.dtype.name not in POOL_TYPES:
+        raise Refusal(op, "every device", f"KV pools (and values written into them) of {v.dtype}: the kernels read and write {' or '.join(POOL_TYPES)}")
+    return v.dtype.name
+
+
+def _attention_operands(n: Node, device: str) -> _Attn:
+    spec = n.attrs["spec"]
+    if not spec.paged:
+        raise Refusal("attention", device, "the planner runs paged attention only")
+    from ..graph.attention import attention_operand_names
+
+    ops = dict(zip(attention_operand_names(spec), n.inputs))
+    q, k, v = ops["q"], ops["k"], ops["v"]
+    hq, hkv, dk, dv, bs = q.shape[1].value, k.shape[2].value, k.shape[3].value, v.shape[3].value, k.shape[1].value
+    dr = ops["k_shared"].shape[2].value if spec.k_shared else 0
+    scale = spec.scale if spec.scale is not None else 1.0 / float(np.sqrt(dk + dr))
+    bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v),
+                            "ks_pool": _key(ops["k_shared"]) if spec.k_shared else np.zeros(1, k.dtype.numpy),
+                            "positions": _key(ops["positions"]), "seq_ids": _key(ops["seq_ids"]), "ctx_lens": _key(ops["ctx_lens"]),
+                            "block_tables": _key(ops["block_tables"]), "out": _key(n.outputs[0])}
+    return _Attn(spec, ops, hq, hkv, dk, dv, dr, bs, scale, bufs, pool_type(k, "attention"))
+
+
+HOST_SPLIT_GROUPS = 32  # a host step whose tokens x KV heads is below this splits each context in SPLITS
+
+
+def _context_splits(n: Node, a: _Attn, plan: Plan, tokens: Callable[[Env], int], when: When, block: int) -> tuple[dict[str, Any], Launch]:
+    """For attention with each context split in ``SPLITS`` shares under ``when``: the split kernel's
+    output buffers (partial outputs, maxima and sums of every (token, query head, share) in the
+    plan's scratch memory) and the ``attention_merge`` launch (``block`` threads) that combines them."""
+    parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
+    acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
+    merge = Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=block), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
+                   lambda env: (tokens(env) * a.hq,), lambda env: {"dv": a.dv}, when, label="attention_merge")
+    return {"out": acc, "part_m": pm, "part_l": pl}, merge
+
+
+def attention_launches_host(n: Node, plan: Plan) -> list[Launch]:
+    """The host's lane schedule: a KV head's query heads in one workgroup (each key and value read
+    once for all of them). A step of few (token, KV head) pairs (decode: SmolLM2's three KV heads
+    are three workgroups, two cores leave one idle half the time) splits each context in
+    ``SPLITS`` shares, a workgroup each, merged by ``attention_merge``. Otherwise prompts and f16
+    pools group the heads, and f32 pools at fewer than 8 tokens keep a workgroup a query head, whose
+    more workgroups balance better over the cores (measured: SmolLM2 at a 1,560-token context, 2
+    threads)."""
+    a = _attention_operands(n, "host")
+    spec, ops = a.spec, a.ops
+    tokens = lambda env: max(1, _shape(ops["q"], env)[0])  # noqa: E731
+
+    def scalars(env: Env) -> dict[str, float | int]:
+        return {"mb": _shape(ops["block_tables"], env)[1], "scale": a.scale, "window": spec.window or 0, "softcap": spec.softcap or 0.0}
+
+    dummy = np.zeros(1, np.float32)
+
+    def launch(gq: int, when: When, splits: int = 1, bufs: dict[str, Any] | None = None) -> Launch:
+        kern = attn_lib.attention_lanes.instantiate(HQ=a.hq, HKV=a.hkv, DK=a.dk, DV=a.dv, DR=a.dr, BS=a.bs, CAUSAL=spec.causal, TILE=16,
+                                                    PT=a.pool_type, GQ=gq, SPLITS=splits)
+        return Launch(n, kern, bufs or {**a.buffers, "part_m": dummy, "part_l": dummy}, lambda env: (tokens(env), a.hq // gq, splits), scalars, when)
+
+    group = a.hq // a.hkv
+    few = lambda env: tokens(env) * a.hkv < HOST_SPLIT_GROUPS  # noqa: E731
+    split_when = When(f"tokens x KV heads < {HOST_SPLIT_GROUPS}", few)
+    parts, merge = _context_splits(n, a, plan, tokens, split_when, 64)
+    out = [launch(group, split_when, SPLITS, {**a.buffers, **parts}), merge]
+    if a.pool_type == "f16" or group == 1:
+        return out + [launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}", lambda env: not few(env)))]
+    return out + [launch(1, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens < 8", lambda env: not few(env) and tokens(env) < 8)),
+                  launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens >= 8", lambda env: not few(env) and tokens(env) >= 8))]
+
+
+SPLIT_CONTEXT = 1024  # decode attention splits a context this long (or longer) across workgroups
+SPLITS = 8
+# decode attention of up to this many (token, query head) pairs takes ``attention_decode``'s wide
+# workgroups (``DECODE_WARPS``, one an SM at its registers); more take four warps a workgroup (several an SM)
+DECODE_WIDE_PAIRS = 128
+
+
+def attention_launches_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
+    """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
+    one output dimension per thread; on NVIDIA GPUs (mma.sync) with heads of 64 or 128, a warp per
+    position instead (``attention_gpu.attention_decode``). Decode over a long context (block tables
+    of ``SPLIT_CONTEXT`` positions or more) with few (token, head) pairs splits the context in
+    ``SPLITS`` parts, each a workgroup writing its partial sums to scratch memory, merged by a second
+    launch (flash-decoding); prefill takes blocks of 16 query tokens that share each key/value tile,
+    or of 64 on tensor cores for long prompts there."""
+    a = _attention_operands(n, "gpu")
+    spec, ops = a.spec, a.ops
+    if a.dk + a.dr > 1024:
+        raise Refusal("attention", "gpu", f"query heads of {a.dk + a.dr} values: the GPU schedule holds at most 1024 in workgroup memory")
+    block = 64 if a.dv <= 64 else (128 if a.dv <= 128 else 256)
+    kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block, PT=a.pool_type)
+    # heads of 64 or 128 values on 32-lane subgroups: a warp a position (coalesced key and value
+    # rows). Chosen where mma.sync is (NVIDIA through PTX, where it is verified); Vulkan and WebGPU
+    # devices keep the thread-a-position schedule until it has run there
+    warp_decode = (limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0
+                   and ops["q"].dtype == dt.f32)
+    if warp_decode:
+        kern = attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type)
+    dummy = np.zeros(1, np.float32)
+    bufs = {**a.buffers, "part_m": dummy, "part_l": dummy}
+
+    def scalars(env: Env) -> dict[str, float | int]:
+        return {"hq": a.hq, "hkv": a.hkv, "dk": a.dk, "dv": a.dv, "dr": a.dr, "bs": a.bs, "mb": _shape(ops["block_tables"], env)[1], "scale": a.scale,
+                "window": spec.window or 0, "softcap": spec.softcap or 0.0}
+
+    tokens = lambda env: max(1, _shape(ops["q"], env)[0])  # noqa: E731
+    batch = lambda env: max(1, _shape(ops["ctx_lens"], env)[0])  # noqa: E731
+    per_token = Launch(n, kern, bufs, lambda env: (tokens(env), a.hq, 1), scalars)
+    decode = lambda env: tokens(env) < 8 * batch(env)  # noqa: E731
+    long = lambda env: _shape(ops["block_tables"], env)[1] * a.bs >= SPLIT_CONTEXT and tokens(env) * a.hq <= 512  # noqa: E731
+    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS, a.pool_type, warps=4) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
+    split_when = When(f"tokens < 8 * batch, context >= {SPLIT_CONTEXT}", lambda env: decode(env) and long(env))
+    parts, merge = _context_splits(n, a, plan, tokens, split_when, min(block, 128))
+    split = [Launch(n, split_k, {**a.buffers, **parts}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when), merge]
+    per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}", lambda env: decode(env) and not long(env))
+    if warp_decode:  # few (token, head) pairs: wide workgroups, a whole short context's loads in flight at once
+        few = lambda env: tokens(env) * a.hq <= DECODE_WIDE_PAIRS  # noqa: E731
+        narrow = Launch(n, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, warps=4), bufs, per_token.grid, scalars,
+                        When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads > {DECODE_WIDE_PAIRS}",
+                             lambda env: decode(env) and not long(env) and not few(env)))
+        per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads <= {DECODE_WIDE_PAIRS}",
+                              lambda env: decode(env) and not long(env) and few(env))
+        split.append(narrow)
+    width = max(a.dk + a.dr, a.dv)
+    bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128, PT=a.pool_type)
+    if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:
+        per_token.when = When(f"context < {SPLIT_CONTEXT} or many tokens", lambda env: not (decode(env) and long(env)))
+        if warp_decode:  # the wide workgroups for few pairs, four warps for the rest
+            split[-1].when = When(f"(context < {SPLIT_CONTEXT} or many tokens), tokens x heads > {DECODE_WIDE_PAIRS}",
+                                  lambda env: not (decode(env) and long(env)) and not few(env))
+            per_token.when = When(f"(context < {SPLIT_CONTEXT} or many tokens), tokens x heads <= {DECODE_WIDE_PAIRS}",
+                                  lambda env: not (decode(env) and long(env)) and few(env))
+        return [per_token, *split]
+    # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new
+    # tokens); on tensor cores (mma.sync), blocks of 64 (FlashAttention-2) where the heads suit them
+    # and sequences average 64+ new tokens (its workgroups walk a block's sequences one by one, each
+    # found by a serial scan that short prompts do not repay: 3.9 ms against 0.9 ms for the CUDA-core
+    # blocks in a 32-token, two-sequence step of the 8B model)
+    prefill = lambda env: tokens(env) >= 8 * batch(env)  # noqa: E731
+    blocks = Launch(n, bk, a.buffers, lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
+                    When("tokens >= 8 * batch", prefill))
+    if not warp_decode:
+        return [per_token, *split, blocks]
+    if limits.matmul_precision == "highest":  # no tensor cores
+        return [per_token, *split, blocks]
+    long_prompts = lambda env: tokens(env) >= attn_gpu.MMA_QROWS * batch(env)  # noqa: E731
+    blocks.when = When(f"8 * batch <= tokens < {attn_gpu.MMA_QROWS} * batch", lambda env: prefill(env) and not long_prompts(env))
+    mk = attn_gpu.attention_mma(a.dk, spec.causal, split=limits.matmul_precision == "high", block=a.bs, softcap=bool(spec.softcap), pt=a.pool_type)
+    mma = Launch(n, mk, a.buffers, lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
+                 lambda env: {"ntok": tokens(env), **scalars(env)}, When(f"tokens >= {attn_gpu.MMA_QROWS} * batch", long_prompts))
+    return [per_token, *split, blocks, mma]
