@@ -209,6 +209,36 @@ def check_q8x2(x, xq, xr, xds):
 
 
 @eight_lanes
+@pytest.mark.parametrize("k,add,unit_offset", [(4096, True, False), (4096, False, False), (256 * 5 * 4, True, True), (256, False, True)])
+def test_norm_writes_its_output_quantized_for_the_gemvs(rng, k, add, unit_offset):
+    """``rms_norm_q8``: the RMSNorm (the residual add before it, Gemma's 1 + w) against the graph
+    evaluator's, and its output's two int8 terms against numpy's quantization of that output
+    (``check_q8x2``), every word written; rows of 1,024 threads and of several words a thread."""
+    from poot.eval import evaluate
+    from poot.graph import GraphBuilder
+    from poot.graph.compose import rms_norm as g_rms_norm
+    from poot.kernel.library.norms_gpu import rms_norm_q8
+
+    rows = 3
+    a, b = (rng.standard_normal((rows, k)).astype(np.float32) * 3 for _ in range(2))
+    a[1, 64:96] = b[1, 64:96] = 0  # a block of zeros: scale 0
+    w = rng.standard_normal(k).astype(np.float32)
+    y, h = poisoned((rows, k)), poisoned((rows, k))
+    xq, xr, xds = poisoned((rows * k // 4,), np.int32), poisoned((rows * k // 4,), np.int32), poisoned((rows * k // 16,))
+    kern = rms_norm_q8(k, add, unit_offset, SUBGROUP)
+    bufs = {"a": a, "b": b, "h": h} if add else {"x": a}
+    run_host(kern, (rows,), {**bufs, "w": w, "y": y, "xq": xq, "xr": xr, "xds": xds}, {"eps": 1e-5})
+    x = a + b if add else a
+    if add:
+        np.testing.assert_array_equal(h, x)
+    g = GraphBuilder()
+    want = evaluate(g.build({"y": g_rms_norm(g, g.input("x", "f32", [rows, k]), g.weight("w", "f32", [k]), 1e-5, unit_offset)}), {"x": x}, {"w": w})["y"]
+    np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
+    assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all() and (xr != np.iinfo(np.int32).min).all(), "a word was never written"
+    check_q8x2(y, xq, xr, xds)
+
+
+@eight_lanes
 @pytest.mark.parametrize("m,k", [(1, 4096), (3, 256 * 7)])
 def test_x_quantized_once_as_two_int8_terms(rng, m, k):
     """quantize_q8x2 (eight lanes a block of 32, sharing max and sum by shuffles) against numpy, with
@@ -234,12 +264,13 @@ def _x_for(x, staged):
 @pytest.mark.parametrize("k", [512, 4096, 256 * 7])
 @pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 1)])
 @pytest.mark.parametrize("wide", [True, False])
-@pytest.mark.parametrize("staged", [False, True])
+@pytest.mark.parametrize("staged", [False, True, "early"])
 def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, staged):
     """x quantized once by its own kernel into global buffers, then the GEMV reading them from
-    there (or, ``staged``, copying its rows into workgroup memory first): the same values as the
-    workgroup-memory version computes (numpy emulation) and the same bound; staged, bit for bit
-    the sums of the GEMV that quantizes x itself."""
+    there (or, ``staged``, copying its rows into workgroup memory first; "early": its first step's
+    weights loaded before that): the same values as the workgroup-memory version computes (numpy
+    emulation) and the same bound; staged, bit for bit the sums of the GEMV that quantizes x itself."""
+    early, staged = staged == "early", bool(staged)
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -248,7 +279,7 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
     run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
     assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all(), "a quantized word was never written"
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide)
+    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide, early=early)
     sfx = "_in" if staged else ""
     w = np.ascontiguousarray(raw).view(np.int32)
     run_host(kern, (-(-n // warps), -(-m // mr)), {f"xq{sfx}": xq, f"xr{sfx}": xr, f"xds{sfx}": xds, "w": w, "y": y}, {"m": m, "n": n})
@@ -448,11 +479,13 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
 @pytest.mark.parametrize("mr,m,per_warp,wide,flags", [(1, 1, 1, True, ""), (4, 3, 1, True, ""), (1, 1, 3, True, ""), (4, 3, 2, False, ""),
                                                   (1, 1, 1, False, ""), (1, 1, 3, False, ""), (1, 1, 1, True, "pf"), (4, 3, 2, False, "pf"),
-                                                  (1, 1, 1, True, "pf xs"), (4, 3, 2, False, "xs")])
+                                                  (1, 1, 1, True, "pf xs"), (4, 3, 2, False, "xs"), (1, 1, 1, True, "xs early"),
+                                                  (4, 3, 1, False, "early")])
 @pytest.mark.parametrize("k", [1024, 256 * 11])  # Q4_K: one step of a warp's blocks, or two (the second partial)
 def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, flags, k):
-    """``flags``: "pf" the rows asked for first, "xs" x quantized once by its own kernel and staged."""
-    if (not wide or "xs" in flags) and qtype != "q4_k":
+    """``flags``: "pf" the rows asked for first, "xs" x quantized once by its own kernel and staged,
+    "early" the first step's weights loaded before the wait for the launch before."""
+    if (not wide or "xs" in flags or "early" in flags) and qtype != "q4_k":
         pytest.skip("lanes of 16 or 32 bytes and x quantized once are Q4_K's")
     n = 29
     if qtype == "bf16":
@@ -463,7 +496,7 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
         bg, bu = np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags)
+    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags, early="early" in flags)
     run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
     if qtype == "bf16":
         g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)

@@ -15,7 +15,7 @@ from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
 from ..kernel.library import gather as gather_lib
 from ..graph.ops import OPS, SAMPLE_OPERANDS
-from ..kernel.library import movement, norms
+from ..kernel.library import movement, norms, norms_gpu
 from ..kernel.library import rope as rope_lib
 from ..kernel.library import sampling as sampling_lib
 from ..kernel import ir as K
@@ -413,6 +413,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     added = {a.id for a in adds.values()}
     rope_caches = recognise_rope_caches(graph) if fuse else {}
     in_rope_cache = {i for rc in rope_caches.values() for i in rc.nodes}
+    norm_launches: dict[tuple[int, int], tuple[Launch, RmsNorm, Node | None]] = {}
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant") or n.id in virtual or n.id in added:
@@ -420,6 +421,8 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         if n.id in norms_at:
             add = adds.get(n.id)
             plan.launches.append(_rms_norm_gpu(n, norms_at[n.id], limits, add) if gpu else _rms_norm(n, norms_at[n.id], add))
+            if gpu:
+                norm_launches[_key(norms_at[n.id].out)] = (plan.launches[-1], norms_at[n.id], add)
             continue
         if n.id in inside:
             continue
@@ -475,4 +478,30 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
             plan.launches.append(_topk(n))
         else:
             raise Refusal(n.op, "host", "the planner has no kernel for this op yet")
+    _quantize_in_norms(plan, norm_launches, limits)
     return plan
+
+
+def _quantize_in_norms(plan: Plan, norm_launches: Mapping[tuple[int, int], tuple[Launch, RmsNorm, Node | None]], limits: Limits) -> None:
+    """x quantized for the dp4a GEMVs (``QuantizedX``'s ``quantize_q8x2`` launch) by the RMSNorm that
+    computes x, where one does (``norms_gpu.rms_norm_q8``: f32 weights, rows of whole 256-value
+    blocks, subgroups of 8+ lanes): under the quantization's condition the norm's launch writes both,
+    otherwise the plain norm runs; one launch fewer a product's x."""
+    if limits.subgroup not in (8, 16, 32, 64):
+        return
+    for q in [l for l in plan.launches if l.label == "quantize_x"]:
+        found = norm_launches.get(q.buffers["x"])  # type: ignore[arg-type]
+        if found is None:
+            continue
+        norm, r, add = found
+        cols = r.x.shape[-1].value
+        if norm.when is not None or r.weight.dtype != dt.f32 or cols % 256:
+            continue
+        kern = norms_gpu.rms_norm_q8(cols, add is not None, r.unit_offset, limits.subgroup)
+        fused = Launch(norm.node, kern, {**norm.buffers, **{b: q.buffers[b] for b in ("xq", "xr", "xds")}}, norm.grid,
+                       lambda env, eps=r.eps: {"eps": eps}, q.when, label=f"{norm.label}+quantize_x")
+        if q.when is not None:
+            norm.when = When(f"not ({getattr(q.when, 'doc', 'quantized')})", lambda env, w=q.when: not w(env))
+        at = plan.launches.index(norm)
+        plan.launches[at:at + (1 if q.when is None else 0)] = [fused]
+        plan.launches.remove(q)

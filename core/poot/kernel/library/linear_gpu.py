@@ -109,26 +109,51 @@ def _q4_k_block(k: int, un: int, wide: bool, it: K.Expr, u: int, clamp: bool = T
     return K.Bin("min", blk, _c(k // 256 - 1)) if clamp and (k // 256) % (per * un) else blk
 
 
-def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide: bool) -> list[K.Stmt]:
+def _q4_k_weight_loads(weights: list[str], k: int, un: int, wide: bool, it: K.Expr, j: K.Expr, sfx: str = "") -> list[K.Stmt]:
+    """A Q4_K warp GEMV lane's weight words of step ``it`` of rows ``j``: each of its ``un`` blocks'
+    quant words (16 or, ``wide``, 32 bytes) and 16-byte head (d, dmin, scales), as locals
+    ``{weight}q{u}_{i}`` and ``{weight}dm{u}``, ``{weight}s0{u}``.. suffixed ``sfx``."""
+    nb = k // 256
+    qw = 8 if wide else 4  # quant words a lane a block
+    loads: list[K.Stmt] = []
+    for u in range(un):
+        loads.append(K.Let(f"blk{u}{sfx}", _q4_k_block(k, un, wide, it, u)))
+        for p in weights:
+            base = _add(_mul(j, nb * 36), _mul(_r(f"blk{u}{sfx}"), 36))  # a block is 36 words: 16-byte aligned
+            loads.append(K.Let(f"{p}base{u}{sfx}", base))
+            at = _add(_r(f"{p}base{u}{sfx}"), 4, _mul(_r("c"), 8), 0 if wide else _mul(_r("hh"), 4))
+            for h in range(qw // 4):
+                loads.append(K.VecLoad(tuple(f"{p}q{u}_{4 * h + i}{sfx}" for i in range(4)), p, _add(at, 4 * h), I32))
+            loads.append(K.VecLoad((f"{p}dm{u}{sfx}", f"{p}s0{u}{sfx}", f"{p}s1{u}{sfx}", f"{p}s2{u}{sfx}"), p, _r(f"{p}base{u}{sfx}"), I32))
+    return loads
+
+
+def _q4_k_weight_names(weights: list[str], un: int, wide: bool) -> list[str]:
+    """The locals ``_q4_k_weight_loads`` declares for a step's weight words (unsuffixed)."""
+    qw = 8 if wide else 4
+    return [f"{p}{nm}{u}{tail}" for u in range(un) for p in weights
+            for nm, tail in [*(("q", f"_{i}") for i in range(qw)), ("dm", ""), ("s0", ""), ("s1", ""), ("s2", "")]]
+
+
+def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide: bool, early: bool = False) -> list[K.Stmt]:
     """The loop body of a Q4_K warp GEMV step ``it``: each lane's ``un`` blocks of each weight row
-    ``j`` (16 or, ``wide``, 32 quant bytes of each and its 16-byte head: d, dmin, scales), every load
-    issued before any sum, against x quantized to int8 (in workgroup memory, or with ``xglobal`` in
-    global memory): dp4a's scaled per sub-block, into ``{weight}acc{r}``."""
+    ``j`` (``_q4_k_weight_loads``), every load issued before any sum, against x quantized to int8 (in
+    workgroup memory, or with ``xglobal`` in global memory): dp4a's scaled per sub-block, into
+    ``{weight}acc{r}``. With ``early`` the weight words of step 0 are already in their locals (loaded
+    before the loop), and later steps load into them."""
     nb, nb32 = k // 256, k // 32
     partial = nb % ((8 if wide else 4) * un) != 0
     qw = 8 if wide else 4  # quant words a lane a block
     mask = _c(0x0F0F0F0F)
-    loads: list[K.Stmt] = []
+    if early:
+        names = _q4_k_weight_names(weights, un, wide)
+        later = _q4_k_weight_loads(weights, k, un, wide, _r("it"), _r("j"), "_n")
+        loads: list[K.Stmt] = [*(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)) for u in range(un)),
+                               K.If(K.Bin("gt", _r("it"), _c(0)), (*later, *(K.Assign(nm, _r(f"{nm}_n")) for nm in names)))]
+    else:
+        loads = _q4_k_weight_loads(weights, k, un, wide, _r("it"), _r("j"))
     body: list[K.Stmt] = []
     for u in range(un):
-        loads.append(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)))
-        for p in weights:
-            base = _add(_mul(_r("j"), nb * 36), _mul(_r(f"blk{u}"), 36))  # a block is 36 words: 16-byte aligned
-            loads.append(K.Let(f"{p}base{u}", base))
-            at = _add(_r(f"{p}base{u}"), 4, _mul(_r("c"), 8), 0 if wide else _mul(_r("hh"), 4))
-            for h in range(qw // 4):
-                loads.append(K.VecLoad(tuple(f"{p}q{u}_{4 * h + i}" for i in range(4)), p, _add(at, 4 * h), I32))
-            loads.append(K.VecLoad((f"{p}dm{u}", f"{p}s0{u}", f"{p}s1{u}", f"{p}s2{u}"), p, _r(f"{p}base{u}"), I32))
         for r in range(mr):  # x's row r: in workgroup memory, or row min(m0 + r, m - 1) of the quantized buffers
             xrow: K.Expr = K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)) if xglobal else _c(r)
             row0 = _add(_mul(xrow, k // 4), _mul(_r(f"blk{u}"), 64))
@@ -183,7 +208,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
 @lru_cache(maxsize=None)
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
               shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False,
-              staged: bool = False) -> K.Kernel:
+              staged: bool = False, early: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. With ``xglobal`` (Q4_K) x comes already quantized, by
@@ -207,7 +232,11 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     (``Prefetch``, into the L2) first: they stream in while x is quantized, and the loads after hit
     the L2 instead of waiting on the memory one step at a time. (Asked for before the wait for the
     launch before, overlapping it, they made the step slower: the kernel waits first. With x
-    ``staged`` the prefetch made the kernel slower too: it pays while x is being quantized.)"""
+    ``staged`` the prefetch made the kernel slower too: it pays while x is being quantized.) With
+    ``early`` (Q4_K, one product or a gated pair, a feature a warp) each lane loads its first step's
+    weight words before the wait for the launch before (``AwaitPrior``: no launch writes weights),
+    so they arrive while that launch finishes and x is read. (Measured slower in the step, H200: the
+    waiting workgroups' weight traffic delays the small launch before them, which is on the path.)"""
     if qtype not in GEMV_TYPES:
         raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
     if shared_sums and (qtype != "bf16" or parts):
@@ -230,8 +259,15 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         raise ValueError("gemv_warp: x quantized once is read from global memory (xglobal) or staged in workgroup memory (staged), not both")
     wide = mr == 1 if wide is None else wide
     unroll = unroll or (1 if wide else 2)
+    if early and (qtype != "q4_k" or parts or per_warp != 1 or shared_sums):
+        raise ValueError("gemv_warp: the first step's weights are loaded early for Q4_K, one product or a gated pair, a feature a warp")
     if qtype == "q4_k":
         body += _q4_k_lane(wide)
+    if early:
+        ws = ["wg", "wu"] if glu else ["w"]
+        body += [K.Let("j0", K.Bin("min", _r("jg"), _b("sub", _r("n"), 1))),
+                 *_q4_k_weight_loads(ws, k, unroll, wide, _c(0), _r("j0"), "_e"),
+                 *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide)), K.AwaitPrior()]
     if qtype == "q4_k" and not xglobal:
         body += _stage_x_q8(k, mr, threads, wide) if staged else _quantize_x_q8(k, mr, threads, wide)
         shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
@@ -247,7 +283,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
         else:
             steps = -(-(k // 256) // ((8 if wide else 4) * unroll))
-            out.append(K.For("it", _c(0), _c(steps), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal, wide))))
+            out.append(K.For("it", _c(0), _c(steps), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal, wide, early))))
         sums = [(r, wb) for r in range(mr) for wb in weights]
         if shared_sums:  # lane i of a warp keeps slot i; halving strides leave the warp's sum in lane 0
             tid = K.Builtin("thread_id", 0)
@@ -329,6 +365,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         name += "_xq"
     if staged:
         name += "_xs"
+    if early:
+        name += "_early"
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern

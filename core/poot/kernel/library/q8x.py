@@ -12,7 +12,7 @@ from .. import ir as K
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _c, _f, _mul, _r
 
-__all__ = ["quantize_q8x2", "q8_shared_words", "Q8_SPLIT", "Q8_THREADS"]
+__all__ = ["quantize_q8x2", "q8_quantize_word", "q8_shared_words", "Q8_SPLIT", "Q8_THREADS"]
 
 
 Q8_SPLIT = 254  # the second int8 term's scale is the first's / Q8_SPLIT (its values are within half a step)
@@ -97,7 +97,14 @@ def _q8_word(at: K.Expr, slot: K.Expr | None = None, qi: str = "qi", sfx: str = 
     of ``xq``/``xr`` and, by the block's first thread, at ``2 (qi / 8)`` of ``xds`` (the second).
     Locals are suffixed ``sfx``."""
     first: list[K.Stmt] = [K.VecLoad(tuple(f"qv{j}{sfx}" for j in range(4)), "x", at, F32)]
-    v = [_r(f"qv{j}{sfx}", F32) for j in range(4)]
+    return first, q8_quantize_word([_r(f"qv{j}{sfx}", F32) for j in range(4)], slot, qi, sfx)
+
+
+def q8_quantize_word(v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi", sfx: str = "") -> list[K.Stmt]:
+    """Four values ``v`` (word ``qi`` of x, a local) as two int8 terms (``_quantize_x_q8``): the
+    block's max and sum shared by shuffles among its eight consecutive lanes, stored at ``slot``
+    (default ``qi``) of ``xq``/``xr`` and, by the block's first thread, at ``2 (qi / 8)`` of ``xds``.
+    Every lane of the warp reaches it. Locals are suffixed ``sfx``."""
     inner: list[K.Stmt] = []
     qmax, qsum, qinv, qinv2, qd = (f"{n}{sfx}" for n in ("qmax", "qsum", "qinv", "qinv2", "qd"))
     inner += [K.Let(qmax, K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
@@ -122,7 +129,7 @@ def _q8_word(at: K.Expr, slot: K.Expr | None = None, qi: str = "qi", sfx: str = 
     inner += [K.Store("xq", slot, word(b1)), K.Store("xr", slot, word(b2)),
               K.If(K.Bin("eq", _b("rem", _r(qi), 8), _c(0)),
                    (K.VecStore("xds", _b("div", _r(qi), 4), (_r(qd, F32), _r(qsum, F32))),))]
-    return first, inner
+    return inner
 
 
 Q8_THREADS = 256
