@@ -661,7 +661,8 @@ def _decode_case(rng, hq, hkv, d, bs=16):
 def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt, warps):
     """``attention_decode`` (one pass, or the context split in 8 and merged by ``attention_merge``;
     four warps a workgroup or sixteen) against the graph evaluator's attention over paged pools of
-    f32 or f16 (halves widened as read), contexts of 1 to 1,100 positions."""
+    f32 or f16 (halves widened as read), contexts of 1 to 1,100 positions; in one pass, the output
+    also quantized for the dp4a GEMVs (``q8``)."""
     data, bs, mb = _decode_case(rng, hq, hkv, d)
     pools, data = _pools_as(data, pt)
     t = len(data["seq_ids"])
@@ -683,3 +684,11 @@ def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt,
     want = evaluate(b.build({"y": y}), data)["y"]
     assert np.isfinite(out).all(), "an output element was never written"
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+    if splits == 1:  # the output also as the dp4a GEMVs' two int8 terms: those of its own f32 output
+        out8 = poisoned((t, hq, d))
+        xq, xr, xds = poisoned((t * hq * d // 4,), np.int32), poisoned((t * hq * d // 4,), np.int32), poisoned((t * hq * d // 16,))
+        run_host(attention_decode(d, causal, 1, pt, warps, q8=True), (t, hq, 1), {**bufs, "out": out8, "xq": xq, "xr": xr, "xds": xds},
+                 {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
+        np.testing.assert_array_equal(out8, out)
+        assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all() and (xr != np.iinfo(np.int32).min).all(), "a word was never written"
+        check_q8x2(out8.reshape(t, hq * d), xq, xr, xds)

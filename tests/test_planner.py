@@ -397,16 +397,17 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path):
     """Hopper, one row: each x that one-row Q4_K GEMVs read (q/k/v's, the gated MLP's, o's, down's)
     is quantized by one launch placed before its first reader, into scratch areas its readers
     stage; the products fused into one launch take x that way too. Where an RMSNorm computes x
-    (q/k/v's, the gated MLP's) that launch is the norm's own; more rows keep the plain norm."""
+    (q/k/v's, the gated MLP's) or the decode attention does (o's), that launch is the producer's
+    own; more rows keep the plain norm; a long context (the attention split) o's own quantization."""
     from poot.testing.paged import wide_q4_k_llama
 
     g, _ = wide_q4_k_llama(tmp_path, 1)
     hopper = Limits(1024, 48 * 1024, frozenset({"f32", "f16", "bf16", "i8", "i32"}), 32, frozenset({"mma.sync.bf16", "wgmma"}), 1 << 40, "high", 227 * 1024)
     plan = plan_graph(g, device="cuda:0", gpu=True, limits=hopper)
 
-    def runs(l, tokens=1):  # in the one-row step (a decode step of one sequence), or one of ``tokens``
+    def runs(l, tokens=1, blocks=4):  # in the one-row step (a decode step of one sequence), or one of ``tokens``
         try:
-            return l.when is None or l.when({"tokens": tokens, "batch": tokens, "max_blocks": 4})
+            return l.when is None or l.when({"tokens": tokens, "batch": tokens, "max_blocks": blocks})
         except KeyError:
             return False
 
@@ -417,16 +418,18 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path):
     for l in step:
         if "xq" in l.buffers:
             assert l.buffers["xq"] not in written, "x quantized twice"
-            written[l.buffers["xq"]] = l.buffers["y" if "rms_norm" in l.kernel.name else "x"]
-            writers[l.kernel.name.split("_K")[0]] += 1
+            written[l.buffers["xq"]] = l.buffers.get("y", l.buffers.get("out", l.buffers.get("x")))
+            writers[l.kernel.name.split("_K")[0].split("_D")[0]] += 1
         elif l.kernel.name.startswith("gemv_warp") and "_xs" in l.kernel.name:
             assert l.buffers["xq_in"] in written, f"{l.kernel.name} reads x quantized before any launch writes it"
             readers[l.label or "matmul"] += 1
     assert readers["3 matmuls"] == readers["gated_mlp"] == 2 and readers["matmul"] >= 3, readers  # two layers: q/k/v and gate/up fused; o, down
-    # each layer's two norms (the first alone, the rest with the residual add) write x quantized; o's and down's x by launches
-    # of their own (the last down projection and the head are Q6_K: the final norm stays plain)
-    assert writers == {"rms_norm_q8": 1, "add_rms_norm_q8": 3, "quantize_q8x2": 3}, writers
+    # each layer's two norms (the first alone, the rest with the residual add) write x quantized, the decode attention o's
+    # x, down's x a launch of its own (the last down projection and the head are Q6_K: the final norm stays plain)
+    assert writers == {"rms_norm_q8": 1, "add_rms_norm_q8": 3, "attention_decode": 2, "quantize_q8x2": 1}, writers
     assert [l.kernel.name.split("_BLOCK")[0] for l in step if "rms_norm_BLOCK" in l.kernel.name] == ["add_rms_norm"]
+    long = [l.kernel.name for l in plan.launches if runs(l, 1, 4096)]
+    assert "quantize_q8x2_K256" in long and not any(nm.endswith("_Q8") for nm in long), long
     many = [l.kernel.name for l in plan.launches if runs(l, 5)]
     assert not any("_q8_" in nm or nm.startswith("quantize_q8x2") for nm in many) and any(nm.startswith("add_rms_norm_BLOCK") for nm in many)
     assert not any(l.kernel.name.startswith("gemv_warp_q4_k") and "_xs" not in l.kernel.name and "MR1" in l.kernel.name for l in step)

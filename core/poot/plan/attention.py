@@ -121,14 +121,15 @@ SPLITS = 8
 DECODE_WIDE_PAIRS = 128
 
 
-def attention_launches_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
+def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict[Any, tuple[Launch, Any]] | None = None) -> list[Launch]:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
     one output dimension per thread; on NVIDIA GPUs (mma.sync) with heads of 64 or 128, a warp per
     position instead (``attention_gpu.attention_decode``). Decode over a long context (block tables
     of ``SPLIT_CONTEXT`` positions or more) with few (token, head) pairs splits the context in
     ``SPLITS`` parts, each a workgroup writing its partial sums to scratch memory, merged by a second
     launch (flash-decoding); prefill takes blocks of 16 query tokens that share each key/value tile,
-    or of 64 on tensor cores for long prompts there."""
+    or of 64 on tensor cores for long prompts there. ``quantizing`` gets the decode launch that can
+    also write its output quantized for the dp4a GEMVs, with that kernel, by the output's key."""
     a = _attention_operands(n, "gpu")
     spec, ops = a.spec, a.ops
     if a.dk + a.dr > 1024:
@@ -167,6 +168,8 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan) -> list[Launch]:
         per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads <= {DECODE_WIDE_PAIRS}",
                               lambda env: decode(env) and not long(env) and few(env))
         split.append(narrow)
+        if quantizing is not None:  # the wide kernel can also write its output quantized for dp4a GEMVs (q8)
+            quantizing[a.buffers["out"]] = (per_token, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, q8=True))
     width = max(a.dk + a.dr, a.dv)
     bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128, PT=a.pool_type)
     if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:

@@ -346,9 +346,7 @@ def _check_waits(plan: Plan) -> None:
     """A kernel that reads memory before its wait for the launch before (``AwaitPrior``) may read
     there only what no launch of the plan writes (weights, the step's inputs), and write nothing."""
     def root(key: Any) -> Any:
-        while isinstance(key, tuple) and (key in plan.views or key in plan.aliases):
-            key = plan.views.get(key, plan.aliases.get(key))
-        return key
+        return _root(plan, key)
 
     written = {root(l.buffers[p.name]) for l in plan.launches for p in l.kernel.params
                if isinstance(p, K.Buffer) and not p.readonly and isinstance(l.buffers.get(p.name), tuple)}
@@ -413,7 +411,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     added = {a.id for a in adds.values()}
     rope_caches = recognise_rope_caches(graph) if fuse else {}
     in_rope_cache = {i for rc in rope_caches.values() for i in rc.nodes}
-    norm_launches: dict[tuple[int, int], tuple[Launch, RmsNorm, Node | None]] = {}
+    quantizing: dict[Any, tuple[Launch, K.Kernel]] = {}  # launches that can also write their output quantized, with that kernel
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant") or n.id in virtual or n.id in added:
@@ -421,8 +419,8 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         if n.id in norms_at:
             add = adds.get(n.id)
             plan.launches.append(_rms_norm_gpu(n, norms_at[n.id], limits, add) if gpu else _rms_norm(n, norms_at[n.id], add))
-            if gpu:
-                norm_launches[_key(norms_at[n.id].out)] = (plan.launches[-1], norms_at[n.id], add)
+            if gpu and (q8 := _norm_q8(norms_at[n.id], add, limits)) is not None:
+                quantizing[_key(norms_at[n.id].out)] = (plan.launches[-1], q8)
             continue
         if n.id in inside:
             continue
@@ -473,35 +471,66 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         elif n.op == "rope":
             plan.launches.append(_rope(n, gpu))
         elif n.op == "attention":
-            plan.launches.extend(attention_launches_gpu(n, limits, plan) if gpu else attention_launches_host(n, plan))
+            plan.launches.extend(attention_launches_gpu(n, limits, plan, quantizing) if gpu else attention_launches_host(n, plan))
         elif n.op == "topk":
             plan.launches.append(_topk(n))
         else:
             raise Refusal(n.op, "host", "the planner has no kernel for this op yet")
-    _quantize_in_norms(plan, norm_launches, limits)
+    _quantize_in_producers(plan, quantizing)
     return plan
 
 
-def _quantize_in_norms(plan: Plan, norm_launches: Mapping[tuple[int, int], tuple[Launch, RmsNorm, Node | None]], limits: Limits) -> None:
-    """x quantized for the dp4a GEMVs (``QuantizedX``'s ``quantize_q8x2`` launch) by the RMSNorm that
-    computes x, where one does (``norms_gpu.rms_norm_q8``: f32 weights, rows of whole 256-value
-    blocks, subgroups of 8+ lanes): under the quantization's condition the norm's launch writes both,
-    otherwise the plain norm runs; one launch fewer a product's x."""
-    if limits.subgroup not in (8, 16, 32, 64):
-        return
+def _norm_q8(r: RmsNorm, add: Node | None, limits: Limits) -> K.Kernel | None:
+    """The RMSNorm kernel that also writes its output quantized for the dp4a GEMVs
+    (``norms_gpu.rms_norm_q8``), where it has one: f32 weights, rows of whole 256-value blocks,
+    subgroups of 8+ lanes."""
+    cols = r.x.shape[-1].value
+    if limits.subgroup not in (8, 16, 32, 64) or r.weight.dtype != dt.f32 or cols % 256:
+        return None
+    return norms_gpu.rms_norm_q8(cols, add is not None, r.unit_offset, limits.subgroup)
+
+
+def _root(plan: Plan, key: Any) -> Any:
+    """The value whose storage ``key`` shares (through views and in-place outputs)."""
+    while isinstance(key, tuple) and (key in plan.views or key in plan.aliases):
+        key = plan.views.get(key, plan.aliases.get(key))
+    return key
+
+
+def _both(a: Callable[[Env], bool] | None, b: Callable[[Env], bool], doc: str) -> When:
+    return When(doc, (lambda env: b(env)) if a is None else (lambda env: a(env) and b(env)))
+
+
+def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.Kernel]]) -> None:
+    """x quantized for the dp4a GEMVs (``QuantizedX``'s ``quantize_q8x2`` launch) by the launch that
+    computes x, where that one has a kernel that also writes it (an RMSNorm: ``norms_gpu.rms_norm_q8``;
+    the decode attention: ``attention_decode(..., q8=True)``): where both run, that kernel does both;
+    where only the producer runs, its plain kernel; where only the quantization (the producer's other
+    schedules), its own launch. One launch fewer a product's x in the step both run."""
+    by_root = {_root(plan, k): v for k, v in quantizing.items()}
     for q in [l for l in plan.launches if l.label == "quantize_x"]:
-        found = norm_launches.get(q.buffers["x"])  # type: ignore[arg-type]
+        found = by_root.get(_root(plan, q.buffers["x"]))
         if found is None:
             continue
-        norm, r, add = found
-        cols = r.x.shape[-1].value
-        if norm.when is not None or r.weight.dtype != dt.f32 or cols % 256:
-            continue
-        kern = norms_gpu.rms_norm_q8(cols, add is not None, r.unit_offset, limits.subgroup)
-        fused = Launch(norm.node, kern, {**norm.buffers, **{b: q.buffers[b] for b in ("xq", "xr", "xds")}}, norm.grid,
-                       lambda env, eps=r.eps: {"eps": eps}, q.when, label=f"{norm.label}+quantize_x")
-        if q.when is not None:
-            norm.when = When(f"not ({getattr(q.when, 'doc', 'quantized')})", lambda env, w=q.when: not w(env))
-        at = plan.launches.index(norm)
-        plan.launches[at:at + (1 if q.when is None else 0)] = [fused]
-        plan.launches.remove(q)
+        prod, kern = found
+        wp, wq = prod.when, q.when
+        dp, dq = getattr(wp, "doc", "always"), getattr(wq, "doc", "always")
+        fused = Launch(prod.node, kern, {**prod.buffers, **{b: q.buffers[b] for b in ("xq", "xr", "xds")}}, prod.grid,
+                       _scalars_for(kern, prod.scalars), None if wp is None and wq is None else _both(wp, wq or (lambda env: True), f"{dp}, {dq}"),
+                       label=f"{prod.label or prod.node.op}+quantize_x")
+        at = plan.launches.index(prod)
+        if wq is None:
+            plan.launches[at] = fused
+        else:
+            prod.when = _both(wp, lambda env, w=wq: not w(env), f"{dp}, not ({dq})")
+            plan.launches.insert(at, fused)
+        if wp is None:
+            plan.launches.remove(q)
+        else:
+            q.when = _both(wq, lambda env, w=wp: not w(env), f"{dq}, not ({dp})")
+
+
+def _scalars_for(kern: K.Kernel, scalars: Callable[[Env], dict[str, float | int]]) -> Callable[[Env], dict[str, float | int]]:
+    """A launch's scalar arguments, those ``kern`` takes (a fused kernel may take fewer)."""
+    names = {p.name for p in kern.params if isinstance(p, K.ScalarParam)}
+    return lambda env: {k: v for k, v in scalars(env).items() if k in names}

@@ -30,6 +30,7 @@ from ...graph import dtypes as dt
 from .. import ir as K
 from ..verify import verify_kernel
 from ._kir import _add, _b, _bf16_bits, _bf16_rest, _c, _f, _mma_lanes, _mul, _pair, _r
+from .q8x import q8_quantize_lane
 
 __all__ = ["attention_mma", "attention_decode", "MMA_QROWS", "DECODE_UNROLL", "DECODE_WARPS"]
 
@@ -322,7 +323,7 @@ DECODE_WARPS = 16  # warps a decode attention workgroup: 64 positions a step
 
 
 @lru_cache(maxsize=None)
-def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32", warps: int = 0) -> K.Kernel:
+def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32", warps: int = 0, q8: bool = False) -> K.Kernel:
     """Decode attention with a warp per position: out[t, h, :] = softmax(scale * q.k) v over token t's
     visible context, the parameters of ``attention.attention`` (``splits`` > 1: this workgroup's share
     of the context, partial results for ``attention.attention_merge``). ``warps`` warps (default
@@ -334,9 +335,13 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
     workgroup memory. The token's sequence, context and first step's block-table entries are read
     before the wait for the launch before (``AwaitPrior``: the step's inputs, which no launch
     writes), so they overlap it. Heads of ``d`` = 64 or 128 values (keys and values), no shared key
-    part. Grid (tokens, hq, splits). Pools of ``pt`` "f32" or "f16" (halves widened as they are read)."""
+    part. Grid (tokens, hq, splits). Pools of ``pt`` "f32" or "f16" (halves widened as they are read).
+    With ``q8`` (one share, ``splits`` 1) the output is also written as the two int8 terms the dp4a
+    GEMVs read (``q8x``: buffers ``xq``, ``xr``, ``xds``), a warp a block of 32 dimensions."""
     if d not in (64, 128):
         raise ValueError(f"attention_decode: head width 64 or 128, got {d}")
+    if q8 and splits != 1:
+        raise ValueError("attention_decode: the output quantized (q8) by a kernel that takes the whole context (splits 1)")
     if warps not in (0, 1, 2, 4, 8, 16, 32) or warps * 32 > 1024:
         raise ValueError(f"attention_decode: 1 to 32 warps, a power of two, got {warps}")
     pool = _pool_dtype("attention_decode", pt)
@@ -393,7 +398,7 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
                  K.Assign("l", K.Bin("add", _r("l", F32), _r(f"p{u}", F32)))]
         step += [K.Assign(f"acc{i}", K.Bin("add", _r(f"acc{i}", F32), K.Bin("mul", _r(f"p{u}", F32), _r(f"v{u}_{i}", F32)))) for i in range(e)]
     body.append(K.For("jb", _r("wstart"), _r("wend"), tuple(step), step=warps * un))
-    # the four warps' results combined: out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M)
+    # the warps' results combined: out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M)
     body += [K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("wm", _r("warp"), _r("m", F32)), K.Store("wl", _r("warp"), _r("l", F32)))),
              K.VecStore("wacc", _add(_mul(_r("warp"), d), _mul(_r("lane"), e)), tuple(_r(f"acc{i}", F32) for i in range(e))),
              K.Barrier()]
@@ -411,17 +416,20 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
         fin += [K.Store("out", _add(_mul(part, d), _r("tid")), _r("aa", F32)),
                 K.If(K.Bin("eq", _r("tid"), _c(0)), (K.Store("part_m", part, _r("mm", F32)), K.Store("part_l", part, _r("ll", F32))))]
     else:
-        fin.append(K.Store("out", _add(_mul(row, d), _r("tid")),
-                           K.Select(K.Bin("gt", _r("ll", F32), _f(0.0)), K.Bin("div", _r("aa", F32), _r("ll", F32)), _f(0.0))))
+        fin += [K.Let("o", K.Select(K.Bin("gt", _r("ll", F32), _f(0.0)), K.Bin("div", _r("aa", F32), _r("ll", F32)), _f(0.0))),
+                K.Store("out", _add(_mul(row, d), _r("tid")), _r("o", F32))]
+        if q8:  # d is a multiple of 32: whole warps, each a block
+            fin += q8_quantize_lane(_r("o", F32), _b("div", _add(_mul(row, d), _r("tid")), 4), _r("lane"))
     body.append(K.If(K.Bin("lt", _r("tid"), _c(d)), tuple(fin)))
     params = (K.Buffer("q", F32), K.Buffer("k_pool", pool), K.Buffer("v_pool", pool), K.Buffer("ks_pool", pool),
               K.Buffer("positions", I32), K.Buffer("seq_ids", I32), K.Buffer("ctx_lens", I32), K.Buffer("block_tables", I32),
               K.Buffer("out", F32, readonly=False), K.Buffer("part_m", F32, readonly=False), K.Buffer("part_l", F32, readonly=False),
+              *((K.Buffer("xq", I32, readonly=False), K.Buffer("xr", I32, readonly=False), K.Buffer("xds", F32, readonly=False)) if q8 else ()),
               *(K.ScalarParam(nm, I32) for nm in ("hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
               K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
     shared = (K.Shared("wm", F32, warps), K.Shared("wl", F32, warps), K.Shared("wacc", F32, warps * d))
     kern = K.Kernel(f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}" + ("" if warps == DECODE_WARPS else f"_W{warps}")
-                    + ("_PTf16" if pt == "f16" else ""), params, tuple(body),
+                    + ("_PTf16" if pt == "f16" else "") + ("_Q8" if q8 else ""), params, tuple(body),
                     (32 * warps, 1, 1), shared)
     verify_kernel(kern)
     return kern

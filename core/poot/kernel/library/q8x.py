@@ -12,7 +12,7 @@ from .. import ir as K
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _c, _f, _mul, _r
 
-__all__ = ["quantize_q8x2", "q8_quantize_word", "q8_shared_words", "Q8_SPLIT", "Q8_THREADS"]
+__all__ = ["quantize_q8x2", "q8_quantize_word", "q8_quantize_lane", "q8_shared_words", "Q8_SPLIT", "Q8_THREADS"]
 
 
 Q8_SPLIT = 254  # the second int8 term's scale is the first's / Q8_SPLIT (its values are within half a step)
@@ -130,6 +130,30 @@ def q8_quantize_word(v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi"
               K.If(K.Bin("eq", _b("rem", _r(qi), 8), _c(0)),
                    (K.VecStore("xds", _b("div", _r(qi), 4), (_r(qd, F32), _r(qsum, F32))),))]
     return inner
+
+
+def q8_quantize_lane(v: K.Expr, word: K.Expr, lane: K.Expr) -> list[K.Stmt]:
+    """One value ``v`` a lane of a 32-lane subgroup that holds a block of 32 consecutive values of x,
+    as ``q8_quantize_word``'s two int8 terms: the block's max and sum by subgroup reductions, a
+    lane's two bytes gathered four lanes a word by shuffles; lanes 4i store word ``word`` (the
+    block's first word + i) of ``xq``/``xr``, lane 0 the block's (d, sum) at ``word / 4`` of ``xds``.
+    Every lane of the subgroup reaches it."""
+    shift = _mul(_b("and", lane, 3), 8)
+    out: list[K.Stmt] = [
+        K.Let("lv", v), K.Let("lmax", K.SubgroupReduce("max", K.Un("abs", _r("lv", F32)))), K.Let("lsum", K.SubgroupReduce("add", _r("lv", F32))),
+        K.Let("linv", K.Select(K.Bin("gt", _r("lmax", F32), _f(0.0)), K.Bin("div", _f(127.0), _r("lmax", F32)), _f(0.0))),
+        K.Let("ld", K.Bin("div", _r("lmax", F32), _f(127.0))),
+        K.Let("lq1", K.Un("rint", K.Bin("mul", _r("lv", F32), _r("linv", F32)))),
+        K.Let("lq2", K.Un("rint", K.Bin("mul", K.Bin("sub", _r("lv", F32), K.Bin("mul", _r("lq1", F32), _r("ld", F32))),
+                                        K.Bin("mul", _r("linv", F32), _f(float(Q8_SPLIT)))))),
+    ]
+    for t, q in (("xq", "lq1"), ("xr", "lq2")):  # the four lanes' bytes into one word (they do not overlap: adds are ors)
+        out += [K.Let(f"{t}b", _b("shl", _b("and", K.Cast(_r(q, F32), I32), 255), shift)),
+                K.Assign(f"{t}b", _add(_r(f"{t}b"), K.SubgroupShuffle(_r(f"{t}b"), _c(1), xor=True))),
+                K.Assign(f"{t}b", _add(_r(f"{t}b"), K.SubgroupShuffle(_r(f"{t}b"), _c(2), xor=True)))]
+    out += [K.If(K.Bin("eq", _b("and", lane, 3), _c(0)), (K.Store("xq", word, _r("xqb")), K.Store("xr", word, _r("xrb")))),
+            K.If(K.Bin("eq", lane, _c(0)), (K.VecStore("xds", _b("div", word, 4), (_r("ld", F32), _r("lsum", F32))),))]
+    return out
 
 
 Q8_THREADS = 256
