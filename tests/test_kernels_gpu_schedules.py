@@ -671,7 +671,7 @@ def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt,
     pm, pl = poisoned((t * hq * splits,)), poisoned((t * hq * splits,))
     bufs = {"q": data["q"], **pools, "positions": data["positions"],
             "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out, "part_m": pm, "part_l": pl}
-    run_host(attention_decode(d, causal, splits, pt, warps), (t, hq, splits), bufs,
+    run_host(attention_decode(d, causal, splits, pt, warps, softcap=softcap > 0), (t, hq, splits), bufs,
              {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
     if splits > 1:
         final = poisoned((t, hq, d))
@@ -687,7 +687,7 @@ def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt,
     if splits == 1:  # the output also as the dp4a GEMVs' two int8 terms: those of its own f32 output
         out8 = poisoned((t, hq, d))
         xq, xr, xds = poisoned((t * hq * d // 4,), np.int32), poisoned((t * hq * d // 4,), np.int32), poisoned((t * hq * d // 16,))
-        run_host(attention_decode(d, causal, 1, pt, warps, q8=True), (t, hq, 1), {**bufs, "out": out8, "xq": xq, "xr": xr, "xds": xds},
+        run_host(attention_decode(d, causal, 1, pt, warps, q8=True, softcap=softcap > 0), (t, hq, 1), {**bufs, "out": out8, "xq": xq, "xr": xr, "xds": xds},
                  {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
         np.testing.assert_array_equal(out8, out)
         assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all() and (xr != np.iinfo(np.int32).min).all(), "a word was never written"

@@ -201,14 +201,14 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
     wide = plan_graph(_block(head_dim=64), gpu=True, limits=mma)
     assert names(wide, 128, 2) == ["attention_mma_D64_causal_BS4_nocap"]  # the pools' block size fixed, no soft-cap
     assert names(wide, 40, 2)[0].startswith("attention_blocks")  # short prompts: the CUDA-core blocks
-    assert names(wide, 2, 2) == ["attention_decode_D64_causal_S1"]  # decode: a warp a position, 16 warps a workgroup
-    assert names(wide, 200, 200) == ["attention_decode_D64_causal_S1_W4"]  # many (token, head) pairs: four warps, several an SM
+    assert names(wide, 2, 2) == ["attention_decode_D64_causal_S1_nocap"]  # decode: a warp a position, 16 warps a workgroup
+    assert names(wide, 200, 200) == ["attention_decode_D64_causal_S1_W4_nocap"]  # many (token, head) pairs: four warps, several an SM
     narrow = plan_graph(_block(), gpu=True, limits=mma)  # heads of 16: the CUDA-core schedules
     assert names(narrow, 128, 2)[0].startswith("attention_blocks") and names(narrow, 2, 2)[0].startswith("attention_BLOCK")
     plain = plan_graph(_block(head_dim=64), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))  # 32 lanes, no mma.sync (Vulkan on NVIDIA)
     assert names(plain, 128, 2)[0].startswith("attention_blocks") and names(plain, 2, 2)[0].startswith("attention_BLOCK")
     half = plan_graph(_block(pool_dtype="f16", head_dim=64), gpu=True, limits=mma)  # f16 pools: the same kernels, reading halves
-    assert names(half, 128, 2) == ["attention_mma_D64_causal_BS4_nocap_PTf16"] and names(half, 2, 2) == ["attention_decode_D64_causal_S1_PTf16"]
+    assert names(half, 128, 2) == ["attention_mma_D64_causal_BS4_nocap_PTf16"] and names(half, 2, 2) == ["attention_decode_D64_causal_S1_nocap_PTf16"]
     assert names(half, 40, 2)[0].startswith("attention_blocks") and "_PTf16" in names(half, 40, 2)[0]
 
 

@@ -142,7 +142,7 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
     warp_decode = (limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0
                    and ops["q"].dtype == dt.f32)
     if warp_decode:
-        kern = attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type)
+        kern = attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, softcap=bool(spec.softcap))
     dummy = np.zeros(1, np.float32)
     bufs = {**a.buffers, "part_m": dummy, "part_l": dummy}
 
@@ -155,21 +155,21 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
     per_token = Launch(n, kern, bufs, lambda env: (tokens(env), a.hq, 1), scalars)
     decode = lambda env: tokens(env) < 8 * batch(env)  # noqa: E731
     long = lambda env: _shape(ops["block_tables"], env)[1] * a.bs >= SPLIT_CONTEXT and tokens(env) * a.hq <= 512  # noqa: E731
-    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS, a.pool_type, warps=4) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
+    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS, a.pool_type, warps=4, softcap=bool(spec.softcap)) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
     split_when = When(f"tokens < 8 * batch, context >= {SPLIT_CONTEXT}", lambda env: decode(env) and long(env))
     parts, merge = _context_splits(n, a, plan, tokens, split_when, min(block, 128))
     split = [Launch(n, split_k, {**a.buffers, **parts}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when), merge]
     per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}", lambda env: decode(env) and not long(env))
     if warp_decode:  # few (token, head) pairs: wide workgroups, a whole short context's loads in flight at once
         few = lambda env: tokens(env) * a.hq <= DECODE_WIDE_PAIRS  # noqa: E731
-        narrow = Launch(n, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, warps=4), bufs, per_token.grid, scalars,
+        narrow = Launch(n, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, warps=4, softcap=bool(spec.softcap)), bufs, per_token.grid, scalars,
                         When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads > {DECODE_WIDE_PAIRS}",
                              lambda env: decode(env) and not long(env) and not few(env)))
         per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads <= {DECODE_WIDE_PAIRS}",
                               lambda env: decode(env) and not long(env) and few(env))
         split.append(narrow)
         if quantizing is not None:  # the wide kernel can also write its output quantized for dp4a GEMVs (q8)
-            quantizing[a.buffers["out"]] = (per_token, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, q8=True))
+            quantizing[a.buffers["out"]] = (per_token, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, q8=True, softcap=bool(spec.softcap)))
     width = max(a.dk + a.dr, a.dv)
     bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128, PT=a.pool_type)
     if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:

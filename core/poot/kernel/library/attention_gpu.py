@@ -323,7 +323,8 @@ DECODE_WARPS = 16  # warps a decode attention workgroup: 64 positions a step
 
 
 @lru_cache(maxsize=None)
-def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32", warps: int = 0, q8: bool = False) -> K.Kernel:
+def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32", warps: int = 0, q8: bool = False,
+                     softcap: bool = True) -> K.Kernel:
     """Decode attention with a warp per position: out[t, h, :] = softmax(scale * q.k) v over token t's
     visible context, the parameters of ``attention.attention`` (``splits`` > 1: this workgroup's share
     of the context, partial results for ``attention.attention_merge``). ``warps`` warps (default
@@ -336,6 +337,8 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
     before the wait for the launch before (``AwaitPrior``: the step's inputs, which no launch
     writes), so they overlap it. Heads of ``d`` = 64 or 128 values (keys and values), no shared key
     part. Grid (tokens, hq, splits). Pools of ``pt`` "f32" or "f16" (halves widened as they are read).
+    Each step issues the next step's key and value loads before its own sums (a context of two
+    steps waits on one memory latency, not two). Soft-capping is compiled in only with ``softcap``.
     With ``q8`` (one share, ``splits`` 1) the output is also written as the two int8 terms the dp4a
     GEMVs read (``q8x``: buffers ``xq``, ``xr``, ``xds``), a warp a block of 32 dimensions."""
     if d not in (64, 128):
@@ -369,23 +372,31 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
     body.append(K.AwaitPrior())
     body.append(K.VecLoad(tuple(f"q{i}" for i in range(e)), "q", _add(_mul(_add(_mul(_r("t"), _r("hq")), _r("h")), d), _mul(_r("lane"), e)), F32))
     body += [K.Let("m", _f(_NEG)), K.Let("l", _f(0.0))] + [K.Let(f"acc{i}", _f(0.0)) for i in range(e)]
-    step: list[K.Stmt] = []
-    for u in range(un):  # every load of the step first
-        step += [K.Let(f"j{u}", _add(_r("jb"), _r("warp"), warps * u)),
-                 K.Let(f"jc{u}", K.Bin("min", _r(f"j{u}"), _b("sub", _r("wend"), 1))),
-                 K.Let(f"b{u}", _r(f"bt{u}")),
-                 K.If(K.Bin("ne", _r("jb"), _r("wstart")), (K.Assign(f"b{u}", block(_r(f"j{u}"))),)),
-                 K.Let(f"sl{u}", _add(_mul(_r(f"b{u}"), _r("bs")), _b("rem", _r(f"jc{u}"), _r("bs")))),
-                 K.Let(f"row{u}", _add(_mul(_add(_mul(_r(f"sl{u}"), _r("hkv")), _r("kvh")), d), _mul(_r("lane"), e))),
-                 *_pool_load(tuple(f"k{u}_{i}" for i in range(e)), "k_pool", _r(f"row{u}"), pool),
-                 *_pool_load(tuple(f"v{u}_{i}" for i in range(e)), "v_pool", _r(f"row{u}"), pool)]
+    def loads(jb: K.Expr, sfx: str, first: bool) -> list[K.Stmt]:
+        """The key and value rows of the step from position ``jb`` (clamped into the context, so
+        always in the pools), as locals ``k{u}_{i}``/``v{u}_{i}`` suffixed ``sfx``."""
+        out: list[K.Stmt] = []
+        for u in range(un):
+            j = _add(jb, _r("warp"), warps * u)
+            out += [K.Let(f"jc{u}{sfx}", K.Bin("max", K.Bin("min", j, _b("sub", _r("wend"), 1)), _c(0))),
+                    K.Let(f"sl{u}{sfx}", _add(_mul(_r(f"bt{u}") if first else block(j), _r("bs")), _b("rem", _r(f"jc{u}{sfx}"), _r("bs")))),
+                    K.Let(f"row{u}{sfx}", _add(_mul(_add(_mul(_r(f"sl{u}{sfx}"), _r("hkv")), _r("kvh")), d), _mul(_r("lane"), e))),
+                    *_pool_load(tuple(f"k{u}_{i}{sfx}" for i in range(e)), "k_pool", _r(f"row{u}{sfx}"), pool),
+                    *_pool_load(tuple(f"v{u}_{i}{sfx}" for i in range(e)), "v_pool", _r(f"row{u}{sfx}"), pool)]
+        return out
+
+    kv = [f"{t}{u}_{i}" for u in range(un) for t in "kv" for i in range(e)]
+    body += loads(_r("wstart"), "", True)  # the first step's rows; each step issues the next step's before its sums
+    step: list[K.Stmt] = [*loads(_add(_r("jb"), warps * un), "_n", False)]
+    step += [K.Let(f"j{u}", _add(_r("jb"), _r("warp"), warps * u)) for u in range(un)]
     for u in range(un):
         dot: K.Expr = K.Bin("mul", _r("q0", F32), _r(f"k{u}_0", F32))
         for i in range(1, e):
             dot = K.Bin("add", dot, K.Bin("mul", _r(f"q{i}", F32), _r(f"k{u}_{i}", F32)))
         step.append(K.Let(f"dot{u}", K.SubgroupReduce("add", dot)))
         sv: K.Expr = K.Bin("mul", _r(f"dot{u}", F32), _r("scale", F32))
-        sv = K.Select(K.Bin("gt", _r("softcap", F32), _f(0.0)), K.Bin("mul", K.Un("tanh", K.Bin("div", sv, _r("softcap", F32))), _r("softcap", F32)), sv)
+        if softcap:
+            sv = K.Select(K.Bin("gt", _r("softcap", F32), _f(0.0)), K.Bin("mul", K.Un("tanh", K.Bin("div", sv, _r("softcap", F32))), _r("softcap", F32)), sv)
         step.append(K.Let(f"sc{u}", K.Select(K.Bin("lt", _r(f"j{u}"), _r("wend")), sv, _f(_NEG))))
     mx: K.Expr = _r("m", F32)
     for u in range(un):
@@ -397,6 +408,7 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
         step += [K.Let(f"p{u}", K.Select(K.Bin("gt", _r(f"sc{u}", F32), _f(-1.0e38)), K.Un("exp", K.Bin("sub", _r(f"sc{u}", F32), _r("mn", F32))), _f(0.0))),
                  K.Assign("l", K.Bin("add", _r("l", F32), _r(f"p{u}", F32)))]
         step += [K.Assign(f"acc{i}", K.Bin("add", _r(f"acc{i}", F32), K.Bin("mul", _r(f"p{u}", F32), _r(f"v{u}_{i}", F32)))) for i in range(e)]
+    step += [K.Assign(nm, _r(f"{nm}_n", F32)) for nm in kv]
     body.append(K.For("jb", _r("wstart"), _r("wend"), tuple(step), step=warps * un))
     # the warps' results combined: out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M)
     body += [K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("wm", _r("warp"), _r("m", F32)), K.Store("wl", _r("warp"), _r("l", F32)))),
@@ -429,7 +441,7 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
               K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
     shared = (K.Shared("wm", F32, warps), K.Shared("wl", F32, warps), K.Shared("wacc", F32, warps * d))
     kern = K.Kernel(f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}" + ("" if warps == DECODE_WARPS else f"_W{warps}")
-                    + ("_PTf16" if pt == "f16" else "") + ("_Q8" if q8 else ""), params, tuple(body),
+                    + ("" if softcap else "_nocap") + ("_PTf16" if pt == "f16" else "") + ("_Q8" if q8 else ""), params, tuple(body),
                     (32 * warps, 1, 1), shared)
     verify_kernel(kern)
     return kern
