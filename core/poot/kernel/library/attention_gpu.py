@@ -336,9 +336,9 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
     workgroup memory. The token's sequence, context and first step's block-table entries are read
     before the wait for the launch before (``AwaitPrior``: the step's inputs, which no launch
     writes), so they overlap it. Heads of ``d`` = 64 or 128 values (keys and values), no shared key
-    part. Grid (tokens, hq, splits). Pools of ``pt`` "f32" or "f16" (halves widened as they are read).
-    Each step issues the next step's key and value loads before its own sums (a context of two
-    steps waits on one memory latency, not two). Soft-capping is compiled in only with ``softcap``.
+    part. Each step issues the next step's key and value loads before its own sums (a context of
+    two steps waits on one memory latency, not two). Grid (tokens, hq, splits). Pools of ``pt``
+    "f32" or "f16" (halves widened as they are read). Soft-capping is compiled in only with ``softcap``.
     With ``q8`` (one share, ``splits`` 1) the output is also written as the two int8 terms the dp4a
     GEMVs read (``q8x``: buffers ``xq``, ``xr``, ``xds``), a warp a block of 32 dimensions."""
     if d not in (64, 128):
@@ -372,6 +372,7 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
     body.append(K.AwaitPrior())
     body.append(K.VecLoad(tuple(f"q{i}" for i in range(e)), "q", _add(_mul(_add(_mul(_r("t"), _r("hq")), _r("h")), d), _mul(_r("lane"), e)), F32))
     body += [K.Let("m", _f(_NEG)), K.Let("l", _f(0.0))] + [K.Let(f"acc{i}", _f(0.0)) for i in range(e)]
+
     def loads(jb: K.Expr, sfx: str, first: bool) -> list[K.Stmt]:
         """The key and value rows of the step from position ``jb`` (clamped into the context, so
         always in the pools), as locals ``k{u}_{i}``/``v{u}_{i}`` suffixed ``sfx``."""
