@@ -117,7 +117,7 @@ def attention_launches_host(n: Node, plan: Plan) -> list[Launch]:
 SPLIT_CONTEXT = 1024  # decode attention splits a context this long (or longer) across workgroups
 SPLITS = 8
 # decode attention of up to this many (token, query head) pairs takes ``attention_decode``'s wide
-# workgroups (``DECODE_WARPS``, one an SM at its registers); more take four warps a workgroup (several an SM)
+# workgroups (``DECODE_WARPS``: few fit an SM); more take four warps a workgroup (several an SM)
 DECODE_WIDE_PAIRS = 128
 
 

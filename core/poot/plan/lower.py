@@ -345,14 +345,11 @@ def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -
 def _check_waits(plan: Plan) -> None:
     """A kernel that reads memory before its wait for the launch before (``AwaitPrior``) may read
     there only what no launch of the plan writes (weights, the step's inputs), and write nothing."""
-    def root(key: Any) -> Any:
-        return _root(plan, key)
-
-    written = {root(l.buffers[p.name]) for l in plan.launches for p in l.kernel.params
+    written = {plan.root(l.buffers[p.name]) for l in plan.launches for p in l.kernel.params
                if isinstance(p, K.Buffer) and not p.readonly and isinstance(l.buffers.get(p.name), tuple)}
     for l in plan.launches:
         reads, writes = before_wait(l.kernel)
-        early = sorted(b for b in reads if root(l.buffers.get(b)) in written)
+        early = sorted(b for b in reads if plan.root(l.buffers.get(b)) in written)
         if writes or early:
             raise Refusal(l.node.op, plan.device, f"kernel {l.kernel.name} touches {', '.join(sorted(writes) or early)} before its wait for the "
                                                   "launch before, memory a launch of the step writes")
@@ -490,13 +487,6 @@ def _norm_q8(r: RmsNorm, add: Node | None, limits: Limits) -> K.Kernel | None:
     return norms_gpu.rms_norm_q8(cols, add is not None, r.unit_offset, limits.subgroup)
 
 
-def _root(plan: Plan, key: Any) -> Any:
-    """The value whose storage ``key`` shares (through views and in-place outputs)."""
-    while isinstance(key, tuple) and (key in plan.views or key in plan.aliases):
-        key = plan.views.get(key, plan.aliases.get(key))
-    return key
-
-
 def _both(a: Callable[[Env], bool] | None, b: Callable[[Env], bool], doc: str) -> When:
     return When(doc, (lambda env: b(env)) if a is None else (lambda env: a(env) and b(env)))
 
@@ -507,9 +497,9 @@ def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.
     the decode attention: ``attention_decode(..., q8=True)``): where both run, that kernel does both;
     where only the producer runs, its plain kernel; where only the quantization (the producer's other
     schedules), its own launch. One launch fewer a product's x in the step both run."""
-    by_root = {_root(plan, k): v for k, v in quantizing.items()}
+    by_root = {plan.root(k): v for k, v in quantizing.items()}
     for q in [l for l in plan.launches if l.label == "quantize_x"]:
-        found = by_root.get(_root(plan, q.buffers["x"]))
+        found = by_root.get(plan.root(q.buffers["x"]))
         if found is None:
             continue
         prod, kern = found

@@ -96,8 +96,7 @@ def plan_storage(plan: Plan, env: Mapping[str, int], alignment: int = 64) -> Sto
             k = (n.id, v.index)
             values[k] = v
             shapes[k] = _value_shape(v, env)
-            src = plan.views.get(k) or plan.aliases.get(k)
-            roots[k] = roots.get(src, src) if src is not None else k
+            roots[k] = plan.root(k)
     scratch = {r for l in launches for r in l.buffers.values() if isinstance(r, tuple) and r in plan.scratch}
     for k in scratch:
         roots[k] = k

@@ -88,6 +88,13 @@ class Plan:
             out.append((name, v.rank, axes))
         return tuple(out)
 
+    def root(self, key: Any) -> Any:
+        """The value whose storage ``key`` shares (through views and in-place outputs); ``key`` itself
+        when it shares none (or is not a value's key)."""
+        while isinstance(key, tuple) and (key in self.views or key in self.aliases):
+            key = self.views.get(key, self.aliases.get(key))
+        return key
+
     def add_scratch(self, words: Callable[[Env], int]) -> tuple[int, int]:
         """A new scratch area of ``words(env)`` f32 words; its key, for launches' buffers."""
         key = (-1 - len(self.scratch), 0)
