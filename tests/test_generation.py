@@ -80,6 +80,32 @@ def test_sixteen_sequences_together_equal_each_alone(smollm2, rng):
     assert smollm2.engine.blocks.free_blocks == smollm2.engine.blocks.num_blocks
 
 
+def test_block_tables_are_as_wide_as_the_steps_longest_context(smollm2, rng, monkeypatch):
+    """A step's block tables hold the blocks its longest context needs, rounded up to a power of two
+    (at most the loaded maximum): the captured shape, and so the attention schedule chosen for it,
+    follows the context, not the longest one the model was loaded for."""
+    eng = smollm2.engine
+    ex = eng._executors(False)
+    seen = []
+    replay = ex.replay
+
+    def watching(step, inputs):
+        seen.append((int(inputs["ctx_lens"].max()), inputs["block_tables"].shape[1]))
+        return replay(step, inputs)
+
+    monkeypatch.setattr(ex, "replay", watching)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    short, long = rng.integers(1000, 20000, 20).tolist(), rng.integers(1000, 20000, 300).tolist()
+    alone = smollm2.complete([short], params)[0].tokens  # contexts of 20 to 43: tables of 2, then 4 blocks
+    narrow = {w for _, w in seen}
+    together = smollm2.complete([short, long], params)  # every step as wide as the long context's (the cap)
+    bs, most = eng.blocks.block_size, eng.max_blocks
+    assert narrow == {2, 4} and {w for _, w in seen} == {2, 4, most}, seen
+    for ctx, width in seen:
+        assert width == min(most, 1 << (-(-ctx // bs) - 1).bit_length()), (ctx, width)
+    assert together[0].tokens == alone and len(together[1].tokens) == 24
+
+
 def test_prefix_sharing_is_counted_and_changes_nothing(smollm2, rng):
     eng = smollm2.engine
     prefix = rng.integers(1000, 20000, 100).tolist()

@@ -94,6 +94,7 @@ class Engine:
         self.waiting: list[SequenceState] = []
         self.running: list[SequenceState] = []
         self._next_id = 0
+        self._envs: dict[tuple[Any, ...], dict[str, int]] = {}  # the step inputs' shapes -> their symbol values
         self.stats = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "padded_tokens": 0}
 
     # -- requests -----------------------------------------------------------------------------------
@@ -231,9 +232,14 @@ class Engine:
         slot_a[:T] = slots
         ctx_a = np.zeros(Bb, np.int32)
         ctx_a[:B] = ctx
-        bt = np.zeros((Bb, self.max_blocks), np.int32)
+        # the block tables as wide as this step's longest context needs, in powers of two: a step's
+        # captured shape (and the attention schedule chosen for it) follows the context, not the
+        # longest one the model was loaded for
+        bs = self.blocks.block_size
+        mb = min(self.max_blocks, _pow2(max(-(-c // bs) for c in ctx)))
+        bt = np.zeros((Bb, mb), np.int32)
         for b, t in enumerate(tables):
-            bt[b, : len(t)] = t
+            bt[b, : min(len(t), mb)] = t[:mb]
         row_a = np.zeros(Rb, np.int32)
         row_a[:R] = rows
         batch = StepBatch(tok_a, pos_a, sid_a, slot_a, ctx_a, bt, row_a).as_inputs()
@@ -244,7 +250,13 @@ class Engine:
         sampling["count_rows"] = count_rows
         ex = self._executors(want_lp)
         inputs = {**batch, **sampling}
-        step = ex.capture({**step_env(ex.plan, {**inputs, **self.pools}), WANT_LOGPROBS: int(want_lp)})
+        # the symbol values follow from the shapes alone: worked out once a shape (a dictionary
+        # lookup a step after that, where a pass over every input costs tens of microseconds)
+        shapes = (want_lp, *(a.shape for a in inputs.values()))
+        env = self._envs.get(shapes)
+        if env is None:
+            env = self._envs[shapes] = {**step_env(ex.plan, {**inputs, **self.pools}), WANT_LOGPROBS: int(want_lp)}
+        step = ex.capture(env)
         ex.replay(step, inputs)
         out_tokens = ex.read(step, "tokens")
         lp = (ex.read(step, "logprob"), ex.read(step, "top_ids"), ex.read(step, "top_logprobs")) if want_lp else None

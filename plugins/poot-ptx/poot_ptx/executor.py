@@ -1,7 +1,9 @@
 """The CUDA executor: weights uploaded packed, KV pools in device memory, and each captured step a
 CUDA graph (the step's launches recorded once on a stream, with every address, grid and scalar
 fixed) replayed after the step's inputs are written into its pinned staging memory: the graph's
-first node copies them all to the device in one transfer. On sm_90+ the launches of a step of at
+first node copies them all to the device in one transfer, and its last nodes copy the small outputs
+(the sampled tokens, log-probabilities) back into pinned memory, so reading them is no transfer of its
+own. On sm_90+ the launches of a step of at
 most ``PROGRAMMATIC_TOKENS`` tokens (decode at small batches: warp GEMVs, latency-bound) are
 programmatic: each may start while the one before it drains, held at its ``AwaitPrior`` until that
 one is done (H200, Llama-3-8B Q4_K: a batch-1 step's graph 2-4% shorter; a batch-64 step's 16%
@@ -32,6 +34,7 @@ __all__ = ["CudaExecutor", "CudaStep", "PROGRAMMATIC_TOKENS"]
 
 Key = tuple[int, int]
 PROGRAMMATIC_TOKENS = 4  # steps of up to this many tokens have their launches programmatic (sm_90+)
+READBACK_BYTES = 64 << 10  # outputs up to this size come back inside the step's graph (the logits do not)
 
 
 @dataclass
@@ -48,6 +51,8 @@ class CudaStep:
     binding: int = 0  # the executor's binding generation it was captured under
     calls: list[tuple[Any, tuple[int, ...], dict[str, int], dict[str, Any]]] = field(default_factory=list)  # what the graph launches
     names: list[str] = field(default_factory=list)
+    readback: dict[str, np.ndarray] = field(default_factory=dict)  # small outputs the graph copies back: views of pinned memory
+    readback_block: int = 0  # that pinned block's address
 
 
 class CudaExecutor(Executor):
@@ -186,24 +191,40 @@ class CudaExecutor(Executor):
                     else:
                         ptrs[p.name] = address(ref)
             calls.append((self._kernels[id(launch.kernel)], launch.grid(env), ptrs, launch.scalars(env)))
+        outputs = {}
+        for name, v in g.outputs.items():
+            k = (v.node.id, v.index)
+            if sp.roots[k] in by_root or sp.roots[k] in sp.arena_offsets:  # else a conditional launch left it out of this step
+                outputs[name] = (address(k), storage_dtype(v.dtype), sp.shapes[k])
+        # small outputs (sampled tokens, log-probabilities) copied back by the graph's last nodes
+        # into pinned memory, so reading them after the replay is no transfer of its own
+        small = {name: o for name, o in outputs.items() if sp.roots[(g.outputs[name].node.id, g.outputs[name].index)] not in self._pools
+                 and 0 < int(np.prod(o[2], dtype=np.int64)) * np.dtype(o[1]).itemsize <= READBACK_BYTES}
+        back_at: dict[str, int] = {}
+        back_total = 0
+        for name, (_, dtype, shape) in small.items():
+            back_at[name] = back_total
+            back_total += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // 256) * 256
+        back = int(_check(d, "cuMemHostAlloc", d.cuMemHostAlloc(back_total, 0))) if back_total else 0
+        readback: dict[str, np.ndarray] = {}
+        for name, (_, dtype, shape) in small.items():
+            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+            readback[name] = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(back + back_at[name]), np.uint8).view(dtype).reshape(shape)
         _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
             if total:
                 _check(d, "cuMemcpyHtoDAsync", d.cuMemcpyHtoDAsync(dev, pinned, total, self.stream))
             self._queue(calls, env)
+            for name, host in readback.items():
+                _check(d, "cuMemcpyDtoHAsync", d.cuMemcpyDtoHAsync(back + back_at[name], outputs[name][0], host.nbytes, self.stream))
         finally:
             graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
         try:
             graph_exec = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
         finally:
             _check(d, "cuGraphDestroy", d.cuGraphDestroy(graph))
-        outputs = {}
-        for name, v in g.outputs.items():
-            k = (v.node.id, v.index)
-            if sp.roots[k] in by_root or sp.roots[k] in sp.arena_offsets:  # else a conditional launch left it out of this step
-                outputs[name] = (address(k), storage_dtype(v.dtype), sp.shapes[k])
         step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned, (pinned, dev, total),
-                        self._binding, calls, [launch.label or launch.kernel.name for launch in sp.launches])
+                        self._binding, calls, [launch.label or launch.kernel.name for launch in sp.launches], readback, back)
         old = self._steps.get(key)
         self._steps[key] = step
         if old is not None:  # captured under weights or pools since rebound
@@ -223,14 +244,15 @@ class CudaExecutor(Executor):
         """Free a step's graph and memory; replaying or reading it afterwards is a PootError (its
         input arrays were views of the freed pinned block)."""
         graph_exec, step.graph_exec = step.graph_exec, None
-        step.inputs, step.outputs, step.calls = {}, {}, []
+        step.inputs, step.outputs, step.calls, step.readback = {}, {}, [], {}
         if graph_exec is None:
             return
         _check(self.d, "cuGraphExecDestroy", self.d.cuGraphExecDestroy(graph_exec))
         for p in step.owned:
             self.ctx.free(p)
-        if step.staging[0]:
-            _check(self.d, "cuMemFreeHost", self.d.cuMemFreeHost(step.staging[0]))
+        for host in (step.staging[0], step.readback_block):
+            if host:
+                _check(self.d, "cuMemFreeHost", self.d.cuMemFreeHost(host))
 
     # -- replay ---------------------------------------------------------------------------------
     def _live(self, step: CudaStep) -> None:
@@ -314,6 +336,8 @@ class CudaExecutor(Executor):
         self._live(step)
         if name not in step.outputs:
             raise PootError(f"output '{name}' is not computed in this step (its launch is conditional on the step's symbols)")
+        if name in step.readback:  # copied back by the replay's graph
+            return step.readback[name].copy()
         ptr, dtype, shape = step.outputs[name]
         v = self.plan.graph.outputs[name]
         root = step.storage.roots[(v.node.id, v.index)]
