@@ -292,6 +292,32 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
     assert (np.abs(y - exact) <= bound).all(), "further from the exact product than two int8 terms allow"
 
 
+@gpu_only
+@pytest.mark.parametrize("k,n", [(4096, 64), (256 * 7, 96)])
+@pytest.mark.parametrize("glu", [True, False])
+@pytest.mark.parametrize("warps", [16, 8])
+def test_gemv_also_writes_its_output_quantized_for_the_next_product(rng, k, n, glu, warps):
+    """``gemv_warp(..., q8=True)`` (a workgroup a block of 32 features, ``per_warp`` of them a warp):
+    y bit for bit the plain kernel's, and y's two int8 terms as ``quantize_q8x2`` writes them for
+    that y (``check_q8x2``), every word written: what the down projection reads after the gated MLP."""
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    raws = [quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(2 if glu else 1)]
+    ws = {nm: np.ascontiguousarray(r).view(np.int32) for nm, r in zip(("wg", "wu") if glu else ("w",), raws)}
+    per_warp = 32 // warps
+    grid = (n // 32, 1)
+    xs = _x_for(x, True)
+    y, want = poisoned((1, n)), poisoned((1, n))
+    yq, yr, yds = poisoned((n // 4,), np.int32), poisoned((n // 4,), np.int32), poisoned((n // 16,))
+    run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True, q8=True), grid, {**xs, **ws, "y": y, "yq": yq, "yr": yr, "yds": yds},
+             {"m": 1, "n": n})
+    run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True), grid, {**xs, **ws, "y": want}, {"m": 1, "n": n})
+    np.testing.assert_array_equal(y, want)
+    assert np.isfinite(yds).all() and (yq != np.iinfo(np.int32).min).all() and (yr != np.iinfo(np.int32).min).all(), "a word was never written"
+    check_q8x2(y, yq, yr, yds)
+    with pytest.raises(ValueError, match="warps x per_warp = 32"):
+        gemv_warp("q4_k", k, 1, warps, glu=glu, staged=True, q8=True)
+
+
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 96), (7, 4096), (130, 512)])
 def test_x_split_once_into_two_bf16_terms(rng, m, k):
     """``split_bf16x2`` writes the nearest bf16 of each value and of its remainder, bit for bit as

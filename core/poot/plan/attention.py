@@ -121,7 +121,7 @@ SPLITS = 8
 DECODE_WIDE_PAIRS = 128
 
 
-def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict[Any, tuple[Launch, Any]] | None = None) -> list[Launch]:
+def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict[Any, tuple[Launch, Any, Any]] | None = None) -> list[Launch]:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
     one output dimension per thread; on NVIDIA GPUs (mma.sync) with heads of 64 or 128, a warp per
     position instead (``attention_gpu.attention_decode``). Decode over a long context (block tables
@@ -169,7 +169,7 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
                               lambda env: decode(env) and not long(env) and few(env))
         split.append(narrow)
         if quantizing is not None:  # the wide kernel can also write its output quantized for dp4a GEMVs (q8)
-            quantizing[a.buffers["out"]] = (per_token, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, q8=True, softcap=bool(spec.softcap)))
+            quantizing[a.buffers["out"]] = (per_token, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, q8=True, softcap=bool(spec.softcap)), None)
     width = max(a.dk + a.dr, a.dv)
     bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128, PT=a.pool_type)
     if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:

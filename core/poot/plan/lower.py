@@ -408,7 +408,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     added = {a.id for a in adds.values()}
     rope_caches = recognise_rope_caches(graph) if fuse else {}
     in_rope_cache = {i for rc in rope_caches.values() for i in rc.nodes}
-    quantizing: dict[Any, tuple[Launch, K.Kernel]] = {}  # launches that can also write their output quantized, with that kernel
+    quantizing: dict[Any, tuple[Launch, K.Kernel, Any]] = {}  # launches that can also write their output quantized: that kernel, its grid
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant") or n.id in virtual or n.id in added:
@@ -417,7 +417,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
             add = adds.get(n.id)
             plan.launches.append(_rms_norm_gpu(n, norms_at[n.id], limits, add) if gpu else _rms_norm(n, norms_at[n.id], add))
             if gpu and (q8 := _norm_q8(norms_at[n.id], add, limits)) is not None:
-                quantizing[_key(norms_at[n.id].out)] = (plan.launches[-1], q8)
+                quantizing[_key(norms_at[n.id].out)] = (plan.launches[-1], q8, None)
             continue
         if n.id in inside:
             continue
@@ -441,7 +441,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
                 ew = _elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0])))
                 glu = next((gl for gl in glus.values() if gl.root == n.id), None)
                 if glu is not None and ew.buffers["out"] == _key(n.outputs[0]):  # few rows: one warp GEMV over both weights
-                    fused = glu_launches(glu, n.outputs[0], limits, qx)
+                    fused = glu_launches(glu, n.outputs[0], limits, qx, quantizing)
                     ew.when = between(4, None, lambda env, x=glu.gate.inputs[0]: int(np.prod(_shape(x, env)[:-1])))
                     plan.launches.extend(fused)
                     # more rows: the product straight into the bf16 terms the down projection reads
@@ -491,10 +491,12 @@ def _both(a: Callable[[Env], bool] | None, b: Callable[[Env], bool], doc: str) -
     return When(doc, (lambda env: b(env)) if a is None else (lambda env: a(env) and b(env)))
 
 
-def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.Kernel]]) -> None:
+def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.Kernel, Any]]) -> None:
     """x quantized for the dp4a GEMVs (``QuantizedX``'s ``quantize_q8x2`` launch) by the launch that
     computes x, where that one has a kernel that also writes it (an RMSNorm: ``norms_gpu.rms_norm_q8``;
-    the decode attention: ``attention_decode(..., q8=True)``): where both run, that kernel does both;
+    the decode attention: ``attention_decode(..., q8=True)``; the gated MLP's GEMV: ``gemv_warp(...,
+    q8=True)``, which names them ``yq``, ``yr``, ``yds``, on its own grid, or the producer's where
+    none is given): where both run, that kernel does both;
     where only the producer runs, its plain kernel; where only the quantization (the producer's other
     schedules), its own launch. One launch fewer a product's x in the step both run."""
     by_root = {plan.root(k): v for k, v in quantizing.items()}
@@ -502,10 +504,11 @@ def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.
         found = by_root.get(plan.root(q.buffers["x"]))
         if found is None:
             continue
-        prod, kern = found
+        prod, kern, grid = found
         wp, wq = prod.when, q.when
         dp, dq = getattr(wp, "doc", "always"), getattr(wq, "doc", "always")
-        fused = Launch(prod.node, kern, {**prod.buffers, **{b: q.buffers[b] for b in ("xq", "xr", "xds")}}, prod.grid,
+        names = ("yq", "yr", "yds") if kern.param("yq") is not None else ("xq", "xr", "xds")
+        fused = Launch(prod.node, kern, {**prod.buffers, **{nm: q.buffers[b] for nm, b in zip(names, ("xq", "xr", "xds"))}}, grid or prod.grid,
                        _scalars_for(kern, prod.scalars), None if wp is None and wq is None else _both(wp, wq or (lambda env: True), f"{dp}, {dq}"),
                        label=f"{prod.label or prod.node.op}+quantize_x")
         at = plan.launches.index(prod)

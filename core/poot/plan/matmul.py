@@ -463,7 +463,10 @@ def find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) ->
     return found
 
 
-def glu_launches(glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = None) -> list[Launch]:
+def glu_launches(glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = None,
+                 quantizing: dict[Any, tuple[Launch, Any, Any]] | None = None) -> list[Launch]:
+    """The gated MLP's first half as one warp GEMV over both weights, for few rows of x; ``quantizing``
+    gets the one-row launch with its kernel that also writes y quantized (``q8``) and its grid."""
     x, wg = glu.gate.inputs
     nn, kk = wg.shape[0].value, wg.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
@@ -477,6 +480,9 @@ def glu_launches(glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = N
         kern = linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs))
         launches += [*pre, Launch(glu.gate, kern, _reading(bufs, xs), lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc,
                                   between(lo, hi, rows), label="gated_mlp")]
+        if quantizing is not None and xs and mr == 1 and nn % 32 == 0 and 32 % f == 0:  # the down projection's x quantized here
+            q8 = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True, wide=_wide(1, limits), staged=True, per_warp=32 // f, q8=True)
+            quantizing[_key(out)] = (launches[-1], q8, lambda env: (nn // 32, rows(env)))
     return launches
 
 

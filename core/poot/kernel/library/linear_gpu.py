@@ -22,7 +22,7 @@ from ...graph import dtypes as dt
 from ...quant.bodies import BODIES, dequant_in_block
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _c, _f, _fma, _hi16, _lo16, _mul, _r, _silu_mul
-from .q8x import Q8_SPLIT, Q8_THREADS, _quantize_x_q8, _stage_x_q8, q8_shared_words, quantize_q8x2
+from .q8x import Q8_SPLIT, Q8_THREADS, _quantize_x_q8, _stage_x_q8, q8_quantize_lane, q8_shared_words, quantize_q8x2
 
 __all__ = ["gemv_warp", "gemv_warp_packed", "gemv_warp_q6_k", "quantize_q8x2", "q4_k_lane_scales", "q4_k_bf16_pairs", "GEMV_TYPES", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
 
@@ -208,7 +208,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
 @lru_cache(maxsize=None)
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
               shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False,
-              staged: bool = False, early: bool = False) -> K.Kernel:
+              staged: bool = False, early: bool = False, q8: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. With ``xglobal`` (Q4_K) x comes already quantized, by
@@ -236,7 +236,12 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     ``early`` (Q4_K, one product or a gated pair, a feature a warp) each lane loads its first step's
     weight words before the wait for the launch before (``AwaitPrior``: no launch writes weights),
     so they arrive while that launch finishes and x is read. (Measured slower in the step, H200: the
-    waiting workgroups' weight traffic delays the small launch before them, which is on the path.)"""
+    waiting workgroups' weight traffic delays the small launch before them, which is on the path.)
+    With ``q8`` (one row of x, one product or a gated pair, ``warps * per_warp`` = 32: a workgroup's
+    features are one block of 32 consecutive values of y; n a multiple of 32) y is also written
+    quantized for the dp4a GEMVs that read it (``yq``, ``yr``, ``yds``, laid out as ``quantize_q8x2``
+    writes its ``xq``, ``xr``, ``xds``; x's own names are the workgroup's arrays): the workgroup's sums
+    meet in workgroup memory and its first warp quantizes the block."""
     if qtype not in GEMV_TYPES:
         raise ValueError(f"gemv_warp: no schedule for {qtype} (have {GEMV_TYPES})")
     if shared_sums and (qtype != "bf16" or parts):
@@ -261,6 +266,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     unroll = unroll or (1 if wide else 2)
     if early and (qtype != "q4_k" or parts or per_warp != 1 or shared_sums):
         raise ValueError("gemv_warp: the first step's weights are loaded early for Q4_K, one product or a gated pair, a feature a warp")
+    if q8 and (mr != 1 or parts or shared_sums or warps * per_warp != 32):
+        raise ValueError("gemv_warp: y quantized by its workgroup needs one row of x, one product or a gated pair, and warps x per_warp = 32")
     if qtype == "q4_k":
         body += _q4_k_lane(wide)
     if early:
@@ -305,6 +312,9 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
             if shared_sums:
                 cond = K.Bin("and", cond, K.Bin("lt", _r("jf"), _r("n")))
+            if q8:  # the workgroup's block of y meets in workgroup memory
+                out += [K.Let("yv", val), K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("yb", _b("sub", _r("j"), _mul(K.Builtin("group_id", 0), 32)), _r("yv", F32)),))]
+                val = _r("yv", F32)
             out.append(K.If(cond, (K.Store(y, _add(_mul(_add(_r("m0"), r), width), _r("j")), val),)))
         return out
 
@@ -344,10 +354,17 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         body += [K.Let("jf", _r("jg")), *feature]
     else:
         body.append(K.For("fi", _c(0), _c(per_warp), (K.Let("jf", _add(_mul(_r("jg"), per_warp), _r("fi"))), *feature)))
+    if q8:  # the first warp quantizes the workgroup's block (feature j of row m0: word (m0 n + j) / 4)
+        shared = (*shared, K.Shared("yb", F32, 32))
+        at = _add(_mul(_r("m0"), _r("n")), _mul(K.Builtin("group_id", 0), 32), _r("lane"))
+        body += [K.Barrier(), K.If(K.Bin("lt", K.Builtin("thread_id", 0), _c(32)),
+                                   tuple(q8_quantize_lane(K.Load("yb", _r("lane"), F32), _b("div", at, 4), _r("lane"), ("yq", "yr", "yds"))))]
     xs: tuple[K.Param, ...] = (K.Buffer("x", F32),)
     if xglobal or staged:
         sfx = "_in" if staged else ""
         xs = (K.Buffer(f"xq{sfx}", I32), K.Buffer(f"xr{sfx}", I32), K.Buffer(f"xds{sfx}", F32))
+    if q8:
+        outs = [*outs, K.Buffer("yq", I32, readonly=False), K.Buffer("yr", I32, readonly=False), K.Buffer("yds", F32, readonly=False)]
     params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
     name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
@@ -367,6 +384,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         name += "_xs"
     if early:
         name += "_early"
+    if q8:
+        name += "_Q8"
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern

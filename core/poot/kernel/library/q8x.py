@@ -132,12 +132,12 @@ def q8_quantize_word(v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi"
     return inner
 
 
-def q8_quantize_lane(v: K.Expr, word: K.Expr, lane: K.Expr) -> list[K.Stmt]:
+def q8_quantize_lane(v: K.Expr, word: K.Expr, lane: K.Expr, names: tuple[str, str, str] = ("xq", "xr", "xds")) -> list[K.Stmt]:
     """One value ``v`` a lane of a 32-lane subgroup that holds a block of 32 consecutive values of x,
     as ``q8_quantize_word``'s two int8 terms: the block's max and sum by subgroup reductions, a
     lane's two bytes gathered four lanes a word by shuffles; lanes 4i store word ``word`` (the
-    block's first word + i) of ``xq``/``xr``, lane 0 the block's (d, sum) at ``word / 4`` of ``xds``.
-    Every lane of the subgroup reaches it."""
+    block's first word + i) of ``xq``/``xr``, lane 0 the block's (d, sum) at ``word / 4`` of ``xds``
+    (buffers ``names``). Every lane of the subgroup reaches it."""
     shift = _mul(_b("and", lane, 3), 8)
     out: list[K.Stmt] = [
         K.Let("lv", v), K.Let("lmax", K.SubgroupReduce("max", K.Un("abs", _r("lv", F32)))), K.Let("lsum", K.SubgroupReduce("add", _r("lv", F32))),
@@ -151,8 +151,9 @@ def q8_quantize_lane(v: K.Expr, word: K.Expr, lane: K.Expr) -> list[K.Stmt]:
         out += [K.Let(f"{t}b", _b("shl", _b("and", K.Cast(_r(q, F32), I32), 255), shift)),
                 K.Assign(f"{t}b", _add(_r(f"{t}b"), K.SubgroupShuffle(_r(f"{t}b"), _c(1), xor=True))),
                 K.Assign(f"{t}b", _add(_r(f"{t}b"), K.SubgroupShuffle(_r(f"{t}b"), _c(2), xor=True)))]
-    out += [K.If(K.Bin("eq", _b("and", lane, 3), _c(0)), (K.Store("xq", word, _r("xqb")), K.Store("xr", word, _r("xrb")))),
-            K.If(K.Bin("eq", lane, _c(0)), (K.VecStore("xds", _b("div", word, 4), (_r("ld", F32), _r("lsum", F32))),))]
+    xq, xr, xds = names
+    out += [K.If(K.Bin("eq", _b("and", lane, 3), _c(0)), (K.Store(xq, word, _r("xqb")), K.Store(xr, word, _r("xrb")))),
+            K.If(K.Bin("eq", lane, _c(0)), (K.VecStore(xds, _b("div", word, 4), (_r("ld", F32), _r("lsum", F32))),))]
     return out
 
 
