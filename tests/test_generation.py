@@ -106,6 +106,46 @@ def test_block_tables_are_as_wide_as_the_steps_longest_context(smollm2, rng, mon
     assert together[0].tokens == alone and len(together[1].tokens) == 24
 
 
+def test_steps_queued_before_the_last_is_read_give_the_same_results(smollm2, rng):
+    """Lookahead (each step queued before the one before is read, its decode tokens taken on the
+    device from what that one sampled): the same tokens, log-probabilities, texts and finish
+    reasons as one step at a time, for sequences of every sampling setting, stop strings, an end
+    token, logprobs and guided decoding (which waits for its token), arriving while others run."""
+    import json
+
+    words = "the quick brown fox jumps over a lazy dog while seven wizards quietly judge boxing matches".split()
+    prompts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(2, 40, 10)]
+    params = [_settings(i) for i in range(8)]
+    params[1] = SamplingParams(temperature=0.8, seed=7, max_tokens=12, logprobs=3)
+    params[2] = SamplingParams(temperature=0, max_tokens=30, stop=["."])
+    params[3] = SamplingParams(temperature=0, max_tokens=1)
+    params += [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0, max_tokens=24, json_schema={"type": "object"})]
+    eng = smollm2.engine
+
+    def run(lookahead):
+        eng.lookahead = lookahead
+        ids = [eng.add(smollm2.tokenizer.encode(p), q) for p, q in zip(prompts[:6], params[:6])]
+        out: dict[int, list] = {}
+        steps = 0
+        while eng.has_work():
+            for ev in eng.step():
+                out.setdefault(ev.seq_id, []).append((ev.token, ev.text, ev.finished, ev.logprob, ev.top_logprobs))
+            steps += 1
+            if steps == 3:  # more arrive while the first run
+                ids += [eng.add(smollm2.tokenizer.encode(p), q) for p, q in zip(prompts[6:], params[6:])]
+        return [out[i] for i in ids], steps
+
+    try:
+        one, _ = run(False)
+        queued, _ = run(True)
+    finally:
+        eng.lookahead = None
+    assert queued == one
+    assert any(ev[2] == "stop" for ev in one[2]) and len(one[3]) == 1 and one[1][0][4] is not None
+    json.loads("".join(ev[1] for ev in one[9]))
+    assert eng.blocks.free_blocks == eng.blocks.num_blocks
+
+
 def test_prefix_sharing_is_counted_and_changes_nothing(smollm2, rng):
     eng = smollm2.engine
     prefix = rng.integers(1000, 20000, 100).tolist()

@@ -275,6 +275,20 @@ class Oracle:
                 if r >= 0 and 0 <= tok < out.shape[1]:
                     out[r, tok] += 1
             return [out]
+        if op == "feed_tokens":
+            last, tokens, seq_ids, rows = args
+            fed = tokens.copy()
+            for t in np.flatnonzero(tokens < 0):
+                r = int(rows[seq_ids[t]])
+                fed[t] = last[r] if r >= 0 else 0
+            return [fed]
+        if op == "keep_tokens":
+            last, sampled, rows = args
+            out = last.copy()
+            for tok, r in zip(sampled.tolist(), rows.tolist()):
+                if r >= 0:
+                    out[r] = tok
+            return [out]
         if op == "sample":
             from ..graph.ops import SAMPLE_OPERANDS
             from .sampling import sample_reference

@@ -219,6 +219,17 @@ class GraphBuilder:
         the token history the sampling penalties read. Returns the updated counts."""
         return self._one("count_tokens", [counts, tokens, seq_ids, count_rows])
 
+    def feed_tokens(self, last: Value, tokens: Value, seq_ids: Value, count_rows: Value) -> Value:
+        """tokens[t], or where it is negative (not known when the step was queued: the token the
+        step before sampled) ``last[count_rows[seq_ids[t]]]`` (0 for a row < 0)."""
+        return self._one("feed_tokens", [last, tokens, seq_ids, count_rows])
+
+    def keep_tokens(self, last: Value, sampled: Value, rows: Value) -> Value:
+        """last[rows[r]] = sampled[r] for each row (a row < 0 is not kept): each sequence's latest
+        token, which the next step may take from the device (``feed_tokens``). Returns the updated
+        ``last``."""
+        return self._one("keep_tokens", [last, sampled, rows])
+
     def sample(self, **operands: Value) -> tuple[Value, Value]:
         """Sample one token per row: operands by name (``poot.graph.ops.SAMPLE_OPERANDS``): logit
         bias, penalties from the history counts, temperature (0: greedy), allowed-token mask, top-k,

@@ -367,6 +367,26 @@ def _count_tokens(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorT
     return [counts]
 
 
+def _feed_tokens(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
+    last, tokens, seq_ids, count_rows = t
+    for name, v in (("last", last), ("tokens", tokens), ("seq_ids", seq_ids), ("count_rows", count_rows)):
+        if v.rank != 1 or v.dtype != dt.i32:
+            raise _fail("feed_tokens", f"{name} must be a 1-D i32 tensor, got {v}")
+    if tokens.shape[0] != seq_ids.shape[0]:
+        raise _fail("feed_tokens", f"tokens {tokens} and seq_ids {seq_ids} differ in length")
+    return [tokens]
+
+
+def _keep_tokens(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
+    last, sampled, rows = t
+    for name, v in (("last", last), ("sampled", sampled), ("rows", rows)):
+        if v.rank != 1 or v.dtype != dt.i32:
+            raise _fail("keep_tokens", f"{name} must be a 1-D i32 tensor, got {v}")
+    if sampled.shape[0] != rows.shape[0]:
+        raise _fail("keep_tokens", f"sampled {sampled} and rows {rows} differ in length")
+    return [last]
+
+
 def _sample(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType]:
     if len(t) != len(SAMPLE_OPERANDS):
         raise _fail("sample", f"takes {len(SAMPLE_OPERANDS)} operands ({', '.join(SAMPLE_OPERANDS)}), got {len(t)}")
@@ -437,6 +457,8 @@ _def("cache_write", "cache", _cache_write)
 _def("rope", "rope", _rope)
 _def("attention", "attention", _attention)
 _def("count_tokens", "cache", _count_tokens)
+_def("feed_tokens", "index", _feed_tokens)
+_def("keep_tokens", "cache", _keep_tokens)
 _def("sample", "sampling", _sample)
 _def("logprobs", "sampling", _logprobs)
 

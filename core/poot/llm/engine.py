@@ -72,10 +72,22 @@ class SequenceState:
     detok: StreamingDetokenizer | None = None
     stop: StopMatcher | None = None
     finished: str | None = None
+    awaiting: int = 0  # tokens of it that steps in flight are sampling
 
     @property
     def pending(self) -> int:
         return len(self.tokens) - self.computed
+
+
+@dataclass
+class _Queued:
+    """A step handed to the executor: the sequences in it and those that get a token from it."""
+
+    ex: Executor
+    handle: Any
+    seqs: list[SequenceState]
+    rows: list[SequenceState]
+    want_lp: bool
 
 
 class Engine:
@@ -85,7 +97,7 @@ class Engine:
 
     def __init__(self, executors: Callable[[bool], Executor], pools: dict[str, np.ndarray], tokenizer: Tokenizer, vocab: int,
                  block_pool: BlockPool, max_blocks_per_seq: int, max_seqs: int, max_step_tokens: int = 512,
-                 constraints: Callable[[], ConstraintCompiler] | None = None, logprobs_n: int = 20) -> None:
+                 constraints: Callable[[], ConstraintCompiler] | None = None, logprobs_n: int = 20, lookahead: bool | None = None) -> None:
         self._executors, self.pools, self.tok, self.vocab = executors, pools, tokenizer, vocab
         self.blocks, self.max_blocks, self.max_seqs, self.max_step_tokens = block_pool, max_blocks_per_seq, max_seqs, max_step_tokens
         self._constraints, self.logprobs_n = constraints, logprobs_n
@@ -95,6 +107,9 @@ class Engine:
         self.running: list[SequenceState] = []
         self._next_id = 0
         self._envs: dict[tuple[Any, ...], dict[str, int]] = {}  # the step inputs' shapes -> their symbol values
+        self._queued: _Queued | None = None  # the step queued ahead of the one being read
+        # queue each step before reading the one before (None: where the executor runs steps asynchronously)
+        self.lookahead = lookahead
         self.stats = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "padded_tokens": 0}
 
     # -- requests -----------------------------------------------------------------------------------
@@ -182,40 +197,75 @@ class Engine:
 
     # -- the step -----------------------------------------------------------------------------------
     def step(self) -> list[Event]:
-        """Advance every running sequence by one step; returns their events (may be empty)."""
+        """Advance every running sequence by one step; returns their events (may be empty).
+
+        Where the executor runs a step while the host goes on (``asynchronous``), the step after is
+        queued before this one's tokens are read: its decode tokens are queued as -1, which the
+        device replaces with what this step samples for their sequences (``feed_tokens``), so the
+        device never waits for the host between steps. A sequence whose next step depends on its
+        token on the host (guided decoding), or whose token may be its last by length, waits for it
+        instead; one that ends on this token had its queued row computed for nothing (its results
+        are dropped)."""
         self._admit()
-        if not self.running:
-            return []
+        cur, self._queued = self._queued, None
+        if cur is None:
+            plan = self._schedule()
+            if not plan:
+                return []
+            cur = self._launch(plan)
+        if cur.ex.asynchronous if self.lookahead is None else self.lookahead:
+            plan = self._schedule(ahead=True)
+            if plan:
+                self._queued = self._launch(plan)
+        events = self._finish(cur)
+        self.running = [s for s in self.running if s.finished is None]
+        if self._queued is not None and all(s.finished is not None for s in self._queued.seqs):
+            self._queued = None  # everything it computes is for sequences that have ended: nobody reads it
+        return events
+
+    def _schedule(self, ahead: bool = False) -> list[tuple[SequenceState, int]]:
+        """The next step's (sequence, tokens): decode tokens first, then prefill chunks within the
+        token budget. ``ahead``: queued before the step in flight is read, so a sequence awaiting
+        its token from that step decodes it from the device, or (guided, or at its length limit)
+        sits this step out."""
         budget = self.max_step_tokens
         plan: list[tuple[SequenceState, int]] = []  # (sequence, tokens this step)
+        decoding = []
         for s in self.running:
-            if s.pending == 1 and s.computed >= len(s.prompt):
-                plan.append((s, 1))
-                budget -= 1
+            if s.finished is not None:
+                continue
+            if s.awaiting:
+                if ahead and s.constraint is None and len(s.generated) + 1 < s.params.max_tokens:
+                    decoding.append(s)
+            elif s.pending == 1 and s.computed >= len(s.prompt):
+                decoding.append(s)
+        for s in decoding:
+            plan.append((s, 1))
+            budget -= 1
         for s in self.running:
             if budget <= 0:
                 break
-            if not (s.pending == 1 and s.computed >= len(s.prompt)) and s.pending > 0:
+            if s.finished is None and not s.awaiting and s not in decoding and s.pending > 0:
                 n = min(s.pending, budget)
                 plan.append((s, n))
                 budget -= n
         plan.sort(key=lambda x: x[0].id)
-        events = self._run(plan)
-        self.running = [s for s in self.running if s.finished is None]
-        return events
+        return plan
 
-    def _run(self, plan: list[tuple[SequenceState, int]]) -> list[Event]:
+    def _launch(self, plan: list[tuple[SequenceState, int]]) -> _Queued:
+        """Build the step's inputs (a token not known yet: -1), queue it, and advance each sequence's
+        computed positions; the sequences that get a token wait for it (``awaiting``)."""
         toks, pos, sid, slots = [], [], [], []
         ctx, tables, rows, row_seqs = [], [], [], []
         for b, (s, n) in enumerate(plan):
             for p in range(s.computed, s.computed + n):
-                toks.append(s.tokens[p])
+                toks.append(s.tokens[p] if p < len(s.tokens) else -1)  # -1: the token the step in flight samples
                 pos.append(p)
                 sid.append(b)
                 slots.append(self.blocks.slot(s.table, p))  # type: ignore[arg-type]
             ctx.append(s.computed + n)
             tables.append(s.table.blocks)  # type: ignore[union-attr]
-            if s.computed + n == len(s.tokens):
+            if s.computed + n >= len(s.tokens):
                 rows.append(len(toks) - 1)
                 row_seqs.append(s)
         T, B, R = len(toks), len(plan), len(rows)
@@ -256,10 +306,7 @@ class Engine:
         env = self._envs.get(shapes)
         if env is None:
             env = self._envs[shapes] = {**step_env(ex.plan, {**inputs, **self.pools}), WANT_LOGPROBS: int(want_lp)}
-        step = ex.capture(env)
-        ex.replay(step, inputs)
-        out_tokens = ex.read(step, "tokens")
-        lp = (ex.read(step, "logprob"), ex.read(step, "top_ids"), ex.read(step, "top_logprobs")) if want_lp else None
+        handle = ex.launch(ex.capture(env), inputs, ("tokens", "logprob", "top_ids", "top_logprobs") if want_lp else ("tokens",))
         self.stats["steps"] += 1
         self.stats["padded_tokens"] += Tb - T
         for s, n in plan:
@@ -269,9 +316,22 @@ class Engine:
                 self.stats["decode_tokens"] += n
             s.computed += n
             self.blocks.computed(s.table, s.computed)  # type: ignore[arg-type]
+        for s in row_seqs:
+            s.awaiting += 1
+        return _Queued(ex, handle, [s for s, _ in plan], row_seqs, want_lp)
+
+    def _finish(self, q: _Queued) -> list[Event]:
+        """Wait for a queued step, and turn its tokens into events (none for a sequence that ended
+        before them)."""
+        ex = q.ex
+        ex.finish(q.handle)
+        out_tokens = ex.fetch(q.handle, "tokens")
+        lp = (ex.fetch(q.handle, "logprob"), ex.fetch(q.handle, "top_ids"), ex.fetch(q.handle, "top_logprobs")) if q.want_lp else None
         events = []
-        for r, s in enumerate(row_seqs):
-            events.append(self._accept(s, int(out_tokens[r]), None if lp is None else (r, lp)))
+        for r, s in enumerate(q.rows):
+            s.awaiting -= 1
+            if s.finished is None:
+                events.append(self._accept(s, int(out_tokens[r]), None if lp is None else (r, lp)))
         return events
 
     def _sampling_inputs(self, seqs: list[SequenceState], rows: int) -> dict[str, np.ndarray]:
@@ -295,7 +355,7 @@ class Engine:
             d["presence"][r] = p.presence_penalty
             d["frequency"][r] = p.frequency_penalty
             d["seeds"][r] = s.seed
-            d["steps"][r] = len(s.generated)
+            d["steps"][r] = len(s.generated) + s.awaiting  # (the tokens awaited from steps in flight are generated by then)
             d["row_count_rows"][r] = s.count_row
             for j, (tid, val) in enumerate(p.logit_bias.items()):
                 bias_ids[r, j] = tid

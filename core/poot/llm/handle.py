@@ -133,6 +133,7 @@ class ModelHandle:
         self.num_blocks = int(min(blocks, 1 << 20))
         self.pools = {n: np.zeros((self.num_blocks,) + tuple(d.value for d in v.shape[1:]), v.dtype.numpy) for n, v in cache_inputs.items()}
         self.pools["token_counts"] = np.zeros((max_seqs, self.vocab), np.int32)
+        self.pools["last_tokens"] = np.zeros(max_seqs, np.int32)
         self._executors: dict[bool, Executor] = {}
         self._executor(False)  # compile now; the log-probability variant when first asked
         self._constraint_compiler: Any = None

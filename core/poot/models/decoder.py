@@ -128,6 +128,10 @@ class _Tracer:
             "block_tables": b.input("block_tables", "i32", [B, MB]),
             "logit_rows": b.input("logit_rows", "i32", [R]),
         }
+        if self.shapes.sample:  # a token queued as -1 is the one the step before sampled for its sequence (on the device)
+            self._count_rows = b.input("count_rows", "i32", [B])
+            self._last = b.input("last_tokens", "i32", [HR])
+            ins["tokens"] = b.feed_tokens(self._last, ins["tokens"], ins["seq_ids"], self._count_rows)
         embd = self.w("token_embd")
         h = b.cast(b.gather(embd, ins["tokens"]), dt.f32)
         if cfg.embed_scale is not None:
@@ -164,12 +168,13 @@ class _Tracer:
 
     def sampling(self, logits: Value, ins: dict[str, Value]) -> dict[str, Value]:
         """The step's suffix: count the new tokens into each sequence's history, then sample one
-        token per logit row (and, when asked, log-probabilities). Only these leave the device."""
+        token per logit row (and, when asked, log-probabilities), kept as its sequence's latest token
+        in ``last_tokens`` (which the next step's tokens queued as -1 read). Only these leave the
+        device."""
         b = self.b
         vocab = logits.shape[1]
         counts = b.input("token_counts", "i32", [HR, vocab])
-        count_rows = b.input("count_rows", "i32", [B])
-        counts = b.count_tokens(counts, ins["tokens"], ins["seq_ids"], count_rows)
+        counts = b.count_tokens(counts, ins["tokens"], ins["seq_ids"], self._count_rows)
         f32 = lambda name: b.input(name, "f32", [R])  # noqa: E731
         i32 = lambda name: b.input(name, "i32", [R])  # noqa: E731
         row_counts = i32("row_count_rows")
@@ -178,7 +183,7 @@ class _Tracer:
                              top_p=f32("top_p"), min_p=f32("min_p"), repetition=f32("repetition"), presence=f32("presence"),
                              frequency=f32("frequency"), seeds=i32("seeds"), steps=i32("steps"), mask=b.input("mask", "i32", [R, words]),
                              bias_ids=b.input("bias_ids", "i32", [R, NBIAS]), bias_vals=b.input("bias_vals", "f32", [R, NBIAS]))
-        out = {"tokens": tokens, "token_counts": counts}
+        out = {"tokens": tokens, "token_counts": counts, "last_tokens": b.keep_tokens(self._last, tokens, row_counts)}
         if self.shapes.logprobs:
             chosen, ids, vals = b.logprobs(logits, tokens, self.shapes.logprobs)
             out.update({"logprob": chosen, "top_ids": ids, "top_logprobs": vals})

@@ -223,6 +223,19 @@ def _count_tokens(n: Node) -> Launch:
                   lambda env: (1,), lambda env: {"ntokens": _shape(tokens, env)[0], "vocab": vocab})
 
 
+def _feed_tokens(n: Node) -> Launch:
+    last, tokens, seq_ids, rows = n.inputs
+    return Launch(n, sampling_lib.feed_tokens.instantiate(), {"last": _key(last), "tokens": _key(tokens), "seq_ids": _key(seq_ids),
+                                                              "count_rows": _key(rows), "out": _key(n.outputs[0])},
+                  lambda env: (max(1, -(-_shape(tokens, env)[0] // 64)),), lambda env: {"ntokens": _shape(tokens, env)[0]})
+
+
+def _keep_tokens(n: Node) -> Launch:
+    last, sampled, rows = n.inputs
+    return Launch(n, sampling_lib.keep_tokens.instantiate(), {"sampled": _key(sampled), "rows": _key(rows), "last": _key(n.outputs[0])},
+                  lambda env: (max(1, -(-_shape(rows, env)[0] // 64)),), lambda env: {"nrows": _shape(rows, env)[0]})
+
+
 def _sample(n: Node, plan: Plan, gpu: bool, block: int = 256) -> list[Launch]:
     """Sampling in two launches: each row processed in chunks (a workgroup each: on a GPU, 2048
     tokens, so Llama 3's 128,256 logits take 63 workgroups rather than one), then a workgroup a
@@ -429,9 +442,11 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
             continue
         if n.op == "reshape":
             plan.views[_key(n.outputs[0])] = plan.views.get(_key(n.inputs[0]), _key(n.inputs[0]))
-        elif n.op in ("cache_write", "count_tokens"):  # pools updated in place
+        elif n.op in ("cache_write", "count_tokens", "keep_tokens"):  # pools updated in place
             plan.aliases[_key(n.outputs[0])] = plan.aliases.get(_key(n.inputs[0]), _key(n.inputs[0]))
-            plan.launches.append(_cache_write(n) if n.op == "cache_write" else _count_tokens(n))
+            plan.launches.append({"cache_write": _cache_write, "count_tokens": _count_tokens, "keep_tokens": _keep_tokens}[n.op](n))
+        elif n.op == "feed_tokens":
+            plan.launches.append(_feed_tokens(n))
         elif n.op == "sample":  # the picking workgroup of a row: on a GPU, the widest
             plan.launches.extend(_sample(n, plan, gpu, _pow2_at_most(1024, limits.max_workgroup) if gpu else 256))
         elif n.op == "logprobs":

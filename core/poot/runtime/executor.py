@@ -11,6 +11,8 @@ An executor is built for one plan on one device (``load``: kernels compiled and 
   lengths) lives in the step's input buffers, so a captured step replays unchanged.
 - ``replay(step, inputs)``: write the inputs into the step's buffers and run it.
 - ``read(step, name)``: a graph output, copied back to the host.
+- ``launch(step, inputs)`` / ``finish(handle)`` / ``fetch(handle, name)``: the same as a queued replay;
+  an ``asynchronous`` executor returns from ``launch`` while the device runs the step.
 
 ``run(inputs, weights)`` does all of it for callers that hold plain arrays: it binds what changed,
 captures a step the first time a shape is seen, and replays it.
@@ -67,6 +69,25 @@ class Executor(ABC):
     @abstractmethod
     def read(self, step: Any, name: str) -> np.ndarray:
         """A graph output of the last replay of ``step``."""
+
+    # Queued replays. An executor whose device runs a step while the host goes on (``asynchronous``)
+    # returns from ``launch`` at once, so the engine can queue the next step (its tokens taken from
+    # this one's on the device) before reading this one's; the default runs the step to completion.
+    asynchronous = False
+
+    def launch(self, step: Any, inputs: Mapping[str, np.ndarray], keep: tuple[str, ...] = ()) -> Any:
+        """Queue a replay of ``step`` with ``inputs``; returns a handle for ``finish`` and ``fetch``,
+        which gives the outputs named in ``keep`` as this replay computed them, whatever replays
+        come after it. (Here: the replay run, and those outputs read, before it returns.)"""
+        self.replay(step, inputs)
+        return {name: self.read(step, name) for name in keep}
+
+    def finish(self, handle: Any) -> None:
+        """Wait until the replay ``handle`` names is done."""
+
+    def fetch(self, handle: Any, name: str) -> np.ndarray:
+        """An output named in ``launch``'s ``keep``, of the replay ``handle`` names, after ``finish``."""
+        return handle[name]
 
     @abstractmethod
     def write_pool(self, name: str, index: int, values: np.ndarray) -> None:

@@ -52,6 +52,7 @@ def test_sampled_step_matches_the_oracle(tmp_path, rng):
     blocks, batch = 24, 4
     pools = {n: np.zeros((blocks,) + tuple(d.value for d in v.shape[1:]), np.float32) for n, v in g.inputs().items() if "_cache." in n}
     pools["token_counts"] = np.zeros((batch, vocab), np.int32)
+    pools["last_tokens"] = np.zeros(batch, np.int32)
     ref_pools = {n: a.copy() for n, a in pools.items()}
     pages = PagedSequences(blocks, 4, rng)
     for _ in range(batch):
@@ -68,13 +69,17 @@ def test_sampled_step_matches_the_oracle(tmp_path, rng):
         got = ex.run({**inputs, **pools}, w)
         np.testing.assert_array_equal(got["tokens"], want["tokens"])
         np.testing.assert_array_equal(pools["token_counts"], want["token_counts"])
+        np.testing.assert_array_equal(pools["last_tokens"], want["last_tokens"])
         np.testing.assert_array_equal(got["top_ids"], want["top_ids"])
         np.testing.assert_allclose(got["logprob"], want["logprob"], atol=1e-4)
         np.testing.assert_allclose(got["top_logprobs"], want["top_logprobs"], atol=1e-4)
         words = inputs["mask"].view(np.uint32)
         assert (words[0, got["tokens"][0] >> 5] >> (got["tokens"][0] & 31)) & 1  # the guided row kept to its mask
-        chunks = [[int(t)] for t in got["tokens"]]
+        # every second step queued without its tokens (-1): the device takes each sequence's from last_tokens
+        chunks = [[-1] if step % 2 == 0 else [int(t)] for t in got["tokens"]]
+        kept = got["tokens"].copy()
     assert pools["token_counts"].sum() == 5 + 2 + 7 + 3 + 3 * 4
+    assert sorted(pools["last_tokens"].tolist()) == sorted(kept.tolist())
     ex.close()
 
 
@@ -96,6 +101,7 @@ def test_a_step_without_log_probabilities_leaves_their_launch_out(tmp_path, rng)
         ex = HostExecutor(plan_graph(g), threads=2)
         pools = {n: np.zeros((blocks,) + tuple(d.value for d in v.shape[1:]), np.float32) for n, v in g.inputs().items() if "_cache." in n}
         pools["token_counts"] = np.zeros((batch, vocab), np.int32)
+        pools["last_tokens"] = np.zeros(batch, np.int32)
         ex.bind(w, pools)
         pages = PagedSequences(blocks, 4, np.random.default_rng(7))
         pages.add(), pages.add()

@@ -38,24 +38,42 @@ READBACK_BYTES = 64 << 10  # outputs up to this size come back inside the step's
 
 
 @dataclass
+class _Slot:
+    """One instance of a step's graph with its own pinned blocks: the inputs it copies in first and
+    the small outputs it copies back last. A step gets a second slot when it is launched again
+    while the first may still be running (the engine queues a step before reading the last)."""
+
+    graph_exec: Any
+    pinned: int  # the inputs' pinned block
+    inputs: dict[str, np.ndarray]  # views of it, by input name
+    back: int  # the small outputs' pinned block (0: none)
+    readback: dict[str, np.ndarray]  # views of it, by output name
+    event: Any  # recorded after its latest launch
+
+
+@dataclass
 class CudaStep:
     storage: StoragePlan
     arena: int  # device address
     arena_bytes: int
-    inputs: dict[str, tuple[int, np.ndarray]]  # name -> (device address, host staging array)
+    inputs: dict[str, tuple[int, np.ndarray]]  # name -> (device address, the first slot's host staging array)
     outputs: dict[str, tuple[int, np.dtype, tuple[int, ...]]]
-    graph_exec: Any
+    graph_exec: Any  # the first slot's
     launches: int
     owned: list[int] = field(default_factory=list)
-    staging: tuple[int, int, int] = (0, 0, 0)  # pinned host address, device address, bytes: the inputs' one copy
+    staging: tuple[int, int, int] = (0, 0, 0)  # the first slot's pinned host address, device address, bytes: the inputs' one copy
     binding: int = 0  # the executor's binding generation it was captured under
     calls: list[tuple[Any, tuple[int, ...], dict[str, int], dict[str, Any]]] = field(default_factory=list)  # what the graph launches
     names: list[str] = field(default_factory=list)
-    readback: dict[str, np.ndarray] = field(default_factory=dict)  # small outputs the graph copies back: views of pinned memory
-    readback_block: int = 0  # that pinned block's address
+    slots: list[_Slot] = field(default_factory=list)
+    layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = field(default_factory=dict)  # input name -> (offset, dtype, shape) in a pinned block
+    back_layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = field(default_factory=dict)  # small output -> (offset, dtype, shape)
+    env: dict[str, int] = field(default_factory=dict)
+    last: int = 0  # the slot launched last
 
 
 class CudaExecutor(Executor):
+    asynchronous = True  # launch returns while the GPU runs the step's graph
     def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
         super().__init__(plan)
         self.device = get_device(plan.device)
@@ -156,18 +174,10 @@ class CudaExecutor(Executor):
             offsets[name] = total
             nbytes = int(np.prod(sp.shapes[k], dtype=np.int64)) * np.dtype(storage_dtype(values[k].dtype)).itemsize
             total += -(-nbytes // 256) * 256
-        d = self.d
         dev = self.ctx.alloc(max(total, 256))
         owned.append(dev)
-        pinned = int(_check(d, "cuMemHostAlloc", d.cuMemHostAlloc(max(total, 256), 0)))
-        block = np.frombuffer((ctypes.c_uint8 * max(total, 256)).from_address(pinned), np.uint8)
-        block[:] = 0
-        step_inputs: dict[str, tuple[int, np.ndarray]] = {}
+        layout = {name: (offsets[name], np.dtype(storage_dtype(values[k].dtype)), tuple(sp.shapes[k])) for name, k in sp.inputs.items()}
         for name, k in sp.inputs.items():
-            dtype = np.dtype(storage_dtype(values[k].dtype))
-            nbytes = int(np.prod(sp.shapes[k], dtype=np.int64)) * dtype.itemsize
-            host = block[offsets[name] : offsets[name] + nbytes].view(dtype).reshape(sp.shapes[k])
-            step_inputs[name] = (dev + offsets[name], host)
             by_root[k] = dev + offsets[name]
         for name, k in sp.pools.items():
             if k not in self._pools:
@@ -200,36 +210,57 @@ class CudaExecutor(Executor):
         # into pinned memory, so reading them after the replay is no transfer of its own
         small = {name: o for name, o in outputs.items() if sp.roots[(g.outputs[name].node.id, g.outputs[name].index)] not in self._pools
                  and 0 < int(np.prod(o[2], dtype=np.int64)) * np.dtype(o[1]).itemsize <= READBACK_BYTES}
-        back_at: dict[str, int] = {}
+        back_layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
         back_total = 0
         for name, (_, dtype, shape) in small.items():
-            back_at[name] = back_total
+            back_layout[name] = (back_total, np.dtype(dtype), tuple(shape))
             back_total += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // 256) * 256
+        step = CudaStep(sp, arena, sp.arena_bytes, {}, outputs, None, len(sp.launches), owned, (0, dev, total), self._binding, calls,
+                        [launch.label or launch.kernel.name for launch in sp.launches], layout=layout, back_layout=back_layout, env=dict(env))
+        slot = self._new_slot(step)
+        step.graph_exec, step.staging = slot.graph_exec, (slot.pinned, dev, total)
+        step.inputs = {name: (dev + layout[name][0], slot.inputs[name]) for name in layout}
+        old = self._steps.get(key)
+        self._steps[key] = step
+        if old is not None:  # captured under weights or pools since rebound
+            self._drop(old)
+        return step
+
+    def _new_slot(self, step: CudaStep) -> _Slot:
+        """Another instance of ``step``'s graph, with its own pinned blocks: the inputs copied in by
+        its first node, the small outputs copied back by its last ones."""
+        d = self.d
+        _, dev, total = step.staging
+        pinned = int(_check(d, "cuMemHostAlloc", d.cuMemHostAlloc(max(total, 256), 0)))
+        np.frombuffer((ctypes.c_uint8 * max(total, 256)).from_address(pinned), np.uint8)[:] = 0
+
+        def views(base: int, layout: Mapping[str, tuple[int, np.dtype, tuple[int, ...]]]) -> dict[str, np.ndarray]:
+            out = {}
+            for name, (off, dtype, shape) in layout.items():
+                nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                out[name] = np.frombuffer((ctypes.c_uint8 * max(nbytes, 1)).from_address(base + off), np.uint8)[:nbytes].view(dtype).reshape(shape)
+            return out
+
+        back_total = sum(-(-int(np.prod(sh, dtype=np.int64)) * dt_.itemsize // 256) * 256 for _, dt_, sh in step.back_layout.values())
         back = int(_check(d, "cuMemHostAlloc", d.cuMemHostAlloc(back_total, 0))) if back_total else 0
-        readback: dict[str, np.ndarray] = {}
-        for name, (_, dtype, shape) in small.items():
-            nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-            readback[name] = np.frombuffer((ctypes.c_uint8 * nbytes).from_address(back + back_at[name]), np.uint8).view(dtype).reshape(shape)
+        readback = views(back, step.back_layout)
         _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
             if total:
                 _check(d, "cuMemcpyHtoDAsync", d.cuMemcpyHtoDAsync(dev, pinned, total, self.stream))
-            self._queue(calls, env)
+            self._queue(step.calls, step.env)
             for name, host in readback.items():
-                _check(d, "cuMemcpyDtoHAsync", d.cuMemcpyDtoHAsync(back + back_at[name], outputs[name][0], host.nbytes, self.stream))
+                _check(d, "cuMemcpyDtoHAsync", d.cuMemcpyDtoHAsync(back + step.back_layout[name][0], step.outputs[name][0], host.nbytes, self.stream))
         finally:
             graph = _check(d, "cuStreamEndCapture", d.cuStreamEndCapture(self.stream))
         try:
             graph_exec = _check(d, "cuGraphInstantiate", d.cuGraphInstantiate(graph, 0))
         finally:
             _check(d, "cuGraphDestroy", d.cuGraphDestroy(graph))
-        step = CudaStep(sp, arena, sp.arena_bytes, step_inputs, outputs, graph_exec, len(sp.launches), owned, (pinned, dev, total),
-                        self._binding, calls, [launch.label or launch.kernel.name for launch in sp.launches], readback, back)
-        old = self._steps.get(key)
-        self._steps[key] = step
-        if old is not None:  # captured under weights or pools since rebound
-            self._drop(old)
-        return step
+        event = _check(d, "cuEventCreate", d.cuEventCreate(d.CUevent_flags.CU_EVENT_DISABLE_TIMING))
+        slot = _Slot(graph_exec, pinned, views(pinned, step.layout), back, readback, event)
+        step.slots.append(slot)
+        return slot
 
     def _queue(self, calls: list[tuple[Any, tuple[int, ...], dict[str, int], dict[str, Any]]], env: Mapping[str, int]) -> None:
         """Launch ``calls`` on the stream being captured: programmatic after the first kernel in a
@@ -241,36 +272,71 @@ class CudaExecutor(Executor):
             follows_kernel = ck.launch(grid, ptrs, scalars, self.stream, programmatic=programmatic and follows_kernel) or follows_kernel
 
     def _drop(self, step: CudaStep) -> None:
-        """Free a step's graph and memory; replaying or reading it afterwards is a PootError (its
-        input arrays were views of the freed pinned block)."""
-        graph_exec, step.graph_exec = step.graph_exec, None
-        step.inputs, step.outputs, step.calls, step.readback = {}, {}, [], {}
-        if graph_exec is None:
+        """Free a step's graphs and memory; replaying or reading it afterwards is a PootError (its
+        input arrays were views of the freed pinned blocks)."""
+        slots, step.slots, step.graph_exec = step.slots, [], None
+        step.inputs, step.outputs, step.calls = {}, {}, []
+        if not slots:
             return
-        _check(self.d, "cuGraphExecDestroy", self.d.cuGraphExecDestroy(graph_exec))
+        d = self.d
+        for slot in slots:
+            _check(d, "cuEventSynchronize", d.cuEventSynchronize(slot.event))
+            _check(d, "cuGraphExecDestroy", d.cuGraphExecDestroy(slot.graph_exec))
+            _check(d, "cuEventDestroy", d.cuEventDestroy(slot.event))
+            for host in (slot.pinned, slot.back):
+                if host:
+                    _check(d, "cuMemFreeHost", d.cuMemFreeHost(host))
         for p in step.owned:
             self.ctx.free(p)
-        for host in (step.staging[0], step.readback_block):
-            if host:
-                _check(self.d, "cuMemFreeHost", self.d.cuMemFreeHost(host))
 
     # -- replay ---------------------------------------------------------------------------------
     def _live(self, step: CudaStep) -> None:
-        if step.graph_exec is None:
+        if not step.slots:
             raise PootError("this captured step was released (its executor was rebound or closed): capture the step again")
 
     def replay(self, step: CudaStep, inputs: Mapping[str, np.ndarray]) -> None:
+        self.finish(self.launch(step, inputs))
+
+    def launch(self, step: CudaStep, inputs: Mapping[str, np.ndarray], keep: tuple[str, ...] = ()) -> tuple[CudaStep, _Slot]:
+        """Queue a replay of ``step`` and return at once: its inputs written into the pinned block of
+        a slot no queued replay still reads (a second slot is made the first time none is free),
+        the graph launched, an event recorded after it. (Every small output is kept: ``fetch``.)"""
         self._live(step)
         self.ctx.make_current()
-        for name, (_, host) in step.inputs.items():
+        d = self.d
+        free = [i for i, sl in enumerate(step.slots) if d.cuEventQuery(sl.event)[0] == d.CUresult.CUDA_SUCCESS]
+        if free:
+            at = step.last if step.last in free else free[0]
+        elif len(step.slots) < 2:
+            self._new_slot(step)
+            at = len(step.slots) - 1
+        else:  # both queued: the older one is the one not launched last
+            at = 1 - step.last
+            _check(d, "cuEventSynchronize", d.cuEventSynchronize(step.slots[at].event))
+        slot = step.slots[at]
+        for name, host in slot.inputs.items():
             if name not in inputs:
                 raise PootError(f"missing input '{name}'")
             a = np.asarray(inputs[name])
             if a.shape != host.shape:
                 raise PootError(f"input '{name}' has shape {a.shape}; this step was captured for {host.shape}")
             host[...] = a  # pinned: the graph's first node copies every input at once
-        _check(self.d, "cuGraphLaunch", self.d.cuGraphLaunch(step.graph_exec, self.stream))
-        _check(self.d, "cuStreamSynchronize", self.d.cuStreamSynchronize(self.stream))
+        _check(d, "cuGraphLaunch", d.cuGraphLaunch(slot.graph_exec, self.stream))
+        _check(d, "cuEventRecord", d.cuEventRecord(slot.event, self.stream))
+        step.last = at
+        return step, slot
+
+    def finish(self, handle: tuple[CudaStep, _Slot]) -> None:
+        """Wait until the replay ``launch`` returned ``handle`` for is done."""
+        _check(self.d, "cuEventSynchronize", self.d.cuEventSynchronize(handle[1].event))
+
+    def fetch(self, handle: tuple[CudaStep, _Slot], name: str) -> np.ndarray:
+        """An output of the replay ``handle`` names (after ``finish``), as that replay copied it back
+        (a replay queued after it does not touch it): the small ones (``READBACK_BYTES``)."""
+        step, slot = handle
+        if name not in slot.readback:
+            raise PootError(f"output '{name}' of a queued replay is not kept: it is larger than {READBACK_BYTES} bytes (read it after a replay)")
+        return slot.readback[name].copy()
 
     def profile(self, step: CudaStep, inputs: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
         """Seconds per launch (median of ``repeat`` runs of the step's launches one by one, each
@@ -336,8 +402,8 @@ class CudaExecutor(Executor):
         self._live(step)
         if name not in step.outputs:
             raise PootError(f"output '{name}' is not computed in this step (its launch is conditional on the step's symbols)")
-        if name in step.readback:  # copied back by the replay's graph
-            return step.readback[name].copy()
+        if name in step.slots[step.last].readback:  # copied back by the last replay's graph
+            return step.slots[step.last].readback[name].copy()
         ptr, dtype, shape = step.outputs[name]
         v = self.plan.graph.outputs[name]
         root = step.storage.roots[(v.node.id, v.index)]

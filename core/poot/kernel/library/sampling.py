@@ -249,6 +249,34 @@ def logprobs(logits: In[f32], tokens: In[i32], chosen: Out[f32], top_ids: Out[i3
         barrier()
 
 
+@kernel(workgroup=(64, 1, 1))
+def feed_tokens(last: In[i32], tokens: In[i32], seq_ids: In[i32], count_rows: In[i32], out: Out[i32], ntokens: i32):
+    """out[t] = tokens[t], or where that is negative last[count_rows[seq_ids[t]]] (0 for a row < 0):
+    the tokens a step was queued without, taken from what the step before sampled. Grid
+    (ceil(ntokens / 64),)."""
+    t = group_id(0) * 64 + thread_id(0)
+    if t < ntokens:
+        tok = tokens[t]
+        if tok >= 0:
+            out[t] = tok
+        if tok < 0:
+            row = count_rows[seq_ids[t]]
+            if row < 0:
+                out[t] = 0
+            if row >= 0:
+                out[t] = last[row]
+
+
+@kernel(workgroup=(64, 1, 1))
+def keep_tokens(sampled: In[i32], rows: In[i32], last: Out[i32], nrows: i32):
+    """last[rows[r]] = sampled[r] (a row < 0 keeps nothing). Grid (ceil(nrows / 64),)."""
+    r = group_id(0) * 64 + thread_id(0)
+    if r < nrows:
+        row = rows[r]
+        if row >= 0:
+            last[row] = sampled[r]
+
+
 @kernel(workgroup=(1, 1, 1))
 def count_tokens(tokens: In[i32], seq_ids: In[i32], count_rows: In[i32], counts: Out[i32], ntokens: i32, vocab: i32):
     """counts[count_rows[seq_ids[t]], tokens[t]] += 1 for each token of the step (a row < 0: not
