@@ -3,9 +3,10 @@ mixed in one batch, and returns what each produced.
 
 Per step: decode tokens first (one per running sequence), then prefill chunks within the token budget;
 a sequence whose known tokens are all in after this step gets a logit row and a sampled token. The
-batch is padded to a few bucketed shapes (tokens, sequences, rows), so the executor captures each
-shape once and replays it; padding tokens write no KV and count no history. Only the sampled ids
-(and log-probabilities when asked) come back from the device.
+batch is padded to a few bucketed shapes (tokens, sequences, rows, block-table width), so the
+executor captures each shape once and replays it; padding tokens write no KV and count no history.
+Only the sampled ids (and log-probabilities when asked) come back from the device. On an asynchronous
+executor each step is queued before the one before is read, its unknown tokens taken on the device.
 """
 
 from __future__ import annotations
@@ -92,8 +93,9 @@ class _Queued:
 
 class Engine:
     """Sequences over one compiled step. ``executors(logprobs)`` gives the executor of the plan with
-    (or without) the log-probability suffix; ``pools`` are the KV pools and the token-count pool,
-    bound to both."""
+    (or without) the log-probability suffix; ``pools`` are the KV pools, the token-count pool and
+    each sequence's latest token (``last_tokens``), bound to both. ``lookahead``: queue each step
+    before reading the one before (None: where the executor is ``asynchronous``)."""
 
     def __init__(self, executors: Callable[[bool], Executor], pools: dict[str, np.ndarray], tokenizer: Tokenizer, vocab: int,
                  block_pool: BlockPool, max_blocks_per_seq: int, max_seqs: int, max_step_tokens: int = 512,

@@ -3,8 +3,9 @@ CUDA graph (the step's launches recorded once on a stream, with every address, g
 fixed) replayed after the step's inputs are written into its pinned staging memory: the graph's
 first node copies them all to the device in one transfer, and its last nodes copy the small outputs
 (the sampled tokens, log-probabilities) back into pinned memory, so reading them is no transfer of its
-own. On sm_90+ the launches of a step of at
-most ``PROGRAMMATIC_TOKENS`` tokens (decode at small batches: warp GEMVs, latency-bound) are
+own. ``launch`` returns while the GPU runs the graph (the engine queues the next step meanwhile); a step
+launched again while its graph may still run gets a second instance with its own pinned blocks. On
+sm_90+ the launches of a step of at most ``PROGRAMMATIC_TOKENS`` tokens (decode at small batches: warp GEMVs, latency-bound) are
 programmatic: each may start while the one before it drains, held at its ``AwaitPrior`` until that
 one is done (H200, Llama-3-8B Q4_K: a batch-1 step's graph 2-4% shorter; a batch-64 step's 16%
 longer, so larger steps stay serial). ``POOT_CUDA_PDL=0`` captures every step serial."""
