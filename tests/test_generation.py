@@ -106,6 +106,11 @@ def test_block_tables_are_as_wide_as_the_steps_longest_context(smollm2, rng, mon
     assert together[0].tokens == alone and len(together[1].tokens) == 24
 
 
+# an object the model closes within a few tokens, so the guided text is whole JSON at any prompt
+_SMALL_OBJECT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
+                 "required": ["n"], "additionalProperties": False}
+
+
 def test_steps_queued_before_the_last_is_read_give_the_same_results(smollm2, rng):
     """Lookahead (each step queued before the one before is read, its decode tokens taken on the
     device from what that one sampled): the same tokens, log-probabilities, texts and finish
@@ -117,9 +122,10 @@ def test_steps_queued_before_the_last_is_read_give_the_same_results(smollm2, rng
     prompts = [" ".join(rng.choice(words, size=int(n))) for n in rng.integers(2, 40, 10)]
     params = [_settings(i) for i in range(8)]
     params[1] = SamplingParams(temperature=0.8, seed=7, max_tokens=12, logprobs=3)
+    prompts[2] = "The quick brown fox jumps over the lazy dog. The quick brown fox"  # random words may never reach a "."
     params[2] = SamplingParams(temperature=0, max_tokens=30, stop=["."])
     params[3] = SamplingParams(temperature=0, max_tokens=1)
-    params += [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0, max_tokens=24, json_schema={"type": "object"})]
+    params += [SamplingParams(temperature=0, max_tokens=40), SamplingParams(temperature=0, max_tokens=24, json_schema=_SMALL_OBJECT)]
     eng = smollm2.engine
 
     def run(lookahead):
@@ -140,9 +146,21 @@ def test_steps_queued_before_the_last_is_read_give_the_same_results(smollm2, rng
         queued, _ = run(True)
     finally:
         eng.lookahead = None
-    assert queued == one
+    # Tokens, texts and finish reasons are exact. Log-probabilities are compared within a bound:
+    # queued steps group rows differently (arrivals join a later step, rows of sequences that just
+    # ended ride along), and the CPU kernels' sums depend on the batch bucket at about 1e-4.
+    assert [[ev[:3] for ev in seq] for seq in queued] == [[ev[:3] for ev in seq] for seq in one]
+    for q_seq, o_seq in zip(queued, one):
+        for q, o in zip(q_seq, o_seq):
+            assert (q[3] is None) == (o[3] is None) and (q[3] is None or abs(q[3] - o[3]) <= 2e-3)
+            assert (q[4] is None) == (o[4] is None)
+            if o[4] is not None:  # ranked (id, logprob): values within the bound, ids equal but at near-ties
+                assert len(q[4]) == len(o[4])
+                for j, ((qt, qv), (ot, ov)) in enumerate(zip(q[4], o[4])):
+                    near = [v for k, (_, v) in enumerate(o[4]) if abs(k - j) == 1]
+                    assert abs(qv - ov) <= 2e-3 and (qt == ot or any(abs(v - ov) <= 4e-3 for v in near))
     assert any(ev[2] == "stop" for ev in one[2]) and len(one[3]) == 1 and one[1][0][4] is not None
-    json.loads("".join(ev[1] for ev in one[9]))
+    assert 0 <= json.loads("".join(ev[1] for ev in one[9]))["n"] <= 99
     assert eng.blocks.free_blocks == eng.blocks.num_blocks
 
 

@@ -491,6 +491,33 @@ def test_count_tokens_counts_each_new_token_of_its_sequence(rng):
     np.testing.assert_array_equal(counts, want)
 
 
+def test_feed_tokens_takes_the_tokens_a_step_was_queued_without_from_the_last_sampled(rng):
+    slots, n = 6, 150  # more than one workgroup, the last one partial
+    last = rng.integers(0, 5000, slots).astype(np.int32)
+    tokens = rng.integers(0, 5000, n).astype(np.int32)
+    tokens[rng.random(n) < 0.5] = -1
+    seq_ids = rng.integers(0, 4, n).astype(np.int32)
+    count_rows = np.array([3, -1, 0, 5], np.int32)
+    out = poisoned((n,), np.int32)
+    run_host(sampling_lib.feed_tokens.instantiate(), (-(-n // 64),), {"last": last, "tokens": tokens, "seq_ids": seq_ids, "count_rows": count_rows, "out": out},
+             {"ntokens": n})
+    rows = count_rows[seq_ids]
+    want = np.where(tokens >= 0, tokens, np.where(rows >= 0, last[np.maximum(rows, 0)], 0))
+    np.testing.assert_array_equal(out, want)
+
+
+def test_keep_tokens_keeps_each_rows_sampled_token(rng):
+    slots, n = 200, 130
+    last = rng.integers(0, 5000, slots).astype(np.int32)
+    sampled = rng.integers(0, 5000, n).astype(np.int32)
+    rows = rng.permutation(slots)[:n].astype(np.int32)
+    rows[rng.random(n) < 0.3] = -1
+    want = last.copy()
+    want[rows[rows >= 0]] = sampled[rows >= 0]
+    run_host(sampling_lib.keep_tokens.instantiate(), (-(-n // 64),), {"sampled": sampled, "rows": rows, "last": last}, {"nrows": n})
+    np.testing.assert_array_equal(last, want)
+
+
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 

@@ -256,15 +256,15 @@ def feed_tokens(last: In[i32], tokens: In[i32], seq_ids: In[i32], count_rows: In
     (ceil(ntokens / 64),)."""
     t = group_id(0) * 64 + thread_id(0)
     if t < ntokens:
+        # the value is chosen, then stored once: branches that each load and store let LLVM merge
+        # the loads into one from a phi of two buffers' addresses, which SPIR-V cannot express
         tok = tokens[t]
-        if tok >= 0:
-            out[t] = tok
         if tok < 0:
             row = count_rows[seq_ids[t]]
-            if row < 0:
-                out[t] = 0
+            tok = 0
             if row >= 0:
-                out[t] = last[row]
+                tok = last[row]
+        out[t] = tok
 
 
 @kernel(workgroup=(64, 1, 1))
