@@ -113,8 +113,8 @@ _SMALL_OBJECT = {"type": "object", "properties": {"n": {"type": "integer", "mini
 
 def test_steps_queued_before_the_last_is_read_give_the_same_results(smollm2, rng):
     """Lookahead (each step queued before the one before is read, its decode tokens taken on the
-    device from what that one sampled): the same tokens, log-probabilities, texts and finish
-    reasons as one step at a time, for sequences of every sampling setting, stop strings, an end
+    device from what that one sampled): the same tokens, texts and finish reasons as one step at
+    a time, log-probabilities within a bound (see below), for sequences of every sampling setting, stop strings, an end
     token, logprobs and guided decoding (which waits for its token), arriving while others run."""
     import json
 
