@@ -147,3 +147,20 @@ def test_prefetches_go_to_the_bulk_copy_engine_on_hopper_and_nowhere_else():
     for bad, why in ((shared, "reads a buffer"), (floaty, "byte count must be i32")):
         with pytest.raises(KernelError, match=why):
             verify_kernel(bad)
+
+
+def test_a_kernel_asking_for_workgroups_an_sm_gets_launch_bounds_in_its_ptx():
+    """``Kernel.min_groups``: NVPTX declares the workgroup size and the workgroups an SM wants
+    (``.maxntid``, ``.minnctapersm``: ptxas caps registers for them); without it neither, and the
+    host ignores it (the same values either way)."""
+    f32 = K.Buffer("x", dt.f32), K.Buffer("y", dt.f32, readonly=False)
+    tid = K.Builtin("thread_id", 0)
+    body = (K.Store("y", tid, K.Load("x", tid, dt.f32)),)
+    for groups in (0, 3):
+        k = K.Kernel(f"bounds{groups}", f32, body, (256, 1, 1), (), min_groups=groups)
+        ptx = compile_kernel(k, target("nvptx:sm_90a"), use_cache=False).data.decode()
+        if groups:
+            assert re.search(r"\.maxntid 256\b", ptx) and re.search(r"\.minnctapersm 3\b", ptx), ptx[:2000]
+        else:
+            assert ".maxntid" not in ptx and ".minnctapersm" not in ptx
+    assert compile_kernel(K.Kernel("bounds_host", f32, body, (256, 1, 1), (), min_groups=3), target("host"), use_cache=False).data

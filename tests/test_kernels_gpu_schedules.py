@@ -264,13 +264,14 @@ def _x_for(x, staged):
 @pytest.mark.parametrize("k", [512, 4096, 256 * 7])
 @pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 1)])
 @pytest.mark.parametrize("wide", [True, False])
-@pytest.mark.parametrize("staged", [False, True, "early"])
+@pytest.mark.parametrize("staged", [False, True, "early", "ahead", "pipelined"])
 def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, staged):
     """x quantized once by its own kernel into global buffers, then the GEMV reading them from
     there (or, ``staged``, copying its rows into workgroup memory first; "early": its first step's
-    weights loaded before that): the same values as the workgroup-memory version computes (numpy
-    emulation) and the same bound; staged, bit for bit the sums of the GEMV that quantizes x itself."""
-    early, staged = staged == "early", bool(staged)
+    weights loaded before the wait for the launch before, "ahead": after it, before x is staged):
+    the same values as the workgroup-memory version computes (numpy emulation) and the same bound;
+    staged, bit for bit the sums of the GEMV that quantizes x itself."""
+    early, ahead, pipelined, staged = staged == "early", staged == "ahead", staged == "pipelined", bool(staged)
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -279,7 +280,7 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
     run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
     assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all(), "a quantized word was never written"
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide, early=early)
+    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide, early=early, ahead=ahead, pipelined=pipelined)
     sfx = "_in" if staged else ""
     w = np.ascontiguousarray(raw).view(np.int32)
     run_host(kern, (-(-n // warps), -(-m // mr)), {f"xq{sfx}": xq, f"xr{sfx}": xr, f"xds{sfx}": xds, "w": w, "y": y}, {"m": m, "n": n})
@@ -296,10 +297,14 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
 @pytest.mark.parametrize("k,n", [(4096, 64), (256 * 7, 96)])
 @pytest.mark.parametrize("glu", [True, False])
 @pytest.mark.parametrize("warps", [16, 8])
-def test_gemv_also_writes_its_output_quantized_for_the_next_product(rng, k, n, glu, warps):
+@pytest.mark.parametrize("ahead", [False, True, "pipelined"])
+def test_gemv_also_writes_its_output_quantized_for_the_next_product(rng, k, n, glu, warps, ahead):
     """``gemv_warp(..., q8=True)`` (a workgroup a block of 32 features, ``per_warp`` of them a warp):
     y bit for bit the plain kernel's, and y's two int8 terms as ``quantize_q8x2`` writes them for
-    that y (``check_q8x2``), every word written: what the down projection reads after the gated MLP."""
+    that y (``check_q8x2``), every word written: what the down projection reads after the gated MLP;
+    ``ahead``: the first feature's first weights loaded before x is staged, the same bits; or the
+    steps pipelined, the same bits."""
+    pipelined, ahead = ahead == "pipelined", ahead is True
     x = rng.standard_normal((1, k)).astype(np.float32)
     raws = [quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(2 if glu else 1)]
     ws = {nm: np.ascontiguousarray(r).view(np.int32) for nm, r in zip(("wg", "wu") if glu else ("w",), raws)}
@@ -308,7 +313,7 @@ def test_gemv_also_writes_its_output_quantized_for_the_next_product(rng, k, n, g
     xs = _x_for(x, True)
     y, want = poisoned((1, n)), poisoned((1, n))
     yq, yr, yds = poisoned((n // 4,), np.int32), poisoned((n // 4,), np.int32), poisoned((n // 16,))
-    run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True, q8=True), grid, {**xs, **ws, "y": y, "yq": yq, "yr": yr, "yds": yds},
+    run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True, q8=True, ahead=ahead, pipelined=pipelined), grid, {**xs, **ws, "y": y, "yq": yq, "yr": yr, "yds": yds},
              {"m": 1, "n": n})
     run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True), grid, {**xs, **ws, "y": want}, {"m": 1, "n": n})
     np.testing.assert_array_equal(y, want)
@@ -506,12 +511,15 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
 @pytest.mark.parametrize("mr,m,per_warp,wide,flags", [(1, 1, 1, True, ""), (4, 3, 1, True, ""), (1, 1, 3, True, ""), (4, 3, 2, False, ""),
                                                   (1, 1, 1, False, ""), (1, 1, 3, False, ""), (1, 1, 1, True, "pf"), (4, 3, 2, False, "pf"),
                                                   (1, 1, 1, True, "pf xs"), (4, 3, 2, False, "xs"), (1, 1, 1, True, "xs early"),
-                                                  (4, 3, 1, False, "early")])
+                                                  (4, 3, 1, False, "early"), (1, 1, 2, True, "xs ahead"), (4, 3, 3, False, "ahead"),
+                                                  (1, 1, 4, True, "xs pipe"), (1, 1, 2, False, "pipe")])
 @pytest.mark.parametrize("k", [1024, 256 * 11])  # Q4_K: one step of a warp's blocks, or two (the second partial)
 def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, flags, k):
     """``flags``: "pf" the rows asked for first, "xs" x quantized once by its own kernel and staged,
-    "early" the first step's weights loaded before the wait for the launch before."""
-    if (not wide or "xs" in flags or "early" in flags) and qtype != "q4_k":
+    "early" the first step's weights loaded before the wait for the launch before, "ahead" after it,
+    before x is staged or quantized (a warp's first feature's), "pipe" each step's loads issued
+    before the step before is summed."""
+    if (not wide or "xs" in flags or "early" in flags or "ahead" in flags or "pipe" in flags) and qtype != "q4_k":
         pytest.skip("lanes of 16 or 32 bytes and x quantized once are Q4_K's")
     n = 29
     if qtype == "bf16":
@@ -522,7 +530,8 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
         bg, bu = np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags, early="early" in flags)
+    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags, early="early" in flags,
+                     ahead="ahead" in flags, pipelined="pipe" in flags)
     run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
     if qtype == "bf16":
         g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
@@ -537,13 +546,16 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
 @pytest.mark.parametrize("mr,m,per_warp,wide,flags", [(1, 1, 1, True, ""), (4, 2, 1, True, ""), (1, 1, 2, True, ""), (4, 2, 3, True, ""),
                                                   (1, 1, 1, False, ""), (4, 2, 3, False, ""), (1, 1, 1, True, "pf"), (4, 2, 3, True, "pf"),
-                                                  (1, 1, 1, True, "pf xs"), (4, 2, 3, True, "xs")])
+                                                  (1, 1, 1, True, "pf xs"), (4, 2, 3, True, "xs"), (1, 1, 1, True, "xs ahead"),
+                                                  (1, 1, 2, True, "xs ahead"), (4, 2, 3, False, "ahead"),
+                                                  (1, 1, 1, True, "xs pipe"), (4, 2, 3, False, "pipe")])
 @pytest.mark.parametrize("k", [512, 256 * 11])
 def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp, wide, flags, k):
     """Parts of 24, 8 and 13 features: with several features a warp, one warp's features span parts.
     ``flags``: "pf" each warp asks for its rows (in whichever part) first; "xs" x quantized once and
-    staged."""
-    if (not wide or "xs" in flags) and qtype != "q4_k":
+    staged; "ahead" a warp's first feature's first weights loaded before x is staged or quantized;
+    "pipe" each step's loads issued before the step before is summed."""
+    if (not wide or "xs" in flags or "ahead" in flags or "pipe" in flags) and qtype != "q4_k":
         pytest.skip("lanes of 16 or 32 bytes and x quantized once are Q4_K's")
     parts = (24, 8, 13)
     q = quantization("q4_k")
@@ -557,7 +569,8 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
         ws.append(w)
         bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
     x = rng.standard_normal((m, k)).astype(np.float32)
-    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags)
+    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags, ahead="ahead" in flags,
+                     pipelined="pipe" in flags)
     run_host(kern, (-(-sum(parts) // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), **bufs}, {"m": m, "n": sum(parts)})
     for i, w in enumerate(ws):
         if qtype == "bf16":

@@ -307,7 +307,7 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert at(40)[3].buffers["wd"] == at(40)[4].buffers["w"]
     # one row of x on Hopper: x quantized once, by its own launch, for the Q4_K GEMV, which stages it
     # (Q6_K's quantizes x itself); more rows: each workgroup quantizes its rows
-    assert [l.kernel.name for l in at(1)] == ["quantize_q8x2_K512", "gemv_warp_q4_k_K512_MR1_xs", "gemv_warp_q6_k_K512_MR1"]
+    assert [l.kernel.name for l in at(1)] == ["quantize_q8x2_K512", "gemv_warp_q4_k_K512_MR1_xs_G2", "gemv_warp_q6_k_K512_MR1"]
     assert all(at(1)[0].buffers[n] == at(1)[1].buffers[f"{n}_in"] in hopper.scratch for n in ("xq", "xr", "xds"))
     assert at(1)[0].buffers["x"] == at(1)[2].buffers["x"] and "x" not in at(1)[1].buffers
     assert [l.kernel.name for l in at(3)] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
@@ -430,8 +430,13 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path):
     # last gated MLP's output is not quantized)
     assert writers == {"rms_norm_q8": 1, "add_rms_norm_q8": 3, "attention_decode": 2, "gemv_warp_glu_q4_k": 1}, writers
     glu = next(l for l in step if l.kernel.name.startswith("gemv_warp_glu_q4_k") and l.kernel.name.endswith("_Q8"))
-    assert glu.grid({"tokens": 1}) == (glu.scalars({"tokens": 1})["n"] // 32, 1) and "_F2_" in glu.kernel.name
+    assert glu.grid({"tokens": 1}) == (glu.scalars({"tokens": 1})["n"] // 32, 1) and "_W8_U1_F4_" in glu.kernel.name  # 8 warps, four features each
     assert [l.kernel.name.split("_BLOCK")[0] for l in step if "rms_norm_BLOCK" in l.kernel.name] == ["add_rms_norm"]
+    # launch shapes measured on an H200: q/k/v capped for three workgroups an SM, the other staged products for two
+    qkv = [l for l in step if l.label == "3 matmuls"]
+    assert qkv and all(l.kernel.name.endswith("_xs_G3") and l.kernel.min_groups == 3 for l in qkv), [l.kernel.name for l in qkv]
+    single = [l for l in step if l.kernel.name.startswith("gemv_warp_q4_k") and "_xs" in l.kernel.name]
+    assert single and all(l.kernel.min_groups == 2 for l in single), [l.kernel.name for l in single]
     long = [l.kernel.name for l in plan.launches if runs(l, 1, 4096)]
     assert "quantize_q8x2_K256" in long and not any(nm.startswith("attention") and nm.endswith("_Q8") for nm in long), long
     many = [l.kernel.name for l in plan.launches if runs(l, 5)]

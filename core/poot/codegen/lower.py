@@ -103,8 +103,11 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
     def _gpu_function(self, params: list[L.Type]) -> None:
         fn = L.Function(self.m, L.FunctionType(L.VoidType(), params), self.k.name)
         if self.t.name == "nvptx":
-            # no "nvvm.maxntid": with it ptxas caps registers for occupancy and spills (sm_90)
+            # no "nvvm.maxntid" by default: with it ptxas caps registers for occupancy and spills (sm_90)
             fn.calling_convention = "ptx_kernel"
+            if self.k.min_groups:  # asked for: registers capped so that this many workgroups fit an SM
+                set.add(fn.attributes, f'"nvvm.maxntid"="{self.k.threads}"')
+                set.add(fn.attributes, f'"nvvm.minctasm"="{self.k.min_groups}"')
         elif self.t.name == "amdgcn":
             fn.calling_convention = "amdgpu_kernel"
             set.add(fn.attributes, f'"amdgpu-flat-work-group-size"="1,{self.k.threads}"')

@@ -428,6 +428,7 @@ class Kernel:
     workgroup: tuple[int, int, int] = (64, 1, 1)
     shared: tuple[Shared, ...] = ()
     meta: tuple[tuple[str, str], ...] = field(default=(), compare=False)
+    min_groups: int = 0  # workgroups an SM should hold at once: registers capped for it where the target can (NVPTX); 0: no bound
 
     @property
     def threads(self) -> int:

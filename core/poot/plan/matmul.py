@@ -130,6 +130,30 @@ def _staged(qtype: str, mr: int, limits: Limits) -> bool:
     return qtype == "q4_k" and mr == 1 and "wgmma" in limits.matrix
 
 
+def _one_row_shape(xs: dict[str, Any], k: int, n: int) -> dict[str, Any]:
+    """How a one-row Q4_K GEMV that stages x (``_staged``: Hopper) launches, measured on an H200
+    (Llama-3-8B Q4_K, batch 1, the step's graph timed alternately against the shape before):
+    registers capped for two 512-thread workgroups an SM (``min_groups``: ptxas then keeps 59-64
+    registers where it chose 42, and schedules the loads better: 1.770 -> 1.753 ms with the other
+    products capped too; three an SM, 40 registers, made it slower, 1.845); the 14336-long down
+    projection's steps pipelined (its seven steps a row, each asking for the next one's words before
+    it sums: 1.692 -> 1.685; the 4096-long ones, two steps, were slower); the output head four
+    features a warp (128,256 of them: a workgroup's staged x serves 64 features, 1.686 -> 1.678)."""
+    if not xs:
+        return {}
+    return {"min_groups": 2, "pipelined": k > 8192, "per_warp": 4 if n > 65536 else 1}
+
+
+# the one-row q/k/v GEMV (several products of one x, 16 warps): registers capped for three
+# workgroups an SM, so that Llama 3's 384 workgroups (6144 features) are one wave of 396 rather than
+# 1.45 waves of 264 (H200: the step's graph 1.753 -> 1.730 ms; 40 registers, no spills)
+PARTS_ONE_ROW_GROUPS = 3
+# the one-row gated MLP that also quantizes its output (q8): 8-warp workgroups of 32 features (four a
+# warp), four an SM by registers: Llama 3's 448 workgroups are one wave of 528 rather than 1.7 of
+# 264 at 16 warps (H200: 1.730 -> 1.690 ms; capping the 16-warp one for three an SM spilled, 3.07)
+GLU_Q8_WARPS = 8
+
+
 def _early(xs: dict[str, Any]) -> bool:
     """Whether a staged warp GEMV (one product or a gated pair) loads its first step's weights before
     its wait for the launch before (``gemv_warp``'s ``early``), overlapping that launch: no. H200,
@@ -410,9 +434,11 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None, qx: Q
         return None
     for mr, lo, hi in few:
         xs, pre = _x_once(n, x, kk, mr, rows, between(lo, hi, rows), limits, qx)
-        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs))
+        shape = _one_row_shape(xs, kk, nn)
+        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs), **shape)
         out += pre
-        out.append(Launch(n, k, _reading(bufs, xs), lambda env, mr=mr, f=k.threads // 32: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
+        f = k.threads // 32 * shape.get("per_warp", 1)  # features a workgroup
+        out.append(Launch(n, k, _reading(bufs, xs), lambda env, mr=mr, f=f: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
     if _on_tensor_cores(n, limits) and (w.dtype == dt.bf16 or split is not None):
         out += _tensor_core_launches(n, limits, split)
     elif w.dtype == dt.bf16 and _simt_step(kk, limits):  # register tiles on CUDA cores, bf16 read as words
@@ -480,8 +506,8 @@ def glu_launches(glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = N
         kern = linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs))
         launches += [*pre, Launch(glu.gate, kern, _reading(bufs, xs), lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc,
                                   between(lo, hi, rows), label="gated_mlp")]
-        if quantizing is not None and xs and mr == 1 and nn % 32 == 0 and 32 % f == 0:  # the down projection's x quantized here
-            q8 = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True, wide=_wide(1, limits), staged=True, per_warp=32 // f, q8=True)
+        if quantizing is not None and xs and mr == 1 and nn % 32 == 0:  # the down projection's x quantized here
+            q8 = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, GLU_Q8_WARPS, glu=True, wide=_wide(1, limits), staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True)
             quantizing[_key(out)] = (launches[-1], q8, lambda env: (nn // 32, rows(env)))
     return launches
 
@@ -520,7 +546,7 @@ def siblings_launches(ns: list[Node], limits: Limits, qx: QuantizedX | None = No
     launches = []
     for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits):
         xs, pre = _x_once(ns[0], x, kk, mr, rows, between(lo, hi, rows), limits, qx)
-        kern = linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), staged=bool(xs))
+        kern = linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), staged=bool(xs), min_groups=PARTS_ONE_ROW_GROUPS if xs else 0)
         launches += [*pre, Launch(ns[0], kern, _reading(bufs, xs), lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
                                   lambda env: {"m": rows(env), "n": total}, between(lo, hi, rows), label=f"{len(ns)} matmuls")]
     return launches

@@ -109,22 +109,25 @@ def _q4_k_block(k: int, un: int, wide: bool, it: K.Expr, u: int, clamp: bool = T
     return K.Bin("min", blk, _c(k // 256 - 1)) if clamp and (k // 256) % (per * un) else blk
 
 
-def _q4_k_weight_loads(weights: list[str], k: int, un: int, wide: bool, it: K.Expr, j: K.Expr, sfx: str = "") -> list[K.Stmt]:
+def _q4_k_weight_loads(weights: list[str], k: int, un: int, wide: bool, it: K.Expr, j: K.Expr, sfx: str = "",
+                       bufs: dict[str, str] | None = None) -> list[K.Stmt]:
     """A Q4_K warp GEMV lane's weight words of step ``it`` of rows ``j``: each of its ``un`` blocks'
     quant words (16 or, ``wide``, 32 bytes) and 16-byte head (d, dmin, scales), as locals
-    ``{weight}q{u}_{i}`` and ``{weight}dm{u}``, ``{weight}s0{u}``.. suffixed ``sfx``."""
+    ``{weight}q{u}_{i}`` and ``{weight}dm{u}``, ``{weight}s0{u}``.. suffixed ``sfx``, read from the
+    buffer of that name (or ``bufs[weight]``)."""
     nb = k // 256
     qw = 8 if wide else 4  # quant words a lane a block
     loads: list[K.Stmt] = []
     for u in range(un):
         loads.append(K.Let(f"blk{u}{sfx}", _q4_k_block(k, un, wide, it, u)))
         for p in weights:
+            buf = (bufs or {}).get(p, p)
             base = _add(_mul(j, nb * 36), _mul(_r(f"blk{u}{sfx}"), 36))  # a block is 36 words: 16-byte aligned
             loads.append(K.Let(f"{p}base{u}{sfx}", base))
             at = _add(_r(f"{p}base{u}{sfx}"), 4, _mul(_r("c"), 8), 0 if wide else _mul(_r("hh"), 4))
             for h in range(qw // 4):
-                loads.append(K.VecLoad(tuple(f"{p}q{u}_{4 * h + i}{sfx}" for i in range(4)), p, _add(at, 4 * h), I32))
-            loads.append(K.VecLoad((f"{p}dm{u}{sfx}", f"{p}s0{u}{sfx}", f"{p}s1{u}{sfx}", f"{p}s2{u}{sfx}"), p, _r(f"{p}base{u}{sfx}"), I32))
+                loads.append(K.VecLoad(tuple(f"{p}q{u}_{4 * h + i}{sfx}" for i in range(4)), buf, _add(at, 4 * h), I32))
+            loads.append(K.VecLoad((f"{p}dm{u}{sfx}", f"{p}s0{u}{sfx}", f"{p}s1{u}{sfx}", f"{p}s2{u}{sfx}"), buf, _r(f"{p}base{u}{sfx}"), I32))
     return loads
 
 
@@ -135,23 +138,38 @@ def _q4_k_weight_names(weights: list[str], un: int, wide: bool) -> list[str]:
             for nm, tail in [*(("q", f"_{i}") for i in range(qw)), ("dm", ""), ("s0", ""), ("s1", ""), ("s2", "")]]
 
 
-def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide: bool, early: bool = False) -> list[K.Stmt]:
+def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide: bool, early: bool = False,
+               bufs: dict[str, str] | None = None, again: K.Expr | None = None, steps: int = 0) -> list[K.Stmt]:
     """The loop body of a Q4_K warp GEMV step ``it``: each lane's ``un`` blocks of each weight row
-    ``j`` (``_q4_k_weight_loads``), every load issued before any sum, against x quantized to int8 (in
-    workgroup memory, or with ``xglobal`` in global memory): dp4a's scaled per sub-block, into
-    ``{weight}acc{r}``. With ``early`` the weight words of step 0 are already in their locals (loaded
-    before the loop), and later steps load into them."""
+    ``j`` (``_q4_k_weight_loads``; ``bufs``: buffers named otherwise than the locals), every load
+    issued before any sum, against x quantized to int8 (in workgroup memory, or with ``xglobal`` in
+    global memory): dp4a's scaled per sub-block, into ``{weight}acc{r}``. With ``early`` the weight
+    words of step 0 are already in their locals (loaded before the loop), and later steps (and step 0
+    where ``again`` holds: a warp's later features) load into them. With ``steps`` (the loop's
+    count; pipelined) step 0 is in the locals too, and each step asks for the next step's words
+    (into ``{name}_n``, declared before the loop) before its own sums, which then become the locals:
+    a warp's loads of step it + 1 are in flight while it sums step it."""
     nb, nb32 = k // 256, k // 32
     partial = nb % ((8 if wide else 4) * un) != 0
     qw = 8 if wide else 4  # quant words a lane a block
     mask = _c(0x0F0F0F0F)
-    if early:
+    tail: list[K.Stmt] = []
+    if steps:
         names = _q4_k_weight_names(weights, un, wide)
-        later = _q4_k_weight_loads(weights, k, un, wide, _r("it"), _r("j"), "_n")
+        ahead_ = _q4_k_weight_loads(weights, k, un, wide, _add(_r("it"), 1), _r("j"), "_t", bufs)
         loads: list[K.Stmt] = [*(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)) for u in range(un)),
-                               K.If(K.Bin("gt", _r("it"), _c(0)), (*later, *(K.Assign(nm, _r(f"{nm}_n")) for nm in names)))]
+                               K.If(K.Bin("lt", _add(_r("it"), 1), _c(steps)), (*ahead_, *(K.Assign(f"{nm}_n", _r(f"{nm}_t")) for nm in names)))]
+        tail = [K.Assign(nm, _r(f"{nm}_n")) for nm in names]
+    elif early:
+        names = _q4_k_weight_names(weights, un, wide)
+        later = _q4_k_weight_loads(weights, k, un, wide, _r("it"), _r("j"), "_n", bufs)
+        load_now: K.Expr = K.Bin("gt", _r("it"), _c(0))
+        if again is not None:
+            load_now = K.Bin("or", load_now, again)
+        loads: list[K.Stmt] = [*(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)) for u in range(un)),
+                               K.If(load_now, (*later, *(K.Assign(nm, _r(f"{nm}_n")) for nm in names)))]
     else:
-        loads = _q4_k_weight_loads(weights, k, un, wide, _r("it"), _r("j"))
+        loads = _q4_k_weight_loads(weights, k, un, wide, _r("it"), _r("j"), bufs=bufs)
     body: list[K.Stmt] = []
     for u in range(un):
         for r in range(mr):  # x's row r: in workgroup memory, or row min(m0 + r, m - 1) of the quantized buffers
@@ -202,13 +220,14 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
                 if partial:  # the block it read again adds nothing
                     term = K.Select(K.Bin("lt", _q4_k_block(k, un, wide, _r("it"), u, clamp=False), _c(nb)), term, _f(0.0))
                 body.append(K.Assign(f"{p}acc{r}", K.Bin("add", _r(f"{p}acc{r}", F32), term)))
-    return loads + body
+    return loads + body + tail
 
 
 @lru_cache(maxsize=None)
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
               shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False,
-              staged: bool = False, early: bool = False, q8: bool = False) -> K.Kernel:
+              staged: bool = False, early: bool = False, q8: bool = False, ahead: bool = False, min_groups: int = 0,
+              pipelined: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. With ``xglobal`` (Q4_K) x comes already quantized, by
@@ -237,6 +256,13 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     weight words before the wait for the launch before (``AwaitPrior``: no launch writes weights),
     so they arrive while that launch finishes and x is read. (Measured slower in the step, H200: the
     waiting workgroups' weight traffic delays the small launch before them, which is on the path.)
+    With ``ahead`` (Q4_K) each lane loads its first feature's first step right after that wait,
+    before x is staged or quantized: the weights' trip to memory overlaps x's to the L2 and the
+    barrier after it (any number of products or features a warp). (Measured slower in the step, H200:
+    the gated MLP's then needs 75 registers, one workgroup an SM; capped to two, still slower.)
+    With ``pipelined`` (Q4_K) each step asks for the next step's weight words before it sums its own
+    (twice the weight registers). ``min_groups``: workgroups an SM should hold at once (registers
+    capped for them where the target can: ``Kernel.min_groups``).
     With ``q8`` (one row of x, one product or a gated pair, ``warps * per_warp`` = 32: a workgroup's
     features are one block of 32 consecutive values of y; n a multiple of 32) y is also written
     quantized for the dp4a GEMVs that read it (``yq``, ``yr``, ``yds``, laid out as ``quantize_q8x2``
@@ -266,6 +292,10 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     unroll = unroll or (1 if wide else 2)
     if early and (qtype != "q4_k" or parts or per_warp != 1 or shared_sums):
         raise ValueError("gemv_warp: the first step's weights are loaded early for Q4_K, one product or a gated pair, a feature a warp")
+    if pipelined and (qtype != "q4_k" or early or ahead):
+        raise ValueError("gemv_warp: pipelined steps are built for Q4_K, and not with the first step loaded early or ahead")
+    if ahead and (qtype != "q4_k" or shared_sums or early):
+        raise ValueError("gemv_warp: the first step's weights are loaded ahead of x for Q4_K, summing by subgroups, and not also early")
     if q8 and (mr != 1 or parts or shared_sums or warps * per_warp != 32):
         raise ValueError("gemv_warp: y quantized by its workgroup needs one row of x, one product or a gated pair, and warps x per_warp = 32")
     if qtype == "q4_k":
@@ -275,6 +305,23 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         body += [K.Let("j0", K.Bin("min", _r("jg"), _b("sub", _r("n"), 1))),
                  *_q4_k_weight_loads(ws, k, unroll, wide, _c(0), _r("j0"), "_e"),
                  *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide)), K.AwaitPrior()]
+    if ahead:  # the first feature's step 0 into the locals the loop's first step reads (``w`` for every part)
+        first = _mul(_r("jg"), per_warp)
+        body.append(K.AwaitPrior())
+        if parts:
+            names = _q4_k_weight_names(["w"], unroll, wide)
+            body += [K.Let(nm, _c(0)) for nm in names]
+            off = 0
+            for i, size in enumerate(parts):
+                inside = K.Bin("and", K.Bin("ge", first, _c(off)), K.Bin("lt", first, _c(off + size)))
+                body.append(K.If(inside, (*_q4_k_weight_loads(["w"], k, unroll, wide, _c(0), _b("sub", first, off), "_e", {"w": f"w{i}"}),
+                                          *(K.Assign(nm, _r(f"{nm}_e")) for nm in names))))
+                off += size
+        else:
+            ws = ["wg", "wu"] if glu else ["w"]
+            body += [K.Let("j0", K.Bin("min", first, _b("sub", _r("n"), 1))),
+                     *_q4_k_weight_loads(ws, k, unroll, wide, _c(0), _r("j0"), "_e"),
+                     *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide))]
     if qtype == "q4_k" and not xglobal:
         body += _stage_x_q8(k, mr, threads, wide) if staged else _quantize_x_q8(k, mr, threads, wide)
         shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
@@ -282,15 +329,22 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         for r in range(mr):
             body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
 
-    def product(weights: list[str], y: str, width: K.Expr) -> list[K.Stmt]:
-        """Rows j of this product (``j`` declared by the caller) into ``y`` of ``width`` features."""
+    def product(weights: list[str], y: str, width: K.Expr, bufs: dict[str, str] | None = None) -> list[K.Stmt]:
+        """Rows j of this product (``j`` declared by the caller) into ``y`` of ``width`` features
+        (``bufs``: weight buffers named otherwise than their locals)."""
         out: list[K.Stmt] = [K.Let(f"{wb}acc{r}", _f(0.0)) for r in range(mr) for wb in weights]
         if qtype == "bf16":
             inner, un = _bf16_rows(weights, k, mr)
             out.append(K.For("it", _c(0), _c(k // (256 * un)), tuple(inner)))
         else:
             steps = -(-(k // 256) // ((8 if wide else 4) * unroll))
-            out.append(K.For("it", _c(0), _c(steps), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal, wide, early))))
+            again = K.Bin("gt", _r("fi"), _c(0)) if ahead and per_warp > 1 else None
+            if pipelined:  # step 0 into the locals; the next step's words into ``_n`` locals, step by step
+                names = _q4_k_weight_names(weights, unroll, wide)
+                out += [*_q4_k_weight_loads(weights, k, unroll, wide, _c(0), _r("j"), "_p", bufs),
+                        *(K.Let(nm, _r(f"{nm}_p")) for nm in names), *(K.Let(f"{nm}_n", _c(0)) for nm in names)]
+            out.append(K.For("it", _c(0), _c(steps), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal, wide, early or ahead, bufs, again,
+                                                                       steps if pipelined else 0))))
         sums = [(r, wb) for r in range(mr) for wb in weights]
         if shared_sums:  # lane i of a warp keeps slot i; halving strides leave the warp's sum in lane 0
             tid = K.Builtin("thread_id", 0)
@@ -323,7 +377,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         off = 0
         for i, size in enumerate(parts):  # one feature lies in one part: the branch is uniform
             inside = K.Bin("and", K.Bin("ge", _r("jf"), _c(off)), K.Bin("lt", _r("jf"), _c(off + size)))
-            feature.append(K.If(inside, (K.Let("j", _b("sub", _r("jf"), off)), *product([f"w{i}"], f"y{i}", _c(size)))))
+            mine = product(["w"], f"y{i}", _c(size), {"w": f"w{i}"}) if ahead else product([f"w{i}"], f"y{i}", _c(size))
+            feature.append(K.If(inside, (K.Let("j", _b("sub", _r("jf"), off)), *mine)))
             off += size
         weights_p: list[K.Param] = [K.Buffer(f"w{i}", I32) for i in range(len(parts))]
         outs: list[K.Param] = [K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts))]
@@ -384,9 +439,15 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         name += "_xs"
     if early:
         name += "_early"
+    if ahead:
+        name += "_ahead"
     if q8:
         name += "_Q8"
-    kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
+    if pipelined:
+        name += "_pipe"
+    if min_groups:
+        name += f"_G{min_groups}"
+    kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared, min_groups=min_groups)
     verify_kernel(kern)
     return kern
 
