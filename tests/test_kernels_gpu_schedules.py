@@ -294,6 +294,25 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
 
 
 @gpu_only
+@pytest.mark.parametrize("k,n,shape", [(4096, 200, {"per_warp": 4, "min_groups": 2}), (256 * 56, 40, {"pipelined": True, "min_groups": 2}),
+                                       (4096, 70, {"min_groups": 3})])
+def test_the_planned_one_row_gemv_shapes_give_the_plain_kernels_sums(rng, k, n, shape):
+    """The shapes the planner launches one-row staged Q4_K GEMVs in on Hopper (the output head's four
+    features a warp, the down projection's pipelined steps, registers capped): bit for bit the sums
+    of the plain staged kernel, every feature written (n not a multiple of a workgroup's features)."""
+    x = rng.standard_normal((1, k)).astype(np.float32)
+    w = np.ascontiguousarray(quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))).view(np.int32)
+    xs = _x_for(x, True)
+    kern = gemv_warp("q4_k", k, 1, staged=True, **shape)
+    plain = gemv_warp("q4_k", k, 1, staged=True)
+    y, want = poisoned((1, n)), poisoned((1, n))
+    run_host(kern, (-(-n // (kern.threads // 32 * shape.get("per_warp", 1))), 1), {**xs, "w": w, "y": y}, {"m": 1, "n": n})
+    run_host(plain, (-(-n // (plain.threads // 32)), 1), {**xs, "w": w, "y": want}, {"m": 1, "n": n})
+    assert np.isfinite(y).all(), "a feature was never written"
+    np.testing.assert_array_equal(y, want)
+
+
+@gpu_only
 @pytest.mark.parametrize("k,n", [(4096, 64), (256 * 7, 96)])
 @pytest.mark.parametrize("glu", [True, False])
 @pytest.mark.parametrize("warps", [16, 8])
