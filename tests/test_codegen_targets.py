@@ -164,3 +164,40 @@ def test_a_kernel_asking_for_workgroups_an_sm_gets_launch_bounds_in_its_ptx():
         else:
             assert ".maxntid" not in ptx and ".minnctapersm" not in ptx
     assert compile_kernel(K.Kernel("bounds_host", f32, body, (256, 1, 1), (), min_groups=3), target("host"), use_cache=False).data
+
+
+def test_the_last_workgroup_to_count_sees_every_workgroups_writes():
+    """``Fence`` and ``AtomicAdd``'s old value: each of 16 workgroups writes its values, fences and
+    counts; the one that counts last (old value 15) sums every workgroup's values and leaves the
+    count zero. Run on the host (workgroups on two threads); NVPTX fences at device scope around the
+    count. Every thread reads the last workgroup's test from workgroup memory: a tail with a
+    barrier only thread 0 reaches is refused."""
+    import numpy as np
+
+    from poot.kernel.verify import KernelError, verify_kernel
+    from poot.testing.kernels import run_host
+
+    groups, width = 16, 64
+    i32, tid, gid = dt.i32, K.Builtin("thread_id", 0), K.Builtin("group_id", 0)
+    c = lambda v: K.Const(v, i32)  # noqa: E731
+    at = K.Bin("add", K.Bin("mul", gid, c(width)), tid)
+    acc = K.Bin("add", K.Ref("acc", dt.f32), K.Load("y", K.Bin("add", K.Bin("mul", K.Ref("g", i32), c(width)), tid), dt.f32))
+    tail = (K.Fence(), K.Let("acc", K.Const(0.0, dt.f32)), K.For("g", c(0), c(groups), (K.Assign("acc", acc),)), K.Barrier(),
+            K.Store("out", tid, K.Ref("acc", dt.f32)), K.If(K.Bin("eq", tid, c(0)), (K.Store("done", c(0), c(0)),)))
+    body = (K.Store("y", at, K.Cast(at, dt.f32)), K.Fence(), K.Barrier(),
+            K.If(K.Bin("eq", tid, c(0)), (K.AtomicAdd("done", c(0), c(1), old="before"), K.Store("flag", c(0), K.Ref("before", i32)))),
+            K.Barrier(), K.Let("last", K.Load("flag", c(0), i32)), K.If(K.Bin("eq", K.Ref("last", i32), c(groups - 1)), tail))
+    params = (K.Buffer("y", dt.f32, readonly=False), K.Buffer("out", dt.f32, readonly=False), K.Buffer("done", i32, readonly=False))
+    k = K.Kernel("last_group_sums", params, body, (width, 1, 1), (K.Shared("flag", i32, 1),))
+    verify_kernel(k)
+    y, out, done = np.full(groups * width, np.nan, np.float32), np.full(width, np.nan, np.float32), np.zeros(1, np.int32)
+    for _ in range(2):  # the count left zero: a second launch does it again
+        out[:] = np.nan
+        run_host(k, (groups,), {"y": y, "out": out, "done": done})
+        np.testing.assert_array_equal(out, np.arange(groups * width, dtype=np.float32).reshape(groups, width).sum(0))
+        assert done[0] == 0
+    ptx = compile_kernel(k, target("nvptx:sm_90a"), use_cache=False).data.decode()
+    assert ptx.count("fence.acq_rel.gpu") == 2 and "atom.global.add" in ptx
+    with pytest.raises(KernelError, match="barrier"):
+        verify_kernel(K.Kernel("divergent", params, body[:-1] + (K.If(K.Bin("eq", tid, c(0)), tail),), (width, 1, 1),
+                               (K.Shared("flag", i32, 1),)))

@@ -313,6 +313,42 @@ def test_the_planned_one_row_gemv_shapes_give_the_plain_kernels_sums(rng, k, n, 
 
 
 @gpu_only
+@pytest.mark.parametrize("k,n,unit_offset,shape", [(4096, 4096, False, {"min_groups": 2}), (256 * 56, 2048, True, {"pipelined": True, "min_groups": 2})])
+def test_a_gemv_whose_last_workgroup_adds_the_residual_and_normalizes_the_row(rng, k, n, unit_offset, shape):
+    """``gemv_warp(..., then_norm=n)``: y bit for bit the plain kernel's; the last workgroup of each
+    row to finish writes h = res + y exactly, the RMSNorm of h close to ``rms_norm_q8``'s on the
+    same inputs (its sum of squares is added in another order) and that output's two int8 terms
+    (``check_q8x2``), every word written; the count of workgroups is left zero, so a second launch
+    does it all again."""
+    from poot.kernel.library.norms_gpu import rms_norm_q8
+
+    rows = 3
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    w = np.ascontiguousarray(quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))).view(np.int32)
+    xs = _x_for(x, True)
+    res, nw = (rng.standard_normal((rows, n)) * 3).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    kern = gemv_warp("q4_k", k, 1, staged=True, then_norm=n, unit_offset=unit_offset, **shape)
+    grid = (n // (kern.threads // 32), rows)
+    done = np.zeros(rows, np.int32)
+    for _ in range(2):
+        y, h, yn = poisoned((rows, n)), poisoned((rows, n)), poisoned((rows, n))
+        nq, nr, nds = poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 16,))
+        run_host(kern, grid, {**xs, "w": w, "y": y, "res": res, "nw": nw, "h": h, "yn": yn, "nq": nq, "nr": nr, "nds": nds, "done": done},
+                 {"m": rows, "n": n, "eps": 1e-5})
+        want = poisoned((rows, n))
+        run_host(gemv_warp("q4_k", k, 1, staged=True), grid, {**xs, "w": w, "y": want}, {"m": rows, "n": n})
+        np.testing.assert_array_equal(y, want)
+        np.testing.assert_array_equal(h, res + y)
+        wh, wyn = poisoned((rows, n)), poisoned((rows, n))
+        wq, wr, wds = poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 16,))
+        run_host(rms_norm_q8(n, True, unit_offset, 32), (rows,), {"a": res, "b": y, "w": nw, "h": wh, "y": wyn, "xq": wq, "xr": wr, "xds": wds}, {"eps": 1e-5})
+        np.testing.assert_allclose(yn, wyn, rtol=1e-5, atol=1e-6)
+        assert np.isfinite(nds).all() and (nq != np.iinfo(np.int32).min).all() and (nr != np.iinfo(np.int32).min).all(), "a word was never written"
+        check_q8x2(yn, nq, nr, nds)
+        assert (done == 0).all(), f"the count of workgroups done was left at {done}"
+
+
+@gpu_only
 @pytest.mark.parametrize("k,n", [(4096, 64), (256 * 7, 96)])
 @pytest.mark.parametrize("glu", [True, False])
 @pytest.mark.parametrize("warps", [16, 8])

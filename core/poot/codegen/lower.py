@@ -289,7 +289,13 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
             b.store(b.zext(v, I8) if t == dt.boolean else v, ptr)
         elif isinstance(st, K.AtomicAdd):
             ptr, t = self.address(st.buffer, st.index)
-            b.atomic_rmw("fadd" if t.is_float else "add", ptr, self.expr(st.value), "monotonic")
+            old = b.atomic_rmw("fadd" if t.is_float else "add", ptr, self.expr(st.value), "monotonic")  # ordered by Fence statements
+            if st.old:
+                self.stmt(K.Let(st.old, K.Const(0, t)))
+                dst, _ = self._var_ptr(st.old)
+                b.store(old, dst)
+        elif isinstance(st, K.Fence):  # device scope where the target has scopes (NVPTX: fence.acq_rel.gpu)
+            b.fence("acq_rel", "device" if self.t.name == "nvptx" else None)
         elif isinstance(st, K.If):
             cond = self.expr(st.cond)
             if st.orelse:

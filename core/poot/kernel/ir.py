@@ -18,7 +18,7 @@ from ..graph.dtypes import DType
 __all__ = [
     "Buffer", "ScalarParam", "Shared", "Param",
     "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle", "Dot4I8", "PackBf16x2",
-    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "VecLoad", "VecStore", "MmaTile", "Mma", "Wgmma", "WgmmaSync", "CopyAsync", "CopyAsyncSync", "AwaitPrior",
+    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "Fence", "VecLoad", "VecStore", "MmaTile", "Mma", "Wgmma", "WgmmaSync", "CopyAsync", "CopyAsyncSync", "AwaitPrior",
     "Prefetch",
     "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "WGMMA_SYNC", "COPY_SYNC", "const", "i32",
 ]
@@ -269,9 +269,21 @@ class Barrier:
 
 @dataclass(frozen=True)
 class AtomicAdd:
+    """``buffer[index] += value`` atomically (relaxed: ``Fence`` statements order memory around it).
+    With ``old`` a local of that name is declared holding the value before the add (a global
+    buffer's: a count of workgroups done, say)."""
+
     buffer: str
     index: Expr
     value: Expr
+    old: str = ""
+
+
+@dataclass(frozen=True)
+class Fence:
+    """A memory fence (acquire and release): this thread's writes before it are visible to every
+    thread of the device that fences after observing a later write of this thread (an atomic), and
+    its reads after it see what such threads wrote before theirs."""
 
 
 @dataclass(frozen=True)
@@ -414,7 +426,7 @@ class Prefetch:
     nbytes: Expr
 
 
-Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync, AwaitPrior, Prefetch]
+Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, Fence, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync, AwaitPrior, Prefetch]
 
 
 @dataclass(frozen=True)

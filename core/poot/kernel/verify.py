@@ -9,7 +9,7 @@ from dataclasses import fields
 from ..errors import PootError
 from ..graph import dtypes as dt
 from .ir import (
-    BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
+    BIN_OPS, BUILTINS, CMP_OPS, UN_OPS, AtomicAdd, Assign, Barrier, Fence, Bin, Bitcast, Buffer, HalfToF32, Builtin, Cast, Const, Expr, For, If, Kernel,
     Let, Load, Mma, MmaTile, Ref, ScalarParam, Select, Shared, Stmt, Store, SubgroupReduce, SubgroupShuffle, Dot4I8, PackBf16x2, Un, VecLoad, VecStore,
     Wgmma, WgmmaSync, WGMMA_SYNC, CopyAsync, CopyAsyncSync, COPY_SYNC, AwaitPrior, Prefetch,
 )
@@ -166,6 +166,14 @@ def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None
                 raise s.fail(w, f"'{st.buffer}' holds {mem.dtype}, stored {tv}")
             if isinstance(st, AtomicAdd) and mem.dtype not in (dt.f32, dt.i32):
                 raise s.fail(w, f"atomic add needs f32 or i32, '{st.buffer}' holds {mem.dtype}")
+            if isinstance(st, AtomicAdd) and st.old:
+                if isinstance(mem, Shared) or st.old in s.vars or st.old in s.buffers or st.old in s.shared:
+                    raise s.fail(w, f"atomic add's old value '{st.old}': a global buffer's, into a new name")
+                s.vars[st.old] = mem.dtype
+                declared.append(st.old)
+                s.varying.add(st.old)
+        elif isinstance(st, Fence):
+            pass
         elif isinstance(st, If):
             tc, vc = _expr(s, st.cond, w)
             if tc != dt.boolean:

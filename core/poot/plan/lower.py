@@ -29,7 +29,8 @@ from .common import shape as _shape
 from .common import strides as _strides
 from .common import Limits
 from .attention import attention_launches_host, attention_launches_gpu, pool_type
-from .matmul import QuantizedX, SplitX, between, find_glus, find_siblings, glu_launches, glu_split_launches, matmul_gpu, matmul_host, siblings_launches
+from .fused_gemv import find_glus, find_siblings, glu_launches, glu_split_launches, siblings_launches
+from .matmul import QuantizedX, SplitX, between, matmul_gpu, matmul_host
 from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
                      virtual_views)
 from .memory import stored_nbytes

@@ -7,8 +7,8 @@ with a subgroup reduction. The Q4_K one first quantizes the workgroup's rows of 
 memory to two int8 terms per value (per 32 values a scale, as llama.cpp's Q8_1, and a second term
 for the remainder: about 15 bits of each value) and sums quants by ``dp4a``: dequantizing nibbles
 to floats costs more instructions than the chip can issue at full memory bandwidth (that
-quantization is ``q8x``'s; its public names are re-exported here). Tensor-core products for more
-rows are in ``linear_mma``.
+quantization is ``q8x``'s; its public names are re-exported here, as are ``gemv_packed``'s
+GEMVs for the other packed types). Tensor-core products for more rows are in ``linear_mma``.
 
 Weight rows are bound as i32 words (pairs of bf16 values; the words of Q4_K blocks).
 """
@@ -18,10 +18,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .. import ir as K
-from ...graph import dtypes as dt
-from ...quant.bodies import BODIES, dequant_in_block
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _c, _f, _fma, _hi16, _lo16, _mul, _r, _silu_mul
+from .norms_gpu import rms_norm_q8_body
+from .gemv_packed import gemv_warp_packed, gemv_warp_q6_k
 from .q8x import Q8_SPLIT, Q8_THREADS, _quantize_x_q8, _stage_x_q8, q8_quantize_lane, q8_shared_words, quantize_q8x2
 
 __all__ = ["gemv_warp", "gemv_warp_packed", "gemv_warp_q6_k", "quantize_q8x2", "q4_k_lane_scales", "q4_k_bf16_pairs", "GEMV_TYPES", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
@@ -227,7 +227,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
               shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False,
               staged: bool = False, early: bool = False, q8: bool = False, ahead: bool = False, min_groups: int = 0,
-              pipelined: bool = False) -> K.Kernel:
+              pipelined: bool = False, then_norm: int = 0, unit_offset: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. With ``xglobal`` (Q4_K) x comes already quantized, by
@@ -263,6 +263,14 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     With ``pipelined`` (Q4_K) each step asks for the next step's weight words before it sums its own
     (twice the weight registers). ``min_groups``: workgroups an SM should hold at once (registers
     capped for them where the target can: ``Kernel.min_groups``).
+    With ``then_norm`` (one row of x, one product, Q4_K; y's rows ``then_norm`` = n wide, a
+    multiple of four values a thread): the residual add and RMSNorm that read y, done by the last
+    workgroup of each row to finish (a count in ``done``, zero before the launch and left zero):
+    ``h = res + y``, ``yn = rms_norm(h) * nw`` (``unit_offset``: ``* (1 + nw)``), and yn quantized
+    into ``nq``, ``nr``, ``nds`` (``norms_gpu.rms_norm_q8``'s work, the same values): the norm's
+    launch, and its wait for this one, saved. (Measured slower in the step, H200, Llama-3-8B Q4_K
+    batch 1, the o and down projections taking the layer's two norms: the graph 1.679 -> 1.705 ms;
+    the last workgroup's norm costs more than the launch it saves. Not planned.)
     With ``q8`` (one row of x, one product or a gated pair, ``warps * per_warp`` = 32: a workgroup's
     features are one block of 32 consecutive values of y; n a multiple of 32) y is also written
     quantized for the dp4a GEMVs that read it (``yq``, ``yr``, ``yds``, laid out as ``quantize_q8x2``
@@ -409,6 +417,19 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         body += [K.Let("jf", _r("jg")), *feature]
     else:
         body.append(K.For("fi", _c(0), _c(per_warp), (K.Let("jf", _add(_mul(_r("jg"), per_warp), _r("fi"))), *feature)))
+    if then_norm and (qtype != "q4_k" or mr != 1 or parts or glu or q8 or shared_sums or then_norm % (4 * threads)):
+        raise ValueError(f"gemv_warp: a norm after the product needs Q4_K, one row of x, one product and rows of a multiple of {4 * threads} values")
+    if then_norm:  # every thread's writes fenced, a count of the row's workgroups done; the last one normalizes the row
+        tid = K.Builtin("thread_id", 0)
+        names = {"a": "res", "b": "y", "w": "nw", "h": "h", "y": "yn", "xq": "nq", "xr": "nr", "xds": "nds", "eps": "eps"}
+        first, rest, norm_shared = rms_norm_q8_body(then_norm, threads, True, unit_offset, 32, K.Builtin("group_id", 1), "n_", names)
+        row = K.Builtin("group_id", 1)
+        last = K.Select(K.Bin("eq", _r("done_before"), _b("sub", K.Builtin("num_groups", 0), 1)), _c(1), _c(0))
+        body += [K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Fence(),)), K.Barrier(),  # (lane 0s wrote y)
+                 K.If(K.Bin("eq", tid, _c(0)), (K.AtomicAdd("done", row, _c(1), old="done_before"), K.Store("last", _c(0), last))),
+                 K.Barrier(), K.Let("is_last", K.Load("last", _c(0), I32)),
+                 K.If(K.Bin("eq", _r("is_last"), _c(1)), (K.Fence(), *first, *rest, K.If(K.Bin("eq", tid, _c(0)), (K.Store("done", row, _c(0)),))))]
+        shared = (*shared, K.Shared("last", I32, 1), *norm_shared)
     if q8:  # the first warp quantizes the workgroup's block (feature j of row m0: word (m0 n + j) / 4)
         shared = (*shared, K.Shared("yb", F32, 32))
         at = _add(_mul(_r("m0"), _r("n")), _mul(K.Builtin("group_id", 0), 32), _r("lane"))
@@ -420,7 +441,11 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         xs = (K.Buffer(f"xq{sfx}", I32), K.Buffer(f"xr{sfx}", I32), K.Buffer(f"xds{sfx}", F32))
     if q8:
         outs = [*outs, K.Buffer("yq", I32, readonly=False), K.Buffer("yr", I32, readonly=False), K.Buffer("yds", F32, readonly=False)]
-    params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32))
+    if then_norm:
+        outs = [*outs, K.Buffer("res", F32), K.Buffer("nw", F32), *(K.Buffer(nm, F32, readonly=False) for nm in ("h", "yn")),
+                K.Buffer("nq", I32, readonly=False), K.Buffer("nr", I32, readonly=False), K.Buffer("nds", F32, readonly=False),
+                K.Buffer("done", I32, readonly=False)]
+    params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32), *((K.ScalarParam("eps", F32),) if then_norm else ()))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
     name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
     if qtype == "q4_k" and (warps, unroll) != (Q4_K_WARPS, 1 if wide else 2):
@@ -447,150 +472,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         name += "_pipe"
     if min_groups:
         name += f"_G{min_groups}"
+    if then_norm:
+        name += "_norm" + ("_UNIT_OFFSET" if unit_offset else "")
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared, min_groups=min_groups)
-    verify_kernel(kern)
-    return kern
-
-
-def _subgroup_features(lanes: int, warps: int, mr: int) -> list[K.Stmt]:
-    """A subgroup-a-feature GEMV's first locals: ``lane``, its feature ``jf`` (``warps`` a
-    workgroup) and ``m0``, the first of its workgroup's ``mr`` rows of x."""
-    return [K.Let("lane", _b("rem", K.Builtin("thread_id", 0), lanes)),
-            K.Let("jf", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), lanes))),
-            K.Let("m0", _mul(K.Builtin("group_id", 1), mr))]
-
-
-def _subgroup_stores(mr: int) -> list[K.Stmt]:
-    """Each lane's ``acc{r}`` summed over the subgroup and stored by lane 0 as y[m0 + r, jf] (rows
-    below m). Every reduction comes before the stores: naga's SPIR-V reader aborted the process on
-    a reduction placed after a store's branch."""
-    out: list[K.Stmt] = [K.Let(f"s{r}", K.SubgroupReduce("add", _r(f"acc{r}", F32))) for r in range(mr)]
-    for r in range(mr):
-        cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
-        out.append(K.If(cond, (K.Store("y", _add(_mul(_add(_r("m0"), r), _r("n")), _r("jf")), _r(f"s{r}", F32)),)))
-    return out
-
-
-@lru_cache(maxsize=None)
-def gemv_warp_packed(qtype: str, k: int, mr: int, lanes: int = 32) -> K.Kernel:
-    """y[m, j] = sum_k x[m, k] * w[j, k] for any packed type of ``quant.bodies``, a subgroup of
-    ``lanes`` (the device's width) per output feature: each lane takes eight consecutive values of
-    the row a step of 8 ``lanes`` values (so a subgroup's byte loads of a block are coalesced and a
-    block's scales are decoded once for the eight), dequantizes them with the type's body and
-    multiplies them with x read 16 bytes at a time, for up to ``mr`` rows of x; sums finished by a
-    subgroup reduction. Weights are bound as bytes with ``lut`` and ``row_bytes``; K a multiple of 8
-    and of the type's block (the last step may be partial). 256 threads a workgroup: grid
-    (ceil(n / (256 / lanes)), ceil(m / mr)); rows past ``m`` read row ``m - 1``."""
-    if qtype not in BODIES or BODIES[qtype][0] == 1:
-        raise ValueError(f"gemv_warp_packed: '{qtype}' is not a packed type")
-    bs, bb, _ = BODIES[qtype]
-    if k % 8 or k % bs:
-        raise ValueError(f"gemv_warp_packed {qtype} needs K a multiple of 8 and of {bs}, got {k}")
-    if lanes not in (4, 8, 16, 32, 64):
-        raise ValueError(f"gemv_warp_packed: subgroups of 4 to 64 lanes, got {lanes}")
-    threads, width = 256, 8 * lanes  # values a step
-    body = _subgroup_features(lanes, threads // lanes, mr)
-    for r in range(mr):
-        body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
-    step: list[K.Stmt] = [K.Let("v0", _add(_mul(_r("it"), width), _mul(_r("lane"), 8))),
-                          K.Let("blk", _add(_r("row"), _mul(_b("div", _r("v0"), bs), bb))), K.Let("jj", _b("rem", _r("v0"), bs))]
-    step += [K.Let(f"w{e}", dequant_in_block(qtype, "w", _r("blk"), _add(_r("jj"), e))) for e in range(8)]
-    for r in range(mr):
-        xi = _add(_r(f"xr{r}"), _r("v0"))
-        step += [K.VecLoad(tuple(f"x{r}_{e}" for e in range(4)), "x", xi, F32), K.VecLoad(tuple(f"x{r}_{e}" for e in range(4, 8)), "x", _add(xi, 4), F32)]
-        acc: K.Expr = _r(f"acc{r}", F32)
-        for e in range(8):
-            acc = _fma(acc, _r(f"x{r}_{e}", F32), _r(f"w{e}", F32))
-        step.append(K.Assign(f"acc{r}", acc))
-    if k % width:  # the last step's lanes past K add nothing
-        step = [K.If(K.Bin("lt", _add(_mul(_r("it"), width), _mul(_r("lane"), 8)), _c(k)), tuple(step))]
-    feature: list[K.Stmt] = [K.Let("row", _mul(_r("jf"), _r("row_bytes"))), *(K.Let(f"acc{r}", _f(0.0)) for r in range(mr)),
-                             K.For("it", _c(0), _c(-(-k // width)), tuple(step))]
-    feature += _subgroup_stores(mr)
-    body.append(K.If(K.Bin("lt", _r("jf"), _r("n")), tuple(feature)))
-    params = (K.Buffer("x", F32), K.Buffer("w", dt.u8), K.Buffer("lut", F32), K.Buffer("y", F32, readonly=False),
-              K.ScalarParam("m", I32), K.ScalarParam("n", I32), K.ScalarParam("row_bytes", I32))
-    kern = K.Kernel(f"gemv_warp_packed_{qtype}_K{k}_MR{mr}" + (f"_L{lanes}" if lanes != 32 else ""), params, tuple(body), (threads, 1, 1), ())
-    verify_kernel(kern)
-    return kern
-
-
-Q6_K_UNIT = 16  # values a lane takes a step: four of each of a half-block's four 32-value groups
-
-
-def _q6_k_unit(mr: int) -> list[K.Stmt]:
-    """Lane unit ``u`` of the row at byte ``rowb``: block b = u / 16, half n = (u / 8) % 2, word w = u % 8:
-    the low nibbles (``A``: ql bytes 64n + 4w.., ``B``: 64n + 32 + 4w..) and high bits (``H``: qh
-    bytes 32n + 4w..) of values 128n + 32g + 4w + (0..3) of its four groups g, as signed bytes
-    q - 32 a word each, dotted with x's two int8 terms (dp4a) and scaled by d, the group's int8
-    scale (value j's is byte j / 16) and x's per-32 d. A block is 210 bytes, so an odd block's
-    words straddle two (rows of an even number of blocks start 4-byte aligned)."""
-    out: list[K.Stmt] = [
-        K.Let("blk", _b("div", _r("u"), 16)), K.Let("hn", _b("rem", _b("div", _r("u"), 8), 2)), K.Let("qw", _b("rem", _r("u"), 8)),
-        K.Let("ob", _add(_r("rowb"), _mul(_r("blk"), 210))),
-        K.Let("oshift", _mul(_b("and", _r("ob"), 2), 8)),  # 16 for an odd block (2 bytes past a word), else 0
-        K.Let("omask", K.Select(K.Bin("ne", _b("and", _r("ob"), 2), _c(0)), _c(-65536), _c(0))),
-    ]
-
-    def word(name: str, at: K.Expr) -> list[K.Stmt]:  # the 4 bytes at byte ``at`` (2-byte aligned)
-        # (lo >> 16) | (hi << 16) for an odd block, lo else (>> is arithmetic: masked): written with a
-        # variable shift and masks, which LLVM does not turn into a funnel shift (its SPIR-V target
-        # cannot lower one)
-        lo, hi = K.Load("w", _b("shr", at, 2), I32), K.Load("w", _add(_b("shr", at, 2), 1), I32)
-        return [K.Let(name, _b("or", _b("and", _b("shr", lo, _r("oshift")), K.Un("not", _r("omask"))), _b("and", _b("shl", hi, 16), _r("omask"))))]
-
-    out += word("qa", _add(_r("ob"), _mul(_r("hn"), 64), _mul(_r("qw"), 4)))
-    out += word("qb", _add(_r("ob"), _mul(_r("hn"), 64), 32, _mul(_r("qw"), 4)))
-    out += word("qh", _add(_r("ob"), 128, _mul(_r("hn"), 32), _mul(_r("qw"), 4)))
-    dat = _add(_r("ob"), 208)  # d: an f16 in the half of its word that (ob + 208) & 2 says
-    out.append(K.Let("dd", K.HalfToF32(_b("and", _b("shr", K.Load("w", _b("shr", dat, 2), I32), _mul(_b("and", dat, 2), 8)), 0xFFFF))))
-    lo4, hi2 = 0x0F0F0F0F, 0x30303030
-    groups = [_b("or", _b("and", _r("qa"), lo4), _b("and", _b("shl", _r("qh"), 4), hi2)),
-              _b("or", _b("and", _r("qb"), lo4), _b("and", _b("shl", _r("qh"), 2), hi2)),
-              _b("or", _b("and", _b("shr", _r("qa"), 4), lo4), _b("and", _r("qh"), hi2)),
-              _b("or", _b("and", _b("shr", _r("qb"), 4), lo4), _b("and", _b("shr", _r("qh"), 2), hi2))]
-    for g in range(4):
-        # q - 32 in each byte without borrows: (q | 0x80) - 0x20 stays in its byte, ^ 0x80 makes it q - 32
-        out.append(K.Let(f"qs{g}", _b("xor", _b("sub", _b("or", groups[g], _c(0x80808080 - (1 << 32))), 0x20202020), _c(0x80808080 - (1 << 32)))))
-        sat = _add(_r("ob"), 192, _mul(_r("hn"), 8), _b("div", _r("qw"), 4), 2 * g)  # the group's scale byte
-        sb = _b("and", _b("shr", K.Load("w", _b("shr", sat, 2), I32), _mul(_b("and", sat, 3), 8)), 255)
-        out.append(K.Let(f"sc{g}", K.Bin("mul", _r("dd", F32), K.Cast(_b("sub", _b("xor", sb, 128), 128), F32))))
-    for r in range(mr):
-        for g in range(4):
-            sub = _add(_mul(_r("hn"), 4), g)  # the group's 32-value sub-block in the block: 4n + g
-            slot = _add(_mul(_r("blk"), 64), _mul(_b("shr", sub, 1), 8), _mul(_b("and", sub, 1), 32), _r("qw"))
-            i1 = K.Dot4I8(_r(f"qs{g}"), K.Load("xq", _add(_r(f"xo{r}"), slot), I32), _c(0))
-            i2 = K.Dot4I8(_r(f"qs{g}"), K.Load("xr", _add(_r(f"xo{r}"), slot), I32), _c(0))
-            dx = K.Load("xds", _mul(_add(_r(f"xs{r}"), _mul(_r("blk"), 8), sub), 2), F32)
-            both = K.Bin("add", K.Cast(i1, F32), K.Bin("mul", K.Cast(i2, F32), _f(1.0 / Q8_SPLIT)))
-            out.append(K.Assign(f"acc{r}", K.Bin("add", _r(f"acc{r}", F32), K.Bin("mul", K.Bin("mul", _r(f"sc{g}", F32), dx), both))))
-    return out
-
-
-@lru_cache(maxsize=None)
-def gemv_warp_q6_k(k: int, mr: int, lanes: int = 32) -> K.Kernel:
-    """y[m, j] = sum_k x[m, k] * w[j, k] for Q6_K weights (the output head and half the layers' v and
-    down projections of a Q4_K_M file): a subgroup of ``lanes`` a feature, x quantized in workgroup
-    memory to two int8 terms as for Q4_K (``_quantize_x_q8``: about 15 bits of each value) and the
-    6-bit quants summed against them by dp4a, 16 values a lane a step (``_q6_k_unit``); up to ``mr``
-    rows of x. Weights bound as i32 words with ``row_bytes``; K a multiple of 512 (whole pairs of
-    blocks: rows start word-aligned) and of a step's 16 ``lanes`` values. 512 threads: grid (ceil(n / (512 / lanes)), ceil(m / mr))."""
-    if lanes not in (8, 16, 32, 64):
-        raise ValueError(f"gemv_warp_q6_k: subgroups of 8 to 64 lanes, got {lanes}")
-    if k % 512 or k % (Q6_K_UNIT * lanes):
-        raise ValueError(f"gemv_warp_q6_k needs K a multiple of 512 and of {Q6_K_UNIT * lanes} (a step of {lanes} lanes), got {k}")
-    threads = 512
-    body = [*_subgroup_features(lanes, threads // lanes, mr), *_quantize_x_q8(k, mr, threads)]
-    for r in range(mr):  # row r of x in workgroup memory: its words and its per-32 (d, sum) pairs
-        body += [K.Let(f"xo{r}", _c(r * k // 4)), K.Let(f"xs{r}", _c(r * k // 32))]
-    feature: list[K.Stmt] = [K.Let("rowb", _mul(_r("jf"), _r("row_bytes"))), *(K.Let(f"acc{r}", _f(0.0)) for r in range(mr))]
-    step = [K.Let("u", _add(_mul(_r("it"), lanes), _r("lane"))), *_q6_k_unit(mr)]
-    feature.append(K.For("it", _c(0), _c(k // Q6_K_UNIT // lanes), tuple(step)))
-    feature += _subgroup_stores(mr)
-    body.append(K.If(K.Bin("lt", _r("jf"), _r("n")), tuple(feature)))
-    shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
-    params = (K.Buffer("x", F32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32),
-              K.ScalarParam("row_bytes", I32))
-    kern = K.Kernel(f"gemv_warp_q6_k_K{k}_MR{mr}" + (f"_L{lanes}" if lanes != 32 else ""), params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern

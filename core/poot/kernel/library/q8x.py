@@ -100,11 +100,12 @@ def _q8_word(at: K.Expr, slot: K.Expr | None = None, qi: str = "qi", sfx: str = 
     return first, q8_quantize_word([_r(f"qv{j}{sfx}", F32) for j in range(4)], slot, qi, sfx)
 
 
-def q8_quantize_word(v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi", sfx: str = "") -> list[K.Stmt]:
+def q8_quantize_word(v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi", sfx: str = "",
+                     names: tuple[str, str, str] = ("xq", "xr", "xds")) -> list[K.Stmt]:
     """Four values ``v`` (word ``qi`` of x, a local) as two int8 terms (``_quantize_x_q8``): the
     block's max and sum shared by shuffles among its eight consecutive lanes, stored at ``slot``
-    (default ``qi``) of ``xq``/``xr`` and, by the block's first thread, at ``2 (qi / 8)`` of ``xds``.
-    Every lane of the warp reaches it. Locals are suffixed ``sfx``."""
+    (default ``qi``) of ``xq``/``xr`` and, by the block's first thread, at ``2 (qi / 8)`` of ``xds``
+    (buffers named ``names``). Every lane of the warp reaches it. Locals are suffixed ``sfx``."""
     inner: list[K.Stmt] = []
     qmax, qsum, qinv, qinv2, qd = (f"{n}{sfx}" for n in ("qmax", "qsum", "qinv", "qinv2", "qd"))
     inner += [K.Let(qmax, K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
@@ -126,9 +127,10 @@ def q8_quantize_word(v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi"
         return _b("or", _b("or", b[0], _b("shl", b[1], 8)), _b("or", _b("shl", b[2], 16), _b("shl", b[3], 24)))
 
     slot = _r(qi) if slot is None else slot
-    inner += [K.Store("xq", slot, word(b1)), K.Store("xr", slot, word(b2)),
+    nq, nr, nds = names
+    inner += [K.Store(nq, slot, word(b1)), K.Store(nr, slot, word(b2)),
               K.If(K.Bin("eq", _b("rem", _r(qi), 8), _c(0)),
-                   (K.VecStore("xds", _b("div", _r(qi), 4), (_r(qd, F32), _r(qsum, F32))),))]
+                   (K.VecStore(nds, _b("div", _r(qi), 4), (_r(qd, F32), _r(qsum, F32))),))]
     return inner
 
 
