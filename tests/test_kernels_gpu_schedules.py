@@ -268,7 +268,8 @@ def _x_for(x, staged):
 def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, staged):
     """x quantized once by its own kernel into global buffers, then the GEMV reading them from
     there (or, ``staged``, copying its rows into workgroup memory first; "early": its first step's
-    weights loaded before the wait for the launch before, "ahead": after it, before x is staged):
+    weights loaded before the wait for the launch before, "ahead": after it, before x is staged,
+    "pipelined": each step's loads issued before the step before is summed):
     the same values as the workgroup-memory version computes (numpy emulation) and the same bound;
     staged, bit for bit the sums of the GEMV that quantizes x itself."""
     early, ahead, pipelined, staged = staged == "early", staged == "ahead", staged == "pipelined", bool(staged)
@@ -575,7 +576,7 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
     before x is staged or quantized (a warp's first feature's), "pipe" each step's loads issued
     before the step before is summed."""
     if (not wide or "xs" in flags or "early" in flags or "ahead" in flags or "pipe" in flags) and qtype != "q4_k":
-        pytest.skip("lanes of 16 or 32 bytes and x quantized once are Q4_K's")
+        pytest.skip("lanes of 16 or 32 bytes, x quantized once and weights loaded early, ahead or pipelined are Q4_K's")
     n = 29
     if qtype == "bf16":
         (wg, bg), (wu, bu) = _bf16(rng, (n, k)), _bf16(rng, (n, k))
@@ -611,7 +612,7 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
     staged; "ahead" a warp's first feature's first weights loaded before x is staged or quantized;
     "pipe" each step's loads issued before the step before is summed."""
     if (not wide or "xs" in flags or "ahead" in flags or "pipe" in flags) and qtype != "q4_k":
-        pytest.skip("lanes of 16 or 32 bytes and x quantized once are Q4_K's")
+        pytest.skip("lanes of 16 or 32 bytes, x quantized once and weights loaded early, ahead or pipelined are Q4_K's")
     parts = (24, 8, 13)
     q = quantization("q4_k")
     ws, bufs = [], {}

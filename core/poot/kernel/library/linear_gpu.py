@@ -267,8 +267,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     multiple of four values a thread): the residual add and RMSNorm that read y, done by the last
     workgroup of each row to finish (a count in ``done``, zero before the launch and left zero):
     ``h = res + y``, ``yn = rms_norm(h) * nw`` (``unit_offset``: ``* (1 + nw)``), and yn quantized
-    into ``nq``, ``nr``, ``nds`` (``norms_gpu.rms_norm_q8``'s work, the same values): the norm's
-    launch, and its wait for this one, saved. (Measured slower in the step, H200, Llama-3-8B Q4_K
+    into ``nq``, ``nr``, ``nds`` (``norms_gpu.rms_norm_q8``'s work by this workgroup's threads: its
+    sum of squares added in another order): the norm's launch, and its wait for this one, saved. (Measured slower in the step, H200, Llama-3-8B Q4_K
     batch 1, the o and down projections taking the layer's two norms: the graph 1.679 -> 1.705 ms;
     the last workgroup's norm costs more than the launch it saves. Not planned.)
     With ``q8`` (one row of x, one product or a gated pair, ``warps * per_warp`` = 32: a workgroup's
