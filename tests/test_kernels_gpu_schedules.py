@@ -46,6 +46,16 @@ def _q8_rows(x):
     return d * (q1 + q2 / 254), d / 254
 
 
+def _copies_refused(copied, wide, k, unroll=1, **kw):
+    """Weights copied ahead (``gemv_warp``'s ``copied``) are built for wide lanes and whole steps
+    (eight blocks a lane's ``unroll``): elsewhere the kernel is refused with a ValueError."""
+    if copied and (not wide or copied * 8 * unroll > k // 256):
+        with pytest.raises(ValueError, match="copied ahead"):
+            gemv_warp("q4_k", k, 1, wide=wide, unroll=unroll, copied=copied, **kw)
+        return True
+    return False
+
+
 def _q4_k_products(x, raw):
     """What the Q4_K warp GEMV computes for x and packed rows ``raw``: the quant sums against x
     as two int8 terms (``_q8_rows``) and the sub-block minimums against the exact x; the largest
@@ -200,12 +210,18 @@ def test_norms_sum_by_subgroup_reductions(rng, block, cols, add):
 
 def check_q8x2(x, xq, xr, xds):
     """The quantizer's words against numpy's (``q8x2_reference``): q1 exact; q2 exact but where the
-    device fused x - q1 d into one FMA and the product fell on a rounding tie (one step, rarely)."""
+    device fused x - q1 d into one FMA and the product fell on a rounding tie (one step, rarely);
+    each block's d close, and its sum of 32 values within what adding them in another order can
+    change (31 roundings of partial sums at most the block's sum of |x|)."""
     wq, wr, wds = q8x2_reference(x)
     np.testing.assert_array_equal(xq.view(np.int8), wq.view(np.int8))
     off = np.abs(xr.view(np.int8).astype(np.int32) - wr.view(np.int8))
     assert off.max() <= 1 and (off > 0).mean() < 0.01, f"{(off > 0).sum()} second terms off, by up to {off.max()}"
-    np.testing.assert_allclose(xds, wds, rtol=1e-5, atol=1e-5)
+    (d, sums), (wd, wsums) = xds.reshape(-1, 2).T, wds.reshape(-1, 2).T
+    np.testing.assert_allclose(d, wd, rtol=1e-5, atol=1e-5)
+    bound = 31 * 2.0**-24 * np.abs(x.astype(np.float64)).reshape(-1, 32).sum(axis=1) * 2  # both orders' roundings
+    worst = np.abs(sums.astype(np.float64) - wsums)
+    assert (worst <= bound).all(), f"block sums off by up to {worst.max():.3g} (bound {bound[worst.argmax()]:.3g})"
 
 
 @eight_lanes
@@ -264,15 +280,18 @@ def _x_for(x, staged):
 @pytest.mark.parametrize("k", [512, 4096, 256 * 7])
 @pytest.mark.parametrize("mr,m,warps,unroll", [(1, 1, 4, 2), (1, 1, 16, 4), (4, 3, 8, 2), (2, 5, 4, 1)])
 @pytest.mark.parametrize("wide", [True, False])
-@pytest.mark.parametrize("staged", [False, True, "early", "ahead", "pipelined"])
+@pytest.mark.parametrize("staged", [False, True, "early", "ahead", "pipelined", "copied"])
 def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, staged):
     """x quantized once by its own kernel into global buffers, then the GEMV reading them from
     there (or, ``staged``, copying its rows into workgroup memory first; "early": its first step's
     weights loaded before the wait for the launch before, "ahead": after it, before x is staged,
-    "pipelined": each step's loads issued before the step before is summed):
+    "pipelined": each step's loads issued before the step before is summed, "copied": its first
+    step's weights copied into workgroup memory before the wait):
     the same values as the workgroup-memory version computes (numpy emulation) and the same bound;
     staged, bit for bit the sums of the GEMV that quantizes x itself."""
-    early, ahead, pipelined, staged = staged == "early", staged == "ahead", staged == "pipelined", bool(staged)
+    early, ahead, pipelined, copied, staged = staged == "early", staged == "ahead", staged == "pipelined", int(staged == "copied"), bool(staged)
+    if _copies_refused(copied, wide, k, unroll, staged=True):
+        return
     n = 21
     raw = quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))
     x = rng.standard_normal((m, k)).astype(np.float32)
@@ -281,7 +300,8 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
     run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
     assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all(), "a quantized word was never written"
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide, early=early, ahead=ahead, pipelined=pipelined)
+    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide, early=early, ahead=ahead, pipelined=pipelined,
+                     copied=copied)
     sfx = "_in" if staged else ""
     w = np.ascontiguousarray(raw).view(np.int32)
     run_host(kern, (-(-n // warps), -(-m // mr)), {f"xq{sfx}": xq, f"xr{sfx}": xr, f"xds{sfx}": xds, "w": w, "y": y}, {"m": m, "n": n})
@@ -295,11 +315,13 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
 
 
 @gpu_only
-@pytest.mark.parametrize("k,n,shape", [(4096, 200, {"per_warp": 4, "min_groups": 2}), (256 * 56, 40, {"pipelined": True, "min_groups": 2}),
-                                       (4096, 70, {"min_groups": 3})])
+@pytest.mark.parametrize("k,n,shape", [(4096, 200, {"per_warp": 4, "min_groups": 2}), (4096, 600, {"per_warp": 16, "min_groups": 2}), (256 * 56, 40, {"pipelined": True, "min_groups": 2}),
+                                       (4096, 70, {"min_groups": 3}), (4096, 200, {"per_warp": 4, "min_groups": 2, "copied": 2}),
+                                       (256 * 56, 40, {"copied": 3, "min_groups": 2}), (4096, 70, {"min_groups": 3, "copied": 2})])
 def test_the_planned_one_row_gemv_shapes_give_the_plain_kernels_sums(rng, k, n, shape):
     """The shapes the planner launches one-row staged Q4_K GEMVs in on Hopper (the output head's four
-    features a warp, the down projection's pipelined steps, registers capped): bit for bit the sums
+    features a warp, the down projection's pipelined steps, registers capped, the first steps'
+    weights copied into workgroup memory before the wait): bit for bit the sums
     of the plain staged kernel, every feature written (n not a multiple of a workgroup's features)."""
     x = rng.standard_normal((1, k)).astype(np.float32)
     w = np.ascontiguousarray(quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))).view(np.int32)
@@ -353,14 +375,17 @@ def test_a_gemv_whose_last_workgroup_adds_the_residual_and_normalizes_the_row(rn
 @pytest.mark.parametrize("k,n", [(4096, 64), (256 * 7, 96)])
 @pytest.mark.parametrize("glu", [True, False])
 @pytest.mark.parametrize("warps", [16, 8])
-@pytest.mark.parametrize("ahead", [False, True, "pipelined"])
+@pytest.mark.parametrize("ahead", [False, True, "pipelined", "copied"])
 def test_gemv_also_writes_its_output_quantized_for_the_next_product(rng, k, n, glu, warps, ahead):
     """``gemv_warp(..., q8=True)`` (a workgroup a block of 32 features, ``per_warp`` of them a warp):
     y bit for bit the plain kernel's, and y's two int8 terms as ``quantize_q8x2`` writes them for
     that y (``check_q8x2``), every word written: what the down projection reads after the gated MLP;
     ``ahead``: the first feature's first weights loaded before x is staged, the same bits; or the
-    steps pipelined, the same bits."""
-    pipelined, ahead = ahead == "pipelined", ahead is True
+    steps pipelined, or the first feature's first step copied into workgroup memory before the wait:
+    the same bits."""
+    pipelined, copied, ahead = ahead == "pipelined", int(ahead == "copied"), ahead is True
+    if _copies_refused(copied, True, k, glu=glu, staged=True):
+        return
     x = rng.standard_normal((1, k)).astype(np.float32)
     raws = [quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32)) for _ in range(2 if glu else 1)]
     ws = {nm: np.ascontiguousarray(r).view(np.int32) for nm, r in zip(("wg", "wu") if glu else ("w",), raws)}
@@ -369,7 +394,7 @@ def test_gemv_also_writes_its_output_quantized_for_the_next_product(rng, k, n, g
     xs = _x_for(x, True)
     y, want = poisoned((1, n)), poisoned((1, n))
     yq, yr, yds = poisoned((n // 4,), np.int32), poisoned((n // 4,), np.int32), poisoned((n // 16,))
-    run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True, q8=True, ahead=ahead, pipelined=pipelined), grid, {**xs, **ws, "y": y, "yq": yq, "yr": yr, "yds": yds},
+    run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True, q8=True, ahead=ahead, pipelined=pipelined, copied=copied), grid, {**xs, **ws, "y": y, "yq": yq, "yr": yr, "yds": yds},
              {"m": 1, "n": n})
     run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True), grid, {**xs, **ws, "y": want}, {"m": 1, "n": n})
     np.testing.assert_array_equal(y, want)
@@ -568,15 +593,19 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
                                                   (1, 1, 1, False, ""), (1, 1, 3, False, ""), (1, 1, 1, True, "pf"), (4, 3, 2, False, "pf"),
                                                   (1, 1, 1, True, "pf xs"), (4, 3, 2, False, "xs"), (1, 1, 1, True, "xs early"),
                                                   (4, 3, 1, False, "early"), (1, 1, 2, True, "xs ahead"), (4, 3, 3, False, "ahead"),
-                                                  (1, 1, 4, True, "xs pipe"), (1, 1, 2, False, "pipe")])
+                                                  (1, 1, 4, True, "xs pipe"), (1, 1, 2, False, "pipe"), (1, 1, 2, True, "xs copied"),
+                                                  (1, 1, 2, True, "copied"), (1, 1, 1, True, "xs copied"), (1, 1, 1, False, "copied")])
 @pytest.mark.parametrize("k", [1024, 256 * 11])  # Q4_K: one step of a warp's blocks, or two (the second partial)
 def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, flags, k):
     """``flags``: "pf" the rows asked for first, "xs" x quantized once by its own kernel and staged,
     "early" the first step's weights loaded before the wait for the launch before, "ahead" after it,
     before x is staged or quantized (a warp's first feature's), "pipe" each step's loads issued
-    before the step before is summed."""
-    if (not wide or "xs" in flags or "early" in flags or "ahead" in flags or "pipe" in flags) and qtype != "q4_k":
-        pytest.skip("lanes of 16 or 32 bytes, x quantized once and weights loaded early, ahead or pipelined are Q4_K's")
+    before the step before is summed, "copied" a warp's first feature's first step copied into
+    workgroup memory before the wait."""
+    if (not wide or "xs" in flags or "early" in flags or "ahead" in flags or "pipe" in flags or "copied" in flags) and qtype != "q4_k":
+        pytest.skip("lanes of 16 or 32 bytes, x quantized once and weights loaded early, ahead, pipelined or copied are Q4_K's")
+    if _copies_refused(int("copied" in flags), wide, k, glu=True):
+        return
     n = 29
     if qtype == "bf16":
         (wg, bg), (wu, bu) = _bf16(rng, (n, k)), _bf16(rng, (n, k))
@@ -587,7 +616,7 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
     kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags, early="early" in flags,
-                     ahead="ahead" in flags, pipelined="pipe" in flags)
+                     ahead="ahead" in flags, pipelined="pipe" in flags, copied=int("copied" in flags))
     run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
     if qtype == "bf16":
         g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
@@ -604,16 +633,20 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
                                                   (1, 1, 1, False, ""), (4, 2, 3, False, ""), (1, 1, 1, True, "pf"), (4, 2, 3, True, "pf"),
                                                   (1, 1, 1, True, "pf xs"), (4, 2, 3, True, "xs"), (1, 1, 1, True, "xs ahead"),
                                                   (1, 1, 2, True, "xs ahead"), (4, 2, 3, False, "ahead"),
-                                                  (1, 1, 1, True, "xs pipe"), (4, 2, 3, False, "pipe")])
+                                                  (1, 1, 1, True, "xs pipe"), (4, 2, 3, False, "pipe"), (1, 1, 1, True, "xs copied"),
+                                                  (1, 1, 2, True, "xs copied"), (1, 1, 3, True, "copied")])
 @pytest.mark.parametrize("k", [512, 256 * 11])
 def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp, wide, flags, k):
     """Parts of 24, 8 and 13 features: with several features a warp, one warp's features span parts.
     ``flags``: "pf" each warp asks for its rows (in whichever part) first; "xs" x quantized once and
     staged; "ahead" a warp's first feature's first weights loaded before x is staged or quantized;
-    "pipe" each step's loads issued before the step before is summed."""
-    if (not wide or "xs" in flags or "ahead" in flags or "pipe" in flags) and qtype != "q4_k":
-        pytest.skip("lanes of 16 or 32 bytes, x quantized once and weights loaded early, ahead or pipelined are Q4_K's")
+    "pipe" each step's loads issued before the step before is summed; "copied" a warp's first
+    feature's first step copied into workgroup memory before the wait."""
+    if (not wide or "xs" in flags or "ahead" in flags or "pipe" in flags or "copied" in flags) and qtype != "q4_k":
+        pytest.skip("lanes of 16 or 32 bytes, x quantized once and weights loaded early, ahead, pipelined or copied are Q4_K's")
     parts = (24, 8, 13)
+    if _copies_refused(int("copied" in flags), wide, k, parts=parts):
+        return
     q = quantization("q4_k")
     ws, bufs = [], {}
     for i, n in enumerate(parts):
@@ -626,7 +659,7 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
         bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
     x = rng.standard_normal((m, k)).astype(np.float32)
     kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags, ahead="ahead" in flags,
-                     pipelined="pipe" in flags)
+                     pipelined="pipe" in flags, copied=int("copied" in flags))
     run_host(kern, (-(-sum(parts) // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), **bufs}, {"m": m, "n": sum(parts)})
     for i, w in enumerate(ws):
         if qtype == "bf16":

@@ -136,11 +136,14 @@ def _one_row_shape(xs: dict[str, Any], k: int, n: int) -> dict[str, Any]:
     registers where it chose 42, and schedules the loads better: 1.770 -> 1.753 ms with the other
     products capped too; three an SM, 40 registers, made it slower, 1.845); the 14336-long down
     projection's steps pipelined (its seven steps a row, each asking for the next one's words before
-    it sums: 1.692 -> 1.685; the 4096-long ones, two steps, were slower); the output head four
-    features a warp (128,256 of them: a workgroup's staged x serves 64 features, 1.686 -> 1.678)."""
+    it sums: 1.692 -> 1.685; the 4096-long ones, two steps, were slower); the output head sixteen
+    features a warp (128,256 of them: a workgroup's staged x serves 256 features, 501 workgroups;
+    four against two 1.686 -> 1.678, sixteen against four 1.669 -> 1.666, eight and 31 1.667).
+    The first steps' weights copied into workgroup memory before the wait (``copied``) were no
+    faster: o 1.678, q/k/v 1.681, down 1.692 against 1.675."""
     if not xs:
         return {}
-    return {"min_groups": 2, "pipelined": k > 8192, "per_warp": 4 if n > 65536 else 1}
+    return {"min_groups": 2, "pipelined": k > 8192, "per_warp": 16 if n > 65536 else 1}
 
 
 def _early(xs: dict[str, Any]) -> bool:
