@@ -201,3 +201,43 @@ def test_the_last_workgroup_to_count_sees_every_workgroups_writes():
     with pytest.raises(KernelError, match="barrier"):
         verify_kernel(K.Kernel("divergent", params, body[:-1] + (K.If(K.Bin("eq", tid, c(0)), tail),), (width, 1, 1),
                                (K.Shared("flag", i32, 1),)))
+
+
+def test_asynchronous_copies_land_whole_on_every_target():
+    """``CopyAsync`` of 16 bytes a thread into workgroup memory, read back by another thread after
+    the wait and a barrier: ``cp.async`` on NVPTX; four loads and stores on the host (run here:
+    every element where it belongs, an i32 buffer into an f32 array bit for bit), on AMDGPU and on
+    SPIR-V (whose LLVM backend lowers neither a vector load through a cast pointer nor a loaded
+    value's bitcast: a copy between arrays of two element types is refused there by name)."""
+    import numpy as np
+
+    from poot.codegen.targets import spirv_target
+    from poot.kernel.verify import verify_kernel
+    from poot.testing.kernels import run_host
+
+    width, i32, tid = 32, dt.i32, K.Builtin("thread_id", 0)
+    c = lambda v: K.Const(v, i32)  # noqa: E731
+    four = K.Bin("mul", tid, c(4))
+    other = K.Bin("rem", K.Bin("add", tid, c(5)), c(width))  # a chunk another thread copied
+    body = (K.CopyAsync("s", four, "x", K.Bin("add", four, c(8))), K.CopyAsyncSync("commit"), K.CopyAsyncSync("wait"), K.Barrier(),
+            K.VecLoad(tuple(f"v{i}" for i in range(4)), "s", K.Bin("mul", other, c(4)), dt.f32),
+            K.VecStore("y", four, tuple(K.Ref(f"v{i}", dt.f32) for i in range(4))))
+    k = K.Kernel("copy_and_swap", (K.Buffer("x", i32), K.Buffer("y", dt.f32, readonly=False)), body, (width, 1, 1), (K.Shared("s", dt.f32, 4 * width),))
+    verify_kernel(k)
+    x = np.random.default_rng().integers(-2**31, 2**31 - 1, 4 * width + 8, dtype=np.int64).astype(np.int32)
+    y = np.full(4 * width, np.nan, np.float32)
+    run_host(k, (1,), {"x": x, "y": y})
+    want = x[8:].reshape(width, 4)[(np.arange(width) + 5) % width].reshape(-1)
+    np.testing.assert_array_equal(y.view(np.int32), want)
+    ptx = compile_kernel(k, target("nvptx:sm_80"), use_cache=False).data.decode()
+    assert ptx.count("cp.async.cg.shared.global") == 1 and "cp.async.wait_group" in ptx
+    assert compile_kernel(k, target("amdgcn:gfx942"), use_cache=False) is not None
+    with pytest.raises(Refusal, match="one element type"):  # SPIR-V: i32 into f32 refused by name, not an LLVM crash
+        compile_kernel(k, spirv_target(1), use_cache=False)
+    same = K.Kernel("copy_and_swap_i32", (K.Buffer("x", i32), K.Buffer("y", i32, readonly=False)),
+                    body[:4] + (K.VecLoad(tuple(f"v{i}" for i in range(4)), "s", K.Bin("mul", other, c(4)), i32),
+                                K.VecStore("y", four, tuple(K.Ref(f"v{i}", i32) for i in range(4)))), (width, 1, 1), (K.Shared("s", i32, 4 * width),))
+    if shutil.which("spirv-opt"):  # (SPIR-V goes through SPIRV-Tools: installed where the Vulkan backend is tested)
+        assert compile_kernel(same, spirv_target(1), use_cache=False).data[:4] == b"\x03\x02\x23\x07"
+        from poot.kernel.library.linear_gpu import gemv_warp  # a GEMV whose weights are copied ahead, as Vulkan on an NVIDIA GPU runs it
+        assert compile_kernel(gemv_warp("q4_k", 2048, 1, 4, staged=True, copied=1), spirv_target(32), use_cache=False).data[:4] == b"\x03\x02\x23\x07"

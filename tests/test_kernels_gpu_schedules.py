@@ -319,10 +319,11 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
                                        (4096, 70, {"min_groups": 3}), (4096, 200, {"per_warp": 4, "min_groups": 2, "copied": 2}),
                                        (256 * 56, 40, {"copied": 3, "min_groups": 2}), (4096, 70, {"min_groups": 3, "copied": 2})])
 def test_the_planned_one_row_gemv_shapes_give_the_plain_kernels_sums(rng, k, n, shape):
-    """The shapes the planner launches one-row staged Q4_K GEMVs in on Hopper (the output head's four
-    features a warp, the down projection's pipelined steps, registers capped, the first steps'
-    weights copied into workgroup memory before the wait): bit for bit the sums
-    of the plain staged kernel, every feature written (n not a multiple of a workgroup's features)."""
+    """The shapes the planner launches one-row staged Q4_K GEMVs in on Hopper (the output head's
+    sixteen features a warp, and four as before; the down projection's pipelined steps; registers
+    capped), and the same with the first steps' weights copied into workgroup memory before the
+    wait (``copied``: not planned): bit for bit the sums of the plain staged kernel, every feature
+    written (n not a multiple of a workgroup's features)."""
     x = rng.standard_normal((1, k)).astype(np.float32)
     w = np.ascontiguousarray(quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))).view(np.int32)
     xs = _x_for(x, True)

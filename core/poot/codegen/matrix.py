@@ -63,15 +63,22 @@ class MatrixLowering:
 
     def copy_async(self, st: K.CopyAsync) -> None:
         b = self.b
-        dst, dt_ = self.address(st.shared, st.at)
-        src, _ = self.address(st.buffer, st.index)
         if self.t.name == "nvptx":
+            dst, _ = self.address(st.shared, st.at)
+            src, _ = self.address(st.buffer, st.index)
             p3, p1 = L.PointerType(I8, self.t.shared_as), L.PointerType(I8, self.t.global_as)
             b.call(self.intrinsic("llvm.nvvm.cp.async.cg.shared.global.16", L.VoidType(), [p3, p1]), [b.bitcast(dst, p3), b.bitcast(src, p1)])
             return
-        vec = L.VectorType(F32 if dt_ == dt.f32 else I32, 4)  # (4-byte elements: verified)
-        v = b.load(b.bitcast(src, L.PointerType(vec, src.type.addrspace)))
-        b.store(v, b.bitcast(dst, L.PointerType(vec, dst.type.addrspace)))
+        # elsewhere four loads and stores of the 4-byte elements (verified): LLVM's SPIR-V backend
+        # cannot lower a vector load through a cast element pointer
+        for i in range(4):
+            frm, ft = self.address(st.buffer, K.Bin("add", st.index, K.Const(i, dt.i32)))
+            to, tt = self.address(st.shared, K.Bin("add", st.at, K.Const(i, dt.i32)))
+            if ft != tt and self.t.name == "spirv":  # (its backend cannot lower the bitcast of a loaded value either)
+                raise Refusal(f"kernel {self.k.name}", self.t.key, f"an asynchronous copy from {ft} '{st.buffer}' into {tt} '{st.shared}': "
+                              "SPIR-V copies between arrays of one element type")
+            v = b.load(frm)
+            b.store(v if ft == tt else b.bitcast(v, to.type.pointee), to)
 
     def _wgmma_target(self) -> None:
         if self.t.name != "nvptx" or "wgmma" not in self.t.matrix:

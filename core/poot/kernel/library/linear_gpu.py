@@ -114,7 +114,8 @@ def _landed_word(it: K.Expr, pi: int, u: int, h: int, lay: tuple[int, int, int])
     the workgroup array ``wl`` (``gemv_warp``'s ``copied``; ``lay``: weights, blocks a lane a step,
     steps copied): each warp's region holds, step by step and weight by weight, the step's blocks
     of its row as they lie in memory (``_q4_k_weight_copies``); chunks 0 and 1 are the lane's
-    quants, 2 the block's head. A warp's eight lanes of a phase read eight banks' quads apart."""
+    quants, 2 the block's head. The 16-byte reads of a phase of eight lanes fall in eight different
+    groups of four banks (no conflicts); a block's four lanes read its head at one address."""
     np_, un, copied = lay
     step_words = 8 * un * 36
     warp = _b("div", K.Builtin("thread_id", 0), 32)
@@ -275,7 +276,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. With ``xglobal`` (Q4_K) x comes already quantized, by
     ``quantize_q8x2``, in buffers ``xq``, ``xr`` and ``xds`` instead of ``x``: no workgroup memory, no
-    barrier, any number of warps a workgroup. With ``staged`` (Q4_K) x comes quantized in those
+    barrier (but ``copied``'s), any number of warps a workgroup. With ``staged`` (Q4_K) x comes quantized in those
     buffers as ``xq_in``, ``xr_in`` and ``xds_in``, and the workgroup copies its rows into
     workgroup memory (``_stage_x_q8``) instead of quantizing them. With ``shared_sums`` (bf16, targets without subgroup operations:
     SPIR-V here) the 32 lanes of a warp finish their sums through workgroup memory, every thread
@@ -310,10 +311,11 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     of its first feature's first ``copied`` steps into workgroup memory as they lie (``CopyAsync``:
     16 bytes a lane a copy, no registers) before the wait for the launch before, and its lanes read
     them from there after a barrier: the weights stream in while that launch drains, where
-    ``early`` kept them in registers. The array holds 1,152 bytes a warp a step a weight. (Measured
-    no faster in the step, H200, Llama-3-8B Q4_K batch 1: o 1.678, q/k/v 1.681, down 1.692 ms
-    against 1.675; the gated MLP's needs 72 registers, 1.841; each lane copying only the words it
-    reads, every byte asked for twice, 1.76-1.79. Not planned.)
+    ``early`` kept them in registers. The array holds 1,152 x ``unroll`` bytes a warp a step a
+    weight. (Measured no faster in the step, H200, Llama-3-8B Q4_K batch 1: o 1.678, q/k/v 1.681,
+    down 1.692 ms against 1.675; the gated MLP's needs 72 registers, 1.841; each lane copying only
+    its own words instead, 16 bytes at a 32-byte stride a copy, so each 32-byte sector fetched twice
+    past the L1: 1.76-1.79. Not planned.)
     With ``then_norm`` (one row of x, one product, Q4_K; y's rows ``then_norm`` = n wide, a
     multiple of four values a thread): the residual add and RMSNorm that read y, done by the last
     workgroup of each row to finish (a count in ``done``, zero before the launch and left zero):
@@ -403,7 +405,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     else:
         for r in range(mr):
             body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
-    if copied:  # every thread's copies in, then a barrier (x's, moved after the wait where x was staged) shows them to all
+    if copied:  # every thread's copies in, then a barrier shows them to all (x's own last barrier, moved after the wait; a new one for xglobal)
         last = body.pop() if isinstance(body[-1], K.Barrier) else K.Barrier()
         body += [K.CopyAsyncSync("wait"), last]
         shared = (*shared, K.Shared("wl", I32, warps * copied * lay[0] * 8 * unroll * 36))
