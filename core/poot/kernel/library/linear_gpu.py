@@ -313,9 +313,9 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     them from there after a barrier: the weights stream in while that launch drains, where
     ``early`` kept them in registers. The array holds 1,152 x ``unroll`` bytes a warp a step a
     weight. (Measured no faster in the step, H200, Llama-3-8B Q4_K batch 1: o 1.678, q/k/v 1.681,
-    down 1.692 ms against 1.675; the gated MLP's needs 72 registers, 1.841; each lane copying only
-    its own words instead, 16 bytes at a 32-byte stride a copy, so each 32-byte sector fetched twice
-    past the L1: 1.76-1.79. Not planned.)
+    down 1.692 ms against 1.675, the gated MLP's 1.841; each lane copying only its own words
+    instead, 16 bytes at a 32-byte stride a copy, so each 32-byte sector fetched twice past the L1:
+    1.76-1.79, the gated MLP's then at 72 registers. Not planned.)
     With ``then_norm`` (one row of x, one product, Q4_K; y's rows ``then_norm`` = n wide, a
     multiple of four values a thread): the residual add and RMSNorm that read y, done by the last
     workgroup of each row to finish (a count in ``done``, zero before the launch and left zero):
