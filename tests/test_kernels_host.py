@@ -656,6 +656,20 @@ def test_strided_copies_match_the_oracle(rng, case):
     np.testing.assert_array_equal(out, want)
 
 
+@pytest.mark.parametrize("n,block", [(1, 256), (300, 64), (5312, 256)])
+def test_word_copies_are_bit_exact_and_stop_at_n(rng, n, block):
+    """copy_words moves 32-bit words as bits (f32 NaN payloads and negative integers alike), and
+    writes nothing past ``n``."""
+    src = rng.integers(-(2**31), 2**31 - 1, n + 40, dtype=np.int64).astype(np.int32)
+    src[: n // 3] = rng.standard_normal(n // 3).astype(np.float32).view(np.int32)
+    src[0] = np.array([0x7FC01234], np.uint32).view(np.int32)[0]  # a NaN with a payload
+    dst = poisoned((n + 40,), np.int32)
+    before = dst.copy()
+    run_host(movement.copy_words.instantiate(BLOCK=block), (-(-n // block),), {"src": src, "dst": dst}, {"n": n})
+    np.testing.assert_array_equal(dst[:n], src[:n])
+    np.testing.assert_array_equal(dst[n:], before[n:])
+
+
 @pytest.mark.parametrize("op", ["sum", "mean", "max", "min"])
 def test_row_reductions(rng, op):
     rows, cols = 6, 333

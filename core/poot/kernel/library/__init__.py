@@ -32,6 +32,7 @@ def catalogue() -> list[Kernel]:
         sampling.sample_chunks.instantiate(BLOCK=256),
         sampling.sample.instantiate(BLOCK=256),
         movement.copy_strided.instantiate(BLOCK=256),
+        movement.copy_words.instantiate(BLOCK=256),
         movement.reduce_rows.instantiate(OP="mean", BLOCK=128),
         movement.reduce_rows.instantiate(OP="max", BLOCK=128),
         movement.cache_write.instantiate(BLOCK=128),

@@ -1,6 +1,7 @@
 """Data movement: strided copies (transpose, slice, expand, the parts of a concat, non-contiguous
-reshapes) over up to four dimensions with run-time shapes, row reductions over the last axis, and the
-KV-cache scatter through a slot map."""
+reshapes) over up to four dimensions with run-time shapes, row reductions over the last axis, the
+KV-cache scatter through a slot map, and a plain copy of 32-bit words (which a device executor uses to
+move a step's inputs in from, and its small outputs out to, host memory the device can address)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,14 @@ def copy_strided(src: In[f32], dst: Out[f32], n: i32, d0: i32, d1: i32, d2: i32,
         c1 = r % d1
         c0 = r // d1
         dst[dst_offset + c0 * t0 + c1 * t1 + c2 * t2 + c3 * t3] = src[src_offset + c0 * s0 + c1 * s1 + c2 * s2 + c3 * s3]
+
+
+@kernel(workgroup=("BLOCK", 1, 1))
+def copy_words(src: In[i32], dst: Out[i32], n: i32, BLOCK: Const = 256):
+    """dst[i] = src[i] for i < n (32-bit words of any type); grid ceil(n / BLOCK)."""
+    i = group_id(0) * BLOCK + thread_id(0)
+    if i < n:
+        dst[i] = src[i]
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
