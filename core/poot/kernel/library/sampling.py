@@ -41,11 +41,14 @@ def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], tempera
                   frequency: In[f32], seeds: In[i32], steps: In[i32], mask: In[i32], bias_ids: In[i32], bias_vals: In[f32], work: Out[f32],
                   parts: Out[f32], vocab: i32, mask_words: i32, nbias: i32, chunk: i32, BLOCK: Const = 256, PART: Const = PART_WORDS):
     """The first half of sampling, a workgroup per ``chunk`` tokens of a row (grid (rows, chunks)):
-    logit bias (``nbias`` (id, value) pairs, id < 0 unused), penalties from
+    logit bias (``nbias`` (id, value) pairs, id < 0 unused, added in their order), penalties from
     ``counts[count_rows[r]]`` (a row < 0: no history), temperature, then the allowed-token bitmask
     (bit clear: the logit becomes -3e38) into ``work``; then the chunk's largest processed logit and
     its best token of an unfiltered draw (the Gumbel-max score at temperature > 0, the logit at 0;
-    ties to the lower id) into ``parts[(r * chunks + c) * PART ...]``."""
+    ties to the lower id) into ``parts[(r * chunks + c) * PART ...]``. Each thread keeps its tokens'
+    values in registers from the logit to ``work``: the row's settings, the logits, the bias pairs,
+    the mask and the counts are loaded together, a chain of two loads, not one per stage (it runs
+    on the step's path, between the output head and the pick)."""
     r = group_id(0)
     c = group_id(1)
     t = thread_id(0)
@@ -55,29 +58,26 @@ def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], tempera
     red = shared(f32, BLOCK)
     cnt = shared(i32, BLOCK)
     temp = temperature[r]
-    for i in range(first + t, stop, BLOCK):
-        work[base + i] = logits[base + i]
-    barrier()
-    if t == 0:
-        for j in range(nbias):
-            bid = bias_ids[r * nbias + j]
-            if bid >= first and bid < stop:
-                work[base + bid] = work[base + bid] + bias_vals[r * nbias + j]
-    barrier()
     crow = count_rows[r]
     seed = seeds[r]
     step = steps[r]
+    rep = repetition[r]
+    pres = presence[r]
+    freq = frequency[r]
     m = -3.0e38
     best = -3.0e38
     best_i = vocab
     for i in range(first + t, stop, BLOCK):
-        z = work[base + i]
+        z = logits[base + i]
+        for j in range(nbias):
+            if bias_ids[r * nbias + j] == i:
+                z = z + bias_vals[r * nbias + j]
         n = 0
         if crow >= 0:
             n = counts[crow * vocab + i]
         if n > 0:
-            z = z / repetition[r] if z > 0.0 else z * repetition[r]
-            z = z - presence[r] - frequency[r] * f32(n)
+            z = z / rep if z > 0.0 else z * rep
+            z = z - pres - freq * f32(n)
         if temp > 0.0:
             z = z / temp
         if ((mask[r * mask_words + (i >> 5)] >> (i & 31)) & 1) == 0:
