@@ -10,7 +10,13 @@ launched again while its graph may still run gets a second instance with its own
 sm_90+ the launches of a step of at most ``PROGRAMMATIC_TOKENS`` tokens (decode at small batches: warp GEMVs, latency-bound) are
 programmatic: each may start while the one before it drains, held at its ``AwaitPrior`` until that
 one is done (H200, Llama-3-8B Q4_K: a batch-1 step's graph 2-4% shorter; a batch-64 step's 16%
-longer, so larger steps stay serial). ``POOT_CUDA_PDL=0`` captures every step serial."""
+longer, so larger steps stay serial). ``POOT_CUDA_PDL=0`` captures every step serial.
+
+Every captured step's intermediate values live in one arena the executor shares among them (steps
+run one after another on its stream), so device memory follows the largest step captured, not the
+number of shapes seen. When a step needs more, a larger arena (at least 1.5 times) replaces it:
+the steps captured on the old one are captured again the next time they are asked for, and the old
+one is freed with them once their replays are done and read (two launches later)."""
 
 from __future__ import annotations
 
@@ -39,6 +45,8 @@ __all__ = ["CudaExecutor", "CudaStep", "PROGRAMMATIC_TOKENS"]
 Key = tuple[int, int]
 PROGRAMMATIC_TOKENS = 4  # steps of up to this many tokens have their launches programmatic (sm_90+)
 READBACK_BYTES = 64 << 10  # outputs up to this size come back inside the step's graph (the logits do not)
+ARENA_GROWTH = 1.5  # a larger shared arena is at least this many times the last
+ARENA_MIN = 16 << 20  # the first shared arena's least size (a decode step's values fit many times)
 COPY_BLOCK = 256  # threads a workgroup of the word copies in and out of pinned memory
 
 
@@ -60,8 +68,8 @@ class _Slot:
 @dataclass
 class CudaStep:
     storage: StoragePlan
-    arena: int  # device address
-    arena_bytes: int
+    arena: int  # device address: the executor's shared arena when it was captured
+    arena_bytes: int  # what the step needs of it
     inputs: dict[str, tuple[int, np.ndarray]]  # name -> (device address, the first slot's host staging array)
     outputs: dict[str, tuple[int, np.dtype, tuple[int, ...]]]
     graph_exec: Any  # the first slot's
@@ -76,6 +84,8 @@ class CudaStep:
     back_layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = field(default_factory=dict)  # small output -> (offset, dtype, shape)
     env: dict[str, int] = field(default_factory=dict)
     last: int = 0  # the slot launched last
+    launched: int = -1  # the executor's launch count at its latest launch
+    retired: bool = False  # replaced by a capture on a newer arena or binding: read, not launched
 
 
 class CudaExecutor(Executor):
@@ -114,6 +124,11 @@ class CudaExecutor(Executor):
         self._weight_src: dict[Key, int] = {}
         self._pools: dict[Key, tuple[int, np.ndarray]] = {}
         self._steps: dict[tuple[tuple[str, int], ...], CudaStep] = {}
+        self._retired: list[CudaStep] = []  # replaced (a larger arena, a rebinding): freed once done and read
+        self._arena, self._arena_size = 0, 0  # the shared arena every step is captured on now
+        self._arena_users: dict[int, int] = {}  # arena address -> steps captured on it and not yet freed
+        self._arena_last: CudaStep | None = None  # the step launched last: its values are the arena's
+        self._launches = 0
         self._binding = 0
         self._keep: list[np.ndarray] = []
 
@@ -163,14 +178,17 @@ class CudaExecutor(Executor):
     def capture(self, env: Mapping[str, int]) -> CudaStep:
         key = tuple(sorted(env.items()))
         step = self._steps.get(key)
-        if step is not None and step.binding == self._binding:
+        if step is not None and step.binding == self._binding and step.arena == self._arena:
             return step
         self.ctx.make_current()
         g = self.plan.graph
         sp = plan_storage(self.plan, env)
-        arena = self.ctx.alloc(max(sp.arena_bytes, 256))
+        if sp.arena_bytes > self._arena_size:
+            self._grow(sp.arena_bytes)
+        arena = self._arena
+        self._arena_users[arena] += 1
         values = {(n.id, v.index): v for n in g.nodes for v in n.outputs}
-        owned = [arena]
+        owned: list[int] = []
         by_root: dict[Key, int] = dict(self._weights)
         by_root.update(self._consts)
         by_root.update({k: p for k, (p, _) in self._pools.items()})
@@ -229,9 +247,39 @@ class CudaExecutor(Executor):
         step.inputs = {name: (dev + layout[name][0], slot.inputs[name]) for name in layout}
         old = self._steps.get(key)
         self._steps[key] = step
-        if old is not None:  # captured under weights or pools since rebound
-            self._drop(old)
+        if old is not None:  # captured on an older arena, or under weights or pools since rebound
+            self._retire(old)
         return step
+
+    def _retire(self, step: CudaStep) -> None:
+        step.retired = True
+        self._retired.append(step)
+
+    def _grow(self, need: int) -> None:
+        """A new shared arena of at least ``need`` bytes (and ``ARENA_GROWTH`` times the last): every
+        step captured on the old one is retired, to be captured again when next asked for."""
+        size = -(-max(need, int(self._arena_size * ARENA_GROWTH), ARENA_MIN, 256) // 4096) * 4096
+        old = self._arena
+        self._arena, self._arena_size = self.ctx.alloc(size), size
+        self._arena_users[self._arena] = 0
+        for key in [k for k, st in self._steps.items() if st.arena != self._arena]:
+            self._retire(self._steps.pop(key))
+        if old and not self._arena_users.get(old):
+            self._arena_users.pop(old, None)
+            self.ctx.free(old)
+
+    def _reap(self) -> None:
+        """Free the retired steps whose replays are done and were read: launched before the launch
+        before this one (the engine reads a step's tokens before it queues the step after next)."""
+        d = self.d
+        keep = []
+        for st in self._retired:
+            done = all(d.cuEventQuery(sl.event)[0] == d.CUresult.CUDA_SUCCESS for sl in st.slots)
+            if done and st.launched < self._launches - 1:
+                self._drop(st)
+            else:
+                keep.append(st)
+        self._retired = keep
 
     def _new_slot(self, step: CudaStep) -> _Slot:
         """Another instance of ``step``'s graph, with its own pinned blocks, mapped into the device's
@@ -299,6 +347,8 @@ class CudaExecutor(Executor):
         step.inputs, step.outputs, step.calls = {}, {}, []
         if not slots:
             return
+        if self._arena_last is step:
+            self._arena_last = None
         d = self.d
         for slot in slots:
             _check(d, "cuEventSynchronize", d.cuEventSynchronize(slot.event))
@@ -309,11 +359,16 @@ class CudaExecutor(Executor):
                     _check(d, "cuMemFreeHost", d.cuMemFreeHost(host))
         for p in step.owned:
             self.ctx.free(p)
+        users = self._arena_users.get(step.arena, 0) - 1
+        self._arena_users[step.arena] = users
+        if users <= 0 and step.arena != self._arena:  # the last step on a replaced arena
+            self._arena_users.pop(step.arena, None)
+            self.ctx.free(step.arena)
 
     # -- replay ---------------------------------------------------------------------------------
     def _live(self, step: CudaStep) -> None:
         if not step.slots:
-            raise PootError("this captured step was released (its executor was rebound or closed): capture the step again")
+            raise PootError("this captured step was released (its executor was rebound or closed, or the steps' shared arena grew): capture the step again")
 
     def replay(self, step: CudaStep, inputs: Mapping[str, np.ndarray]) -> None:
         self.finish(self.launch(step, inputs))
@@ -323,7 +378,11 @@ class CudaExecutor(Executor):
         a slot no queued replay still reads (a second slot is made the first time none is free),
         the graph launched, an event recorded after it. (Every small output is kept: ``fetch``.)"""
         self._live(step)
+        if step.retired:
+            raise PootError("this captured step was replaced (the steps' shared arena grew, or the executor was rebound): capture the step again")
         self.ctx.make_current()
+        if self._retired:
+            self._reap()
         d = self.d
         free = [i for i, sl in enumerate(step.slots) if d.cuEventQuery(sl.event)[0] == d.CUresult.CUDA_SUCCESS]
         if free:
@@ -344,7 +403,9 @@ class CudaExecutor(Executor):
             host[...] = a  # pinned: the graph's first kernel copies every input in at once
         _check(d, "cuGraphLaunch", d.cuGraphLaunch(slot.graph_exec, self.stream))
         _check(d, "cuEventRecord", d.cuEventRecord(slot.event, self.stream))
-        step.last = at
+        step.last, step.launched = at, self._launches
+        self._launches += 1
+        self._arena_last = step
         return step, slot
 
     def finish(self, handle: tuple[CudaStep, _Slot]) -> None:
@@ -432,6 +493,9 @@ class CudaExecutor(Executor):
             host = self._pools[root][1]
             self.ctx.download(self._pools[root][0], host)
             return host
+        if root in step.storage.arena_offsets and self._arena_last is not step:
+            raise PootError(f"output '{name}' of this step is gone: another step has run since in the arena the steps share; "
+                            "read it right after the step's replay")
         out = np.empty(shape, dtype)
         self.ctx.download(ptr, out)
         return out
@@ -439,10 +503,13 @@ class CudaExecutor(Executor):
     def close(self) -> None:
         self.ctx.make_current()
         self.ctx.synchronize()
-        steps, self._steps = list(self._steps.values()), {}
+        steps, self._steps, self._retired = list(self._steps.values()) + self._retired, {}, []
         memory = list(self._weights.values()) + list(self._consts.values()) + list(self._fixed.values()) + [p for p, _ in self._pools.values()]
         self._weights, self._consts, self._fixed, self._pools = {}, {}, {}, {}  # emptied first: a second close frees nothing twice
         for step in steps:
             self._drop(step)
+        if self._arena:  # (those replaced went with their last step)
+            self.ctx.free(self._arena)
+        self._arena, self._arena_size, self._arena_users = 0, 0, {}
         for p in memory:
             self.ctx.free(p)
