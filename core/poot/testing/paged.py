@@ -129,6 +129,12 @@ def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
     GPU's Q4_K schedules, mixed as llama.cpp's Q4_K_M mixes types: the output head and the last
     layer's down projection at Q6_K (the GPU's schedules for other packed types): (graph, oracle
     weights, which gguf's dequantizers give)."""
+    return _traced(wide_q4_k_llama_file(directory, seed))
+
+
+def wide_q4_k_llama_file(directory, seed: int):  # type: ignore[no-untyped-def]
+    """``wide_q4_k_llama``'s GGUF file, written under ``directory`` (a tokenizer of 97 tokens
+    ``t0``..``t96`` in it, so ``poot.load`` takes it): its path."""
     from pathlib import Path
 
     from ..quant import quantization
@@ -158,7 +164,7 @@ def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
             "tokenizer.ggml.scores": [0.0] * vocab, "tokenizer.ggml.token_type": [1] * vocab,
             "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
     Path(directory).mkdir(parents=True, exist_ok=True)
-    return _traced(write_gguf(Path(directory) / "q4_k.gguf", "llama", meta, tensors))
+    return write_gguf(Path(directory) / "q4_k.gguf", "llama", meta, tensors)
 
 
 def row_regimes_against_oracle(executor, graph, weights, rng: np.random.Generator, tie: float = 0.0) -> float:  # type: ignore[no-untyped-def]

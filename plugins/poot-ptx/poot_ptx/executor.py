@@ -16,7 +16,9 @@ Every captured step's intermediate values live in one arena the executor shares 
 run one after another on its stream), so device memory follows the largest step captured, not the
 number of shapes seen. When a step needs more, a larger arena (at least 1.5 times) replaces it:
 the steps captured on the old one are captured again the next time they are asked for, and the old
-one is freed with them once their replays are done and read (two launches later)."""
+one is freed with them once their replays are done and read: at a launch at least two after their
+last (a queued replay's outputs are read before the launch after next, as the engine does; a
+handle read later is refused)."""
 
 from __future__ import annotations
 
@@ -37,7 +39,7 @@ from poot.runtime import get_device
 from poot.runtime.executor import Executor
 from poot.runtime.regions import checked_weight
 
-from .device import _check
+from .device import CudaCallError, _check
 from .runtime import CudaContext, CudaKernel, target_for
 
 __all__ = ["CudaExecutor", "CudaStep", "PROGRAMMATIC_TOKENS"]
@@ -127,7 +129,7 @@ class CudaExecutor(Executor):
         self._retired: list[CudaStep] = []  # replaced (a larger arena, a rebinding): freed once done and read
         self._arena, self._arena_size = 0, 0  # the shared arena every step is captured on now
         self._arena_users: dict[int, int] = {}  # arena address -> steps captured on it and not yet freed
-        self._arena_last: CudaStep | None = None  # the step launched last: its values are the arena's
+        self._arena_last: CudaStep | None = None  # the step whose replay last ran in the arena (None: unknown)
         self._launches = 0
         self._binding = 0
         self._keep: list[np.ndarray] = []
@@ -183,10 +185,12 @@ class CudaExecutor(Executor):
         self.ctx.make_current()
         g = self.plan.graph
         sp = plan_storage(self.plan, env)
-        if sp.arena_bytes > self._arena_size:
+        for name, k in sp.pools.items():
+            if k not in self._pools:
+                raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
+        if sp.arena_bytes > self._arena_size or not self._arena:
             self._grow(sp.arena_bytes)
         arena = self._arena
-        self._arena_users[arena] += 1
         values = {(n.id, v.index): v for n in g.nodes for v in n.outputs}
         owned: list[int] = []
         by_root: dict[Key, int] = dict(self._weights)
@@ -204,9 +208,6 @@ class CudaExecutor(Executor):
         layout = {name: (offsets[name], np.dtype(storage_dtype(values[k].dtype)), tuple(sp.shapes[k])) for name, k in sp.inputs.items()}
         for name, k in sp.inputs.items():
             by_root[k] = dev + offsets[name]
-        for name, k in sp.pools.items():
-            if k not in self._pools:
-                raise PootError(f"pool '{name}' is not bound: bind(weights, pools={{'{name}': ...}}) first")
 
         def address(ref: Key) -> int:
             root = sp.roots[ref]
@@ -247,6 +248,7 @@ class CudaExecutor(Executor):
         step.inputs = {name: (dev + layout[name][0], slot.inputs[name]) for name in layout}
         old = self._steps.get(key)
         self._steps[key] = step
+        self._arena_users[arena] += 1
         if old is not None:  # captured on an older arena, or under weights or pools since rebound
             self._retire(old)
         return step
@@ -259,8 +261,13 @@ class CudaExecutor(Executor):
         """A new shared arena of at least ``need`` bytes (and ``ARENA_GROWTH`` times the last): every
         step captured on the old one is retired, to be captured again when next asked for."""
         size = -(-max(need, int(self._arena_size * ARENA_GROWTH), ARENA_MIN, 256) // 4096) * 4096
+        try:
+            ptr = self.ctx.alloc(size)
+        except CudaCallError:  # (out of memory, most likely) what the step needs, and no more
+            size = -(-max(need, 256) // 4096) * 4096
+            ptr = self.ctx.alloc(size)
         old = self._arena
-        self._arena, self._arena_size = self.ctx.alloc(size), size
+        self._arena, self._arena_size = ptr, size
         self._arena_users[self._arena] = 0
         for key in [k for k, st in self._steps.items() if st.arena != self._arena]:
             self._retire(self._steps.pop(key))
@@ -284,8 +291,9 @@ class CudaExecutor(Executor):
     def _new_slot(self, step: CudaStep) -> _Slot:
         """Another instance of ``step``'s graph, with its own pinned blocks, mapped into the device's
         address space: its first kernel copies the inputs in from one, its last ones write the small
-        outputs into the other (32-bit words; every input and output block is 256-byte aligned, so
-        an output's last word, rounded up, stays inside its allocation)."""
+        outputs into the other (32-bit words, rounded up: the inputs' and read-back blocks are in
+        256-byte units, and an output's value is padded in the arena, so the last word stays inside
+        both)."""
         d = self.d
         _, dev, total = step.staging
         mapped = d.CU_MEMHOSTALLOC_DEVICEMAP
@@ -375,8 +383,10 @@ class CudaExecutor(Executor):
 
     def launch(self, step: CudaStep, inputs: Mapping[str, np.ndarray], keep: tuple[str, ...] = ()) -> tuple[CudaStep, _Slot]:
         """Queue a replay of ``step`` and return at once: its inputs written into the pinned block of
-        a slot no queued replay still reads (a second slot is made the first time none is free),
-        the graph launched, an event recorded after it. (Every small output is kept: ``fetch``.)"""
+        a slot no queued replay still reads and not the one launched last (whose outputs may be
+        unread), so a step's replays alternate between two slots (the second made when first
+        needed); the graph launched, an event recorded after it. (Every small output is kept:
+        ``fetch``.)"""
         self._live(step)
         if step.retired:
             raise PootError("this captured step was replaced (the steps' shared arena grew, or the executor was rebound): capture the step again")
@@ -384,9 +394,11 @@ class CudaExecutor(Executor):
         if self._retired:
             self._reap()
         d = self.d
-        free = [i for i, sl in enumerate(step.slots) if d.cuEventQuery(sl.event)[0] == d.CUresult.CUDA_SUCCESS]
+        # never the slot launched last, even when its replay is done: its outputs may not have been
+        # read yet (the engine queues a step's next replay before reading this one)
+        free = [i for i, sl in enumerate(step.slots) if (i != step.last or step.launched < 0) and d.cuEventQuery(sl.event)[0] == d.CUresult.CUDA_SUCCESS]
         if free:
-            at = step.last if step.last in free else free[0]
+            at = free[0]
         elif len(step.slots) < 2:
             self._new_slot(step)
             at = len(step.slots) - 1
@@ -408,14 +420,23 @@ class CudaExecutor(Executor):
         self._arena_last = step
         return step, slot
 
+    @staticmethod
+    def _held(handle: tuple[CudaStep, _Slot]) -> _Slot:
+        step, slot = handle
+        if not any(sl is slot for sl in step.slots):
+            raise PootError("this replay's step was released (a step is freed at a launch two or more after its last once replaced): "
+                            "read a queued replay before the launch after next")
+        return slot
+
     def finish(self, handle: tuple[CudaStep, _Slot]) -> None:
         """Wait until the replay ``launch`` returned ``handle`` for is done."""
-        _check(self.d, "cuEventSynchronize", self.d.cuEventSynchronize(handle[1].event))
+        _check(self.d, "cuEventSynchronize", self.d.cuEventSynchronize(self._held(handle).event))
 
     def fetch(self, handle: tuple[CudaStep, _Slot], name: str) -> np.ndarray:
-        """An output of the replay ``handle`` names (after ``finish``), as that replay copied it back
-        (a replay queued after it does not touch it): the small ones (``READBACK_BYTES``)."""
-        step, slot = handle
+        """An output of the replay ``handle`` names (after ``finish``), as that replay wrote it back:
+        the small ones (``READBACK_BYTES``). The next launch does not touch it; the one after may
+        (the step's slot taken again, or the step freed once replaced), so read it before that."""
+        slot = self._held(handle)
         if name not in slot.readback:
             raise PootError(f"output '{name}' of a queued replay is not kept: it is larger than {READBACK_BYTES} bytes (read it after a replay)")
         return slot.readback[name].copy()
@@ -456,6 +477,7 @@ class CudaExecutor(Executor):
         start-up. Left-out launches write nothing, so this graph's results are not the step's."""
         self._live(step)
         self.ctx.make_current()
+        self._arena_last = None  # (its launches overwrite the arena's values)
         d = self.d
         _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:

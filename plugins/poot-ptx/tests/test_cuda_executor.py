@@ -1,7 +1,7 @@
-"""The CUDA executor's shared arena: every captured step's intermediate values in one allocation,
-replaced by a larger one when a step needs more, with the steps on the old one captured again and
-the old one freed once they are done. Skipped where no NVIDIA GPU is present; scripts/gpu-check runs
-it on one."""
+"""The CUDA executor's bookkeeping: the shared arena (every captured step's intermediate values in
+one allocation, replaced by a larger one when a step needs more, the steps on the old one captured
+again and the old one freed once they are done), and queued replays of one step that each keep their
+own outputs. Skipped where no NVIDIA GPU is present; scripts/gpu-check runs it on one."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from poot.errors import DeviceUnavailable, PootError
 from poot.eval.model import PagedOracle
 from poot.plan import compile_plan
 from poot.runtime import get_device
-from poot.testing.paged import PagedSequences, _step_against_oracle, synthetic_graph
+from poot.testing.paged import PagedSequences, _step_against_oracle, synthetic_graph, wide_q4_k_llama_file
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +74,46 @@ def test_steps_share_one_arena_and_a_larger_one_replaces_it(cuda, tmp_path, rng,
     finally:
         ex.close()
     assert not ex._arena_users and not ex._retired
+
+
+def test_a_queued_step_keeps_its_tokens_when_the_gpu_is_ahead_of_the_host(cuda, tmp_path):
+    """A model so small (two layers, 256 wide) that its step's graph is done before the engine queues
+    the next: the engine queues step N+1, then reads step N's tokens, which must be N's own and not
+    those the next replay of the same captured step writes back. Three greedy sequences give the
+    same tokens with steps queued ahead as one step at a time, and the case where they could be lost
+    (a step launched again after its last replay was done, before that one was read) is checked to
+    have happened."""
+    import poot
+    from poot.llm.params import SamplingParams
+
+    m = poot.load(str(wide_q4_k_llama_file(tmp_path, 11)), "cuda:0", max_seqs=4, max_context=128, progress=False)
+    ex = next(iter(m._executors.values()))
+    d, launch, done_before = ex.d, ex.launch, []
+
+    def watched(step, inputs, *a, **kw):  # type: ignore[no-untyped-def]
+        if step.launched >= 0:
+            done_before.append(d.cuEventQuery(step.slots[step.last].event)[0] == d.CUresult.CUDA_SUCCESS)
+        return launch(step, inputs, *a, **kw)
+
+    ex.launch = watched
+    eng = m.engine
+
+    def run(lookahead: bool) -> list[list[int]]:
+        eng.lookahead = lookahead
+        ids = [eng.add([5, 6, 7, 8, 9][: 2 + i], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)) for i in range(3)]
+        out: dict[int, list[int]] = {}
+        while eng.has_work():
+            for ev in eng.step():
+                if ev.token is not None:
+                    out.setdefault(ev.seq_id, []).append(ev.token)
+        return [out[i] for i in ids]
+
+    try:
+        one = run(False)
+        done_before.clear()
+        queued = run(True)
+    finally:
+        m.close()
+    assert all(len(t) == 40 for t in one), [len(t) for t in one]
+    assert queued == one
+    assert sum(done_before) >= 5, done_before  # the GPU was ahead: the step's last replay done before the next was queued
