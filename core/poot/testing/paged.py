@@ -9,7 +9,7 @@ import numpy as np
 
 from ..eval.model import StepBatch
 
-__all__ = ["PagedSequences", "two_sequences_against_oracle"]
+__all__ = ["PagedSequences", "step_against_oracle", "two_sequences_against_oracle"]
 
 
 class PagedSequences:
@@ -57,7 +57,7 @@ class PagedSequences:
         return StepBatch(np.array(tokens), np.array(positions), np.array(seq_ids), np.array(slots), np.array(self.lengths), tables, np.array(rows))
 
 
-def _step_against_oracle(executor, oracle, batch: StepBatch, pools, weights, step: int, tie: float = 0.0) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
+def step_against_oracle(executor, oracle, batch: StepBatch, pools, weights, step: int, tie: float = 0.0) -> tuple[np.ndarray, float]:  # type: ignore[no-untyped-def]
     """One step on ``executor`` and on the paged oracle: the oracle's logits and the largest |logit
     difference|, after checking the executor's logits are finite and pick the oracle's argmax (in
     rows whose top two logits are more than ``tie`` apart in the oracle's)."""
@@ -87,7 +87,7 @@ def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Genera
     worst = 0.0
     for step in range(steps):
         batch = pages.step(chunks, all_logits=step == 0, width=8)
-        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
+        want, diff = step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
         worst = max(worst, diff)
         rows = batch.seq_ids[batch.logit_rows]
         chunks = [[int(want[np.nonzero(rows == s)[0][-1]].argmax())] for s in range(2)]
@@ -191,7 +191,7 @@ def row_regime_errors(executor, graph, weights, rng: np.random.Generator, tie: f
         chunks = [prompts, [[t] for t in last], [rng.integers(0, 97, 20).tolist(), [], []], [[], [], rng.integers(0, 97, 40).tolist()],
                   [[], rng.integers(0, 97, 9).tolist(), []], [[last[0]], [], []]][step]
         batch = pages.step(chunks, all_logits=step == 0, width=32)
-        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
+        want, diff = step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
         errors.append((sum(len(c) for c in chunks), diff))
         rows = batch.seq_ids[batch.logit_rows]
         last = [int(want[np.nonzero(rows == s)[0][-1]].argmax()) if (rows == s).any() else last[s] for s in range(3)]
@@ -231,7 +231,7 @@ def long_context_against_oracle(executor, graph, weights, rng: np.random.Generat
     worst, names = 0.0, []
     for step in range(3):
         batch = pages.step(chunks, width=-(-(context + 4) // 4))
-        want, diff = _step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
+        want, diff = step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
         worst = max(worst, diff)
         names = executor.capture(step_env(executor.plan, {**batch.as_inputs(), **pools})).names
         chunks = [[int(want[-1].argmax())]]

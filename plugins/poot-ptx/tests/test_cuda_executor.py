@@ -8,19 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from poot.errors import DeviceUnavailable, PootError
+from poot.errors import PootError
 from poot.eval.model import PagedOracle
 from poot.plan import compile_plan
-from poot.runtime import get_device
-from poot.testing.paged import PagedSequences, _step_against_oracle, synthetic_graph, wide_q4_k_llama_file
+from poot.testing.fixtures import device_or_skip
+from poot.testing.paged import PagedSequences, step_against_oracle, synthetic_graph, wide_q4_k_llama_file
 
 
 @pytest.fixture(scope="module")
 def cuda():
-    try:
-        return get_device("cuda:0")
-    except DeviceUnavailable as e:
-        pytest.skip(f"no CUDA device here: {e}")
+    return device_or_skip("cuda:0")
 
 
 def test_steps_share_one_arena_and_a_larger_one_replaces_it(cuda, tmp_path, rng, monkeypatch):
@@ -45,7 +42,7 @@ def test_steps_share_one_arena_and_a_larger_one_replaces_it(cuda, tmp_path, rng,
             """One step against the oracle; each sequence's greedy next token."""
             nonlocal worst
             batch = pages.step(chunks, width=32)
-            want, diff = _step_against_oracle(ex, oracle, batch, pools, w, step)
+            want, diff = step_against_oracle(ex, oracle, batch, pools, w, step)
             worst = max(worst, diff)
             rows = batch.seq_ids[batch.logit_rows]
             return [[int(want[np.nonzero(rows == s)[0][-1]].argmax())] for s in range(2)]
