@@ -337,39 +337,84 @@ def test_the_planned_one_row_gemv_shapes_give_the_plain_kernels_sums(rng, k, n, 
 
 
 @gpu_only
-@pytest.mark.parametrize("k,n,unit_offset,shape", [(4096, 4096, False, {"min_groups": 2}), (256 * 56, 2048, True, {"pipelined": True, "min_groups": 2})])
-def test_a_gemv_whose_last_workgroup_adds_the_residual_and_normalizes_the_row(rng, k, n, unit_offset, shape):
-    """``gemv_warp(..., then_norm=n)``: y bit for bit the plain kernel's; the last workgroup of each
-    row to finish writes h = res + y exactly, the RMSNorm of h close to ``rms_norm_q8``'s on the
-    same inputs (its sum of squares is added in another order) and that output's two int8 terms
-    (``check_q8x2``), every word written; the count of workgroups is left zero, so a second launch
-    does it all again."""
-    from poot.kernel.library.norms_gpu import rms_norm_q8
-
-    rows = 3
+@pytest.mark.parametrize("k,n,warps,unit_offset,shape", [(4096, 256, 32, False, {"min_groups": 1}),
+                                                         (256 * 56, 160, 16, True, {"pipelined": True, "min_groups": 2})])
+def test_a_gemv_that_adds_the_residual_quantizes_the_next_norms_input(rng, k, n, warps, unit_offset, shape):
+    """``gemv_warp(..., q8=True, norm_next=True)`` (the RMSNorm after the product folded into it):
+    y = res + the plain kernel's y, bit for bit; y * nw (Gemma's 1 + nw) quantized as
+    ``quantize_q8x2`` writes it (``check_q8x2``); ``ss`` each workgroup's sum of y^2 over its 32
+    features (within the order of 32 additions); every word written, in rows after the first too."""
+    rows = 2
     x = rng.standard_normal((rows, k)).astype(np.float32)
     w = np.ascontiguousarray(quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))).view(np.int32)
     xs = _x_for(x, True)
     res, nw = (rng.standard_normal((rows, n)) * 3).astype(np.float32), rng.standard_normal(n).astype(np.float32)
-    kern = gemv_warp("q4_k", k, 1, staged=True, then_norm=n, unit_offset=unit_offset, **shape)
-    grid = (n // (kern.threads // 32), rows)
-    done = np.zeros(rows, np.int32)
-    for _ in range(2):
-        y, h, yn = poisoned((rows, n)), poisoned((rows, n)), poisoned((rows, n))
-        nq, nr, nds = poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 16,))
-        run_host(kern, grid, {**xs, "w": w, "y": y, "res": res, "nw": nw, "h": h, "yn": yn, "nq": nq, "nr": nr, "nds": nds, "done": done},
-                 {"m": rows, "n": n, "eps": 1e-5})
-        want = poisoned((rows, n))
-        run_host(gemv_warp("q4_k", k, 1, staged=True), grid, {**xs, "w": w, "y": want}, {"m": rows, "n": n})
-        np.testing.assert_array_equal(y, want)
-        np.testing.assert_array_equal(h, res + y)
-        wh, wyn = poisoned((rows, n)), poisoned((rows, n))
-        wq, wr, wds = poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 16,))
-        run_host(rms_norm_q8(n, True, unit_offset, 32), (rows,), {"a": res, "b": y, "w": nw, "h": wh, "y": wyn, "xq": wq, "xr": wr, "xds": wds}, {"eps": 1e-5})
-        np.testing.assert_allclose(yn, wyn, rtol=1e-5, atol=1e-6)
-        assert np.isfinite(nds).all() and (nq != np.iinfo(np.int32).min).all() and (nr != np.iinfo(np.int32).min).all(), "a word was never written"
-        check_q8x2(yn, nq, nr, nds)
-        assert (done == 0).all(), f"the count of workgroups done was left at {done}"
+    kern = gemv_warp("q4_k", k, 1, warps, per_warp=32 // warps, staged=True, q8=True, norm_next=True, unit_offset=unit_offset, **shape)
+    grid = (n // 32, rows)
+    y, ss = poisoned((rows, n)), poisoned((rows, n // 32))
+    yq, yr, yds = poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 16,))
+    run_host(kern, grid, {**xs, "w": w, "y": y, "yq": yq, "yr": yr, "yds": yds, "res": res, "nw": nw, "ss": ss}, {"m": rows, "n": n})
+    want = poisoned((rows, n))
+    run_host(gemv_warp("q4_k", k, 1, staged=True), (n // 16, rows), {**xs, "w": w, "y": want}, {"m": rows, "n": n})
+    np.testing.assert_array_equal(y, res + want)
+    assert np.isfinite(yds).all() and (yq != np.iinfo(np.int32).min).all() and (yr != np.iinfo(np.int32).min).all(), "a word was never written"
+    check_q8x2(y * ((1 + nw) if unit_offset else nw), yq, yr, yds)
+    sq = (y.astype(np.float64) ** 2).reshape(rows, n // 32, 32).sum(axis=2)
+    np.testing.assert_allclose(ss, sq, rtol=32 * 2.0**-23)
+
+
+@gpu_only
+@pytest.mark.parametrize("k,kind", [(4096, "one"), (4096, "parts"), (256 * 7, "glu"), (4096, "glu_q8"), (256 * 7, "xglobal")])
+def test_a_gemv_scales_its_sums_by_the_norm_of_x_from_partial_sums(rng, k, kind):
+    """``gemv_warp(..., rms_in=G)``: x is the norm's input times its weights, quantized (what a
+    ``norm_next`` product writes), and ``ss`` the row's G partial sums of squares; the sums are
+    the plain kernel's scaled by rsqrt(sum(ss) / K + eps) (before silu for a gated pair: against
+    the two plain products, so the scaled sums must be right), in rows after the first too; G of
+    128 and of 56 (not a multiple of the warp's 32 lanes)."""
+    rows, n, eps = 2, 96, 1e-5
+    groups = k // 32
+    x = rng.standard_normal((rows, k)).astype(np.float32)
+    ss = (rng.random((rows, groups)) * 40 + 1).astype(np.float32)
+    scale = (1 / np.sqrt(ss.astype(np.float64).sum(axis=1) / k + eps))[:, None]
+    raw = lambda: np.ascontiguousarray(quantization("q4_k").quantize(rng.standard_normal((n, k)).astype(np.float32))).view(np.int32)  # noqa: E731
+    staged = kind != "xglobal"
+    xs = _x_for(x, True)
+    if not staged:
+        xs = {"xq": xs["xq_in"], "xr": xs["xr_in"], "xds": xs["xds_in"]}
+    plain = lambda w, y: run_host(gemv_warp("q4_k", k, 1, staged=staged, xglobal=not staged), (n // 16, rows), {**xs, "w": w, "y": y}, {"m": rows, "n": n})  # noqa: E731
+    got = poisoned((rows, n))
+    if kind in ("one", "xglobal"):
+        w, want = raw(), poisoned((rows, n))
+        plain(w, want)
+        run_host(gemv_warp("q4_k", k, 1, staged=staged, xglobal=not staged, rms_in=groups), (n // 16, rows), {**xs, "ss": ss, "w": w, "y": got},
+                 {"m": rows, "n": n, "eps": eps})
+        np.testing.assert_allclose(got, want * scale, rtol=2e-6, atol=1e-6 * np.abs(want).max())
+    elif kind == "parts":
+        ws, wants = [raw() for _ in range(3)], [poisoned((rows, n)) for _ in range(3)]
+        for w, want in zip(ws, wants):
+            plain(w, want)
+        gots = [poisoned((rows, n)) for _ in range(3)]
+        run_host(gemv_warp("q4_k", k, 1, parts=(n, n, n), staged=True, rms_in=groups), (3 * n // 16, rows),
+                 {**xs, "ss": ss, **{f"w{i}": w for i, w in enumerate(ws)}, **{f"y{i}": g for i, g in enumerate(gots)}}, {"m": rows, "n": 3 * n, "eps": eps})
+        for g, want in zip(gots, wants):
+            np.testing.assert_allclose(g, want * scale, rtol=2e-6, atol=1e-6 * np.abs(want).max())
+        got = np.concatenate(gots)
+    else:
+        wg, wu, yg, yu = raw(), raw(), poisoned((rows, n)), poisoned((rows, n))
+        plain(wg, yg)
+        plain(wu, yu)
+        g, u = yg * scale, yu * scale
+        want = g / (1 + np.exp(-g)) * u
+        bufs, extra, grid = {**xs, "ss": ss, "wg": wg, "wu": wu, "y": got}, {}, (n // 16, rows)
+        if kind == "glu_q8":
+            yq, yr, yds = poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 4,), np.int32), poisoned((rows * n // 16,))
+            extra, grid = {"per_warp": 4, "q8": True}, (n // 32, rows)
+            bufs.update(yq=yq, yr=yr, yds=yds)
+        run_host(gemv_warp("q4_k", k, 1, 8 if extra else None, glu=True, staged=True, rms_in=groups, **extra), grid, bufs, {"m": rows, "n": n, "eps": eps})
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
+        if extra:
+            check_q8x2(got, yq, yr, yds)
+    assert np.isfinite(got).all(), "a feature was never written"
 
 
 @gpu_only

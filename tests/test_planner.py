@@ -472,3 +472,40 @@ def test_reads_before_the_wait_for_the_launch_before_name_only_memory_no_launch_
     decode.kernel = dataclasses.replace(bad, body=(*body[:at], K.Store("out", K.Const(0, dt.i32), K.Const(0.0, dt.f32)), *body[at:]))
     with pytest.raises(Refusal, match="touches out before"):
         _check_waits(plan)
+
+
+def test_the_norm_between_two_one_row_q4_k_products_is_folded_into_both(tmp_path, monkeypatch):
+    """``norm_fold`` (built, not planned: ``FOLD_NORMS``), Hopper, one row: an RMSNorm whose input is
+    a one-row Q4_K product plus the residual and whose output only one-row Q4_K products read has no
+    launch. The product before it adds the residual into the norm's sum, writes its input quantized
+    with the norm's weights applied and each workgroup's sum of squares (32 warps, a block of 32
+    features a workgroup); the products after it read those partial sums and the norm's epsilon.
+    More rows, and a GPU without the staged GEMVs, keep the norm; so does the plan by default."""
+    from poot.plan import lower
+    from poot.plan.norm_fold import FOLD_WARPS
+    from poot.testing.paged import wide_q4_k_llama
+
+    g, _ = wide_q4_k_llama(tmp_path, 1)
+    hopper = Limits(1024, 48 * 1024, frozenset({"f32", "f16", "bf16", "i8", "i32"}), 32, frozenset({"mma.sync.bf16", "wgmma"}), 1 << 40, "high", 227 * 1024)
+    folds = lambda ls: [l.label for l in ls if l.label.endswith("+add_rms_norm") or l.label.endswith("+rms")]  # noqa: E731
+    assert not folds(plan_graph(g, device="cuda:0", gpu=True, limits=hopper).launches)
+    monkeypatch.setattr(lower, "FOLD_NORMS", True)
+    plan = plan_graph(g, device="cuda:0", gpu=True, limits=hopper)
+    env = {"tokens": 1, "batch": 1, "max_blocks": 4, "rows": 1, "blocks": 16}
+    step = [l for l in plan.launches if l.when is None or l.when(env)]
+    assert [l.label for l in step if "rms_norm" in l.label] == ["rms_norm+quantize_x", "matmul+add_rms_norm", "matmul+add_rms_norm",
+                                                               "matmul+add_rms_norm", "add_rms_norm"]  # o, down, o; then the final norm
+    folded = [l for l in step if l.label == "matmul+add_rms_norm"]
+    for prod in folded:
+        assert prod.kernel.name.endswith("_norm") and prod.kernel.threads == 32 * FOLD_WARPS and prod.grid(env) == (256 // 32, 1)
+        users = [l for l in step if l.buffers.get("ss") == prod.buffers["ss"] and l is not prod]
+        assert users and all(l.label.endswith("+rms") and l.kernel.name.endswith("_rms8") and l.buffers["xq_in"] == prod.buffers["yq"] for l in users)
+        assert all(l.scalars(env)["eps"] == pytest.approx(1e-5) for l in users)
+        later = step[step.index(prod) + 1:]  # what the product writes for the next residual add is read after it
+        assert any(l.buffers.get("res") == prod.buffers["y"] or l.buffers.get("a") == prod.buffers["y"] for l in later)
+    assert not [l for l in step if "+rms" in l.label and l.buffers["ss"] not in {p.buffers["ss"] for p in folded}]
+    two = [l for l in plan.launches if l.when is None or l.when({**env, "tokens": 2, "batch": 2, "rows": 2})]
+    assert not folds(two)
+    assert sum(l.label == "add_rms_norm" for l in two) == 4
+    ampere = Limits(1024, 48 * 1024, frozenset({"f32", "f16", "bf16", "i8", "i32"}), 32, frozenset({"mma.sync.bf16"}), 1 << 40, "high")
+    assert not folds(plan_graph(g, device="cuda:0", gpu=True, limits=ampere).launches)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -86,11 +87,11 @@ def glu_launches(glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = N
     launches = []
     for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits):
         xs, pre = _x_once(glu.gate, x, kk, mr, rows, between(lo, hi, rows), limits, qx)
-        kern = linear_gpu.gemv_warp(wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs))
-        launches += [*pre, Launch(glu.gate, kern, _reading(bufs, xs), lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc,
-                                  between(lo, hi, rows), label="gated_mlp")]
-        if quantizing is not None and xs and mr == 1 and nn % 32 == 0:  # the down projection's x quantized here
-            q8 = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, GLU_Q8_WARPS, glu=True, wide=_wide(1, limits), staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True)
+        make = partial(linear_gpu.gemv_warp, wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs))
+        launches += [*pre, Launch(glu.gate, make(), _reading(bufs, xs), lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc,
+                                  between(lo, hi, rows), label="gated_mlp", variant=make)]
+        if quantizing is not None and xs and mr == 1 and nn % 32 == 0:  # the down projection's x quantized here (the kernel's maker)
+            q8 = partial(linear_gpu.gemv_warp, wg.dtype.name, kk, 1, GLU_Q8_WARPS, glu=True, wide=_wide(1, limits), staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True)
             quantizing[_key(out)] = (launches[-1], q8, lambda env: (nn // 32, rows(env)))
     return launches
 
@@ -129,9 +130,9 @@ def siblings_launches(ns: list[Node], limits: Limits, qx: QuantizedX | None = No
     launches = []
     for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits):
         xs, pre = _x_once(ns[0], x, kk, mr, rows, between(lo, hi, rows), limits, qx)
-        kern = linear_gpu.gemv_warp(w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), staged=bool(xs), min_groups=PARTS_ONE_ROW_GROUPS if xs else 0)
-        launches += [*pre, Launch(ns[0], kern, _reading(bufs, xs), lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
-                                  lambda env: {"m": rows(env), "n": total}, between(lo, hi, rows), label=f"{len(ns)} matmuls")]
+        make = partial(linear_gpu.gemv_warp, w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), staged=bool(xs), min_groups=PARTS_ONE_ROW_GROUPS if xs else 0)
+        launches += [*pre, Launch(ns[0], make(), _reading(bufs, xs), lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
+                                  lambda env: {"m": rows(env), "n": total}, between(lo, hi, rows), label=f"{len(ns)} matmuls", variant=make)]
     return launches
 
 

@@ -5,6 +5,7 @@ symbol values, so one plan serves every token count and context length."""
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ from .common import Limits
 from .attention import attention_launches_host, attention_launches_gpu, pool_type
 from .fused_gemv import find_glus, find_siblings, glu_launches, glu_split_launches, siblings_launches
 from .matmul import QuantizedX, SplitX, between, matmul_gpu, matmul_host
+from .norm_fold import FOLD_NORMS, fold_norms
 from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
                      virtual_views)
 from .memory import stored_nbytes
@@ -490,17 +492,19 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         else:
             raise Refusal(n.op, "host", "the planner has no kernel for this op yet")
     _quantize_in_producers(plan, quantizing)
+    if gpu and FOLD_NORMS:
+        fold_norms(plan)
     return plan
 
 
-def _norm_q8(r: RmsNorm, add: Node | None, limits: Limits) -> K.Kernel | None:
-    """The RMSNorm kernel that also writes its output quantized for the dp4a GEMVs
+def _norm_q8(r: RmsNorm, add: Node | None, limits: Limits) -> Callable[[], K.Kernel] | None:
+    """The maker of the RMSNorm kernel that also writes its output quantized for the dp4a GEMVs
     (``norms_gpu.rms_norm_q8``), where it has one: f32 weights, rows of whole 256-value blocks,
     subgroups of 8+ lanes."""
     cols = r.x.shape[-1].value
     if limits.subgroup not in (8, 16, 32, 64) or r.weight.dtype != dt.f32 or cols % 256:
         return None
-    return norms_gpu.rms_norm_q8(cols, add is not None, r.unit_offset, limits.subgroup)
+    return partial(norms_gpu.rms_norm_q8, cols, add=add is not None, unit_offset=r.unit_offset, subgroup=limits.subgroup)
 
 
 def _both(a: Callable[[Env], bool] | None, b: Callable[[Env], bool], doc: str) -> When:
@@ -521,12 +525,14 @@ def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.
         if found is None:
             continue
         prod, kern, grid = found
+        make = kern if isinstance(kern, partial) else None  # a kernel's maker (``Launch.variant``), or the kernel
+        kern = make() if make is not None else kern
         wp, wq = prod.when, q.when
         dp, dq = getattr(wp, "doc", "always"), getattr(wq, "doc", "always")
         names = ("yq", "yr", "yds") if kern.param("yq") is not None else ("xq", "xr", "xds")
         fused = Launch(prod.node, kern, {**prod.buffers, **{nm: q.buffers[b] for nm, b in zip(names, ("xq", "xr", "xds"))}}, grid or prod.grid,
                        _scalars_for(kern, prod.scalars), None if wp is None and wq is None else _both(wp, wq or (lambda env: True), f"{dp}, {dq}"),
-                       label=f"{prod.label or prod.node.op}+quantize_x")
+                       label=f"{prod.label or prod.node.op}+quantize_x", variant=make)
         at = plan.launches.index(prod)
         if wq is None:
             plan.launches[at] = fused

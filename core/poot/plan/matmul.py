@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -410,10 +411,11 @@ def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None, qx: Q
     for mr, lo, hi in few:
         xs, pre = _x_once(n, x, kk, mr, rows, between(lo, hi, rows), limits, qx)
         shape = _one_row_shape(xs, kk, nn)
-        k = linear_gpu.gemv_warp(w.dtype.name, kk, mr, shared_sums=shared_sums, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs), **shape)
+        make = partial(linear_gpu.gemv_warp, w.dtype.name, kk, mr, shared_sums=shared_sums, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs), **shape)
+        k = make()
         out += pre
         f = k.threads // 32 * shape.get("per_warp", 1)  # features a workgroup
-        out.append(Launch(n, k, _reading(bufs, xs), lambda env, mr=mr, f=f: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows)))
+        out.append(Launch(n, k, _reading(bufs, xs), lambda env, mr=mr, f=f: (-(-nn // f), -(-rows(env) // mr)), sc, between(lo, hi, rows), variant=make))
     if _on_tensor_cores(n, limits) and (w.dtype == dt.bf16 or split is not None):
         out += _tensor_core_launches(n, limits, split)
     elif w.dtype == dt.bf16 and _simt_step(kk, limits):  # register tiles on CUDA cores, bf16 read as words

@@ -54,6 +54,7 @@ class Launch:
     scalars: Callable[[Env], dict[str, float | int]]
     when: Callable[[Env], bool] | None = None  # a schedule for some shapes only: exactly one of a node's launches runs
     label: str = ""  # what the launch computes when it is more than its node's op (a recognised pattern)
+    variant: Callable[..., K.Kernel] | None = None  # the call that made ``kernel``: a later pass may make it with more options
 
 
 def _name(graph_names: Mapping[tuple[int, int], str], key: tuple[int, int], v_type: object) -> str:

@@ -20,7 +20,6 @@ from functools import lru_cache
 from .. import ir as K
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _c, _f, _fma, _hi16, _lo16, _mul, _r, _silu_mul
-from .norms_gpu import rms_norm_q8_body
 from .gemv_packed import gemv_warp_packed, gemv_warp_q6_k
 from .q8x import Q8_SPLIT, Q8_THREADS, _quantize_x_q8, _stage_x_q8, q8_quantize_lane, q8_shared_words, quantize_q8x2
 
@@ -271,7 +270,7 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
 def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
               shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False,
               staged: bool = False, early: bool = False, q8: bool = False, ahead: bool = False, min_groups: int = 0,
-              pipelined: bool = False, then_norm: int = 0, unit_offset: bool = False, copied: int = 0) -> K.Kernel:
+              pipelined: bool = False, norm_next: bool = False, unit_offset: bool = False, copied: int = 0, rms_in: int = 0) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. With ``xglobal`` (Q4_K) x comes already quantized, by
@@ -316,14 +315,18 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     down 1.692 ms against 1.675, the gated MLP's 1.841; each lane copying only its own words
     instead, 16 bytes at a 32-byte stride a copy, so each 32-byte sector fetched twice past the L1:
     1.76-1.79, the gated MLP's then at 72 registers. Not planned.)
-    With ``then_norm`` (one row of x, one product, Q4_K; y's rows ``then_norm`` = n wide, a
-    multiple of four values a thread): the residual add and RMSNorm that read y, done by the last
-    workgroup of each row to finish (a count in ``done``, zero before the launch and left zero):
-    ``h = res + y``, ``yn = rms_norm(h) * nw`` (``unit_offset``: ``* (1 + nw)``), and yn quantized
-    into ``nq``, ``nr``, ``nds`` (``norms_gpu.rms_norm_q8``'s work by this workgroup's threads: its
-    sum of squares added in another order): the norm's launch, and its wait for this one, saved. (Measured slower in the step, H200, Llama-3-8B Q4_K
-    batch 1, the o and down projections taking the layer's two norms: the graph 1.679 -> 1.705 ms;
-    the last workgroup's norm costs more than the launch it saves. Not planned.)
+    With ``norm_next`` (with ``q8``, one product: the RMSNorm after the product folded into it and
+    into the products after): y = ``res`` + x w^T (the residual add), what is quantized into ``yq``,
+    ``yr``, ``yds`` is y * ``nw`` (``unit_offset``: * (1 + ``nw``)), the norm's weights applied but
+    not its scale, and each workgroup's sum of y^2 over its 32 features goes to ``ss[m0, group]``
+    (the row's ``n / 32`` partial sums of squares). With ``rms_in`` (one row of x; staged or
+    ``xglobal``) x is such an output and ``ss`` holds its row's ``rms_in`` partial sums: each warp
+    adds them in one order and scales its sums by rsqrt(sum / K + ``eps``) before the epilogue
+    (for ``glu``, before silu): the norm's own launch, and its place on the step's path, saved
+    (q8's int8 terms, d and block sums are scale-free: x's quantization is the norm's output's, up
+    to rounding). (``plan.norm_fold`` plans both; measured slower in the step, H200, Llama-3-8B
+    Q4_K batch 1: 1.797 ms against 1.674, though the producers' half alone gained, 1.615 against
+    1.664: not planned.)
     With ``q8`` (one row of x, one product or a gated pair, ``warps * per_warp`` = 32: a workgroup's
     features are one block of 32 consecutive values of y; n a multiple of 32) y is also written
     quantized for the dp4a GEMVs that read it (``yq``, ``yr``, ``yds``, laid out as ``quantize_q8x2``
@@ -399,12 +402,27 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             body += [K.Let("j0", K.Bin("min", first, _b("sub", _r("n"), 1))),
                      *_q4_k_weight_loads(ws, k, unroll, wide, _c(0), _r("j0"), "_e"),
                      *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide))]
+    if norm_next and (qtype != "q4_k" or mr != 1 or not q8 or parts or glu):
+        raise ValueError("gemv_warp: the norm after the product (norm_next) is folded into Q4_K products of one row of x, one product, with q8")
+    if rms_in and (qtype != "q4_k" or mr != 1 or not (staged or xglobal) or shared_sums):
+        raise ValueError("gemv_warp: x's norm scale from partial sums (rms_in) is built for Q4_K, one row of x quantized once, summing by subgroups")
+    asks: list[K.Stmt] = []  # the partial sums asked for first (before x's loads), added after them
+    scale: list[K.Stmt] = []
+    if rms_in:  # every warp adds the row's partial sums of squares in the same order
+        total: K.Expr = _f(0.0)
+        for u in range(-(-rms_in // 32)):
+            idx = _add(_r("lane"), 32 * u)
+            asks.append(K.Let(f"rp{u}", K.Load("ss", _add(_mul(_r("m0"), rms_in), K.Bin("min", idx, _c(rms_in - 1))), F32)))
+            total = K.Bin("add", total, _r(f"rp{u}", F32) if 32 * (u + 1) <= rms_in else K.Select(K.Bin("lt", idx, _c(rms_in)), _r(f"rp{u}", F32), _f(0.0)))
+        scale.append(K.Let("rscale", K.Un("rsqrt", K.Bin("add", K.Bin("div", K.SubgroupReduce("add", total), _f(float(k))), _r("eps", F32)))))
     if qtype == "q4_k" and not xglobal:
-        body += _stage_x_q8(k, mr, threads, wide) if staged else _quantize_x_q8(k, mr, threads, wide)
+        staging = _stage_x_q8(k, mr, threads, wide) if staged else _quantize_x_q8(k, mr, threads, wide)
+        body += [*asks, *staging[:-1], *scale, staging[-1]]  # the partial sums asked for with x, added before its barrier
         shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
     else:
         for r in range(mr):
             body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
+        body += asks + scale
     if copied:  # every thread's copies in, then a barrier shows them to all (x's own last barrier, moved after the wait; a new one for xglobal)
         last = body.pop() if isinstance(body[-1], K.Barrier) else K.Barrier()
         body += [K.CopyAsyncSync("wait"), last]
@@ -450,12 +468,15 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
                 out.append(K.Let(f"{wb}s{r}", K.Load("sums", _add(i * threads, tid), F32)))
         else:
             for r, wb in sums:
-                out.append(K.Let(f"{wb}s{r}", K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))))
+                total: K.Expr = K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))
+                out.append(K.Let(f"{wb}s{r}", K.Bin("mul", total, _r("rscale", F32)) if rms_in else total))
         for r in range(mr):
             val = _silu_mul(_r(f"wgs{r}", F32), _r(f"wus{r}", F32)) if glu else _r(f"{weights[0]}s{r}", F32)
             cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))
             if shared_sums:
                 cond = K.Bin("and", cond, K.Bin("lt", _r("jf"), _r("n")))
+            if norm_next:  # the residual add
+                val = K.Bin("add", K.Load("res", _add(_mul(_add(_r("m0"), r), width), _r("j")), F32), val)
             if q8:  # the workgroup's block of y meets in workgroup memory
                 out += [K.Let("yv", val), K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("yb", _b("sub", _r("j"), _mul(K.Builtin("group_id", 0), 32)), _r("yv", F32)),))]
                 val = _r("yv", F32)
@@ -499,35 +520,29 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         body += [K.Let("jf", _r("jg")), *feature]
     else:
         body.append(K.For("fi", _c(0), _c(per_warp), (K.Let("jf", _add(_mul(_r("jg"), per_warp), _r("fi"))), *feature)))
-    if then_norm and (qtype != "q4_k" or mr != 1 or parts or glu or q8 or shared_sums or then_norm % (4 * threads)):
-        raise ValueError(f"gemv_warp: a norm after the product needs Q4_K, one row of x, one product and rows of a multiple of {4 * threads} values")
-    if then_norm:  # every thread's writes fenced, a count of the row's workgroups done; the last one normalizes the row
-        tid = K.Builtin("thread_id", 0)
-        names = {"a": "res", "b": "y", "w": "nw", "h": "h", "y": "yn", "xq": "nq", "xr": "nr", "xds": "nds", "eps": "eps"}
-        first, rest, norm_shared = rms_norm_q8_body(then_norm, threads, True, unit_offset, 32, K.Builtin("group_id", 1), "n_", names)
-        row = K.Builtin("group_id", 1)
-        last = K.Select(K.Bin("eq", _r("done_before"), _b("sub", K.Builtin("num_groups", 0), 1)), _c(1), _c(0))
-        body += [K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Fence(),)), K.Barrier(),  # (lane 0s wrote y)
-                 K.If(K.Bin("eq", tid, _c(0)), (K.AtomicAdd("done", row, _c(1), old="done_before"), K.Store("last", _c(0), last))),
-                 K.Barrier(), K.Let("is_last", K.Load("last", _c(0), I32)),
-                 K.If(K.Bin("eq", _r("is_last"), _c(1)), (K.Fence(), *first, *rest, K.If(K.Bin("eq", tid, _c(0)), (K.Store("done", row, _c(0)),))))]
-        shared = (*shared, K.Shared("last", I32, 1), *norm_shared)
     if q8:  # the first warp quantizes the workgroup's block (feature j of row m0: word (m0 n + j) / 4)
         shared = (*shared, K.Shared("yb", F32, 32))
         at = _add(_mul(_r("m0"), _r("n")), _mul(K.Builtin("group_id", 0), 32), _r("lane"))
+        v: K.Expr = K.Load("yb", _r("lane"), F32)
+        fold: list[K.Stmt] = []
+        if norm_next:  # the workgroup's sum of y^2, and y * nw quantized
+            g: K.Expr = K.Load("nw", _add(_mul(K.Builtin("group_id", 0), 32), _r("lane")), F32)
+            fold = [K.Let("hv", v), K.Let("hss", K.SubgroupReduce("add", K.Bin("mul", _r("hv", F32), _r("hv", F32)))),
+                    K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("ss", _add(_mul(_r("m0"), K.Builtin("num_groups", 0)), K.Builtin("group_id", 0)), _r("hss", F32)),))]
+            v = K.Bin("mul", _r("hv", F32), K.Bin("add", g, _f(1.0)) if unit_offset else g)
         body += [K.Barrier(), K.If(K.Bin("lt", K.Builtin("thread_id", 0), _c(32)),
-                                   tuple(q8_quantize_lane(K.Load("yb", _r("lane"), F32), _b("div", at, 4), _r("lane"), ("yq", "yr", "yds"))))]
+                                   (*fold, *q8_quantize_lane(v, _b("div", at, 4), _r("lane"), ("yq", "yr", "yds"))))]
     xs: tuple[K.Param, ...] = (K.Buffer("x", F32),)
     if xglobal or staged:
         sfx = "_in" if staged else ""
         xs = (K.Buffer(f"xq{sfx}", I32), K.Buffer(f"xr{sfx}", I32), K.Buffer(f"xds{sfx}", F32))
     if q8:
         outs = [*outs, K.Buffer("yq", I32, readonly=False), K.Buffer("yr", I32, readonly=False), K.Buffer("yds", F32, readonly=False)]
-    if then_norm:
-        outs = [*outs, K.Buffer("res", F32), K.Buffer("nw", F32), *(K.Buffer(nm, F32, readonly=False) for nm in ("h", "yn")),
-                K.Buffer("nq", I32, readonly=False), K.Buffer("nr", I32, readonly=False), K.Buffer("nds", F32, readonly=False),
-                K.Buffer("done", I32, readonly=False)]
-    params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32), *((K.ScalarParam("eps", F32),) if then_norm else ()))
+    if norm_next:
+        outs = [*outs, K.Buffer("res", F32), K.Buffer("nw", F32), K.Buffer("ss", F32, readonly=False)]
+    if rms_in:
+        xs = (*xs, K.Buffer("ss", F32))
+    params = (*xs, *weights_p, *outs, K.ScalarParam("m", I32), K.ScalarParam("n", I32), *((K.ScalarParam("eps", F32),) if rms_in else ()))
     tag = "glu_" if glu else f"{len(parts)}x_" if parts else ""
     name = f"gemv_warp_{tag}{qtype}_K{k}_MR{mr}" + ("_" + "_".join(map(str, parts)) if parts else "")
     if qtype == "q4_k" and (warps, unroll) != (Q4_K_WARPS, 1 if wide else 2):
@@ -556,8 +571,10 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         name += f"_G{min_groups}"
     if copied:
         name += f"_C{copied}"
-    if then_norm:
+    if norm_next:
         name += "_norm" + ("_UNIT_OFFSET" if unit_offset else "")
+    if rms_in:
+        name += f"_rms{rms_in}"
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared, min_groups=min_groups)
     verify_kernel(kern)
     return kern

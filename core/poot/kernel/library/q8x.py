@@ -73,22 +73,25 @@ def _stage_x_q8(k: int, mr: int, threads: int, wide: bool) -> list[K.Stmt]:
     """The workgroup's ``mr`` rows of x, quantized once for every reader by ``quantize_q8x2``
     (buffers ``xq_in``, ``xr_in``, ``xds_in``), copied into workgroup memory in
     ``_quantize_x_q8``'s layout, 16 bytes a load: a few loads a thread instead of the quantization's
-    arithmetic. Ends with a barrier."""
+    arithmetic. Every load is asked for before the first store (a store waits for its load). Ends
+    with a barrier."""
     words, sums = k // 4, k // 16
-    out: list[K.Stmt] = []
+    loads: list[K.Stmt] = []
+    stores: list[K.Stmt] = []
     tid = K.Builtin("thread_id", 0)
     for name, per, placed in (("xq", words, True), ("xr", words, True), ("xds", sums, False)):
         quads = mr * per // 4
         for u in range(-(-quads // threads)):
             qv = _add(tid, u * threads)
-            qi = _mul(qv, 4)  # the first of the quad's words among the workgroup's rows
+            partial = (u + 1) * threads > quads  # a turn some threads sit out: they read the last quad, store nothing
+            qi = _mul(K.Bin("min", qv, _c(quads - 1)) if partial else qv, 4)  # the first of the quad's words among the workgroup's rows
             row = K.Bin("min", _add(_r("m0"), _b("div", qi, per)), _b("sub", _r("m"), 1))
             names = tuple(f"{name}s{u}_{i}" for i in range(4))
             dtype = F32 if name == "xds" else I32
-            copy: tuple[K.Stmt, ...] = (K.VecLoad(names, f"{name}_in", _add(_mul(row, per), _b("rem", qi, per)), dtype),
-                                        K.VecStore(name, _q8_slot(qi, per, wide) if placed else qi, tuple(_r(nm, dtype) for nm in names)))
-            out += [K.If(K.Bin("lt", qv, _c(quads)), copy)] if (u + 1) * threads > quads else list(copy)
-    return out + [K.Barrier()]
+            loads.append(K.VecLoad(names, f"{name}_in", _add(_mul(row, per), _b("rem", qi, per)), dtype))
+            store = K.VecStore(name, _q8_slot(qi, per, wide) if placed else qi, tuple(_r(nm, dtype) for nm in names))
+            stores.append(K.If(K.Bin("lt", qv, _c(quads)), (store,)) if partial else store)
+    return loads + stores + [K.Barrier()]  # every load asked for before the first store waits on one
 
 
 def _q8_word(at: K.Expr, slot: K.Expr | None = None, qi: str = "qi", sfx: str = "") -> tuple[list[K.Stmt], list[K.Stmt]]:
