@@ -12,6 +12,7 @@ import pytest
 
 from poot.codegen import CompileError, compile_kernel, target
 from poot.codegen.compile import find_lld
+from poot.testing.kernels import find_ptxas
 from poot.errors import Refusal
 from poot.graph import dtypes as dt
 from poot.kernel import ir as K
@@ -21,7 +22,7 @@ KERNELS = catalogue()
 IDS = [k.name for k in KERNELS]
 
 
-@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) is not installed here")
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas is not installed here (pip install nvidia-cuda-nvcc-cu12, or the CUDA toolkit)")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_90a"])
 def test_ptx_accepted_by_ptxas(arch, tmp_path):
     report = []
@@ -30,7 +31,7 @@ def test_ptx_accepted_by_ptxas(arch, tmp_path):
         assert art.kind == "ptx" and b".entry" in art.data
         ptx = tmp_path / f"{k.name}.ptx"
         ptx.write_bytes(art.data)
-        r = subprocess.run(["ptxas", f"-arch={arch}", "-v", str(ptx), "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
+        r = subprocess.run([find_ptxas(), f"-arch={arch}", "-v", str(ptx), "-o", str(tmp_path / "k.cubin")], capture_output=True, text=True)
         assert r.returncode == 0, f"{k.name}: {r.stderr}"
         regs = int(re.search(r"Used (\d+) registers", r.stderr).group(1))
         spills = [int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", r.stderr)]

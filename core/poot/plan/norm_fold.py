@@ -15,10 +15,13 @@ numbers then wrong, the timing still the kernels'): the products before the norm
 readers unchanged, 1.615 ms against 1.664, so the producers' half gains what the norm's launch
 cost; the readers scaling their sums (``rms_in``) with the producers plain, 1.843. Asking for the
 partial sums before x's loads, or passing the scale through workgroup memory instead of a
-register, did not change that (1.820, 1.899). Why a few loads and a multiply cost the readers
-about 3 us a launch is not known yet; a profile of those kernels (registers, stalls) is the next
-step before this is planned. Two features a warp at once (x's words shared by two rows, 16 warps
-a block of 32 features) made every one-row product slower: 2.207 ms.
+register, did not change that (1.820, 1.899). ptxas (12.9, sm_90a) then showed why: the gated
+MLP's reader took 72 registers instead of 64 (three of its 256-thread workgroups an SM instead of
+four: two waves where it was one) and q/k/v's, capped at 40, spilled. The readers now stage x's
+block scales times the norm's scale instead (64 registers; q/k/v's 40 as planned);
+that version has not run on a GPU yet, so this stays unplanned until it is measured. Two features
+a warp at once (x's words shared by two rows, 16 warps a block of 32 features) made every one-row
+product slower: 2.207 ms.
 """
 
 from __future__ import annotations

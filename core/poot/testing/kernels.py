@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -16,7 +17,7 @@ from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
 __all__ = ["run_host", "assert_draws_match", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round", "random_bf16",
-           "assert_f32_sum_close", "features_under_test"]
+           "assert_f32_sum_close", "features_under_test", "find_ptxas", "ptxas_usage"]
 
 _LOADED: dict[str, HostKernel] = {}
 _RUNNERS: dict[str, object] = {}
@@ -166,3 +167,35 @@ def kernel_suites_on(device: str, root: str | os.PathLike, suites: Sequence[str]
     passed = re.search(r"(\d+) passed", summary)
     skipped = re.search(r"(\d+) skipped", summary)
     return int(passed.group(1)) if passed else 0, int(skipped.group(1)) if skipped else 0, tail
+
+
+def find_ptxas() -> str | None:
+    """NVIDIA's PTX assembler, for checks of the PTX that codegen emits where no GPU is (registers,
+    spills, PTX the driver would refuse): the CUDA toolkit's on PATH, else the one in PyPI's
+    ``nvidia-cuda-nvcc-cu12`` where that is installed; None where neither is."""
+    path = shutil.which("ptxas")
+    if path:
+        return path
+    try:
+        import nvidia.cuda_nvcc as nvcc  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    for base in getattr(nvcc, "__path__", []):
+        exe = os.path.join(base, "bin", "ptxas")
+        if os.access(exe, os.X_OK):
+            return exe
+    return None
+
+
+def ptxas_usage(ptx: bytes, arch: str) -> tuple[int, int, str]:
+    """``ptx`` assembled by ``find_ptxas()`` for ``arch`` (sm_90a, say): (registers a thread, bytes of
+    spill stores and loads, ptxas's report); AssertionError with its message where it refuses it."""
+    exe = find_ptxas()
+    assert exe is not None, "no ptxas here (pip install nvidia-cuda-nvcc-cu12, or the CUDA toolkit)"
+    r = subprocess.run([exe, f"-arch={arch}", "-v", "-o", os.devnull, "-"], input=ptx, capture_output=True)
+    out = r.stderr.decode(errors="replace")
+    assert r.returncode == 0, f"ptxas refused the PTX for {arch}: {out}"
+    regs = int(re.search(r"Used (\d+) registers", out).group(1))  # type: ignore[union-attr]
+    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
+    return regs, spills, out
+

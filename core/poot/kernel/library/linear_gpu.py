@@ -319,14 +319,15 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     into the products after): y = ``res`` + x w^T (the residual add), what is quantized into ``yq``,
     ``yr``, ``yds`` is y * ``nw`` (``unit_offset``: * (1 + ``nw``)), the norm's weights applied but
     not its scale, and each workgroup's sum of y^2 over its 32 features goes to ``ss[m0, group]``
-    (the row's ``n / 32`` partial sums of squares). With ``rms_in`` (one row of x; staged or
-    ``xglobal``) x is such an output and ``ss`` holds its row's ``rms_in`` partial sums: each warp
-    adds them in one order and scales its sums by rsqrt(sum / K + ``eps``) before the epilogue
-    (for ``glu``, before silu): the norm's own launch, and its place on the step's path, saved
-    (q8's int8 terms, d and block sums are scale-free: x's quantization is the norm's output's, up
-    to rounding). (``plan.norm_fold`` plans both; measured slower in the step, H200, Llama-3-8B
-    Q4_K batch 1: 1.797 ms against 1.674, though the producers' half alone gained, 1.615 against
-    1.664: not planned.)
+    (the row's ``n / 32`` partial sums of squares). With ``rms_in`` (one row of x, staged) x is
+    such an output and ``ss`` holds its row's ``rms_in`` partial sums: each warp adds them in one
+    order, and x's block scales and sums are staged times rsqrt(sum / K + ``eps``), so the sums come
+    out scaled (for ``glu``, before silu) and no register holds the scale across them: the norm's
+    own launch, and its place on the step's path, saved (q8's int8 terms, d and block sums are
+    scale-free: x's quantization is the norm's output's, up to rounding). (``plan.norm_fold``
+    plans both; measured slower in the step, H200, Llama-3-8B Q4_K batch 1, when the readers scaled
+    their sums at the end: 1.797 ms against 1.674, though the producers' half alone gained, 1.615
+    against 1.664; those readers took 72 registers, or spilled where capped. Not planned.)
     With ``q8`` (one row of x, one product or a gated pair, ``warps * per_warp`` = 32: a workgroup's
     features are one block of 32 consecutive values of y; n a multiple of 32) y is also written
     quantized for the dp4a GEMVs that read it (``yq``, ``yr``, ``yds``, laid out as ``quantize_q8x2``
@@ -404,8 +405,8 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
                      *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide))]
     if norm_next and (qtype != "q4_k" or mr != 1 or not q8 or parts or glu):
         raise ValueError("gemv_warp: the norm after the product (norm_next) is folded into Q4_K products of one row of x, one product, with q8")
-    if rms_in and (qtype != "q4_k" or mr != 1 or not (staged or xglobal) or shared_sums):
-        raise ValueError("gemv_warp: x's norm scale from partial sums (rms_in) is built for Q4_K, one row of x quantized once, summing by subgroups")
+    if rms_in and (qtype != "q4_k" or mr != 1 or not staged or shared_sums):
+        raise ValueError("gemv_warp: x's norm scale from partial sums (rms_in) is built for Q4_K, one row of x quantized once and staged, summing by subgroups")
     asks: list[K.Stmt] = []  # the partial sums asked for first (before x's loads), added after them
     scale: list[K.Stmt] = []
     if rms_in:  # every warp adds the row's partial sums of squares in the same order
@@ -416,13 +417,14 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             total = K.Bin("add", total, _r(f"rp{u}", F32) if 32 * (u + 1) <= rms_in else K.Select(K.Bin("lt", idx, _c(rms_in)), _r(f"rp{u}", F32), _f(0.0)))
         scale.append(K.Let("rscale", K.Un("rsqrt", K.Bin("add", K.Bin("div", K.SubgroupReduce("add", total), _f(float(k))), _r("eps", F32)))))
     if qtype == "q4_k" and not xglobal:
-        staging = _stage_x_q8(k, mr, threads, wide) if staged else _quantize_x_q8(k, mr, threads, wide)
-        body += [*asks, *staging[:-1], *scale, staging[-1]]  # the partial sums asked for with x, added before its barrier
+        # (``rms_in``: the partial sums asked for first, added between x's loads and stores, and each
+        # block's d and sum stored scaled: no register holds the scale across the sums)
+        staged_x = _stage_x_q8(k, mr, threads, wide, (scale, _r("rscale", F32)) if rms_in else None)
+        body += [*asks, *staged_x] if staged else _quantize_x_q8(k, mr, threads, wide)
         shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
     else:
         for r in range(mr):
             body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
-        body += asks + scale
     if copied:  # every thread's copies in, then a barrier shows them to all (x's own last barrier, moved after the wait; a new one for xglobal)
         last = body.pop() if isinstance(body[-1], K.Barrier) else K.Barrier()
         body += [K.CopyAsyncSync("wait"), last]
@@ -468,8 +470,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
                 out.append(K.Let(f"{wb}s{r}", K.Load("sums", _add(i * threads, tid), F32)))
         else:
             for r, wb in sums:
-                total: K.Expr = K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))
-                out.append(K.Let(f"{wb}s{r}", K.Bin("mul", total, _r("rscale", F32)) if rms_in else total))
+                out.append(K.Let(f"{wb}s{r}", K.SubgroupReduce("add", _r(f"{wb}acc{r}", F32))))
         for r in range(mr):
             val = _silu_mul(_r(f"wgs{r}", F32), _r(f"wus{r}", F32)) if glu else _r(f"{weights[0]}s{r}", F32)
             cond = K.Bin("and", K.Bin("eq", _r("lane"), _c(0)), K.Bin("lt", _add(_r("m0"), r), _r("m")))

@@ -69,11 +69,13 @@ def _q8_slot(qi: K.Expr, words: int, wide: bool) -> K.Expr:
     return _add(_b("sub", qi, t), place)
 
 
-def _stage_x_q8(k: int, mr: int, threads: int, wide: bool) -> list[K.Stmt]:
+def _stage_x_q8(k: int, mr: int, threads: int, wide: bool, scaled: tuple[list[K.Stmt], K.Expr] | None = None) -> list[K.Stmt]:
     """The workgroup's ``mr`` rows of x, quantized once for every reader by ``quantize_q8x2``
     (buffers ``xq_in``, ``xr_in``, ``xds_in``), copied into workgroup memory in
     ``_quantize_x_q8``'s layout, 16 bytes a load: a few loads a thread instead of the quantization's
-    arithmetic. Every load is asked for before the first store (a store waits for its load). Ends
+    arithmetic. Every load is asked for before the first store (a store waits for its load). With
+    ``scaled`` (statements, a scale: one row) the statements come between the loads and the stores,
+    and each block's d and sum are stored times the scale: x scaled at no cost to the sums. Ends
     with a barrier."""
     words, sums = k // 4, k // 16
     loads: list[K.Stmt] = []
@@ -89,9 +91,12 @@ def _stage_x_q8(k: int, mr: int, threads: int, wide: bool) -> list[K.Stmt]:
             names = tuple(f"{name}s{u}_{i}" for i in range(4))
             dtype = F32 if name == "xds" else I32
             loads.append(K.VecLoad(names, f"{name}_in", _add(_mul(row, per), _b("rem", qi, per)), dtype))
-            store = K.VecStore(name, _q8_slot(qi, per, wide) if placed else qi, tuple(_r(nm, dtype) for nm in names))
+            vals: tuple[K.Expr, ...] = tuple(_r(nm, dtype) for nm in names)
+            if scaled is not None and name == "xds":
+                vals = tuple(K.Bin("mul", v, scaled[1]) for v in vals)
+            store = K.VecStore(name, _q8_slot(qi, per, wide) if placed else qi, vals)
             stores.append(K.If(K.Bin("lt", qv, _c(quads)), (store,)) if partial else store)
-    return loads + stores + [K.Barrier()]  # every load asked for before the first store waits on one
+    return loads + (scaled[0] if scaled is not None else []) + stores + [K.Barrier()]  # every load asked for before the first store waits on one
 
 
 def _q8_word(at: K.Expr, slot: K.Expr | None = None, qi: str = "qi", sfx: str = "") -> tuple[list[K.Stmt], list[K.Stmt]]:
