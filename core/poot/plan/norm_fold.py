@@ -18,7 +18,8 @@ partial sums before x's loads, or passing the scale through workgroup memory ins
 register, did not change that (1.820, 1.899). ptxas (12.9, sm_90a) then showed why: the gated
 MLP's reader took 72 registers instead of 64 (three of its 256-thread workgroups an SM instead of
 four: two waves where it was one) and q/k/v's, capped at 40, spilled. The readers now stage x's
-block scales times the norm's scale instead (64 registers; q/k/v's 40 as planned);
+block scales times the norm's scale instead (64 registers; q/k/v's 40 as planned, one value
+spilled outside its sums' loop);
 that version has not run on a GPU yet, so this stays unplanned until it is measured. Two features
 a warp at once (x's words shared by two rows, 16 warps a block of 32 features) made every one-row
 product slower: 2.207 ms.
