@@ -424,7 +424,8 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
     added = {a.id for a in adds.values()}
     rope_caches = recognise_rope_caches(graph) if fuse else {}
     in_rope_cache = {i for rc in rope_caches.values() for i in rc.nodes}
-    quantizing: dict[Any, tuple[Launch, K.Kernel, Any]] = {}  # launches that can also write their output quantized: that kernel, its grid
+    # launches that can also write their output quantized: that kernel (or its maker), its grid
+    quantizing: dict[Any, tuple[Launch, K.Kernel | Callable[[], K.Kernel], Any]] = {}
     for n in graph.nodes:
         cat = OPS[n.op].category
         if n.op in ("input", "weight", "constant") or n.id in virtual or n.id in added:
@@ -511,7 +512,7 @@ def _both(a: Callable[[Env], bool] | None, b: Callable[[Env], bool], doc: str) -
     return When(doc, (lambda env: b(env)) if a is None else (lambda env: a(env) and b(env)))
 
 
-def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.Kernel, Any]]) -> None:
+def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.Kernel | Callable[[], K.Kernel], Any]]) -> None:
     """x quantized for the dp4a GEMVs (``QuantizedX``'s ``quantize_q8x2`` launch) by the launch that
     computes x, where that one has a kernel that also writes it (an RMSNorm: ``norms_gpu.rms_norm_q8``;
     the decode attention: ``attention_decode(..., q8=True)``; the gated MLP's GEMV: ``gemv_warp(...,

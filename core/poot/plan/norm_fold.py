@@ -12,9 +12,8 @@ norm's launch is gone.
 
 Measured on an H200 (Llama-3-8B Q4_K, batch 1, the step's graph, alternating with the plan without
 it, the same 48 greedy tokens), when the readers still scaled their sums at the end: 1.795-1.821 ms
-against 1.661-1.674. Split apart (the other half's
-numbers then wrong, the timing still the kernels'): the products before the norm folding it, their
-readers unchanged, 1.615 ms against 1.664, so the producers' half gains what the norm's launch
+against 1.661-1.674. Split apart (the other half's numbers then wrong, the timing still the
+kernels'): the products before the norm folding it, their readers unchanged, 1.615 ms against 1.664, so the producers' half gains what the norm's launch
 cost; the readers scaling their sums (``rms_in``) with the producers plain, 1.843. Asking for the
 partial sums before x's loads, or passing the scale through workgroup memory instead of a
 register, did not change that (1.820, 1.899). ptxas (12.9, sm_90a) then showed why: the gated
