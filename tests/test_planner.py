@@ -393,14 +393,17 @@ def test_a_steps_symbols_come_from_its_inputs_shapes():
         step_env(plan, {**inputs, "seq": np.zeros(4, np.int32)})
 
 
-def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path):
+def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monkeypatch):
     """Hopper, one row: each x that one-row Q4_K GEMVs read (q/k/v's, the gated MLP's, o's, down's)
     is quantized by one launch placed before its first reader, into scratch areas its readers
     stage; the products fused into one launch take x that way too. Where an RMSNorm computes x
     (q/k/v's, the gated MLP's) or the decode attention does (o's), that launch is the producer's
-    own; more rows keep the plain norm; a long context (the attention split) o's own quantization."""
+    own; more rows keep the plain norm; a long context (the attention split) o's own quantization.
+    The plan before ``norm_fold`` (``FOLD_NORMS`` off), which the next test folds."""
+    from poot.plan import lower
     from poot.testing.paged import wide_q4_k_llama
 
+    monkeypatch.setattr(lower, "FOLD_NORMS", False)
     g, _ = wide_q4_k_llama(tmp_path, 1)
     hopper = Limits(1024, 48 * 1024, frozenset({"f32", "f16", "bf16", "i8", "i32"}), 32, frozenset({"mma.sync.bf16", "wgmma"}), 1 << 40, "high", 227 * 1024)
     plan = plan_graph(g, device="cuda:0", gpu=True, limits=hopper)
@@ -475,12 +478,12 @@ def test_reads_before_the_wait_for_the_launch_before_name_only_memory_no_launch_
 
 
 def test_the_norm_between_two_one_row_q4_k_products_is_folded_into_both(tmp_path, monkeypatch):
-    """``norm_fold`` (built, not planned: ``FOLD_NORMS``), Hopper, one row: an RMSNorm whose input is
+    """``norm_fold`` (``FOLD_NORMS``), Hopper, one row: an RMSNorm whose input is
     a one-row Q4_K product plus the residual and whose output only one-row Q4_K products read has no
     launch. The product before it adds the residual into the norm's sum, writes its input quantized
     with the norm's weights applied and each workgroup's sum of squares (32 warps, a block of 32
     features a workgroup); the products after it read those partial sums and the norm's epsilon.
-    More rows, and a GPU without the staged GEMVs, keep the norm; so does the plan by default."""
+    More rows, and a GPU without the staged GEMVs, keep the norm; so does the plan with the pass off."""
     from poot.plan import lower
     from poot.plan.norm_fold import FOLD_WARPS
     from poot.testing.paged import wide_q4_k_llama
@@ -488,9 +491,11 @@ def test_the_norm_between_two_one_row_q4_k_products_is_folded_into_both(tmp_path
     g, _ = wide_q4_k_llama(tmp_path, 1)
     hopper = Limits(1024, 48 * 1024, frozenset({"f32", "f16", "bf16", "i8", "i32"}), 32, frozenset({"mma.sync.bf16", "wgmma"}), 1 << 40, "high", 227 * 1024)
     folds = lambda ls: [l.label for l in ls if l.label.endswith("+add_rms_norm") or l.label.endswith("+rms")]  # noqa: E731
-    assert not folds(plan_graph(g, device="cuda:0", gpu=True, limits=hopper).launches)
-    monkeypatch.setattr(lower, "FOLD_NORMS", True)
-    plan = plan_graph(g, device="cuda:0", gpu=True, limits=hopper)
+    plan = plan_graph(g, device="cuda:0", gpu=True, limits=hopper)  # planned by default
+    with monkeypatch.context() as m:
+        m.setattr(lower, "FOLD_NORMS", False)
+        off = plan_graph(g, device="cuda:0", gpu=True, limits=hopper)
+    assert folds(plan.launches) and not folds(off.launches)
     env = {"tokens": 1, "batch": 1, "max_blocks": 4, "rows": 1, "blocks": 16}
     step = [l for l in plan.launches if l.when is None or l.when(env)]
     assert [l.label for l in step if "rms_norm" in l.label] == ["rms_norm+quantize_x", "matmul+add_rms_norm", "matmul+add_rms_norm",

@@ -201,15 +201,16 @@ def row_regime_errors(executor, graph, weights, rng: np.random.Generator, tie: f
 def wide_q4_k_llama_regimes(device, executor_cls, directory, rng: np.random.Generator, precision: str = "high",  # type: ignore[no-untyped-def]
                             tie: float = 0.0) -> tuple[set[str], list[tuple[int, float]]]:
     """``wide_q4_k_llama`` planned for ``device`` (at matmul ``precision``) and run by
-    ``executor_cls`` through ``row_regime_errors``: (the plan's kernel names up to their K, each
-    step's (rows, error))."""
+    ``executor_cls`` through ``row_regime_errors``: (the plan's kernel names up to their K and its
+    launches' labels, each step's (rows, error))."""
     from ..plan import compile_plan
 
     g, w = wide_q4_k_llama(directory, int(rng.integers(0, 2**31)))
     plan = compile_plan(g, device, precision)
     ex = executor_cls(plan)
     try:
-        return {l.kernel.name.split("_K")[0] for l in plan.launches}, row_regime_errors(ex, g, w, rng, tie)
+        names = {l.kernel.name.split("_K")[0] for l in plan.launches} | {l.label for l in plan.launches if l.label}
+        return names, row_regime_errors(ex, g, w, rng, tie)
     finally:
         ex.close()
 

@@ -95,7 +95,8 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     """A Q4_K Llama GGUF (poot's quantizer, f32 norms; its head and last down projection Q6_K, as in
     Q4_K_M files) in every row-count regime: its products of up to four rows through the Q4_K and
     Q6_K warp GEMVs (x meeting the quants as two int8 terms, about 15 bits; the head's K of 256 a
-    warp a feature through its dequantization body). Beyond four rows at "high", on tensor cores,
+    warp a feature through its dequantization body; on Hopper its one-row steps fold the RMSNorms
+    between two Q4_K products into them, ``norm_fold``). Beyond four rows at "high", on tensor cores,
     the weights dequantized to bf16 in registers (up to 64 rows; from 33 on Hopper, in workgroup
     memory for the warpgroup GEMM) or into scratch memory, x as two
     bf16 terms: the weights rounded to bf16, a bound as loose as matmul precision "medium"'s (the
@@ -110,6 +111,8 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     more = {"gemm_warp_q4_k", "dequantize_bf16_q4_k", _tiled(cuda), "dequantize_bf16_q6_k", "gemm_warp_bf16"} if precision == "high" else {"gemm_simt_q4_k"}
     if precision == "high" and "wgmma" in cuda.capabilities.matrix_ops:
         more.add("gemm_wgmma_q4_k")  # 33-64 rows
+    if "wgmma" in cuda.capabilities.matrix_ops:  # one row on Hopper: the RMSNorms between one-row products folded into them
+        more |= {"matmul+add_rms_norm", "3 matmuls+rms", "gated_mlp+quantize_x+rms"}
     assert gemvs | more <= names, names
     worst = max(e for _, e in errors)
     print(f"q4_k llama (matmul precision {precision}) on cuda:0: max |dlogit| {worst:.2g}, by rows {errors}")
