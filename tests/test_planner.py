@@ -399,7 +399,8 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monke
     stage; the products fused into one launch take x that way too. Where an RMSNorm computes x
     (q/k/v's, the gated MLP's) or the decode attention does (o's), that launch is the producer's
     own; more rows keep the plain norm; a long context (the attention split) o's own quantization.
-    The plan before ``norm_fold`` (``FOLD_NORMS`` off), which the next test folds."""
+    The plan before ``norm_fold`` (``FOLD_NORMS`` off), which
+    ``test_the_norm_between_two_one_row_q4_k_products_is_folded_into_both`` folds."""
     from poot.plan import lower
     from poot.testing.paged import wide_q4_k_llama
 
@@ -478,9 +479,8 @@ def test_reads_before_the_wait_for_the_launch_before_name_only_memory_no_launch_
 
 
 def test_the_norm_between_two_one_row_q4_k_products_is_folded_into_both(tmp_path, monkeypatch):
-    """``norm_fold`` (``FOLD_NORMS``), Hopper, one row: an RMSNorm whose input is
-    a one-row Q4_K product plus the residual and whose output only one-row Q4_K products read has no
-    launch. The product before it adds the residual into the norm's sum, writes its input quantized
+    """``norm_fold`` (``FOLD_NORMS``), Hopper, one row: an RMSNorm whose input is a one-row Q4_K
+    product plus the residual and whose output only one-row Q4_K products read has no launch. The product before it adds the residual into the norm's sum, writes its input quantized
     with the norm's weights applied and each workgroup's sum of squares (32 warps, a block of 32
     features a workgroup); the products after it read those partial sums and the norm's epsilon.
     More rows, and a GPU without the staged GEMVs, keep the norm; so does the plan with the pass off."""
