@@ -87,8 +87,7 @@ def attention_launches_host(n: Node, plan: Plan) -> list[Launch]:
     are three workgroups, two cores leave one idle half the time) splits each context in
     ``SPLITS`` shares, a workgroup each, merged by ``attention_merge``. Otherwise prompts and f16
     pools group the heads, and f32 pools at fewer than 8 tokens keep a workgroup a query head, whose
-    more workgroups balance better over the cores (measured: SmolLM2 at a 1,560-token context, 2
-    threads)."""
+    more workgroups balance better over the cores."""
     a = _attention_operands(n, "host")
     spec, ops = a.spec, a.ops
     tokens = lambda env: max(1, _shape(ops["q"], env)[0])  # noqa: E731
@@ -183,8 +182,7 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
     # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new
     # tokens); on tensor cores (mma.sync), blocks of 64 (FlashAttention-2) where the heads suit them
     # and sequences average 64+ new tokens (its workgroups walk a block's sequences one by one, each
-    # found by a serial scan that short prompts do not repay: 3.9 ms against 0.9 ms for the CUDA-core
-    # blocks in a 32-token, two-sequence step of the 8B model)
+    # found by a serial scan that short prompts do not repay)
     prefill = lambda env: tokens(env) >= 8 * batch(env)  # noqa: E731
     blocks = Launch(n, bk, a.buffers, lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
                     When("tokens >= 8 * batch", prefill))

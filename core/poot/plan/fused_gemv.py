@@ -25,12 +25,11 @@ __all__ = ["Glu", "find_glus", "glu_launches", "glu_split_launches", "find_sibli
 
 # the one-row q/k/v GEMV (several products of one x, 16 warps): registers capped for three
 # workgroups an SM, so that Llama 3's 384 workgroups (6144 features) are one wave of 396 rather than
-# 1.45 waves of 264 (H200: the step's graph 1.753 -> 1.730 ms; 40 registers, 8 bytes spilled)
+# 1.45 waves of 264 on a GPU of 132 SMs (40 registers a thread)
 PARTS_ONE_ROW_GROUPS = 3
 # the one-row gated MLP that also quantizes its output (q8): 8-warp workgroups of 32 features (four a
 # warp), four an SM by registers: Llama 3's 448 workgroups are one wave of 528 rather than 1.7 of
-# 264 at 16 warps (H200: 1.730 -> 1.690 ms; every one-row GEMV capped for three an SM, the 16-warp
-# gated one spilling 144 bytes: 3.07)
+# 264 at 16 warps (which, capped for three an SM, would spill)
 GLU_Q8_WARPS = 8
 
 

@@ -248,7 +248,7 @@ def _sample(n: Node, plan: Plan, gpu: bool, block: int = 256) -> list[Launch]:
     vocab = logits.shape[1].value
     if vocab >= 1 << 24:  # the chunks' best token ids travel as f32 values
         raise Refusal("sample", "gpu" if gpu else "host", f"a vocabulary of {vocab} tokens: sampling handles fewer than 2**24")
-    chunk = 512 if gpu else 8192  # GPU: 251 workgroups for Llama 3's logits (H200, batch 1: 5 us less a step than 2048's 63)
+    chunk = 512 if gpu else 8192  # GPU: 251 workgroups for Llama 3's logits (2048 would give 63, fewer than the SMs)
     chunks = -(-vocab // chunk)
     rows = lambda env: _shape(logits, env)[0]  # noqa: E731
     parts = plan.add_scratch(lambda env: rows(env) * chunks * sampling_lib.PART_WORDS)

@@ -118,30 +118,27 @@ def _gemv_rows(qtype: str, k: int, limits: Limits) -> list[tuple[int, int, int]]
 
 def _wide(mr: int, limits: Limits) -> bool:
     """Q4_K GEMV lanes of 32 quant bytes (``gemv_warp``'s ``wide``): for one row of x on CUDA devices,
-    where they were measured faster; other devices keep lanes of 16 until measured there."""
+    where they are faster; other devices keep lanes of 16."""
     return mr == 1 and "mma.sync.bf16" in limits.matrix
 
 
 def _staged(qtype: str, mr: int, limits: Limits) -> bool:
     """Warp GEMVs that read x quantized once (``QuantizedX``) and stage it in workgroup memory
-    instead of each workgroup quantizing x itself: Q4_K for one row of x on Hopper, where it was
-    measured faster (H200, Llama-3-8B: the batch-1 step's graph 2.349 -> 2.243 ms, though it adds a
-    launch for each x; with the GEMV's rows asked for into the L2 first as well, slower: 2.390)."""
+    instead of each workgroup quantizing x itself: Q4_K for one row of x on Hopper, where that
+    outweighs the launch it adds for each x. The GEMV's rows are not asked for into the L2 first
+    (``gemv_warp``'s ``prefetch``): that pays only while a workgroup quantizes x."""
     return qtype == "q4_k" and mr == 1 and "wgmma" in limits.matrix
 
 
 def _one_row_shape(xs: dict[str, Any], k: int, n: int) -> dict[str, Any]:
-    """How a one-row Q4_K GEMV that stages x (``_staged``: Hopper) launches, measured on an H200
-    (Llama-3-8B Q4_K, batch 1, the step's graph timed alternately against the shape before):
-    registers capped for two 512-thread workgroups an SM (``min_groups``: ptxas then keeps 59-64
-    registers where it chose 42, and schedules the loads better: 1.770 -> 1.753 ms with the other
-    products capped too; three an SM, 40 registers, made it slower, 1.845); the 14336-long down
-    projection's steps pipelined (its seven steps a row, each asking for the next one's words before
-    it sums: 1.692 -> 1.685; the 4096-long ones, two steps, were slower); the output head sixteen
-    features a warp (128,256 of them: a workgroup's staged x serves 256 features, 501 workgroups;
-    four against two 1.686 -> 1.678, sixteen against four 1.669 -> 1.666, eight and 31 1.667).
-    The first steps' weights copied into workgroup memory before the wait (``copied``) were no
-    faster: o 1.678, q/k/v 1.681, down 1.692 against 1.675."""
+    """How a one-row Q4_K GEMV that stages x (``_staged``: Hopper) launches: registers capped for
+    two 512-thread workgroups an SM (``min_groups``: ptxas then keeps more registers than it would
+    choose and schedules the loads better; three an SM would leave too few); rows longer than 8192
+    (the 14336-long down projection's seven steps a row) pipelined, each step asking for the next
+    one's words before it sums (rows of two steps are slower for it); products of more than 65,536
+    features (the output head) sixteen features a warp, so a workgroup's staged x serves 256
+    features. The first steps' weights are not copied into workgroup memory before the wait
+    (``copied``): that gains nothing here."""
     if not xs:
         return {}
     return {"min_groups": 2, "pipelined": k > 8192, "per_warp": 16 if n > 65536 else 1}
@@ -149,8 +146,7 @@ def _one_row_shape(xs: dict[str, Any], k: int, n: int) -> dict[str, Any]:
 
 def _early(xs: dict[str, Any]) -> bool:
     """Whether a staged warp GEMV (one product or a gated pair) loads its first step's weights before
-    its wait for the launch before (``gemv_warp``'s ``early``), overlapping that launch: no. H200,
-    Llama-3-8B Q4_K batch 1, alternating: the step's graph 1.958 ms without, 2.018 with (the weight
+    its wait for the launch before (``gemv_warp``'s ``early``), overlapping that launch: no (the weight
     traffic of every waiting workgroup delays the small launch before it, which is on the path)."""
     return False
 
@@ -290,7 +286,7 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
         out += pre
         bufs = {"xs": xs, "w": bufs["w"], "y": bufs["y"]}
     # weights streamed like a GEMV, tensor cores doing the sums; long rows split K among 16 warps
-    # (more warps in flight where n is small); the choices are bench/gpu_matmul.py's on an H200
+    # (more warps in flight where n is small); bench/gpu_matmul.py compares the choices
     wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
     hopper = xsplit and "wgmma" in limits.matrix and limits.dynamic_shared >= linear_wgmma.WGMMA_SHARED
     # Hopper: 17+ rows through the warpgroup GEMM on the bf16 weights (Q4_K: 65+ rows on its bf16 copy)
@@ -307,8 +303,8 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
         out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
     # tiles staged through workgroup memory: 128 x 128, four warps of 64 x 64 (the fewest bytes
     # of workgroup memory read a tensor-core product: what bounds this schedule); 128 x 256
-    # (eight warps) for products of 8192+ features (measured on Llama-3-8B's gate/up products:
-    # 5% faster at 2048 rows on an H200, 2% with x rounded; no faster for the narrower ones)
+    # (eight warps) for products of 8192+ features (the wider tile pays only where there are
+    # features enough to fill it, as in a gated MLP's gate/up products)
     wm, wn, tm, tn = ((2, 4, 4, 8) if nn >= 8192 else (2, 2, 4, 8)) if xsplit else (2, 2, 2, 4)
     if tiled and not wg:
         k = linear_mma.gemm_mma(kk, wm, wn, tm, tn, split=two, xsplit=xsplit)
@@ -317,10 +313,10 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     return out
 
 
-# workgroups a K-split warpgroup GEMM aims at: as many as an H200's 132 SMs hold at once, two each
-# for kernels of up to 96 KiB of workgroup memory, one for more (the 192 KiB of x rounded) -- the
-# best of bench/gpu_matmul.py's splits on Llama-3-8B's products at 64-512 rows, within 17% of it
-# on every shape measured (e.g. at 64 rows 2 parts for 14336 features, 8 for 4096)
+# workgroups a K-split warpgroup GEMM aims at: about as many as Hopper's 132 SMs hold at once, two
+# each for kernels of up to 96 KiB of workgroup memory, one for more (the 192 KiB of x rounded), so
+# that K is split only as far as it takes to fill the GPU (e.g. at 64 rows 2 parts for 14336
+# features, 8 for 4096)
 WGMMA_GROUPS = 256
 # (rows above, up to, warpgroups a workgroup) of the warpgroup GEMM's regimes: one warpgroup's 64
 # rows for 17-64 rows, two (128 rows) beyond; K split while the output's tiles are too few
@@ -368,10 +364,8 @@ def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, A
     """Q4_K products of 33 to ``hi`` rows on Hopper: ``gemm_wgmma_q4_k`` (64 rows a workgroup, the
     weights dequantized in workgroup memory), K split in as many parts (up to 8) as keep about
     ``WGMMA_GROUPS`` workgroups busy, the parts added by ``sum_parts``; none where K is not whole
-    blocks. On an H200 at 64 rows of Llama-3-8B's products it takes 0.70-0.94x the time of the
-    streaming ``gemm_warp`` (with the K-split parts these choose: the fastest measured for each shape
-    but o's, within 1%); at 16 rows 2.6-3.8x (``bench/gpu_matmul.py``), and batch-16 decode (steps
-    of 32 rows) fell from about 1,700 to 882 tok/s with it from 17 rows, so up to 32 rows stream."""
+    blocks. It is faster than the streaming ``gemm_warp`` at 64 rows and slower at few, where its
+    64-row tiles are mostly empty, so up to 32 rows stream (``bench/gpu_matmul.py`` compares them)."""
     if kk % 256:
         return []
     bn = linear_wgmma.Q4_K_WGMMA_BN

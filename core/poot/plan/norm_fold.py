@@ -10,22 +10,12 @@ workgroups writing its features' sum of squares; the products after it add those
 stage x's block scales times the norm's rsqrt, so their sums come out normalized (``rms_in``). The
 norm's launch is gone.
 
-Measured on an H200 (Llama-3-8B Q4_K, batch 1, the step's graph, alternating with the plan without
-it, the same 48 greedy tokens), when the readers still scaled their sums at the end: 1.795-1.821 ms
-against 1.661-1.674. Split apart (the other half's numbers then wrong, the timing still the
-kernels'): the products before the norm folding it, their readers unchanged, 1.615 ms against 1.664,
-so the producers' half gains what the norm's launch cost; the readers scaling their sums
-(``rms_in``) with the producers plain, 1.843. Asking for the partial sums before x's loads, or
-passing the scale through workgroup memory instead of a register, did not change that (1.820,
-1.899). ptxas (12.9, sm_90a) then showed why: the gated MLP's reader took 72 registers instead of 64
-(three of its 256-thread workgroups an SM instead of four: two waves where it was one) and q/k/v's,
-capped at 40, spilled. The readers now stage x's block scales times the norm's scale instead (64
-registers; q/k/v's 40 as planned, one value spilled outside its sums' loop), and the fold pays:
-1.618 ms against 1.664 (598.9 -> 615.6 tok/s), what the producers' half alone gave. Its greedy
-tokens are the plan's without it up to a near-tie (48 tokens: the first difference at the 19th,
-where the two top log-probabilities are 4e-4 apart in both plans; the chosen tokens'
-log-probabilities before it within 1e-3). Two features a warp at once (x's words shared by two rows,
-16 warps a block of 32 features) made every one-row product slower: 2.207 ms unfolded, 2.262 folded.
+The readers scale x's staged block scales rather than their sums: a scale held in a register
+across the sums would cost the gated MLP's reader registers (three of its 256-thread workgroups an
+SM instead of four: two waves where one serves) and spill q/k/v's, capped at 40. Folded, x's
+quantization is the norm's output's up to rounding, so greedy tokens are the unfolded plan's up to
+near-ties. A warp computes one feature at a time: two at once (x's words shared by two rows) makes
+every one-row product slower.
 """
 
 from __future__ import annotations
@@ -40,12 +30,12 @@ from .plan import Launch, Plan, When
 
 __all__ = ["FOLD_NORMS", "FOLD_WARPS", "fold_norms"]
 
-# whether the planner folds the norms (the measurements above: it pays)
+# whether the planner folds the norms (one launch fewer a norm, and its chain of latencies off the step's path)
 FOLD_NORMS = True
 
 # a folding product's workgroup: 32 warps, a feature each (its 32 features are quantized together;
-# as many warps an SM as the products' two workgroups of 16: measured as fast unfolded, 1.676 ms
-# against 1.674; 16 warps of two features each, one workgroup an SM, 2.041)
+# as many warps an SM as the products' two workgroups of 16; 16 warps of two features each would
+# hold one workgroup an SM)
 FOLD_WARPS = 32
 
 

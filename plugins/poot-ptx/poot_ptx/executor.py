@@ -3,14 +3,14 @@ CUDA graph (the step's launches recorded once on a stream, with every address, g
 fixed) replayed after the step's inputs are written into its pinned staging memory. That memory is
 mapped into the device's address space: the graph's first kernel copies the inputs in from it, and
 its last kernels write the small outputs (the sampled tokens, log-probabilities) straight into
-pinned memory, so reading them is no transfer of its own. (Kernels, not copy-engine transfers: on an
-H200 a batch-1 Llama-3-8B step's two transfers cost 17 µs of a 1.70 ms graph, the kernels 3 µs.)
+pinned memory, so reading them is no transfer of its own. (Kernels, not copy-engine transfers: a
+transfer in a graph costs several times what a small kernel does, on every step.)
 ``launch`` returns while the GPU runs the graph (the engine queues the next step meanwhile); a step
 launched again while its graph may still run gets a second instance with its own pinned blocks. On
 sm_90+ the launches of a step of at most ``PROGRAMMATIC_TOKENS`` tokens (decode at small batches: warp GEMVs, latency-bound) are
 programmatic: each may start while the one before it drains, held at its ``AwaitPrior`` until that
-one is done (H200, Llama-3-8B Q4_K: a batch-1 step's graph 2-4% shorter; a batch-64 step's 16%
-longer, so larger steps stay serial). ``POOT_CUDA_PDL=0`` captures every step serial.
+one is done: that shortens small steps, whose launches are latency-bound, and lengthens large
+ones, so larger steps stay serial. ``POOT_CUDA_PDL=0`` captures every step serial.
 
 Every captured step's intermediate values live in one arena the executor shares among them (steps
 run one after another on its stream), so device memory follows the largest step captured, not the

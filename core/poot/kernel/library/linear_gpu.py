@@ -292,17 +292,17 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     ``unroll`` (Q4_K): blocks a lane loads before it sums them (default 1 wide, else 2: eight blocks
     a warp a step either way). With ``prefetch`` each warp's first lane asks for its weight rows whole
     (``Prefetch``, into the L2) first: they stream in while x is quantized, and the loads after hit
-    the L2 instead of waiting on the memory one step at a time. (Asked for before the wait for the
-    launch before, overlapping it, they made the step slower: the kernel waits first. With x
-    ``staged`` the prefetch made the kernel slower too: it pays while x is being quantized.) With
+    the L2 instead of waiting on the memory one step at a time. (The kernel waits for the launch
+    before first: asked for earlier, they make the step slower. With x ``staged`` the prefetch has no
+    quantization to overlap and slows the kernel.) With
     ``early`` (Q4_K, one product or a gated pair, a feature a warp) each lane loads its first step's
     weight words before the wait for the launch before (``AwaitPrior``: no launch writes weights),
-    so they arrive while that launch finishes and x is read. (Measured slower in the step, H200: the
-    waiting workgroups' weight traffic delays the small launch before them, which is on the path.)
+    so they arrive while that launch finishes and x is read. (Not planned: the waiting workgroups'
+    weight traffic delays the small launch before them, which is on the path.)
     With ``ahead`` (Q4_K) each lane loads its first feature's first step right after that wait,
     before x is staged or quantized: the weights' trip to memory overlaps x's to the L2 and the
-    barrier after it (any number of products or features a warp). (Measured slower in the step, H200:
-    the gated MLP's then needs 75 registers, one workgroup an SM; capped to two, still slower.)
+    barrier after it (any number of products or features a warp). (Not planned: the gated MLP's
+    then needs too many registers for two workgroups an SM.)
     With ``pipelined`` (Q4_K) each step asks for the next step's weight words before it sums its own
     (twice the weight registers). ``min_groups``: workgroups an SM should hold at once (registers
     capped for them where the target can: ``Kernel.min_groups``).
@@ -311,10 +311,9 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     16 bytes a lane a copy, no registers) before the wait for the launch before, and its lanes read
     them from there after a barrier: the weights stream in while that launch drains, where
     ``early`` kept them in registers. The array holds 1,152 x ``unroll`` bytes a warp a step a
-    weight. (Measured no faster in the step, H200, Llama-3-8B Q4_K batch 1: o 1.678, q/k/v 1.681,
-    down 1.692 ms against 1.675, the gated MLP's 1.841; each lane copying only its own words
-    instead, 16 bytes at a 32-byte stride a copy, so each 32-byte sector fetched twice past the L1:
-    1.76-1.79, the gated MLP's then at 72 registers. Not planned.)
+    weight. (Not planned: it gains nothing in the step. The warp copies the blocks whole because
+    each lane copying only its own words, 16 bytes at a 32-byte stride, fetches each 32-byte sector
+    twice past the L1.)
     With ``norm_next`` (with ``q8``, one product: the RMSNorm after the product folded into it and
     into the products after): y = ``res`` + x w^T (the residual add), what is quantized into ``yq``,
     ``yr``, ``yds`` is y * ``nw`` (``unit_offset``: * (1 + ``nw``)), the norm's weights applied but
@@ -325,9 +324,7 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
     out scaled (for ``glu``, before silu) and no register holds the scale across them: the norm's
     own launch, and its place on the step's path, saved (q8's int8 terms, d and block sums are
     scale-free: x's quantization is the norm's output's, up to rounding). (``plan.norm_fold``
-    plans both; measured slower in the step, H200, Llama-3-8B Q4_K batch 1, when the readers scaled
-    their sums at the end: 1.797 ms against 1.674, though the producers' half alone gained, 1.615
-    against 1.664; those readers took 72 registers, or spilled where capped. Not planned.)
+    plans both.)
     With ``q8`` (one row of x, one product or a gated pair, ``warps * per_warp`` = 32: a workgroup's
     features are one block of 32 consecutive values of y; n a multiple of 32) y is also written
     quantized for the dp4a GEMVs that read it (``yq``, ``yr``, ``yds``, laid out as ``quantize_q8x2``

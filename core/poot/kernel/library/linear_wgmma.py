@@ -9,8 +9,8 @@ registers) two steps ahead while the tensor cores multiply the current step (the
 asynchronous too, and the step before may still be running); one barrier a step. The tensor cores
 read both operands straight from workgroup memory (no fragment loads through registers, which bound
 the mma.sync GEMM: ``linear_mma``). A step's rows lie whole (64 or 128 bytes) with their 16-byte
-chunks swizzled, as the instruction reads them without bank conflicts: 2.0-2.7x faster on an H200
-than the same kernel on 8 x 8 core matrices (each 128 contiguous bytes, which it also takes).
+chunks swizzled, as the instruction reads them without bank conflicts (faster than the same kernel
+on 8 x 8 core matrices, each 128 contiguous bytes, which it also takes).
 
 x comes as ``split_bf16x2`` wrote it (``xs``: the hi plane, then the lo plane), bf16 weight rows as
 i32 words: the same operands and the same sums as ``linear_mma.gemm_mma`` on x split once (``split``
@@ -38,11 +38,11 @@ WGMMA_SHARED = 192 * 1024  # bytes of workgroup memory the planner's warpgroup G
 
 
 def wgmma_config(split: bool) -> tuple[int, int, int, int]:
-    """(features a workgroup, stages, values of K a step, swizzle bytes) the planner takes, the
-    fastest of ``bench/gpu_matmul.py``'s variants on Llama-3-8B's products at 2048 rows on an H200:
-    x's two terms: 128 features (the warpgroups' 64 accumulators a thread and the products' operands
+    """(features a workgroup, stages, values of K a step, swizzle bytes) the planner takes: for x's
+    two terms 128 features (the warpgroups' 64 accumulators a thread and the products' operands
     leave no room for more), four stages of 32 values, 64-byte swizzle (96 KiB: two workgroups an
-    SM); x rounded: 256 features, four stages of 64 values, 128-byte swizzle (192 KiB)."""
+    SM); for x rounded 256 features, four stages of 64 values, 128-byte swizzle (192 KiB). Chosen
+    among ``bench/gpu_matmul.py``'s variants on Llama-3-8B's products at 2048 rows."""
     return (128, 4, 32, 64) if split else (256, 4, 64, 128)
 
 
