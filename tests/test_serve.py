@@ -49,7 +49,7 @@ def _start(*flags: str):  # type: ignore[no-untyped-def]
 def _stop(proc) -> None:  # type: ignore[no-untyped-def]
     proc.terminate()
     try:
-        proc.wait(timeout=20)
+        proc.wait(timeout=20)  # (a server that ignored SIGTERM failed the test that checks it)
     except subprocess.TimeoutExpired:
         proc.kill()
 
@@ -226,3 +226,21 @@ def test_a_non_streaming_client_that_leaves_frees_its_blocks(server):
     while _metrics(server)["poot_kv_blocks_used"] > 0:
         assert time.time() - left < 6, "the sequence kept its blocks after its client left"  # 900 tokens would take far longer
         time.sleep(0.2)
+
+
+def test_a_server_whose_client_left_stops_on_the_first_sigterm(smollm2_path):
+    """A non-streaming request whose client left ends with its cancellation: its handler no longer
+    waits for events that never come, which had held uvicorn's graceful shutdown forever."""
+    proc, base = _start("--max-batch", "1")
+    try:
+        body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Write a very long essay."}], "max_tokens": 900, "seed": 3,
+                "logit_bias": {"0": -100, "1": -100, "2": -100}}
+        with pytest.raises(httpx.TimeoutException):
+            httpx.post(f"{base}/v1/chat/completions", json=body, timeout=1.5)
+        time.sleep(1.0)  # the watcher sees the disconnect and cancels
+        proc.terminate()
+        proc.wait(timeout=15)
+        assert proc.returncode is not None
+    finally:
+        if proc.poll() is None:
+            proc.kill()

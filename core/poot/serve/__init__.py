@@ -30,4 +30,5 @@ def serve(model: str, device: str | None = None, host: str = "127.0.0.1", port: 
     handle = load(model, device, **opts)
     app = create_app(handle, name or model, api_key, max_queue)
     print(f"poot: serving {name or model} on http://{host}:{port}/v1 ({handle.device.name}, matmul precision {handle.matmul_precision}, KV cache {handle.kv_dtype})", flush=True)
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    # on SIGTERM or Ctrl-C, requests still in flight get a few seconds to finish, then the server stops
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

@@ -99,8 +99,12 @@ class Scheduler:
                     self._pending -= len(prompts)
         elif cmd[0] == "cancel":
             for i in cmd[1]:
-                if self.engine.cancel(i):
-                    self._subs.pop(i, None)
+                sub = self._subs.pop(i, None)
+                if self.engine.cancel(i) and sub is not None:
+                    try:  # the request waiting on it ends too (a handler whose client left must not wait forever)
+                        sub[0](Event(i, None, "", "cancelled"))
+                    except Exception:  # noqa: BLE001 - a broken subscriber loses its events only
+                        pass
 
     def _run(self) -> None:
         while not self._stop.is_set():
