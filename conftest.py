@@ -1,1 +1,1 @@
-pytest_plugins = ["poot.testing.fixtures"]
+pytest_plugins = ["poot.testing.fixtures", "poot.testing.device_suites"]

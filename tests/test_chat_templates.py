@@ -7,6 +7,7 @@ import pytest
 
 from poot.load import open_checkpoint
 from poot.text import Tokenizer
+from poot.testing.references import hf_tokenizer
 from poot.text.chat import BUILTIN_TEMPLATES, ChatTemplate, ChatTemplateError, chat_template_for
 
 transformers = pytest.importorskip("transformers", reason="transformers is the chat-template oracle")
@@ -33,7 +34,7 @@ def both(request):
     ck = open_checkpoint(path)
     tok = Tokenizer.from_gguf(ck.metadata)
     ours = chat_template_for(ck.chat_template, ck.architecture, tok.special_tokens)
-    ref = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    ref = hf_tokenizer(path)
     source = ck.chat_template or BUILTIN_TEMPLATES[ck.architecture]
     return request.param, ours, ref, source
 

@@ -11,6 +11,7 @@ import pytest
 
 import poot
 from poot.llm import ParameterError, SamplingParams
+from poot.testing.references import hf_greedy
 
 PROMPTS = ["The history of the printing press", "def fibonacci(n):", "Three facts about the ocean:"]
 NEAR_TIE = 1e-3  # 2x the documented bound for real checkpoints (docs/NUMERICS.md): a flip there is numerics
@@ -21,25 +22,6 @@ def smollm2(smollm2_path):
     m = poot.load("SmolLM2", "cpu", max_seqs=16, max_context=512, progress=False)
     yield m
     m.close()
-
-
-def _hf_greedy(path, ids, n):
-    import torch
-    import transformers
-
-    ref = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
-    outs = []
-    with torch.no_grad():
-        for prompt in ids:
-            out = ref(torch.tensor([prompt]), use_cache=True)
-            toks, logits = [], []
-            for _ in range(n):
-                row = out.logits[0, -1].numpy()
-                toks.append(int(row.argmax()))
-                logits.append(row)
-                out = ref(torch.tensor([[toks[-1]]]), past_key_values=out.past_key_values, use_cache=True)
-            outs.append((toks, logits))
-    return outs
 
 
 @pytest.mark.slow
@@ -53,7 +35,7 @@ def test_greedy_generation_equals_transformers(which, kv_dtype, request):
     ids = [m.encode(p, raw=True) for p in PROMPTS]
     got = m.complete(ids, SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))
     m.close()
-    for prompt, (want, logits), c in zip(PROMPTS, _hf_greedy(path, ids, 64), got):
+    for prompt, (want, logits), c in zip(PROMPTS, hf_greedy(path, tuple(map(tuple, ids)), 64), got):
         assert len(c.tokens) == 64
         diff = next((i for i, (a, b) in enumerate(zip(c.tokens, want)) if a != b), None)
         if diff is not None:  # allowed only where the two candidates were a near tie in the reference's own logits

@@ -37,6 +37,7 @@ def test_packed_weights_dequantized_to_bf16(rng, qtype, n, k):
     assert (wd[n * k // 2:] == guard).all(), "wrote past the matrix"
 
 
+@pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
 def test_dequantize_refuses_what_it_cannot_do():
     with pytest.raises(ValueError, match="not a packed type"):
         dequantize_bf16("bf16", 256)

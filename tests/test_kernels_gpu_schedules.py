@@ -77,6 +77,7 @@ def _q4_k_products(x, raw):
                                   gemm_mma(4096, 2, 2, 4, 8, split=False, xsplit=True), gemm_warp(14336, 2, 4, 8, split=False, xsplit=True),
                                   attention_mma(128), attention_mma(64, False), attention_mma(128, True, False)],
                          ids=lambda k: k.name)
+@pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
 def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
     if kern.name.startswith("attention_"):
@@ -792,6 +793,7 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs, pt):
     assert err1.max() < 8e-3 and err1.mean() < 5e-4, f"max error {err1.max():.3g}, mean {err1.mean():.3g}"
 
 
+@pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
 @pytest.mark.parametrize("kern", [attention_decode(128, True, 1, "f16"), attention_decode(64, True, 8, "f16"), attention_mma(128, pt="f16"),
                                   attention_mma(64, True, False, pt="f16")], ids=lambda k: k.name)
 def test_gpu_attention_reads_f16_pools_as_halves(kern):
@@ -877,6 +879,7 @@ def _llama3_8b_one_row_gemvs() -> list:
     return out
 
 
+@pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas is not installed here (pip install nvidia-cuda-nvcc-cu12, or the CUDA toolkit)")
 def test_the_batch_1_gemvs_fit_the_workgroups_an_sm_they_are_shaped_for():
     """Llama-3-8B's one-row Q4_K GEMVs as planned on Hopper, assembled by ptxas for sm_90a: no

@@ -8,6 +8,7 @@ import pytest
 
 from poot.load import open_checkpoint
 from poot.testing.corpus import text_corpus
+from poot.testing.references import hf_tokenizer
 from poot.text import Tokenizer
 
 transformers = pytest.importorskip("transformers", reason="transformers is the tokenizer oracle (pip install -r requirements-dev.txt)")
@@ -17,7 +18,7 @@ transformers = pytest.importorskip("transformers", reason="transformers is the t
 def pair(request):
     path = request.getfixturevalue(f"{request.param}_path")
     ours = Tokenizer.from_gguf(open_checkpoint(path).metadata)
-    ref = transformers.AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    ref = hf_tokenizer(path)
     return request.param, ours, ref
 
 

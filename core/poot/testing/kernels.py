@@ -7,7 +7,6 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Mapping, Sequence
 
 import numpy as np
@@ -16,8 +15,9 @@ from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
-__all__ = ["run_host", "assert_draws_match", "poisoned", "kernel_suites_on", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round", "random_bf16",
-           "assert_f32_sum_close", "features_under_test", "find_ptxas", "ptxas_usage"]
+__all__ = ["run_host", "assert_draws_match", "poisoned", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round", "random_bf16",
+           "assert_f32_sum_close", "features_under_test", "find_ptxas", "ptxas_usage", "Assembled", "DEVICE_KERNEL_SUITES", "GPU_SCHEDULES",
+           "NVIDIA_SCHEDULES"]
 
 _LOADED: dict[str, HostKernel] = {}
 _RUNNERS: dict[str, object] = {}
@@ -49,11 +49,50 @@ def q8x2_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return words(q1), words(q2), np.stack([qd[..., 0], b.sum(axis=2, dtype=np.float32)], axis=-1).reshape(-1)
 
 
+class Assembled(Exception):
+    """A case's kernel compiled to PTX and assembled by ptxas, where the GPU it is for is not here
+    (``POOT_TEST_DEVICE=ptxas:sm_90a``): the case ends there, and a device run counts it as passed
+    (``poot.testing.device_suites``). A kernel that fails to compile, that ptxas refuses, or whose
+    registers or workgroup memory exceed what its workgroup may have fails the case instead."""
+
+
+# what kernels may use on ``ptxas:ARCH``: the matrix instructions and dynamic workgroup memory a
+# workgroup may have on that architecture's GPUs (sm_90a: H100/H200's 227 KiB opt-in)
+_ASSEMBLE_FOR = {"sm_90a": (frozenset({"mma.sync.f16", "mma.sync.bf16", "wgmma"}), 232448),
+                 "sm_80": (frozenset({"mma.sync.f16", "mma.sync.bf16"}), 166912)}
+
+
+def _assembler(arch: str):  # type: ignore[no-untyped-def]
+    """A runner that compiles a kernel for ``nvptx:ARCH``, assembles it with ptxas, checks what a
+    launch would refuse (registers times threads past the SM's 65,536, workgroup memory past the
+    opt-in maximum) and raises ``Assembled``."""
+    from ..codegen import TARGETS
+    from ..codegen.targets import shared_layout
+
+    if arch not in _ASSEMBLE_FOR:
+        raise RuntimeError(f"POOT_TEST_DEVICE=ptxas:{arch}: no such architecture here (one of {', '.join(_ASSEMBLE_FOR)})")
+    tgt = TARGETS[f"nvptx:{arch}"]
+
+    def run(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, float | int]) -> None:
+        missing = [p.name for p in k.params if not isinstance(p, Buffer) and p.name not in scalars]
+        assert not missing, f"kernel {k.name}: no value for scalars {missing}"
+        regs, spills, _ = ptxas_usage(compile_kernel(k, tgt).data, arch)
+        assert regs * k.threads <= 65536, f"{k.name}: {regs} registers a thread x {k.threads} threads exceed an SM's 65,536"
+        dynamic = shared_layout(k, tgt)[1]
+        assert dynamic <= _ASSEMBLE_FOR[arch][1], f"{k.name}: {dynamic} bytes of workgroup memory, more than {arch} gives a workgroup"
+        raise Assembled(f"{k.name} assembled for {arch}: {regs} registers, {spills} bytes spilled")
+
+    return run
+
+
 def _device_runner():  # type: ignore[no-untyped-def]
-    """The runner of ``POOT_TEST_DEVICE`` (a device name), from the plugin that owns it."""
+    """The runner of ``POOT_TEST_DEVICE`` (a device name), from the plugin that owns it; for
+    ``ptxas:ARCH``, the assembler above."""
     name = os.environ.get("POOT_TEST_DEVICE")
     if not name or name == "cpu":
         return None
+    if name.startswith("ptxas:"):
+        return _RUNNERS.setdefault(name, _assembler(name.removeprefix("ptxas:")))
     if name not in _RUNNERS:
         from ..plugins import host
         from ..runtime import get_device
@@ -123,6 +162,8 @@ def features_under_test() -> tuple[int, frozenset[str]]:
     name = os.environ.get("POOT_TEST_DEVICE", "cpu")
     if name == "cpu":
         return 0, frozenset()
+    if name.startswith("ptxas:"):
+        return 32, _ASSEMBLE_FOR.get(name.removeprefix("ptxas:"), (frozenset(), 0))[0]
     from ..runtime import get_device
 
     caps = get_device(name).capabilities
@@ -150,23 +191,11 @@ def run_host(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], 
     hk.run(grid, buffers, scalars, threads=threads)
 
 
-KERNEL_SUITES = ("tests/test_kernels_host.py", "tests/test_kernels_host_schedules.py", "tests/test_kernels_dequant.py")
+# The kernel suites every device runs (``poot.testing.device_suites``): the host schedules' kernels
+# serve host plans only, so a device runs one of them as a canary that the lowering takes them.
+DEVICE_KERNEL_SUITES = ("tests/test_kernels_host.py", "tests/test_kernels_dequant.py", "tests/test_kernels_host_schedules.py::test_gemv_lanes_f32[37]")
 GPU_SCHEDULES = ("tests/test_kernels_gpu_schedules.py",)  # the cases a device's subgroups (or tensor cores) allow
-
-
-def kernel_suites_on(device: str, root: str | os.PathLike, suites: Sequence[str] = KERNEL_SUITES) -> tuple[int, int, str]:
-    """Run the kernel test suites (``suites``: files under ``root``) of the source tree at ``root`` with
-    ``POOT_TEST_DEVICE=device`` in a fresh interpreter: (passed, skipped, the output's tail). A failure
-    raises AssertionError with the tail."""
-    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-o", "addopts=--import-mode=importlib -ra",
-                        *(os.path.join(root, s) for s in suites)],
-                       env={**os.environ, "POOT_TEST_DEVICE": device}, cwd=root, capture_output=True, text=True, timeout=2400)
-    tail = r.stdout[-4000:]
-    summary = r.stdout.strip().splitlines()[-1] if r.stdout.strip() else r.stderr[-2000:]
-    assert r.returncode == 0 and "failed" not in summary, tail
-    passed = re.search(r"(\d+) passed", summary)
-    skipped = re.search(r"(\d+) skipped", summary)
-    return int(passed.group(1)) if passed else 0, int(skipped.group(1)) if skipped else 0, tail
+NVIDIA_SCHEDULES = ("tests/test_kernels_gpu_schedules.py", "tests/test_kernels_wgmma.py")  # assembled for sm_90a where no GPU is
 
 
 def find_ptxas() -> str | None:

@@ -11,6 +11,7 @@ from poot.eval.model import PagedOracle, oracle_weights
 from poot.load import open_checkpoint
 from poot.models import family_for
 from poot.testing.paged import PagedSequences
+from poot.testing.references import hf_model
 from poot.text import Tokenizer
 
 torch = pytest.importorskip("torch", reason="transformers (with torch) is the oracle for real checkpoints")
@@ -42,7 +43,7 @@ def test_oracle_matches_transformers_on_real_gguf(which, request, rng):
         pages.add()
     batch = pages.step(prompts, all_logits=True)
     logits = model.step(batch)
-    ref = transformers.AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32).eval()
+    ref = hf_model(path)
     worst = 0.0
     for s, ids in enumerate(prompts):
         with torch.no_grad():

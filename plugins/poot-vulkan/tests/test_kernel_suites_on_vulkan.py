@@ -1,6 +1,9 @@
 """The kernel test suites (every synthesized kernel against the CPU oracle, fresh random inputs,
-poisoned outputs) run again with ``POOT_TEST_DEVICE=vulkan:0``: on lavapipe in CI. The host-only
-lane attention schedule is skipped there (GPU plans never use it); everything else must pass."""
+poisoned outputs) run again with ``POOT_TEST_DEVICE=vulkan:0``, on lavapipe in CI, each case reported
+as a case here: the device kernel suites, and the GPU schedule suite's cases that the device's
+subgroups allow (on lavapipe, 8 lanes: the norms that sum by subgroup reductions and the Q4_K
+GEMVs' activation quantizer). The host-only lane attention schedule skips there (GPU plans never use
+it); everything else must pass."""
 
 from __future__ import annotations
 
@@ -8,24 +11,23 @@ from pathlib import Path
 
 import pytest
 
-from poot.testing.fixtures import device_or_skip, subgroups_or_skip
-from poot.testing.kernels import GPU_SCHEDULES, kernel_suites_on
+from poot.testing.device_suites import DeviceSuite, case_id, device_unavailable, suite_cases
+from poot.testing.kernels import DEVICE_KERNEL_SUITES, GPU_SCHEDULES
 
-ROOT = Path(__file__).resolve().parents[3]
+SUITE = DeviceSuite("vulkan:0", DEVICE_KERNEL_SUITES + GPU_SCHEDULES, str(Path(__file__).resolve().parents[3]))
+
+CASES = suite_cases(SUITE)
+
+
+def test_the_device_run_has_every_case():
+    """A suite that collected few cases would pass below: the suites have 290 or more here."""
+    if device_unavailable(SUITE.device):
+        pytest.skip(device_unavailable(SUITE.device))
+    assert len(CASES) >= 290, CASES
 
 
 @pytest.mark.slow
-def test_every_kernel_case_passes_on_vulkan():
-    device_or_skip("vulkan:0")
-    passed, skipped, tail = kernel_suites_on("vulkan:0", ROOT)
-    assert passed >= 260 and skipped <= 32, tail  # skipped: only the host lane attention cases (4 layouts x 4 masks and pools, one pass and split)
-    print(f"vulkan:0 kernel suites: {passed} passed, {skipped} skipped")
-
-
-def test_subgroup_schedules_pass_on_vulkan():
-    """The GPU schedule suite's cases that the device's subgroups allow (on lavapipe, 8 lanes: the
-    norms that sum by subgroup reductions and the Q4_K GEMVs' activation quantizer)."""
-    subgroups_or_skip("vulkan:0")
-    passed, skipped, tail = kernel_suites_on("vulkan:0", ROOT, GPU_SCHEDULES)
-    assert passed >= 12, tail
-    print(f"vulkan:0 GPU schedule suite: {passed} passed, {skipped} skipped")
+@pytest.mark.device_suite(SUITE)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_kernel_case_on_vulkan(case, device_suites):
+    device_suites.check(SUITE, case)

@@ -1,0 +1,32 @@
+"""Every NVIDIA schedule case compiled and assembled where no GPU is: the GPU schedule and wgmma
+suites run with ``POOT_TEST_DEVICE=ptxas:sm_90a``, where each case's first kernel is compiled to PTX
+for Hopper, assembled by ptxas, and checked against what a launch would refuse (registers times
+threads, workgroup memory), each case reported as a case here. On a GPU the same suites run their
+sums against the oracle (``scripts/gpu-check``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from poot.testing.device_suites import DeviceSuite, case_id, device_unavailable, suite_cases
+from poot.testing.kernels import NVIDIA_SCHEDULES
+
+SUITE = DeviceSuite("ptxas:sm_90a", NVIDIA_SCHEDULES, str(Path(__file__).resolve().parents[3]))
+
+CASES = suite_cases(SUITE)
+
+
+def test_the_device_run_has_every_case():
+    """A suite that collected few cases would pass below: the suites have 800 or more here."""
+    if device_unavailable(SUITE.device):
+        pytest.skip(device_unavailable(SUITE.device))
+    assert len(CASES) >= 800, CASES
+
+
+@pytest.mark.slow
+@pytest.mark.device_suite(SUITE)
+@pytest.mark.parametrize("case", CASES, ids=case_id)
+def test_kernel_case_assembles_for_sm_90a(case, device_suites):
+    device_suites.check(SUITE, case)
