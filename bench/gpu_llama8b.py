@@ -29,6 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
+
 @dataclass(frozen=True)
 class Dims:
     hidden: int = 4096
@@ -213,7 +214,7 @@ def measure_transformers(path: Path, vocab: int, batches: list[int], prefill: in
         sync()
         t = time.perf_counter()
         with torch.no_grad():
-            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=1)
+            model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=1)  # noqa: F821 - the closure runs before the del below
         sync()
         return time.perf_counter() - t
 

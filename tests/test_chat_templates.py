@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from poot.load import open_checkpoint
-from poot.text import Tokenizer
 from poot.testing.references import hf_tokenizer
+from poot.text import Tokenizer
 from poot.text.chat import BUILTIN_TEMPLATES, ChatTemplate, ChatTemplateError, chat_template_for
 
 transformers = pytest.importorskip("transformers", reason="transformers is the chat-template oracle")

@@ -12,11 +12,11 @@ import pytest
 
 from poot.codegen import CompileError, compile_kernel, target
 from poot.codegen.compile import find_lld
-from poot.testing.kernels import find_ptxas, ptxas_usage
 from poot.errors import Refusal
 from poot.graph import dtypes as dt
 from poot.kernel import ir as K
 from poot.kernel.library import catalogue
+from poot.testing.kernels import find_ptxas, ptxas_usage
 
 KERNELS = catalogue()
 IDS = [k.name for k in KERNELS]

@@ -140,7 +140,7 @@ def test_inline_function_errors_name_the_function_and_its_line():
         kernel(returns_wrong).instantiate()
 
     def no_return(v: f32) -> f32:
-        w = v * 2.0
+        w = v * 2.0  # noqa: F841
 
     with pytest.raises(KernelSyntaxError, match="inline function no_return must end with 'return value'"):
         inline(no_return)
@@ -155,7 +155,7 @@ def _line_of(fn, text: str) -> int:
 
 def test_python_outside_the_subset_names_file_and_line():
     def uses_a_list(x: In[f32], y: Out[f32]):
-        vals = [1.0, 2.0]  # not in the kernel subset
+        vals = [1.0, 2.0]  # not in the kernel subset  # noqa: F841
         y[0] = x[0]
 
     with pytest.raises(KernelSyntaxError) as e:

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from poot.codegen import compile_kernel
+from poot.codegen.targets import target
 from poot.eval import evaluate
 from poot.graph import GraphBuilder
-from poot.codegen.targets import target
 from poot.kernel.library import attention as attn_lib
 from poot.kernel.library.attention_gpu import MMA_QROWS, attention_decode, attention_mma
 from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, gemv_warp_packed, gemv_warp_q6_k, quantize_q8x2
@@ -23,8 +23,6 @@ from poot.quant.bodies import BODIES, LUTS
 from poot.testing.kernels import assert_f32_sum_close as _close
 from poot.testing.kernels import bf16_round, features_under_test, find_ptxas, poisoned, ptxas_usage, q8x2_reference, run_host, split_reference
 from poot.testing.kernels import random_bf16 as _bf16
-
-
 
 SUBGROUP, MATRIX = features_under_test()
 gpu_only = pytest.mark.skipif(SUBGROUP != 32, reason="needs 32-lane subgroups: set POOT_TEST_DEVICE=cuda:0 (or vulkan:0) on an NVIDIA GPU")
@@ -481,8 +479,8 @@ def test_gated_product_written_as_its_bf16_terms(rng, terms, m, n):
 def test_two_values_rounded_to_bf16_and_packed(rng):
     """``PackBf16x2`` (one cvt.rn.bf16x2.f32 on NVIDIA, integer arithmetic elsewhere) gives numpy's
     nearest-even bf16 of each value, the first in the low half: ties, subnormals, large values."""
-    from poot.kernel import ir as K
     from poot.graph import dtypes as dt
+    from poot.kernel import ir as K
 
     x = (rng.standard_normal(4096) * np.exp2(rng.integers(-130, 120, 4096))).astype(np.float32)
     x[:8] = np.array([0x3F808000, 0x3F818000, 0x00008000, 0x80018000, 0x7F7F0000, 0x3F80FFFF, 0, 0x80000000], np.uint32).view(np.float32)  # ties to even, subnormals, signed zero

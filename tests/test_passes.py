@@ -101,8 +101,8 @@ def test_passes_preserve_results_on_random_graphs(steps, n, seed):
 def test_each_pass_does_its_job(rng):
     b = GraphBuilder()
     x = b.input("x", "f32", [T, 8])
-    unused = b.input("unused", "f32", [3])
-    dead = b.exp(b.mul(x, 3.0))  # nothing reads it
+    unused = b.input("unused", "f32", [3])  # noqa: F841
+    dead = b.exp(b.mul(x, 3.0))  # nothing reads it  # noqa: F841
     c = b.mul(b.add(b.const(2.0), b.const(3.0)), b.const(0.5))  # folds to 2.5
     ramp = b.cast(b.iota([8], 0), "f32")  # static iota folds
     a1, a2 = b.add(x, c), b.add(x, c)  # the same expression twice

@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import shutil
-import subprocess
-import tempfile
 import pickle
+import shutil
 import struct
+import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 

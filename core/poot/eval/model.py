@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 
 from ..graph.ir import Graph
-from ..models.decoder import StepBatch
 from ..load.roles import WeightMap
+from ..models.decoder import StepBatch
 from .oracle import Oracle
 
 __all__ = ["oracle_weights", "PagedOracle", "StepBatch"]

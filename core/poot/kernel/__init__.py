@@ -1,12 +1,12 @@
 """Kernel IR, its verifier, and the ``@kernel`` front end."""
 
+import sys as _sys
+import types as _types
+
 from ..graph.dtypes import bf16, boolean, f16, f32, i8, i32, i64, u8
 from .frontend import Const, In, InlineFunction, KernelSyntaxError, KernelTemplate, Out, inline, kernel
 from .ir import Kernel
 from .verify import KernelError, verify_kernel
-
-import sys as _sys
-import types as _types
 
 
 class _CallableModule(_types.ModuleType):

@@ -22,8 +22,8 @@ from ..graph.passes import DEFAULT_PASSES, PassManager
 from ..load import open_model
 from ..models import StepShapes, family_for
 from ..plan import compile_plan
-from ..plan.common import check_matmul_precision
 from ..plan.attention import POOL_TYPES
+from ..plan.common import check_matmul_precision
 from ..plugins import host
 from ..runtime import Device, get_device
 from ..runtime.executor import Executor

@@ -21,6 +21,7 @@ from .common import key as _key
 from .common import shape as _shape
 from .plan import Launch, Plan, When
 
+
 @dataclass(frozen=True)
 class _Attn:
     """An attention node's operands and sizes, as every schedule reads them."""

@@ -14,30 +14,39 @@ from ..codegen.targets import SHARED_ALIGN, TARGETS
 from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Graph, Node, Value
-from ..kernel.library import gather as gather_lib
 from ..graph.ops import OPS, SAMPLE_OPERANDS
+from ..kernel import ir as K
+from ..kernel.library import gather as gather_lib
 from ..kernel.library import movement, norms, norms_gpu
 from ..kernel.library import rope as rope_lib
 from ..kernel.library import sampling as sampling_lib
-from ..kernel import ir as K
 from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
 from ..kernel.verify import before_wait
 from ..quant.bodies import BODIES, LUTS
-from .common import Env
+from ..runtime.device import Device
+from .attention import attention_launches_gpu, attention_launches_host, pool_type
+from .common import Env, Limits
 from .common import key as _key
 from .common import pad as _pad
 from .common import shape as _shape
 from .common import strides as _strides
-from .common import Limits
-from .attention import attention_launches_host, attention_launches_gpu, pool_type
 from .fused_gemv import find_glus, find_siblings, glu_launches, glu_split_launches, siblings_launches
+from .fusion import (
+    Into,
+    RmsNorm,
+    RopeCache,
+    concat_parts,
+    elementwise_groups,
+    recognise_rms_norms,
+    recognise_rope_caches,
+    residual_adds,
+    view_of,
+    virtual_views,
+)
 from .matmul import QuantizedX, SplitX, between, matmul_gpu, matmul_host
-from .norm_fold import FOLD_NORMS, fold_norms
-from .fusion import (Into, RmsNorm, RopeCache, concat_parts, elementwise_groups, recognise_rms_norms, recognise_rope_caches, residual_adds, view_of,
-                     virtual_views)
 from .memory import stored_nbytes
+from .norm_fold import FOLD_NORMS, fold_norms
 from .plan import WANT_LOGPROBS, Launch, Plan, When
-from ..runtime.device import Device
 
 __all__ = ["Launch", "Limits", "Plan", "When", "compile_plan", "plan_graph"]
 

@@ -16,8 +16,8 @@ from poot.codegen import compile_kernel, host_target
 from poot.codegen.host_jit import HostKernel
 from poot.errors import PootError
 from poot.kernel.ir import Buffer
-from poot.plan.plan import Plan
 from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array, weight_dtype
+from poot.plan.plan import Plan
 from poot.runtime.executor import Executor
 
 from .chain import NativeChain, ThreadTeam, records_table

@@ -9,8 +9,14 @@ import pytest
 from poot.errors import DeviceUnavailable
 from poot.plan import compile_plan
 from poot.runtime import get_device
-from poot.testing.paged import (long_context_against_oracle, row_regimes_against_oracle, synthetic_graph, two_sequences_against_oracle, wide_bf16_llama,
-                                wide_q4_k_llama_regimes)
+from poot.testing.paged import (
+    long_context_against_oracle,
+    row_regimes_against_oracle,
+    synthetic_graph,
+    two_sequences_against_oracle,
+    wide_bf16_llama,
+    wide_q4_k_llama_regimes,
+)
 from poot.testing.synthetic import SYNTHETIC
 
 

@@ -20,9 +20,9 @@ import numpy as np
 
 from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
 from poot.errors import DeviceUnavailable
-from poot.load import cache_dir
 from poot.kernel.ir import Kernel
 from poot.kernel.verify import uses_subgroups
+from poot.load import cache_dir
 
 from .device import subgroup_width
 

@@ -6,6 +6,7 @@ import pytest
 
 from poot_vulkan.device import vulkan_devices
 
+
 def _has_loader() -> bool:
     """libvulkan found by the linker's cache, or by the loader's own search (LD_LIBRARY_PATH: a loader
     unpacked from a .deb, as scripts/vulkan-check brings it)."""

@@ -8,8 +8,15 @@ import pytest
 
 from poot.plan import compile_plan
 from poot.testing.fixtures import device_or_skip, subgroups_or_skip
-from poot.testing.paged import (long_context_against_oracle, profiled_step, row_regimes_against_oracle, synthetic_graph,
-                                two_sequences_against_oracle, wide_bf16_llama, wide_q4_k_llama_regimes)
+from poot.testing.paged import (
+    long_context_against_oracle,
+    profiled_step,
+    row_regimes_against_oracle,
+    synthetic_graph,
+    two_sequences_against_oracle,
+    wide_bf16_llama,
+    wide_q4_k_llama_regimes,
+)
 
 
 @pytest.fixture(scope="module")

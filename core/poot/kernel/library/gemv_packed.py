@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .. import ir as K
 from ...graph import dtypes as dt
 from ...quant.bodies import BODIES, dequant_in_block
+from .. import ir as K
 from ..verify import verify_kernel
 from ._kir import F32, I32, _add, _b, _c, _f, _fma, _mul, _r
 from .q8x import Q8_SPLIT, _quantize_x_q8

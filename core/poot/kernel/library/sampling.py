@@ -17,7 +17,6 @@ from __future__ import annotations
 from ...graph.dtypes import f32, i32
 from ..frontend import Const, In, Out, inline, kernel
 
-
 PART_WORDS = 3  # a chunk's (max, best score, best index) in ``parts``: the index as an f32 value (exact below 2**24)
 
 
