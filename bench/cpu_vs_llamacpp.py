@@ -65,15 +65,20 @@ def main() -> None:
         print(f"bench: {threads} thread(s): llama.cpp ...", file=sys.stderr, flush=True)
         peer = measure_llamacpp(python, path, threads, prompt, args.decode, args.rounds)
         rows.append((threads, ours.prefill_tok_s, peer["prefill"], ours.decode_tok_s, peer["decode"], peer["version"]))
-        print(f"threads {threads}: prefill {args.prompt} tokens: poot {ours.prefill_tok_s:.0f} tok/s, llama.cpp {peer['prefill']:.0f} tok/s, "
-              f"ratio {ours.prefill_tok_s / peer['prefill']:.2f} | decode: poot {ours.decode_tok_s:.1f} tok/s, llama.cpp {peer['decode']:.1f} tok/s, "
-              f"ratio {ours.decode_tok_s / peer['decode']:.2f}")
+        print(
+            f"threads {threads}: prefill {args.prompt} tokens: poot {ours.prefill_tok_s:.0f} tok/s, llama.cpp {peer['prefill']:.0f} tok/s, "
+            f"ratio {ours.prefill_tok_s / peer['prefill']:.2f} | decode: poot {ours.decode_tok_s:.1f} tok/s, llama.cpp {peer['decode']:.1f} tok/s, "
+            f"ratio {ours.decode_tok_s / peer['decode']:.2f}"
+        )
     if args.record:
         doc = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
         text = doc.read_text()
         machine = f"{cpu_name()}, {os.cpu_count()} vCPU"
-        lines = [f"| {datetime.date.today()} | {machine} | {t} | {pp:.0f} | {lp:.0f} | {pp / lp:.2f} | {pd:.1f} | {ld:.1f} | {pd / ld:.2f} | "
-                 f"engine (`poot.load`), KV cache {args.kv_dtype}, prompt {args.prompt}; llama-cpp-python {v} |" for t, pp, lp, pd, ld, v in rows]
+        lines = [
+            f"| {datetime.date.today()} | {machine} | {t} | {pp:.0f} | {lp:.0f} | {pp / lp:.2f} | {pd:.1f} | {ld:.1f} | {pd / ld:.2f} | "
+            f"engine (`poot.load`), KV cache {args.kv_dtype}, prompt {args.prompt}; llama-cpp-python {v} |"
+            for t, pp, lp, pd, ld, v in rows
+        ]
         marker = "<!-- cpu-vs-llamacpp rows -->"
         if marker not in text:
             raise SystemExit(f"{doc}: no '{marker}' line to add rows after")

@@ -40,17 +40,24 @@ def main() -> int:
     print("|---|---|---|---|")
     for t in args.tokens:
         nb = -(-t // bs)
-        arrays = {"q": rng.standard_normal((t, hq, dim)).astype(np.float32),
-                  "k_pool": rng.standard_normal((nb, bs, hkv, dim)).astype(np.float32),
-                  "v_pool": rng.standard_normal((nb, bs, hkv, dim)).astype(np.float32), "ks_pool": np.zeros(1, np.float32),
-                  "positions": np.arange(t, dtype=np.int32), "seq_ids": np.zeros(t, np.int32), "ctx_lens": np.array([t], np.int32),
-                  "block_tables": rng.permutation(nb).astype(np.int32).reshape(1, nb), "out": np.zeros((t, hq, dim), np.float32),
-                  "part_m": np.zeros(1, np.float32), "part_l": np.zeros(1, np.float32)}
+        arrays = {
+            "q": rng.standard_normal((t, hq, dim)).astype(np.float32),
+            "k_pool": rng.standard_normal((nb, bs, hkv, dim)).astype(np.float32),
+            "v_pool": rng.standard_normal((nb, bs, hkv, dim)).astype(np.float32),
+            "ks_pool": np.zeros(1, np.float32),
+            "positions": np.arange(t, dtype=np.int32),
+            "seq_ids": np.zeros(t, np.int32),
+            "ctx_lens": np.array([t], np.int32),
+            "block_tables": rng.permutation(nb).astype(np.int32).reshape(1, nb),
+            "out": np.zeros((t, hq, dim), np.float32),
+            "part_m": np.zeros(1, np.float32),
+            "part_l": np.zeros(1, np.float32),
+        }
         ptrs = {}
         for name, a in arrays.items():
             ptrs[name] = ctx.alloc(a.nbytes)
             ctx.upload(ptrs[name], a)
-        scalars = {"ntok": t, "hq": hq, "hkv": hkv, "dk": dim, "dv": dim, "dr": 0, "bs": bs, "mb": nb, "scale": dim ** -0.5, "window": 0, "softcap": 0.0}
+        scalars = {"ntok": t, "hq": hq, "hkv": hkv, "dk": dim, "dv": dim, "dr": 0, "bs": bs, "mb": nb, "scale": dim**-0.5, "window": 0, "softcap": 0.0}
         # tensor cores, split operands then bf16 ones: the pools' block size as a parameter, then fixed
         # in the kernel with soft-capping left out (as plans build it for a model without it)
         kernels = [(attention_mma(dim, True, split, block, not block), (-(-t // MMA_QROWS), hq)) for split in (True, False) for block in (0, bs)]

@@ -42,17 +42,31 @@ class Dims:
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """HF tensor name (within a layer) -> shape."""
         h, f, q, kv = self.hidden, self.ffn, self.heads * self.head_dim, self.kv_heads * self.head_dim
-        return {"self_attn.q_proj.weight": (q, h), "self_attn.k_proj.weight": (kv, h), "self_attn.v_proj.weight": (kv, h),
-                "self_attn.o_proj.weight": (h, q), "mlp.gate_proj.weight": (f, h), "mlp.up_proj.weight": (f, h),
-                "mlp.down_proj.weight": (h, f), "input_layernorm.weight": (h,), "post_attention_layernorm.weight": (h,)}
+        return {
+            "self_attn.q_proj.weight": (q, h),
+            "self_attn.k_proj.weight": (kv, h),
+            "self_attn.v_proj.weight": (kv, h),
+            "self_attn.o_proj.weight": (h, q),
+            "mlp.gate_proj.weight": (f, h),
+            "mlp.up_proj.weight": (f, h),
+            "mlp.down_proj.weight": (h, f),
+            "input_layernorm.weight": (h,),
+            "post_attention_layernorm.weight": (h,),
+        }
 
 
 LLAMA3_8B = Dims()
 SMALL = Dims(hidden=512, ffn=1024, heads=8, kv_heads=2, vocab=2000, head_dim=64)  # a quick check of the script itself
 GGUF_NAMES = {
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
-    "self_attn.o_proj.weight": "attn_output.weight", "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight", "input_layernorm.weight": "attn_norm.weight", "post_attention_layernorm.weight": "ffn_norm.weight",
+    "self_attn.q_proj.weight": "attn_q.weight",
+    "self_attn.k_proj.weight": "attn_k.weight",
+    "self_attn.v_proj.weight": "attn_v.weight",
+    "self_attn.o_proj.weight": "attn_output.weight",
+    "mlp.gate_proj.weight": "ffn_gate.weight",
+    "mlp.up_proj.weight": "ffn_up.weight",
+    "mlp.down_proj.weight": "ffn_down.weight",
+    "input_layernorm.weight": "attn_norm.weight",
+    "post_attention_layernorm.weight": "ffn_norm.weight",
 }
 
 
@@ -95,10 +109,25 @@ def write_bf16_model(d: Path, dims: Dims, layers: int, layer: dict[str, np.ndarr
         tensors += [(f"model.layers.{i}.{n}", a) for n, a in layer.items()]
     tensors += [("model.norm.weight", layer["input_layernorm.weight"]), ("lm_head.weight", head)]
     write_safetensors(d / "model.safetensors", tensors)
-    cfg = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": dims.hidden, "intermediate_size": dims.ffn,
-           "num_hidden_layers": layers, "num_attention_heads": dims.heads, "num_key_value_heads": dims.kv_heads, "head_dim": dims.head_dim,
-           "vocab_size": dims.vocab, "max_position_embeddings": 8192, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
-           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "bos_token_id": 0, "eos_token_id": 1, "hidden_act": "silu"}
+    cfg = {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": dims.hidden,
+        "intermediate_size": dims.ffn,
+        "num_hidden_layers": layers,
+        "num_attention_heads": dims.heads,
+        "num_key_value_heads": dims.kv_heads,
+        "head_dim": dims.head_dim,
+        "vocab_size": dims.vocab,
+        "max_position_embeddings": 8192,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "hidden_act": "silu",
+    }
     (d / "config.json").write_text(json.dumps(cfg, indent=1))
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -148,14 +177,27 @@ def write_q4_k_model(path: Path, dims: Dims, layers: int, layer: dict[str, np.nd
                 tensors.append((f"blk.{i}.{GGUF_NAMES[n]}", "q6_k", a.shape, q6[n]))
             else:
                 tensors.append((f"blk.{i}.{GGUF_NAMES[n]}", "q4_k", a.shape, q[n]))
-    tensors += [("output_norm.weight", "f32", (dims.hidden,), f32(layer["input_layernorm.weight"])),
-                ("output.weight", "q6_k" if mix else "q4_k", (dims.vocab, dims.hidden), qh)]
-    meta = {"llama.block_count": layers, "llama.context_length": 8192, "llama.embedding_length": dims.hidden, "llama.feed_forward_length": dims.ffn,
-            "llama.attention.head_count": dims.heads, "llama.attention.head_count_kv": dims.kv_heads, "llama.rope.freq_base": 500000.0,
-            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": dims.head_dim,
-            "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [f"t{i}" for i in range(dims.vocab)],
-            "tokenizer.ggml.scores": [0.0] * dims.vocab, "tokenizer.ggml.token_type": [1] * dims.vocab,
-            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
+    tensors += [
+        ("output_norm.weight", "f32", (dims.hidden,), f32(layer["input_layernorm.weight"])),
+        ("output.weight", "q6_k" if mix else "q4_k", (dims.vocab, dims.hidden), qh),
+    ]
+    meta = {
+        "llama.block_count": layers,
+        "llama.context_length": 8192,
+        "llama.embedding_length": dims.hidden,
+        "llama.feed_forward_length": dims.ffn,
+        "llama.attention.head_count": dims.heads,
+        "llama.attention.head_count_kv": dims.kv_heads,
+        "llama.rope.freq_base": 500000.0,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.rope.dimension_count": dims.head_dim,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": [f"t{i}" for i in range(dims.vocab)],
+        "tokenizer.ggml.scores": [0.0] * dims.vocab,
+        "tokenizer.ggml.token_type": [1] * dims.vocab,
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 1,
+    }
     write_gguf(path, "llama", meta, tensors)
 
 
@@ -266,8 +308,10 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
                 t = time.perf_counter()
                 replay(step, inputs)
                 walls.append(time.perf_counter() - t)
-            say(f"profile tokens={env.get('tokens')} batch={env.get('batch')}: {len(times)} launches, {sum(total.values()) * 1e3:.2f} ms on the GPU "
-                f"one by one; the step's graph {statistics.median(walls) * 1e3:.2f} ms (median of 5 replays)")
+            say(
+                f"profile tokens={env.get('tokens')} batch={env.get('batch')}: {len(times)} launches, {sum(total.values()) * 1e3:.2f} ms on the GPU "
+                f"one by one; the step's graph {statistics.median(walls) * 1e3:.2f} ms (median of 5 replays)"
+            )
             for name, sec in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
                 say(f"    {sec * 1e3:8.3f} ms  {name}")
             if hasattr(ex, "graph_seconds"):  # inside the graph: its time without each of the largest classes of launches
@@ -281,15 +325,32 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
     ex.replay = profiled
 
 
-def measure_poot(path: Path, vocab: int, device: str, batches: list[int], prefill: int, rounds: int, profile: bool = False,
-                 matmul_precision: str = "high", kv_dtype: str = "f16") -> dict[str, float]:
+def measure_poot(
+    path: Path,
+    vocab: int,
+    device: str,
+    batches: list[int],
+    prefill: int,
+    rounds: int,
+    profile: bool = False,
+    matmul_precision: str = "high",
+    kv_dtype: str = "f16",
+) -> dict[str, float]:
     import poot
     from poot.llm.bench import measure_engine
 
     say(f"poot: loading {path.name} on {device} (matmul precision {matmul_precision}, {kv_dtype} KV cache)")
     t = time.perf_counter()
-    m = poot.load(str(path), device, max_seqs=max(batches), max_step_tokens=max(prefill, 64), max_context=prefill + 64, progress=True,
-                  matmul_precision=matmul_precision, kv_dtype=kv_dtype)
+    m = poot.load(
+        str(path),
+        device,
+        max_seqs=max(batches),
+        max_step_tokens=max(prefill, 64),
+        max_context=prefill + 64,
+        progress=True,
+        matmul_precision=matmul_precision,
+        kv_dtype=kv_dtype,
+    )
     say(f"poot: ready in {time.perf_counter() - t:.1f} s")
     if profile:
         _profile_steps(m)
@@ -319,15 +380,31 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
     ap.add_argument("--only", choices=["bf16", "q4_k", "q4_k_m"], help="measure one of poot's models")
-    ap.add_argument("--q4-k-m", action="store_true", help="also the model quantized as llama.cpp's Q4_K_M mixes types (Q6_K head, v and down in half the layers)")
+    ap.add_argument(
+        "--q4-k-m", action="store_true", help="also the model quantized as llama.cpp's Q4_K_M mixes types (Q6_K head, v and down in half the layers)"
+    )
     ap.add_argument("--json", help="write the figures here too")
-    ap.add_argument("--matmul-precision", nargs="+", default=["high"], choices=["highest", "high", "medium"],
-                    help="the bf16 model's matmul precision; more than one: the others measured too (batches > 1 and prefill: batch 1 is GEMVs)")
-    ap.add_argument("--profile", action="store_true", help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest; on CUDA also what "
-                                                               "each of the largest classes of launches costs inside the step's graph (the graph timed without it)")
+    ap.add_argument(
+        "--matmul-precision",
+        nargs="+",
+        default=["high"],
+        choices=["highest", "high", "medium"],
+        help="the bf16 model's matmul precision; more than one: the others measured too (batches > 1 and prefill: batch 1 is GEMVs)",
+    )
+    ap.add_argument(
+        "--profile",
+        action="store_true",
+        help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest; on CUDA also what "
+        "each of the largest classes of launches costs inside the step's graph (the graph timed without it)",
+    )
     ap.add_argument("--kv-dtype", default="f16", choices=["f32", "f16"], help="poot's KV cache type (default f16, poot's own; transformers keeps a bf16 one)")
-    ap.add_argument("--also", nargs="*", default=[], metavar="DEVICE",
-                    help="other devices (vulkan:0, wgpu:0) whose batch-1 decode of the same models is measured too, as a ratio to --device's")
+    ap.add_argument(
+        "--also",
+        nargs="*",
+        default=[],
+        metavar="DEVICE",
+        help="other devices (vulkan:0, wgpu:0) whose batch-1 decode of the same models is measured too, as a ratio to --device's",
+    )
     args = ap.parse_args()
 
     dims = SMALL if args.small else LLAMA3_8B
@@ -358,16 +435,18 @@ def main() -> None:
     for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256), ("q4_k_m", q4km, 0.0)):
         if (args.only and args.only != name) or (name == "q4_k_m" and not want_mix):
             continue
-        res[f"poot_{name}"] = r = measure_poot(path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0],
-                                               args.kv_dtype)
+        res[f"poot_{name}"] = r = measure_poot(
+            path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0], args.kv_dtype
+        )
         if bw:
             roof = bw / (decode_weight_bytes(dims, args.layers, bpv) if bpv else mixed_weight_bytes(dims, args.layers))
             res[f"roofline_{name}"] = roof
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
     extra = args.matmul_precision[1:] if args.only in (None, "bf16") else []
     for prec in extra:  # the bf16 model at the other precisions: only the steps of more than 4 rows differ
-        res[f"poot_bf16_{prec}"] = measure_poot(bf16_dir, dims.vocab, args.device, [b for b in args.batches if b > 4] or [1], args.prefill, args.rounds,
-                                                args.profile, prec, args.kv_dtype)
+        res[f"poot_bf16_{prec}"] = measure_poot(
+            bf16_dir, dims.vocab, args.device, [b for b in args.batches if b > 4] or [1], args.prefill, args.rounds, args.profile, prec, args.kv_dtype
+        )
     models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)) if (not args.only or args.only == n) and (n != "q4_k_m" or want_mix)]
     for name, path in models:  # the same model's batch-1 decode on the other devices
         for other in args.also:

@@ -64,8 +64,13 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                 out += [(kern.name, kern, staged), (kern.name + "+q8", (q8, kern), lambda n, staged=staged: ((-(-rows * k // 4 // G.Q8_THREADS),), staged(n)))]
             for warps, unroll in ((4, 2), (4, 4), (8, 2), (8, 4), (2, 4)):
                 kern = G.gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=True)
-                out.append((kern.name + "+q8", (q8, kern),
-                            lambda n, kern=kern, mr=mr: ((-(-rows * k // 4 // G.Q8_THREADS),), (-(-n // (kern.threads // 32)), -(-rows // mr)))))
+                out.append(
+                    (
+                        kern.name + "+q8",
+                        (q8, kern),
+                        lambda n, kern=kern, mr=mr: ((-(-rows * k // 4 // G.Q8_THREADS),), (-(-n // (kern.threads // 32)), -(-rows // mr))),
+                    )
+                )
         else:  # the streaming tensor-core GEMM dequantizing in registers, x split once (both terms, or rounded)
             for terms in (True, False):
                 pre = M.split_bf16x2(k) if terms else M.split_bf16x2(k, 1)
@@ -73,8 +78,13 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                     if 16 * mt > 2 * max(16, rows) or k % (64 * wk):
                         continue
                     kern = M.gemm_warp(k, mt, tn, wk, split=terms, xsplit=True, qtype="q4_k")
-                    out.append((kern.name + ("+split" if terms else "+round"), (pre, kern),
-                                lambda n, mt=mt, tn=tn: ((-(-rows * k // 8 // M.SPLIT_THREADS),), (-(-rows // (16 * mt)), -(-n // (8 * tn))))))
+                    out.append(
+                        (
+                            kern.name + ("+split" if terms else "+round"),
+                            (pre, kern),
+                            lambda n, mt=mt, tn=tn: ((-(-rows * k // 8 // M.SPLIT_THREADS),), (-(-rows // (16 * mt)), -(-n // (8 * tn)))),
+                        )
+                    )
                 for parts in (1, 2, 4, 8) if wgmma else ():  # Hopper: the warpgroup GEMM dequantizing in workgroup memory
                     if k % (64 * parts) == 0:
                         kern = W.gemm_wgmma_q4_k(k, terms, parts)
@@ -83,8 +93,9 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                         if parts == 1:
                             out.append((kern.name + "+x", (pre, kern), lambda n, g=g: (sx, g(n))))
                         else:
-                            out.append((kern.name + "+x+sum", (pre, kern, M.sum_parts(parts)),
-                                        lambda n, g=g: (sx, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
+                            out.append(
+                                (kern.name + "+x+sum", (pre, kern, M.sum_parts(parts)), lambda n, g=g: (sx, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),)))
+                            )
         return out
     if rows <= 4:
         mr = 1 if rows == 1 else 4
@@ -114,8 +125,13 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                         out.append((kern.name + "+x", (pre, kern), lambda n, bn=bn: (split_grid, (-(-n // bn), -(-rows // 64)))))
                     else:
                         add = M.sum_parts(parts)
-                        out.append((kern.name + "+x+sum", (pre, kern, add), lambda n, bn=bn, parts=parts: (
-                            split_grid, (-(-n // bn), -(-rows // 64), parts), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
+                        out.append(
+                            (
+                                kern.name + "+x+sum",
+                                (pre, kern, add),
+                                lambda n, bn=bn, parts=parts: (split_grid, (-(-n // bn), -(-rows // 64), parts), (-(-rows * n // 4 // M.SPLIT_THREADS),)),
+                            )
+                        )
     if rows > 4:
         kern = M.gemm_mma(k, 2, 2, 2, 4)
         out.append((kern.name, kern, lambda n: (-(-n // 64), -(-rows // 64))))
@@ -124,8 +140,13 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                 if k % (32 * parts) == 0:
                     kern = M.gemm_mma(k, 2, 4, 2, 4, xsplit=True, ksplit=parts)
                     add = M.sum_parts(parts)
-                    out.append((kern.name + "+split+sum", (split, kern, add),
-                                lambda n, parts=parts: (split_grid, (-(-n // 128), -(-rows // 64), parts), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
+                    out.append(
+                        (
+                            kern.name + "+split+sum",
+                            (split, kern, add),
+                            lambda n, parts=parts: (split_grid, (-(-n // 128), -(-rows // 64), parts), (-(-rows * n // 4 // M.SPLIT_THREADS),)),
+                        )
+                    )
         for wm, wn, tm, tn in ((2, 2, 2, 4), (2, 4, 4, 4), (2, 2, 4, 4), (2, 2, 4, 8), (2, 4, 4, 8), (4, 2, 2, 8)):
             if rows < 64 and 16 * wm * tm > 64:
                 continue
@@ -144,8 +165,17 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                     if k % (bk * parts) == 0:
                         kern = W.gemm_wgmma(k, terms, bn, stages, bk, sw, ksplit=parts)
                         add = M.sum_parts(parts)
-                        out.append((kern.name + "+x+sum", (pre, kern, add), lambda n, bn=bn, parts=parts: (
-                            split_grid, (-(-n // bn), -(-rows // W.WGMMA_BM), parts), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
+                        out.append(
+                            (
+                                kern.name + "+x+sum",
+                                (pre, kern, add),
+                                lambda n, bn=bn, parts=parts: (
+                                    split_grid,
+                                    (-(-n // bn), -(-rows // W.WGMMA_BM), parts),
+                                    (-(-rows * n // 4 // M.SPLIT_THREADS),),
+                                ),
+                            )
+                        )
     # matmul precision "medium": x rounded to bf16 once (split_bf16x1), one product
     round1 = M.split_bf16x2(k, 1)
     if rows > 1:
@@ -220,6 +250,7 @@ def main() -> int:
                     continue
                 grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
                 ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xq_in": xq, "xr_in": xr, "xds_in": xds, "xs": xs, "lut": lut}
+
                 def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
                     nm = ck.kernel.name
                     parted = "_P" in nm if nm.startswith("gemm_wgmma") else "_S" in nm
@@ -228,6 +259,7 @@ def main() -> int:
 
                 scal = {"m": rows, "n": n, "k": k, "count": rows * n, "row_bytes": row_bytes}
                 args_of = [(bufs(ck), {sc.name: scal[sc.name] for sc in ck.kernel.scalars}) for ck in cks]
+
                 def run(cks=cks, grids=grids, args_of=args_of):  # type: ignore[no-untyped-def]
                     for ck, g, (bufs, scal) in zip(cks, grids, args_of):
                         ck.launch(g, bufs, scal)

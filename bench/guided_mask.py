@@ -48,8 +48,13 @@ def main() -> None:
     rng = np.random.default_rng(0)
     ours, bare = [], []
     for d in range(args.docs):
-        doc = {"name": "user" + str(d) * int(rng.integers(1, 6)), "age": int(rng.integers(0, 99)), "email": "ab@cd.com",
-               "tags": ["x" * int(rng.integers(1, 9)) for _ in range(int(rng.integers(0, 4)))], "address": {"city": "Paris", "zip": str(d)}}
+        doc = {
+            "name": "user" + str(d) * int(rng.integers(1, 6)),
+            "age": int(rng.integers(0, 99)),
+            "email": "ab@cd.com",
+            "tags": ["x" * int(rng.integers(1, 9)) for _ in range(int(rng.integers(0, 4)))],
+            "address": {"city": "Paris", "zip": str(d)},
+        }
         ids = tok.encode(json.dumps(doc), add_special_tokens=False)
         c.start()
         m = llg.LLMatcher(cc.ll_tokenizer, c.grammar, log_level=0)

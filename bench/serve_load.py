@@ -42,8 +42,11 @@ def main() -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "poot.cli", "serve", args.model, "--port", str(port), "--max-batch", str(args.max_batch),
-                             "--context", "1024"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "poot.cli", "serve", args.model, "--port", str(port), "--max-batch", str(args.max_batch), "--context", "1024"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     base = f"http://127.0.0.1:{port}"
     try:
         while True:
@@ -60,9 +63,15 @@ def main() -> None:
         def one(i: int) -> tuple[float, float, int]:
             t0 = time.perf_counter()
             first, n = None, 0
-            for chunk in client.chat.completions.create(model=args.model, messages=[{"role": "user", "content": f"Write about {topics[i % len(topics)]}."}],
-                                                        max_tokens=args.max_tokens, temperature=0.7, seed=i, stream=True,
-                                                        stream_options={"include_usage": True}):
+            for chunk in client.chat.completions.create(
+                model=args.model,
+                messages=[{"role": "user", "content": f"Write about {topics[i % len(topics)]}."}],
+                max_tokens=args.max_tokens,
+                temperature=0.7,
+                seed=i,
+                stream=True,
+                stream_options={"include_usage": True},
+            ):
                 if chunk.usage is not None:
                     n = chunk.usage.completion_tokens
                 if first is None and chunk.choices and chunk.choices[0].delta.content:
@@ -78,8 +87,10 @@ def main() -> None:
             wall = time.perf_counter() - t0
             ttft, lat, toks = [r[0] for r in res], [r[1] for r in res], sum(r[2] for r in res)
             rows.append((c, toks / wall, pct(ttft, 0.5), pct(ttft, 0.9), pct(ttft, 0.99), pct(lat, 0.5), pct(lat, 0.9), pct(lat, 0.99)))
-            print(f"{c:3d} clients: {toks / wall:7.1f} tok/s | TTFT p50 {rows[-1][2]:.2f} p90 {rows[-1][3]:.2f} p99 {rows[-1][4]:.2f} s | "
-                  f"latency p50 {rows[-1][5]:.2f} p90 {rows[-1][6]:.2f} p99 {rows[-1][7]:.2f} s ({len(res)} requests, median {statistics.median(lat):.2f} s)")
+            print(
+                f"{c:3d} clients: {toks / wall:7.1f} tok/s | TTFT p50 {rows[-1][2]:.2f} p90 {rows[-1][3]:.2f} p99 {rows[-1][4]:.2f} s | "
+                f"latency p50 {rows[-1][5]:.2f} p90 {rows[-1][6]:.2f} p99 {rows[-1][7]:.2f} s ({len(res)} requests, median {statistics.median(lat):.2f} s)"
+            )
     finally:
         proc.terminate()
         proc.wait(timeout=30)
@@ -87,8 +98,10 @@ def main() -> None:
         doc = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
         text = doc.read_text()
         cpu = next((l.split(":", 1)[1].strip() for l in Path("/proc/cpuinfo").read_text().splitlines() if l.startswith("model name")), "cpu")
-        lines = [f"| {datetime.date.today()} | {cpu}, {os.cpu_count()} vCPU | {c} | {tps:.1f} | {a:.2f} / {b:.2f} / {d:.2f} | {e:.2f} / {f:.2f} / {g:.2f} |"
-                 for c, tps, a, b, d, e, f, g in rows]
+        lines = [
+            f"| {datetime.date.today()} | {cpu}, {os.cpu_count()} vCPU | {c} | {tps:.1f} | {a:.2f} / {b:.2f} / {d:.2f} | {e:.2f} / {f:.2f} / {g:.2f} |"
+            for c, tps, a, b, d, e, f, g in rows
+        ]
         marker = "<!-- serve-load rows -->"
         head, tail = text.split(marker, 1)
         doc.write_text(head.rstrip("\n") + "\n" + "\n".join(lines) + "\n\n" + marker + tail)

@@ -13,12 +13,16 @@ from poot.llm import SamplingParams
 
 # the last prompt is long enough (over 100 tokens) that the step prefilling the four runs a blocked
 # attention schedule (the CUDA-core one: the tensor-core one is planned for 64+ new tokens a sequence)
-PROMPTS = ["The history of the printing press", "def fibonacci(n):", "Three facts about the ocean:",
-           "The river starts high in the mountains, where snow melts each spring and feeds a hundred small streams. "
-           "They join in the valleys, pass through forests of pine and birch, turn the wheels of old mills, and slow down "
-           "as the land flattens. Towns grew along its banks because the water carried boats, fish and trade. Today the "
-           "river is cleaner than it was fifty years ago, and people swim in it again in the summer. Write a short poem "
-           "about this river, then explain in two sentences why rivers matter to the towns built beside them."]
+PROMPTS = [
+    "The history of the printing press",
+    "def fibonacci(n):",
+    "Three facts about the ocean:",
+    "The river starts high in the mountains, where snow melts each spring and feeds a hundred small streams. "
+    "They join in the valleys, pass through forests of pine and birch, turn the wheels of old mills, and slow down "
+    "as the land flattens. Towns grew along its banks because the water carried boats, fish and trade. Today the "
+    "river is cleaner than it was fifty years ago, and people swim in it again in the summer. Write a short poem "
+    "about this river, then explain in two sentences why rivers matter to the towns built beside them.",
+]
 
 
 def main() -> int:
@@ -56,8 +60,10 @@ def main() -> int:
         gap = top[a.tokens[diff]] - top[b.tokens[diff]] if b.tokens[diff] in top else float("inf")
         tie = gap <= args.near
         ties += tie
-        print(f"{p!r}: differs at token {diff}: cpu {a.tokens[diff]}, cuda:0 {b.tokens[diff]}, "
-              f"log-probability gap on the cpu {gap:.3g} ({'a near tie' if tie else 'NOT a near tie'}); equal before it")
+        print(
+            f"{p!r}: differs at token {diff}: cpu {a.tokens[diff]}, cuda:0 {b.tokens[diff]}, "
+            f"log-probability gap on the cpu {gap:.3g} ({'a near tie' if tie else 'NOT a near tie'}); equal before it"
+        )
     print(f"greedy tokens cuda:0 vs cpu ({args.kv_dtype} KV cache): {equal}/{len(PROMPTS)} prompts equal, {ties} first differences at near ties")
     return 0 if equal + ties == len(PROMPTS) and lookahead_ok else 1
 

@@ -123,18 +123,35 @@ def _expected(data, ctxdata, m):
     for s in range(len(Kd)):
         rows = np.nonzero(data["seq_ids"] == s)[0]
         out[rows] = naive(
-            data["q"][rows].astype(np.float64), Kd[s].astype(np.float64), Vd[s].astype(np.float64),
-            None if Sd is None else Sd[s].astype(np.float64), data["positions"][rows], int(data["ctx_lens"][s]), **m,
+            data["q"][rows].astype(np.float64),
+            Kd[s].astype(np.float64),
+            Vd[s].astype(np.float64),
+            None if Sd is None else Sd[s].astype(np.float64),
+            data["positions"][rows],
+            int(data["ctx_lens"][s]),
+            **m,
         )
     return out
 
 
 def _graph(data, m):
     b = GraphBuilder()
-    ins = {name: b.input(name, "f32" if arr.dtype == np.float32 else "i32", [T if name in ("q", "positions", "seq_ids") and i == 0 else d for i, d in enumerate(arr.shape)]) for name, arr in data.items()}
+    ins = {
+        name: b.input(
+            name, "f32" if arr.dtype == np.float32 else "i32", [T if name in ("q", "positions", "seq_ids") and i == 0 else d for i, d in enumerate(arr.shape)]
+        )
+        for name, arr in data.items()
+    }
     y = b.attention(
-        ins["q"], ins["k"], ins["v"], positions=ins["positions"], seq_ids=ins["seq_ids"], ctx_lens=ins["ctx_lens"],
-        block_tables=ins.get("block_tables"), k_shared=ins.get("k_shared"), **m,
+        ins["q"],
+        ins["k"],
+        ins["v"],
+        positions=ins["positions"],
+        seq_ids=ins["seq_ids"],
+        ctx_lens=ins["ctx_lens"],
+        block_tables=ins.get("block_tables"),
+        k_shared=ins.get("k_shared"),
+        **m,
     )
     return b.build({"y": y})
 
@@ -174,15 +191,34 @@ def test_paged_read_after_cache_write_through_shuffled_slots(rng):
     i = {n: b.input(n, "i32", [T]) for n in ("positions", "seq_ids", "slots")}
     kp = b.cache_write(b.input("kp", "f32", [NB, bs, hkv, d]), b.input("k", "f32", [T, hkv, d]), i["slots"])
     vp = b.cache_write(b.input("vp", "f32", [NB, bs, hkv, d]), b.input("v", "f32", [T, hkv, d]), i["slots"])
-    y = b.attention(b.input("q", "f32", [T, hq, d]), kp, vp, positions=i["positions"], seq_ids=i["seq_ids"],
-                    ctx_lens=b.input("ctx", "i32", [2]), block_tables=b.input("bt", "i32", [2, 2]))
+    y = b.attention(
+        b.input("q", "f32", [T, hq, d]),
+        kp,
+        vp,
+        positions=i["positions"],
+        seq_ids=i["seq_ids"],
+        ctx_lens=b.input("ctx", "i32", [2]),
+        block_tables=b.input("bt", "i32", [2, 2]),
+    )
     g = b.build({"y": y})
     got = evaluate(g, dict(q=q, k=k, v=v, kp=pool, vp=pool.copy(), positions=positions, seq_ids=seq_ids, slots=slots, ctx=ctx, bt=tables))["y"]
-    want = np.concatenate([
-        naive(q[seq_ids == s].astype(np.float64), k[seq_ids == s], v[seq_ids == s], None, positions[seq_ids == s], int(ctx[s]),
-              causal=True, window=None, softcap=None, scale=None)
-        for s in range(2)
-    ])
+    want = np.concatenate(
+        [
+            naive(
+                q[seq_ids == s].astype(np.float64),
+                k[seq_ids == s],
+                v[seq_ids == s],
+                None,
+                positions[seq_ids == s],
+                int(ctx[s]),
+                causal=True,
+                window=None,
+                softcap=None,
+                scale=None,
+            )
+            for s in range(2)
+        ]
+    )
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5)
 
 
@@ -199,5 +235,4 @@ def test_attention_type_errors(shapes, kw, msg):
     b = GraphBuilder()
     ins = {n: b.input(n, "f32", s) for n, s in shapes.items()}
     with pytest.raises(ShapeError, match=msg):
-        b.attention(ins["q"], ins["k"], ins["v"], positions=b.input("p", "i32", [T]), seq_ids=b.input("s", "i32", [T]),
-                    ctx_lens=b.input("c", "i32", [2]), **kw)
+        b.attention(ins["q"], ins["k"], ins["v"], positions=b.input("p", "i32", [T]), seq_ids=b.input("s", "i32", [T]), ctx_lens=b.input("c", "i32", [2]), **kw)

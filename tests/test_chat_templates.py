@@ -18,11 +18,18 @@ CONVERSATIONS = [
     [{"role": "user", "content": "Why is the sky blue?"}],
     [SYSTEM, {"role": "user", "content": "2+2?"}],
     [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hi, how can I help?"}, {"role": "user", "content": "Tell me a joke."}],
-    [SYSTEM, {"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}, {"role": "assistant", "content": "d"}, {"role": "user", "content": "e"}],
+    [
+        SYSTEM,
+        {"role": "user", "content": "a"},
+        {"role": "assistant", "content": "b"},
+        {"role": "user", "content": "c"},
+        {"role": "assistant", "content": "d"},
+        {"role": "user", "content": "e"},
+    ],
     [{"role": "user", "content": "  spaces around  \n"}],
     [{"role": "user", "content": "unicode: 日本語 🤖 ñ"}],
     [{"role": "user", "content": "code:\n```py\nprint('x')\n```"}],
-    [{"role": "user", "content": "<b>html</b> & \"quotes\""}, {"role": "assistant", "content": "ok"}],
+    [{"role": "user", "content": '<b>html</b> & "quotes"'}, {"role": "assistant", "content": "ok"}],
     [SYSTEM, {"role": "user", "content": "multi\nline\n\nprompt"}, {"role": "assistant", "content": "answer\nwith lines"}],
     [{"role": "user", "content": [{"type": "text", "text": "content as parts"}]}],
 ]
@@ -85,6 +92,8 @@ def test_sandbox_blocks_escapes():
 
 
 def test_tools_documents_and_tojson():
-    t = ChatTemplate("{% for t in tools %}{{ t | tojson }}{% endfor %}|{{ documents[0].title }}|{{ strftime_now('%Y') | length }}|{% generation %}gen{% endgeneration %}")
+    t = ChatTemplate(
+        "{% for t in tools %}{{ t | tojson }}{% endfor %}|{{ documents[0].title }}|{{ strftime_now('%Y') | length }}|{% generation %}gen{% endgeneration %}"
+    )
     out = t.render([{"role": "user", "content": "x"}], tools=[{"name": "f", "d": "<é>"}], documents=[{"title": "T", "text": "b"}])
     assert out == '{"name": "f", "d": "<é>"}|T|4|gen'

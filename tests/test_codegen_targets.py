@@ -106,7 +106,7 @@ def test_kernels_wait_for_the_launch_before_where_launches_can_overlap():
     for k in (plain, placed):
         verify_kernel(k)
         ptx = compile_kernel(k, target("nvptx:sm_90a"), use_cache=False).data.decode()
-        body = ptx[ptx.index(k.name):]
+        body = ptx[ptx.index(k.name) :]
         assert body.count("griddepcontrol.wait") == 1 and body.count("griddepcontrol.launch_dependents") == 1
         if k is placed:  # the load comes before the wait, the store after it
             assert body.index("ld.global") < body.index("griddepcontrol.wait") < body.index("st.global")
@@ -131,7 +131,7 @@ def test_prefetches_go_to_the_bulk_copy_engine_on_hopper_and_nowhere_else():
     k = K.Kernel("ask_first", bufs, body, (32, 1, 1), ())
     verify_kernel(k)
     ptx = compile_kernel(k, target("nvptx:sm_90a"), use_cache=False).data.decode()
-    body_ptx = ptx[ptx.index(".entry"):]
+    body_ptx = ptx[ptx.index(".entry") :]
     assert body_ptx.count("cp.async.bulk.prefetch.L2.global") == 1 and "4096" in body_ptx
     assert body_ptx.index("cp.async.bulk.prefetch") < body_ptx.index("griddepcontrol.wait") < body_ptx.index("ld.global")
     assert "prefetch" not in compile_kernel(k, target("nvptx:sm_80"), use_cache=False).data.decode()
@@ -178,11 +178,23 @@ def test_the_last_workgroup_to_count_sees_every_workgroups_writes():
     c = lambda v: K.Const(v, i32)  # noqa: E731
     at = K.Bin("add", K.Bin("mul", gid, c(width)), tid)
     acc = K.Bin("add", K.Ref("acc", dt.f32), K.Load("y", K.Bin("add", K.Bin("mul", K.Ref("g", i32), c(width)), tid), dt.f32))
-    tail = (K.Fence(), K.Let("acc", K.Const(0.0, dt.f32)), K.For("g", c(0), c(groups), (K.Assign("acc", acc),)), K.Barrier(),
-            K.Store("out", tid, K.Ref("acc", dt.f32)), K.If(K.Bin("eq", tid, c(0)), (K.Store("done", c(0), c(0)),)))
-    body = (K.Store("y", at, K.Cast(at, dt.f32)), K.Fence(), K.Barrier(),
-            K.If(K.Bin("eq", tid, c(0)), (K.AtomicAdd("done", c(0), c(1), old="before"), K.Store("flag", c(0), K.Ref("before", i32)))),
-            K.Barrier(), K.Let("last", K.Load("flag", c(0), i32)), K.If(K.Bin("eq", K.Ref("last", i32), c(groups - 1)), tail))
+    tail = (
+        K.Fence(),
+        K.Let("acc", K.Const(0.0, dt.f32)),
+        K.For("g", c(0), c(groups), (K.Assign("acc", acc),)),
+        K.Barrier(),
+        K.Store("out", tid, K.Ref("acc", dt.f32)),
+        K.If(K.Bin("eq", tid, c(0)), (K.Store("done", c(0), c(0)),)),
+    )
+    body = (
+        K.Store("y", at, K.Cast(at, dt.f32)),
+        K.Fence(),
+        K.Barrier(),
+        K.If(K.Bin("eq", tid, c(0)), (K.AtomicAdd("done", c(0), c(1), old="before"), K.Store("flag", c(0), K.Ref("before", i32)))),
+        K.Barrier(),
+        K.Let("last", K.Load("flag", c(0), i32)),
+        K.If(K.Bin("eq", K.Ref("last", i32), c(groups - 1)), tail),
+    )
     params = (K.Buffer("y", dt.f32, readonly=False), K.Buffer("out", dt.f32, readonly=False), K.Buffer("done", i32, readonly=False))
     k = K.Kernel("last_group_sums", params, body, (width, 1, 1), (K.Shared("flag", i32, 1),))
     verify_kernel(k)
@@ -195,8 +207,7 @@ def test_the_last_workgroup_to_count_sees_every_workgroups_writes():
     ptx = compile_kernel(k, target("nvptx:sm_90a"), use_cache=False).data.decode()
     assert ptx.count("fence.acq_rel.gpu") == 2 and "atom.global.add" in ptx
     with pytest.raises(KernelError, match="barrier"):
-        verify_kernel(K.Kernel("divergent", params, body[:-1] + (K.If(K.Bin("eq", tid, c(0)), tail),), (width, 1, 1),
-                               (K.Shared("flag", i32, 1),)))
+        verify_kernel(K.Kernel("divergent", params, body[:-1] + (K.If(K.Bin("eq", tid, c(0)), tail),), (width, 1, 1), (K.Shared("flag", i32, 1),)))
 
 
 def test_asynchronous_copies_land_whole_on_every_target():
@@ -215,12 +226,17 @@ def test_asynchronous_copies_land_whole_on_every_target():
     c = lambda v: K.Const(v, i32)  # noqa: E731
     four = K.Bin("mul", tid, c(4))
     other = K.Bin("rem", K.Bin("add", tid, c(5)), c(width))  # a chunk another thread copied
-    body = (K.CopyAsync("s", four, "x", K.Bin("add", four, c(8))), K.CopyAsyncSync("commit"), K.CopyAsyncSync("wait"), K.Barrier(),
-            K.VecLoad(tuple(f"v{i}" for i in range(4)), "s", K.Bin("mul", other, c(4)), dt.f32),
-            K.VecStore("y", four, tuple(K.Ref(f"v{i}", dt.f32) for i in range(4))))
+    body = (
+        K.CopyAsync("s", four, "x", K.Bin("add", four, c(8))),
+        K.CopyAsyncSync("commit"),
+        K.CopyAsyncSync("wait"),
+        K.Barrier(),
+        K.VecLoad(tuple(f"v{i}" for i in range(4)), "s", K.Bin("mul", other, c(4)), dt.f32),
+        K.VecStore("y", four, tuple(K.Ref(f"v{i}", dt.f32) for i in range(4))),
+    )
     k = K.Kernel("copy_and_swap", (K.Buffer("x", i32), K.Buffer("y", dt.f32, readonly=False)), body, (width, 1, 1), (K.Shared("s", dt.f32, 4 * width),))
     verify_kernel(k)
-    x = np.random.default_rng().integers(-2**31, 2**31 - 1, 4 * width + 8, dtype=np.int64).astype(np.int32)
+    x = np.random.default_rng().integers(-(2**31), 2**31 - 1, 4 * width + 8, dtype=np.int64).astype(np.int32)
     y = np.full(4 * width, np.nan, np.float32)
     run_host(k, (1,), {"x": x, "y": y})
     want = x[8:].reshape(width, 4)[(np.arange(width) + 5) % width].reshape(-1)
@@ -230,10 +246,19 @@ def test_asynchronous_copies_land_whole_on_every_target():
     assert compile_kernel(k, target("amdgcn:gfx942"), use_cache=False) is not None
     with pytest.raises(Refusal, match="one element type"):  # SPIR-V: i32 into f32 refused by name, not an LLVM crash
         compile_kernel(k, spirv_target(1), use_cache=False)
-    same = K.Kernel("copy_and_swap_i32", (K.Buffer("x", i32), K.Buffer("y", i32, readonly=False)),
-                    body[:4] + (K.VecLoad(tuple(f"v{i}" for i in range(4)), "s", K.Bin("mul", other, c(4)), i32),
-                                K.VecStore("y", four, tuple(K.Ref(f"v{i}", i32) for i in range(4)))), (width, 1, 1), (K.Shared("s", i32, 4 * width),))
+    same = K.Kernel(
+        "copy_and_swap_i32",
+        (K.Buffer("x", i32), K.Buffer("y", i32, readonly=False)),
+        body[:4]
+        + (
+            K.VecLoad(tuple(f"v{i}" for i in range(4)), "s", K.Bin("mul", other, c(4)), i32),
+            K.VecStore("y", four, tuple(K.Ref(f"v{i}", i32) for i in range(4))),
+        ),
+        (width, 1, 1),
+        (K.Shared("s", i32, 4 * width),),
+    )
     if shutil.which("spirv-opt"):  # (SPIR-V goes through SPIRV-Tools: installed where the Vulkan backend is tested)
         assert compile_kernel(same, spirv_target(1), use_cache=False).data[:4] == b"\x03\x02\x23\x07"
         from poot.kernel.library.linear_gpu import gemv_warp  # a GEMV whose weights are copied ahead, as Vulkan on an NVIDIA GPU runs it
+
         assert compile_kernel(gemv_warp("q4_k", 2048, 1, 4, staged=True, copied=1), spirv_target(32), use_cache=False).data[:4] == b"\x03\x02\x23\x07"

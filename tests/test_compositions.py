@@ -94,6 +94,7 @@ def ref_inv_freq(cfg: RopeConfig):
                 out.append((1 - sm) * f / s.factor + sm * f)
         return out, 1.0
     if isinstance(s, YarnScaling):  # YaRN, arXiv:2309.00071, section 3.2 "NTK-by-parts" + 3.4 temperature
+
         def dim_for(rot):
             return d * math.log(s.original_max_position / (rot * 2 * math.pi)) / (2 * math.log(base))
 
@@ -176,9 +177,11 @@ def ref_moe(x, ws, cfg: MoeConfig):
         allowed = list(range(cfg.experts))
         if cfg.groups > 1:
             per = cfg.experts // cfg.groups
+
             def gscore(g):
                 vals = sorted(choice[g * per : (g + 1) * per], reverse=True)
                 return vals[0] if cfg.group_score == "max" else vals[0] + vals[1]
+
             best = sorted(range(cfg.groups), key=lambda g: (-gscore(g), g))[: cfg.topk_groups]
             allowed = [e for e in allowed if e // per in best]
         chosen = sorted(allowed, key=lambda e: (-choice[e], e))[: cfg.top_k]
@@ -247,20 +250,35 @@ def test_attention_block_writes_pool_and_attends(qk_norm, rng):
     pos = np.arange(n, dtype=np.int32)
     slots = (tables[0, pos // bs] * bs + pos % bs).astype(np.int32)
     x = rng.standard_normal((n, D)).astype(np.float32)
-    ws = {k: rng.standard_normal(s).astype(np.float32) * 0.3 for k, s in
-          (("q", (H * Dh, D)), ("k", (Hkv * Dh, D)), ("v", (Hkv * Dh, D)), ("o", (D, H * Dh)), ("qn", (Dh,)), ("kn", (Dh,)))}
+    ws = {
+        k: rng.standard_normal(s).astype(np.float32) * 0.3
+        for k, s in (("q", (H * Dh, D)), ("k", (Hkv * Dh, D)), ("v", (Hkv * Dh, D)), ("o", (D, H * Dh)), ("qn", (Dh,)), ("kn", (Dh,)))
+    }
     pool = rng.standard_normal((NB, bs, Hkv, Dh)).astype(np.float32)
 
     b = GraphBuilder()
-    w = AttentionWeights(*(b.weight(k, "f32", list(ws[k].shape)) for k in ("q", "k", "v", "o")),
-                         q_norm=b.weight("qn", "f32", [Dh]) if qk_norm else None, k_norm=b.weight("kn", "f32", [Dh]) if qk_norm else None)
-    kv = KvState(b.input("kp", "f32", list(pool.shape)), b.input("vp", "f32", list(pool.shape)), b.input("slots", "i32", [T]),
-                 b.input("pos", "i32", [T]), b.input("seq", "i32", [T]), b.input("ctx", "i32", [1]), b.input("bt", "i32", [1, 2]))
+    w = AttentionWeights(
+        *(b.weight(k, "f32", list(ws[k].shape)) for k in ("q", "k", "v", "o")),
+        q_norm=b.weight("qn", "f32", [Dh]) if qk_norm else None,
+        k_norm=b.weight("kn", "f32", [Dh]) if qk_norm else None,
+    )
+    kv = KvState(
+        b.input("kp", "f32", list(pool.shape)),
+        b.input("vp", "f32", list(pool.shape)),
+        b.input("slots", "i32", [T]),
+        b.input("pos", "i32", [T]),
+        b.input("seq", "i32", [T]),
+        b.input("ctx", "i32", [1]),
+        b.input("bt", "i32", [1, 2]),
+    )
     out, kp, vp = attention_block(b, b.input("x", "f32", [T, D]), w, cfg, kv)
     if not qk_norm:
         ws.pop("qn"), ws.pop("kn")
-    r = evaluate(b.build({"out": out, "kp": kp, "vp": vp}),
-                 dict(x=x, kp=pool, vp=pool.copy(), slots=slots, pos=pos, seq=np.zeros(n, np.int32), ctx=np.array([n], np.int32), bt=tables), ws)
+    r = evaluate(
+        b.build({"out": out, "kp": kp, "vp": vp}),
+        dict(x=x, kp=pool, vp=pool.copy(), slots=slots, pos=pos, seq=np.zeros(n, np.int32), ctx=np.array([n], np.int32), bt=tables),
+        ws,
+    )
 
     def norm(z, wn):
         return z / np.sqrt((z * z).mean(-1, keepdims=True) + 1e-6) * wn if qk_norm else z

@@ -8,7 +8,7 @@ import pytest
 
 from poot.testing.device_suites import NOT_RUN, DeviceSuite, DeviceSuites, device_unavailable, suite_cases
 
-SUITE_FILE = '''
+SUITE_FILE = """
 import os, pytest
 
 def test_sees_the_device():
@@ -30,7 +30,7 @@ def test_dies():
 
 def test_after_death():
     pass
-'''
+"""
 
 
 def test_each_case_reports_as_it_ended(tmp_path):
@@ -40,7 +40,13 @@ def test_each_case_reports_as_it_ended(tmp_path):
         pytest.skip("no ptxas here: the device name this test uses is not available")
     cases = suite_cases(suite)
     assert cases != [NOT_RUN] and [c.split("::")[1] for c in cases] == [
-        "test_sees_the_device", "test_skips", "test_fails_once[1]", "test_fails_once[2]", "test_dies", "test_after_death"]
+        "test_sees_the_device",
+        "test_skips",
+        "test_fails_once[1]",
+        "test_fails_once[2]",
+        "test_dies",
+        "test_after_death",
+    ]
     runs = DeviceSuites()
     try:
         runs.add(suite)

@@ -47,8 +47,16 @@ def test_greedy_generation_equals_transformers(which, kv_dtype, request):
 def _settings(i):
     if i % 4 == 0:
         return SamplingParams(temperature=0, max_tokens=10)
-    return SamplingParams(temperature=0.6 + 0.1 * (i % 5), top_k=[0, 20, 50][i % 3], top_p=[1.0, 0.9][i % 2], min_p=0.02 * (i % 2),
-                          repetition_penalty=1.0 + 0.1 * (i % 3), presence_penalty=0.2 * (i % 2), seed=1000 + i, max_tokens=10)
+    return SamplingParams(
+        temperature=0.6 + 0.1 * (i % 5),
+        top_k=[0, 20, 50][i % 3],
+        top_p=[1.0, 0.9][i % 2],
+        min_p=0.02 * (i % 2),
+        repetition_penalty=1.0 + 0.1 * (i % 3),
+        presence_penalty=0.2 * (i % 2),
+        seed=1000 + i,
+        max_tokens=10,
+    )
 
 
 def test_sixteen_sequences_together_equal_each_alone(smollm2, rng):
@@ -89,8 +97,7 @@ def test_block_tables_are_as_wide_as_the_steps_longest_context(smollm2, rng, mon
 
 
 # an object the model closes within a few tokens, so the guided text is whole JSON at any prompt
-_SMALL_OBJECT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}},
-                 "required": ["n"], "additionalProperties": False}
+_SMALL_OBJECT = {"type": "object", "properties": {"n": {"type": "integer", "minimum": 0, "maximum": 99}}, "required": ["n"], "additionalProperties": False}
 
 
 def test_steps_queued_before_the_last_is_read_give_the_same_results(smollm2, rng):
@@ -224,8 +231,17 @@ def test_stop_strings_and_logit_bias(smollm2):
     assert banned.tokens[0] != c.tokens[0]
 
 
-@pytest.mark.parametrize("bad,name", [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(max_tokens=0), "max_tokens"),
-                                      (dict(logprobs=99), "logprobs"), (dict(json_schema={}, regex="a"), "regex"), (dict(logit_bias={-3: 1.0}), "logit_bias")])
+@pytest.mark.parametrize(
+    "bad,name",
+    [
+        (dict(temperature=-1), "temperature"),
+        (dict(top_p=0), "top_p"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(logprobs=99), "logprobs"),
+        (dict(json_schema={}, regex="a"), "regex"),
+        (dict(logit_bias={-3: 1.0}), "logit_bias"),
+    ],
+)
 def test_bad_parameters_name_themselves(bad, name):
     with pytest.raises(ParameterError) as e:
         SamplingParams(**bad)

@@ -49,7 +49,12 @@ SCHEMA = {
         "score": {"type": "number", "minimum": -1, "maximum": 1},
         "tags": {"type": "array", "items": {"enum": ["red", "green", "blue"]}, "maxItems": 3},
         "ok": {"type": "boolean"},
-        "nested": {"type": "object", "properties": {"x": {"type": ["integer", "null"], "maximum": 99, "minimum": -99}}, "required": ["x"], "additionalProperties": False},
+        "nested": {
+            "type": "object",
+            "properties": {"x": {"type": ["integer", "null"], "maximum": 99, "minimum": -99}},
+            "required": ["x"],
+            "additionalProperties": False,
+        },
     },
     "required": ["name", "age"],
     "additionalProperties": False,
@@ -63,7 +68,15 @@ def test_json_schema_walks_validate(compiler, rng):
         jsonschema.validate(json.loads(text), SCHEMA)
 
 
-REGEXES = [r"[a-z]{2,6}-\d{1,3}", r"(yes|no)( please)?", r"\(\d{3}\) \d{3}-\d{4}", r"[A-Z][a-z]{0,8}( [A-Z][a-z]{0,8}){0,2}\.", r"0x[0-9a-fA-F]{1,8}", r"\w{1,5}\s\w{1,5}", r"[αβγ]{1,3}[^a-z\s]{0,2}"]
+REGEXES = [
+    r"[a-z]{2,6}-\d{1,3}",
+    r"(yes|no)( please)?",
+    r"\(\d{3}\) \d{3}-\d{4}",
+    r"[A-Z][a-z]{0,8}( [A-Z][a-z]{0,8}){0,2}\.",
+    r"0x[0-9a-fA-F]{1,8}",
+    r"\w{1,5}\s\w{1,5}",
+    r"[αβγ]{1,3}[^a-z\s]{0,2}",
+]
 
 
 @pytest.mark.parametrize("pattern", REGEXES)

@@ -117,8 +117,11 @@ def test_inline_function_errors_name_the_function_and_its_line():
 
     with pytest.raises(KernelSyntaxError, match=r"count_down calls itself \(count_down -> count_down\)"):
         kernel(recursive).instantiate()
-    with pytest.raises(KernelSyntaxError, match=rf"{__file__}:{_line_of(reads_a_kernel_name, 'v * cols')}: inline function "
-                                                r"reads_a_kernel_name uses 'cols', which is not its parameter"):
+    with pytest.raises(
+        KernelSyntaxError,
+        match=rf"{__file__}:{_line_of(reads_a_kernel_name, 'v * cols')}: inline function "
+        r"reads_a_kernel_name uses 'cols', which is not its parameter",
+    ):
         inline(reads_a_kernel_name)
 
     def wrong_count(x: In[f32], y: Out[f32]):

@@ -25,7 +25,7 @@ def test_packed_weights_dequantized_to_bf16(rng, qtype, n, k):
     raw = q.quantize(w)
     want = gq.dequantize(raw, GGMLQuantizationType[qtype.upper()]).reshape(n, k).astype(np.float32)
     wd = poisoned((n * k // 2 + 64,), np.int32)
-    guard = wd[n * k // 2:].copy()
+    guard = wd[n * k // 2 :].copy()
     bufs = {"w": raw.view(np.int32).reshape(-1) if qtype == "q4_k" else raw.reshape(-1), "wd": wd}
     scalars = {"n": n}
     if qtype != "q4_k":
@@ -34,7 +34,7 @@ def test_packed_weights_dequantized_to_bf16(rng, qtype, n, k):
     run_host(dequantize_bf16(qtype, k), (dequant_groups(qtype, n, k),), bufs, scalars)
     expect = split_reference(want)[: n * k // 2]  # the nearest bf16 of each value, two a word
     assert (wd[: n * k // 2] == expect).all(), f"{(wd[: n * k // 2] != expect).sum()} of {expect.size} words differ"
-    assert (wd[n * k // 2:] == guard).all(), "wrote past the matrix"
+    assert (wd[n * k // 2 :] == guard).all(), "wrote past the matrix"
 
 
 @pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE

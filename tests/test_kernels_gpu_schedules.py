@@ -68,13 +68,31 @@ def _q4_k_products(x, raw):
     return got, flip, bound, x64 @ w.T
 
 
-@pytest.mark.parametrize("kern", [gemv_warp("bf16", 4096, 4), gemv_warp("q4_k", 14336, 1), gemv_warp_q6_k(14336, 1), gemv_warp_q6_k(4096, 4),
-                                  gemv_warp_packed("q6_k", 4096, 1), gemv_warp_packed("q4_1", 576, 4), gemm_mma(4096), gemm_mma(4096, 1, 4, 1, 1),
-                                  gemm_mma(4096, xsplit=True), gemm_mma(4096, 2, 4, 4, 4, xsplit=True),
-                                  gemm_warp(4096), gemm_warp(14336, 2, 4, 8), gemm_warp(4096, xsplit=True), gemm_warp(14336, 2, 4, 8, xsplit=True),
-                                  gemm_mma(4096, 2, 2, 4, 8, split=False, xsplit=True), gemm_warp(14336, 2, 4, 8, split=False, xsplit=True),
-                                  attention_mma(128), attention_mma(64, False), attention_mma(128, True, False)],
-                         ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "kern",
+    [
+        gemv_warp("bf16", 4096, 4),
+        gemv_warp("q4_k", 14336, 1),
+        gemv_warp_q6_k(14336, 1),
+        gemv_warp_q6_k(4096, 4),
+        gemv_warp_packed("q6_k", 4096, 1),
+        gemv_warp_packed("q4_1", 576, 4),
+        gemm_mma(4096),
+        gemm_mma(4096, 1, 4, 1, 1),
+        gemm_mma(4096, xsplit=True),
+        gemm_mma(4096, 2, 4, 4, 4, xsplit=True),
+        gemm_warp(4096),
+        gemm_warp(14336, 2, 4, 8),
+        gemm_warp(4096, xsplit=True),
+        gemm_warp(14336, 2, 4, 8, xsplit=True),
+        gemm_mma(4096, 2, 2, 4, 8, split=False, xsplit=True),
+        gemm_warp(14336, 2, 4, 8, split=False, xsplit=True),
+        attention_mma(128),
+        attention_mma(64, False),
+        attention_mma(128, True, False),
+    ],
+    ids=lambda k: k.name,
+)
 @pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
 def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
@@ -111,8 +129,12 @@ def test_gemv_warp_q6_k_on_x_as_two_int8_terms(rng, k, mr, m):
     x[0, 32:64] = 0  # a block of zeros: scale 0, nothing divided by it
     y = poisoned((m, n))
     kern = gemv_warp_q6_k(k, mr, SUBGROUP)
-    run_host(kern, (-(-n // (kern.threads // SUBGROUP)), -(-m // mr)), {"x": x, "w": np.ascontiguousarray(raw).view(np.int32).reshape(-1), "y": y},
-             {"m": m, "n": n, "row_bytes": raw.shape[1]})
+    run_host(
+        kern,
+        (-(-n // (kern.threads // SUBGROUP)), -(-m // mr)),
+        {"x": x, "w": np.ascontiguousarray(raw).view(np.int32).reshape(-1), "y": y},
+        {"m": m, "n": n, "row_bytes": raw.shape[1]},
+    )
     xh, d = _q8_rows(x)
     _close(y, xh @ w.T, np.abs(x) @ np.abs(w).T, slack=d.max() * np.abs(w).max() * 1.01)
     bound = (d / 2) @ np.abs(w).T * 1.01 + 1e-5 * (np.abs(x) @ np.abs(w).T)
@@ -136,21 +158,29 @@ def test_gemv_warp_for_every_packed_type(rng, qtype, mr, m):
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
     kern = gemv_warp_packed(qtype, k, mr, SUBGROUP)
-    run_host(kern, (-(-n // (256 // SUBGROUP)), -(-m // mr)), {"x": x, "w": raw.reshape(-1), "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "y": y},
-             {"m": m, "n": n, "row_bytes": raw.shape[1]})
+    run_host(
+        kern,
+        (-(-n // (256 // SUBGROUP)), -(-m // mr)),
+        {"x": x, "w": raw.reshape(-1), "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "y": y},
+        {"m": m, "n": n, "row_bytes": raw.shape[1]},
+    )
     _close(y, x.astype(np.float64) @ w.T, np.abs(x) @ np.abs(w).T)
 
 
 @gpu_only
 @pytest.mark.parametrize("k", [256, 512, 1024 * 3])
-@pytest.mark.parametrize("mr,m,per_warp,prefetch", [(1, 1, 1, False), (4, 2, 1, False), (4, 4, 1, False), (4, 7, 1, False), (1, 1, 2, False), (4, 7, 3, False),
-                                                  (1, 1, 1, True), (4, 7, 3, True)])
+@pytest.mark.parametrize(
+    "mr,m,per_warp,prefetch",
+    [(1, 1, 1, False), (4, 2, 1, False), (4, 4, 1, False), (4, 7, 1, False), (1, 1, 2, False), (4, 7, 3, False), (1, 1, 1, True), (4, 7, 3, True)],
+)
 def test_gemv_warp_bf16(rng, k, mr, m, per_warp, prefetch):
     n = 37  # not a multiple of the eight warps of a workgroup
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    run_host(gemv_warp("bf16", k, mr, per_warp=per_warp, prefetch=prefetch), (-(-n // (8 * per_warp)), -(-m // mr)), {"x": x, "w": bits, "y": y}, {"m": m, "n": n})
+    run_host(
+        gemv_warp("bf16", k, mr, per_warp=per_warp, prefetch=prefetch), (-(-n // (8 * per_warp)), -(-m // mr)), {"x": x, "w": bits, "y": y}, {"m": m, "n": n}
+    )
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
 
@@ -158,8 +188,20 @@ def test_gemv_warp_bf16(rng, k, mr, m, per_warp, prefetch):
 @gpu_only
 @pytest.mark.parametrize("k", [512, 1024, 256 * 7])  # two blocks a row (guarded), four, seven
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3)])
-@pytest.mark.parametrize("unroll,per_warp,wide,prefetch", [(None, 1, True, False), (2, 1, True, False), (None, 3, True, False), (1, 2, True, False),
-                                                          (2, 1, False, False), (4, 1, False, False), (1, 2, False, False), (None, 1, True, True), (2, 2, False, True)])
+@pytest.mark.parametrize(
+    "unroll,per_warp,wide,prefetch",
+    [
+        (None, 1, True, False),
+        (2, 1, True, False),
+        (None, 3, True, False),
+        (1, 2, True, False),
+        (2, 1, False, False),
+        (4, 1, False, False),
+        (1, 2, False, False),
+        (None, 1, True, True),
+        (2, 2, False, True),
+    ],
+)
 def test_gemv_warp_q4_k(rng, k, mr, m, unroll, per_warp, wide, prefetch):
     """Lanes of 32 quant bytes a block (``wide``) or 16, ``unroll`` blocks a lane a step; with
     ``prefetch`` the rows asked for into the L2 first (21 rows: the last workgroup's warps past n
@@ -294,8 +336,9 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
     run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
     assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all(), "a quantized word was never written"
     y = poisoned((m, n))
-    kern = gemv_warp("q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide, early=early, ahead=ahead, pipelined=pipelined,
-                     copied=copied)
+    kern = gemv_warp(
+        "q4_k", k, mr, warps, unroll=unroll, xglobal=not staged, staged=staged, wide=wide, early=early, ahead=ahead, pipelined=pipelined, copied=copied
+    )
     sfx = "_in" if staged else ""
     w = np.ascontiguousarray(raw).view(np.int32)
     run_host(kern, (-(-n // warps), -(-m // mr)), {f"xq{sfx}": xq, f"xr{sfx}": xr, f"xds{sfx}": xds, "w": w, "y": y}, {"m": m, "n": n})
@@ -309,9 +352,18 @@ def test_gemv_warp_q4_k_on_x_quantized_once(rng, k, mr, m, warps, unroll, wide, 
 
 
 @gpu_only
-@pytest.mark.parametrize("k,n,shape", [(4096, 200, {"per_warp": 4, "min_groups": 2}), (4096, 600, {"per_warp": 16, "min_groups": 2}), (256 * 56, 40, {"pipelined": True, "min_groups": 2}),
-                                       (4096, 70, {"min_groups": 3}), (4096, 200, {"per_warp": 4, "min_groups": 2, "copied": 2}),
-                                       (256 * 56, 40, {"copied": 3, "min_groups": 2}), (4096, 70, {"min_groups": 3, "copied": 2})])
+@pytest.mark.parametrize(
+    "k,n,shape",
+    [
+        (4096, 200, {"per_warp": 4, "min_groups": 2}),
+        (4096, 600, {"per_warp": 16, "min_groups": 2}),
+        (256 * 56, 40, {"pipelined": True, "min_groups": 2}),
+        (4096, 70, {"min_groups": 3}),
+        (4096, 200, {"per_warp": 4, "min_groups": 2, "copied": 2}),
+        (256 * 56, 40, {"copied": 3, "min_groups": 2}),
+        (4096, 70, {"min_groups": 3, "copied": 2}),
+    ],
+)
 def test_the_planned_one_row_gemv_shapes_give_the_plain_kernels_sums(rng, k, n, shape):
     """The shapes the planner launches one-row staged Q4_K GEMVs in on Hopper (the output head's
     sixteen features a warp, and four as before; the down projection's pipelined steps; registers
@@ -331,8 +383,9 @@ def test_the_planned_one_row_gemv_shapes_give_the_plain_kernels_sums(rng, k, n, 
 
 
 @gpu_only
-@pytest.mark.parametrize("k,n,warps,unit_offset,shape", [(4096, 256, 32, False, {"min_groups": 1}),
-                                                         (256 * 56, 160, 16, True, {"pipelined": True, "min_groups": 2})])
+@pytest.mark.parametrize(
+    "k,n,warps,unit_offset,shape", [(4096, 256, 32, False, {"min_groups": 1}), (256 * 56, 160, 16, True, {"pipelined": True, "min_groups": 2})]
+)
 def test_a_gemv_that_adds_the_residual_quantizes_the_next_norms_input(rng, k, n, warps, unit_offset, shape):
     """``gemv_warp(..., q8=True, norm_next=True)`` (the RMSNorm after the product folded into it):
     y = res + the plain kernel's y, bit for bit; y * nw (Gemma's 1 + nw) quantized as
@@ -386,8 +439,12 @@ def test_a_gemv_scales_its_sums_by_the_norm_of_x_from_partial_sums(rng, k, kind)
         for w, want in zip(ws, wants):
             plain(w, want)
         gots = [poisoned((rows, n)) for _ in range(3)]
-        run_host(gemv_warp("q4_k", k, 1, parts=(n, n, n), staged=True, rms_in=groups), (3 * n // 16, rows),
-                 {**xs, "ss": ss, **{f"w{i}": w for i, w in enumerate(ws)}, **{f"y{i}": g for i, g in enumerate(gots)}}, {"m": rows, "n": 3 * n, "eps": eps})
+        run_host(
+            gemv_warp("q4_k", k, 1, parts=(n, n, n), staged=True, rms_in=groups),
+            (3 * n // 16, rows),
+            {**xs, "ss": ss, **{f"w{i}": w for i, w in enumerate(ws)}, **{f"y{i}": g for i, g in enumerate(gots)}},
+            {"m": rows, "n": 3 * n, "eps": eps},
+        )
         for g, want in zip(gots, wants):
             np.testing.assert_allclose(g, want * scale, rtol=1e-5, atol=1e-5 * np.abs(want).max())  # (the scale applied to each block, not to the sum)
         got = np.concatenate(gots)
@@ -432,8 +489,12 @@ def test_gemv_also_writes_its_output_quantized_for_the_next_product(rng, k, n, g
     xs = _x_for(x, True)
     y, want = poisoned((1, n)), poisoned((1, n))
     yq, yr, yds = poisoned((n // 4,), np.int32), poisoned((n // 4,), np.int32), poisoned((n // 16,))
-    run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True, q8=True, ahead=ahead, pipelined=pipelined, copied=copied), grid, {**xs, **ws, "y": y, "yq": yq, "yr": yr, "yds": yds},
-             {"m": 1, "n": n})
+    run_host(
+        gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True, q8=True, ahead=ahead, pipelined=pipelined, copied=copied),
+        grid,
+        {**xs, **ws, "y": y, "yq": yq, "yr": yr, "yds": yds},
+        {"m": 1, "n": n},
+    )
     run_host(gemv_warp("q4_k", k, 1, warps, glu=glu, per_warp=per_warp, staged=True), grid, {**xs, **ws, "y": want}, {"m": 1, "n": n})
     np.testing.assert_array_equal(y, want)
     assert np.isfinite(yds).all() and (yq != np.iinfo(np.int32).min).all() and (yr != np.iinfo(np.int32).min).all(), "a word was never written"
@@ -464,16 +525,16 @@ def test_gated_product_written_as_its_bf16_terms(rng, terms, m, n):
     g = (rng.standard_normal((m, n)) * 3).astype(np.float32)
     u = rng.standard_normal((m, n)).astype(np.float32)
     xs = poisoned((m * n,), np.int32)
-    guard = xs[m * n * terms // 2:].copy()
+    guard = xs[m * n * terms // 2 :].copy()
     run_host(glu_split(n, terms), (-(-m * n // 8 // SPLIT_THREADS),), {"g": g, "u": u, "xs": xs}, {"m": m})
     want = (g.astype(np.float64) / (1 + np.exp(-g.astype(np.float64))) * u).reshape(-1)
     hi = (xs[: m * n // 2].view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
     assert (np.abs(hi - want) <= np.abs(want) * 2.0**-8 + 1e-30).all()
     if terms == 2:
-        lo = (xs[m * n // 2:].view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+        lo = (xs[m * n // 2 :].view(np.uint16).astype(np.uint32) << 16).view(np.float32).astype(np.float64)
         assert (np.abs(hi + lo - want) <= np.abs(want) * 2.0**-16 + 1e-30).all()
     else:
-        assert (xs[m * n // 2:] == guard).all(), "wrote past the hi plane"
+        assert (xs[m * n // 2 :] == guard).all(), "wrote past the hi plane"
 
 
 def test_two_values_rounded_to_bf16_and_packed(rng):
@@ -483,13 +544,21 @@ def test_two_values_rounded_to_bf16_and_packed(rng):
     from poot.kernel import ir as K
 
     x = (rng.standard_normal(4096) * np.exp2(rng.integers(-130, 120, 4096))).astype(np.float32)
-    x[:8] = np.array([0x3F808000, 0x3F818000, 0x00008000, 0x80018000, 0x7F7F0000, 0x3F80FFFF, 0, 0x80000000], np.uint32).view(np.float32)  # ties to even, subnormals, signed zero
+    x[:8] = np.array([0x3F808000, 0x3F818000, 0x00008000, 0x80018000, 0x7F7F0000, 0x3F80FFFF, 0, 0x80000000], np.uint32).view(
+        np.float32
+    )  # ties to even, subnormals, signed zero
     i = K.Ref("i", dt.i32)
-    body = (K.Let("i", K.Bin("add", K.Bin("mul", K.Builtin("group_id", 0), K.Const(256, dt.i32)), K.Builtin("thread_id", 0))),
-            K.If(K.Bin("lt", i, K.Const(1024, dt.i32)),
-                 (K.VecLoad(("a", "b", "c", "d"), "x", K.Bin("mul", i, K.Const(4, dt.i32)), dt.f32),
-                  K.Store("y", K.Bin("mul", i, K.Const(2, dt.i32)), K.PackBf16x2(K.Ref("a", dt.f32), K.Ref("b", dt.f32))),
-                  K.Store("y", K.Bin("add", K.Bin("mul", i, K.Const(2, dt.i32)), K.Const(1, dt.i32)), K.PackBf16x2(K.Ref("c", dt.f32), K.Ref("d", dt.f32))))))
+    body = (
+        K.Let("i", K.Bin("add", K.Bin("mul", K.Builtin("group_id", 0), K.Const(256, dt.i32)), K.Builtin("thread_id", 0))),
+        K.If(
+            K.Bin("lt", i, K.Const(1024, dt.i32)),
+            (
+                K.VecLoad(("a", "b", "c", "d"), "x", K.Bin("mul", i, K.Const(4, dt.i32)), dt.f32),
+                K.Store("y", K.Bin("mul", i, K.Const(2, dt.i32)), K.PackBf16x2(K.Ref("a", dt.f32), K.Ref("b", dt.f32))),
+                K.Store("y", K.Bin("add", K.Bin("mul", i, K.Const(2, dt.i32)), K.Const(1, dt.i32)), K.PackBf16x2(K.Ref("c", dt.f32), K.Ref("d", dt.f32))),
+            ),
+        ),
+    )
     kern = K.Kernel("pack_bf16x2_test", (K.Buffer("x", dt.f32), K.Buffer("y", dt.i32, readonly=False)), body, (256, 1, 1), ())
     y = poisoned((2048,), np.int32)
     run_host(kern, (4,), {"x": x, "y": y})
@@ -503,11 +572,11 @@ def test_x_rounded_once_to_bf16(rng, m, k):
     bf16 of each value, every word, and nothing past the plane."""
     x = (rng.standard_normal((m, k)) * np.exp2(rng.integers(-20, 20, (m, k)))).astype(np.float32)
     xs = poisoned((m * k,), np.int32)
-    guard = xs[m * k // 2:].copy()
+    guard = xs[m * k // 2 :].copy()
     run_host(split_bf16x2(k, 1), (-(-m * k // 8 // SPLIT_THREADS),), {"x": x, "xs": xs}, {"m": m})
     want = split_reference(x)[: m * k // 2]
     assert (xs[: m * k // 2] == want).all(), f"{(xs[: m * k // 2] != want).sum()} of {want.size} words differ"
-    assert (xs[m * k // 2:] == guard).all(), "wrote past the hi plane"
+    assert (xs[m * k // 2 :] == guard).all(), "wrote past the hi plane"
 
 
 @pytest.mark.parametrize("parts,count", [(2, 4), (4, 1000), (8, 4096 * 3 + 4)])
@@ -517,7 +586,7 @@ def test_sum_parts_adds_a_split_products_parts(rng, parts, count):
     run_host(sum_parts(parts), (-(-count // 4 // SPLIT_THREADS),), {"p": p, "y": y}, {"count": count})
     want = p[:count].copy()
     for s in range(1, parts):  # in the kernel's order: bit for bit
-        want += p[s * count:(s + 1) * count]
+        want += p[s * count : (s + 1) * count]
     assert (y == want).all()
 
 
@@ -529,13 +598,18 @@ def test_gemm_mma_split_along_k_then_summed(rng, parts, m, n, k):
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     part = poisoned((parts, m, n))
-    run_host(gemm_mma(k, 2, 4, 2, 4, xsplit=True, ksplit=parts), (-(-n // 128), -(-m // 64), parts), {"xs": split_reference(x), "w": bits, "y": part}, {"m": m, "n": n})
+    run_host(
+        gemm_mma(k, 2, 4, 2, 4, xsplit=True, ksplit=parts),
+        (-(-n // 128), -(-m // 64), parts),
+        {"xs": split_reference(x), "w": bits, "y": part},
+        {"m": m, "n": n},
+    )
     y = poisoned((m, n))
     run_host(sum_parts(parts), (-(-m * n // 4 // SPLIT_THREADS),), {"p": part, "y": y}, {"count": m * n})
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
     kp = k // parts  # each part is its own slice of K
-    _close(part[1], x[:, kp:2 * kp].astype(np.float64) @ w[:, kp:2 * kp].T.astype(np.float64), np.abs(x[:, kp:2 * kp]) @ np.abs(w[:, kp:2 * kp]).T)
+    _close(part[1], x[:, kp : 2 * kp].astype(np.float64) @ w[:, kp : 2 * kp].T.astype(np.float64), np.abs(x[:, kp : 2 * kp]) @ np.abs(w[:, kp : 2 * kp]).T)
 
 
 @mma_only
@@ -574,8 +648,9 @@ def test_gemms_on_x_rounded_to_bf16(rng, gemm, m, n, k):
         run_host(gemm_mma(k, wm, wn, tm, tn, split=False, xsplit=True), grid, {"xs": xs, "w": bits, "y": y}, {"m": m, "n": n})
     else:
         mt, tn = map(int, a.split("x"))
-        run_host(gemm_warp(k, mt, tn, int(b[1:]), split=False, xsplit=True), (-(-m // (16 * mt)), -(-n // (8 * tn))),
-                 {"xs": xs, "w": bits, "y": y}, {"m": m, "n": n})
+        run_host(
+            gemm_warp(k, mt, tn, int(b[1:]), split=False, xsplit=True), (-(-m // (16 * mt)), -(-n // (8 * tn))), {"xs": xs, "w": bits, "y": y}, {"m": m, "n": n}
+        )
     rounded = bf16_round(x).astype(np.float64) @ w.T.astype(np.float64)
     _close(y, rounded, np.abs(x) @ np.abs(w).T)
     exact = x.astype(np.float64) @ w.T.astype(np.float64)
@@ -627,12 +702,31 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m,per_warp,wide,flags", [(1, 1, 1, True, ""), (4, 3, 1, True, ""), (1, 1, 3, True, ""), (4, 3, 2, False, ""),
-                                                  (1, 1, 1, False, ""), (1, 1, 3, False, ""), (1, 1, 1, True, "pf"), (4, 3, 2, False, "pf"),
-                                                  (1, 1, 1, True, "pf xs"), (4, 3, 2, False, "xs"), (1, 1, 1, True, "xs early"),
-                                                  (4, 3, 1, False, "early"), (1, 1, 2, True, "xs ahead"), (4, 3, 3, False, "ahead"),
-                                                  (1, 1, 4, True, "xs pipe"), (1, 1, 2, False, "pipe"), (1, 1, 2, True, "xs copied"),
-                                                  (1, 1, 2, True, "copied"), (1, 1, 1, True, "xs copied"), (1, 1, 1, False, "copied")])
+@pytest.mark.parametrize(
+    "mr,m,per_warp,wide,flags",
+    [
+        (1, 1, 1, True, ""),
+        (4, 3, 1, True, ""),
+        (1, 1, 3, True, ""),
+        (4, 3, 2, False, ""),
+        (1, 1, 1, False, ""),
+        (1, 1, 3, False, ""),
+        (1, 1, 1, True, "pf"),
+        (4, 3, 2, False, "pf"),
+        (1, 1, 1, True, "pf xs"),
+        (4, 3, 2, False, "xs"),
+        (1, 1, 1, True, "xs early"),
+        (4, 3, 1, False, "early"),
+        (1, 1, 2, True, "xs ahead"),
+        (4, 3, 3, False, "ahead"),
+        (1, 1, 4, True, "xs pipe"),
+        (1, 1, 2, False, "pipe"),
+        (1, 1, 2, True, "xs copied"),
+        (1, 1, 2, True, "copied"),
+        (1, 1, 1, True, "xs copied"),
+        (1, 1, 1, False, "copied"),
+    ],
+)
 @pytest.mark.parametrize("k", [1024, 256 * 11])  # Q4_K: one step of a warp's blocks, or two (the second partial)
 def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr, m, per_warp, wide, flags, k):
     """``flags``: "pf" the rows asked for first, "xs" x quantized once by its own kernel and staged,
@@ -653,8 +747,20 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
         bg, bu = np.ascontiguousarray(rg).view(np.int32), np.ascontiguousarray(ru).view(np.int32)
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
-    kern = gemv_warp(qtype, k, mr, glu=True, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags, early="early" in flags,
-                     ahead="ahead" in flags, pipelined="pipe" in flags, copied=int("copied" in flags))
+    kern = gemv_warp(
+        qtype,
+        k,
+        mr,
+        glu=True,
+        per_warp=per_warp,
+        wide=wide,
+        prefetch="pf" in flags,
+        staged="xs" in flags,
+        early="early" in flags,
+        ahead="ahead" in flags,
+        pipelined="pipe" in flags,
+        copied=int("copied" in flags),
+    )
     run_host(kern, (-(-n // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), "wg": bg, "wu": bu, "y": y}, {"m": m, "n": n})
     if qtype == "bf16":
         g, u = x.astype(np.float64) @ wg.T.astype(np.float64), x.astype(np.float64) @ wu.T.astype(np.float64)
@@ -667,12 +773,29 @@ def test_gated_gemv_computes_silu_of_one_product_times_the_other(rng, qtype, mr,
 
 @gpu_only
 @pytest.mark.parametrize("qtype", ["bf16", "q4_k"])
-@pytest.mark.parametrize("mr,m,per_warp,wide,flags", [(1, 1, 1, True, ""), (4, 2, 1, True, ""), (1, 1, 2, True, ""), (4, 2, 3, True, ""),
-                                                  (1, 1, 1, False, ""), (4, 2, 3, False, ""), (1, 1, 1, True, "pf"), (4, 2, 3, True, "pf"),
-                                                  (1, 1, 1, True, "pf xs"), (4, 2, 3, True, "xs"), (1, 1, 1, True, "xs ahead"),
-                                                  (1, 1, 2, True, "xs ahead"), (4, 2, 3, False, "ahead"),
-                                                  (1, 1, 1, True, "xs pipe"), (4, 2, 3, False, "pipe"), (1, 1, 1, True, "xs copied"),
-                                                  (1, 1, 2, True, "xs copied"), (1, 1, 3, True, "copied")])
+@pytest.mark.parametrize(
+    "mr,m,per_warp,wide,flags",
+    [
+        (1, 1, 1, True, ""),
+        (4, 2, 1, True, ""),
+        (1, 1, 2, True, ""),
+        (4, 2, 3, True, ""),
+        (1, 1, 1, False, ""),
+        (4, 2, 3, False, ""),
+        (1, 1, 1, True, "pf"),
+        (4, 2, 3, True, "pf"),
+        (1, 1, 1, True, "pf xs"),
+        (4, 2, 3, True, "xs"),
+        (1, 1, 1, True, "xs ahead"),
+        (1, 1, 2, True, "xs ahead"),
+        (4, 2, 3, False, "ahead"),
+        (1, 1, 1, True, "xs pipe"),
+        (4, 2, 3, False, "pipe"),
+        (1, 1, 1, True, "xs copied"),
+        (1, 1, 2, True, "xs copied"),
+        (1, 1, 3, True, "copied"),
+    ],
+)
 @pytest.mark.parametrize("k", [512, 256 * 11])
 def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_warp, wide, flags, k):
     """Parts of 24, 8 and 13 features: with several features a warp, one warp's features span parts.
@@ -696,8 +819,19 @@ def test_one_gemv_launch_for_several_products_of_one_x(rng, qtype, mr, m, per_wa
         ws.append(w)
         bufs[f"w{i}"], bufs[f"y{i}"] = bits, poisoned((m, n))
     x = rng.standard_normal((m, k)).astype(np.float32)
-    kern = gemv_warp(qtype, k, mr, parts=parts, per_warp=per_warp, wide=wide, prefetch="pf" in flags, staged="xs" in flags, ahead="ahead" in flags,
-                     pipelined="pipe" in flags, copied=int("copied" in flags))
+    kern = gemv_warp(
+        qtype,
+        k,
+        mr,
+        parts=parts,
+        per_warp=per_warp,
+        wide=wide,
+        prefetch="pf" in flags,
+        staged="xs" in flags,
+        ahead="ahead" in flags,
+        pipelined="pipe" in flags,
+        copied=int("copied" in flags),
+    )
     run_host(kern, (-(-sum(parts) // (kern.threads // 32 * per_warp)), -(-m // mr)), {**_x_for(x, "xs" in flags), **bufs}, {"m": m, "n": sum(parts)})
     for i, w in enumerate(ws):
         if qtype == "bf16":
@@ -728,9 +862,19 @@ def _prefill_case(rng, hq, hkv, d, bs=16):
     perm = rng.permutation(len(seq_ids))
     nb, mb, tables = _block_tables(rng, ctx, bs)
     t = len(seq_ids)
-    return dict(q=rng.standard_normal((t, hq, d)).astype(np.float32), k=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
-                v=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32), positions=positions[perm], seq_ids=seq_ids[perm],
-                ctx_lens=ctx.astype(np.int32), block_tables=tables), bs, mb
+    return (
+        dict(
+            q=rng.standard_normal((t, hq, d)).astype(np.float32),
+            k=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
+            v=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
+            positions=positions[perm],
+            seq_ids=seq_ids[perm],
+            ctx_lens=ctx.astype(np.int32),
+            block_tables=tables,
+        ),
+        bs,
+        mb,
+    )
 
 
 def _pools_as(data: dict, pt: str) -> tuple[dict, dict]:
@@ -757,18 +901,37 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs, pt):
     t = len(data["seq_ids"])
     causal, window, softcap, scale = mask != "full", 40 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
     out = poisoned((t, hq, d))
-    bufs = {"q": data["q"], **pools, "positions": data["positions"],
-            "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out}
+    bufs = {
+        "q": data["q"],
+        **pools,
+        "positions": data["positions"],
+        "seq_ids": data["seq_ids"],
+        "ctx_lens": data["ctx_lens"],
+        "block_tables": data["block_tables"],
+        "out": out,
+    }
     scalars = {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
     run_host(attention_mma(d, causal, pt=pt), (-(-t // MMA_QROWS), hq), bufs, scalars)
     # as plans build it: the pools' block size fixed in the kernel (tiles read the table once a block), soft-capping only where the model has it
     fixed = poisoned((t, hq, d))
     run_host(attention_mma(d, causal, block=bs, softcap=softcap > 0, pt=pt), (-(-t // MMA_QROWS), hq), {**bufs, "out": fixed}, scalars)
+
     def reference(d_):  # type: ignore[no-untyped-def]
         b = GraphBuilder()
         ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in d_.items()}
-        y = b.attention(ins["q"], ins["k"], ins["v"], positions=ins["positions"], seq_ids=ins["seq_ids"], ctx_lens=ins["ctx_lens"],
-                        block_tables=ins["block_tables"], causal=causal, window=window or None, softcap=softcap or None, scale=scale)
+        y = b.attention(
+            ins["q"],
+            ins["k"],
+            ins["v"],
+            positions=ins["positions"],
+            seq_ids=ins["seq_ids"],
+            ctx_lens=ins["ctx_lens"],
+            block_tables=ins["block_tables"],
+            causal=causal,
+            window=window or None,
+            softcap=softcap or None,
+            scale=scale,
+        )
         return evaluate(b.build({"y": y}), d_)["y"].astype(np.float64)
 
     want = reference(data)
@@ -792,8 +955,11 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs, pt):
 
 
 @pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
-@pytest.mark.parametrize("kern", [attention_decode(128, True, 1, "f16"), attention_decode(64, True, 8, "f16"), attention_mma(128, pt="f16"),
-                                  attention_mma(64, True, False, pt="f16")], ids=lambda k: k.name)
+@pytest.mark.parametrize(
+    "kern",
+    [attention_decode(128, True, 1, "f16"), attention_decode(64, True, 8, "f16"), attention_mma(128, pt="f16"), attention_mma(64, True, False, pt="f16")],
+    ids=lambda k: k.name,
+)
 def test_gpu_attention_reads_f16_pools_as_halves(kern):
     """The warp decode attention and the tensor-core prefill attention over f16 pools: keys and values
     loaded as halves (four a load) and widened, within ptxas's registers (no spills); a pool type
@@ -813,9 +979,19 @@ def _decode_case(rng, hq, hkv, d, bs=16):
     ctx = np.array([1, 37, 300, 1100, 64])
     nb, mb, tables = _block_tables(rng, ctx, bs)
     perm = rng.permutation(len(ctx))
-    return dict(q=rng.standard_normal((len(ctx), hq, d)).astype(np.float32), k=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
-                v=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32), positions=(ctx - 1)[perm].astype(np.int32),
-                seq_ids=perm.astype(np.int32), ctx_lens=ctx.astype(np.int32), block_tables=tables), bs, mb
+    return (
+        dict(
+            q=rng.standard_normal((len(ctx), hq, d)).astype(np.float32),
+            k=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
+            v=rng.standard_normal((nb, bs, hkv, d)).astype(np.float32),
+            positions=(ctx - 1)[perm].astype(np.int32),
+            seq_ids=perm.astype(np.int32),
+            ctx_lens=ctx.astype(np.int32),
+            block_tables=tables,
+        ),
+        bs,
+        mb,
+    )
 
 
 @gpu_only
@@ -835,26 +1011,59 @@ def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt,
     causal, window, softcap, scale = mask != "full", 300 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
     out = poisoned((t, hq, splits * d))
     pm, pl = poisoned((t * hq * splits,)), poisoned((t * hq * splits,))
-    bufs = {"q": data["q"], **pools, "positions": data["positions"],
-            "seq_ids": data["seq_ids"], "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"], "out": out, "part_m": pm, "part_l": pl}
-    run_host(attention_decode(d, causal, splits, pt, warps, softcap=softcap > 0), (t, hq, splits), bufs,
-             {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
+    bufs = {
+        "q": data["q"],
+        **pools,
+        "positions": data["positions"],
+        "seq_ids": data["seq_ids"],
+        "ctx_lens": data["ctx_lens"],
+        "block_tables": data["block_tables"],
+        "out": out,
+        "part_m": pm,
+        "part_l": pl,
+    }
+    run_host(
+        attention_decode(d, causal, splits, pt, warps, softcap=softcap > 0),
+        (t, hq, splits),
+        bufs,
+        {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap},
+    )
     if splits > 1:
         final = poisoned((t, hq, d))
-        run_host(attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=min(d, 128)), (t * hq,), {"part_acc": out, "part_m": pm, "part_l": pl, "out": final}, {"dv": d})
+        run_host(
+            attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=min(d, 128)),
+            (t * hq,),
+            {"part_acc": out, "part_m": pm, "part_l": pl, "out": final},
+            {"dv": d},
+        )
         out = final
     b = GraphBuilder()
     ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in data.items()}
-    y = b.attention(ins["q"], ins["k"], ins["v"], positions=ins["positions"], seq_ids=ins["seq_ids"], ctx_lens=ins["ctx_lens"],
-                    block_tables=ins["block_tables"], causal=causal, window=window or None, softcap=softcap or None, scale=scale)
+    y = b.attention(
+        ins["q"],
+        ins["k"],
+        ins["v"],
+        positions=ins["positions"],
+        seq_ids=ins["seq_ids"],
+        ctx_lens=ins["ctx_lens"],
+        block_tables=ins["block_tables"],
+        causal=causal,
+        window=window or None,
+        softcap=softcap or None,
+        scale=scale,
+    )
     want = evaluate(b.build({"y": y}), data)["y"]
     assert np.isfinite(out).all(), "an output element was never written"
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
     if splits == 1:  # the output also as the dp4a GEMVs' two int8 terms: those of its own f32 output
         out8 = poisoned((t, hq, d))
         xq, xr, xds = poisoned((t * hq * d // 4,), np.int32), poisoned((t * hq * d // 4,), np.int32), poisoned((t * hq * d // 16,))
-        run_host(attention_decode(d, causal, 1, pt, warps, q8=True, softcap=softcap > 0), (t, hq, 1), {**bufs, "out": out8, "xq": xq, "xr": xr, "xds": xds},
-                 {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap})
+        run_host(
+            attention_decode(d, causal, 1, pt, warps, q8=True, softcap=softcap > 0),
+            (t, hq, 1),
+            {**bufs, "out": out8, "xq": xq, "xr": xr, "xds": xds},
+            {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap},
+        )
         np.testing.assert_array_equal(out8, out)
         assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all() and (xr != np.iinfo(np.int32).min).all(), "a word was never written"
         check_q8x2(out8.reshape(t, hq * d), xq, xr, xds)
@@ -869,8 +1078,10 @@ def _llama3_8b_one_row_gemvs() -> list:
     from poot.plan.fused_gemv import GLU_Q8_WARPS, PARTS_ONE_ROW_GROUPS
     from poot.plan.matmul import _one_row_shape
 
-    out = [(partial(gemv_warp, "q4_k", 4096, 1, parts=(4096, 1024, 1024), staged=True, min_groups=PARTS_ONE_ROW_GROUPS), PARTS_ONE_ROW_GROUPS),
-           (partial(gemv_warp, "q4_k", 4096, 1, GLU_Q8_WARPS, glu=True, staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True), 0)]
+    out = [
+        (partial(gemv_warp, "q4_k", 4096, 1, parts=(4096, 1024, 1024), staged=True, min_groups=PARTS_ONE_ROW_GROUPS), PARTS_ONE_ROW_GROUPS),
+        (partial(gemv_warp, "q4_k", 4096, 1, GLU_Q8_WARPS, glu=True, staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True), 0),
+    ]
     for k, n in ((4096, 4096), (14336, 4096), (4096, 128256)):  # o, down, the output head
         shape = _one_row_shape({"xq_in": 0}, k, n)
         out.append((partial(gemv_warp, "q4_k", k, 1, staged=True, **shape), shape["min_groups"]))

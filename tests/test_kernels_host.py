@@ -35,8 +35,10 @@ def test_rms_norm(rng, rows, cols, block, unit):
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-6)
 
 
-@pytest.mark.parametrize("rows,cols,block,unit,lanes", [(3, 77, 32, False, False), (5, 300, 128, True, False), (2, 4096, 1024, False, False),
-                                                     (3, 77, 1, False, True), (4, 300, 1, True, True)])
+@pytest.mark.parametrize(
+    "rows,cols,block,unit,lanes",
+    [(3, 77, 32, False, False), (5, 300, 128, True, False), (2, 4096, 1024, False, False), (3, 77, 1, False, True), (4, 300, 1, True, True)],
+)
 def test_add_rms_norm(rng, rows, cols, block, unit, lanes):
     """The residual add and the norm of its sum in one kernel: both outputs against the oracle."""
     a, b = (rng.standard_normal((rows, cols)).astype(np.float32) for _ in range(2))
@@ -75,7 +77,11 @@ def test_layer_norm(rng, rows, cols):
     w, bias = rng.standard_normal(cols).astype(np.float32), rng.standard_normal(cols).astype(np.float32)
     y = poisoned((rows, cols))
     run_host(norms.layer_norm.instantiate(BLOCK=64), (rows,), {"x": x, "w": w, "b": bias, "y": y}, {"cols": cols, "eps": 1e-5})
-    want = oracle(lambda b: g_layer_norm(b, b.input("x", "f32", [rows, cols]), b.weight("w", "f32", [cols]), b.weight("b", "f32", [cols]), 1e-5), {"x": x}, {"w": w, "b": bias})
+    want = oracle(
+        lambda b: g_layer_norm(b, b.input("x", "f32", [rows, cols]), b.weight("w", "f32", [cols]), b.weight("b", "f32", [cols]), 1e-5),
+        {"x": x},
+        {"w": w, "b": bias},
+    )
     np.testing.assert_allclose(y, want, rtol=2e-5, atol=2e-5)
 
 
@@ -140,7 +146,12 @@ def test_gemm_packed(rng, qtype, m, n):
     raw, lut, q = _packed(rng, qtype, n, k)
     a = rng.standard_normal((m, k)).astype(np.float32)
     c = poisoned((m, n))
-    run_host(linear.gemm_packed.instantiate(QTYPE=qtype), (-(-n // 16), -(-m // 16)), {"a": a, "w": raw, "lut": lut, "c": c}, {"m": m, "n": n, "k": k, "row_bytes": raw.shape[1]})
+    run_host(
+        linear.gemm_packed.instantiate(QTYPE=qtype),
+        (-(-n // 16), -(-m // 16)),
+        {"a": a, "w": raw, "lut": lut, "c": c},
+        {"m": m, "n": n, "k": k, "row_bytes": raw.shape[1]},
+    )
     np.testing.assert_allclose(c, a.astype(np.float64) @ q.dequantize(raw).astype(np.float64).T, rtol=1e-4, atol=1e-3)
 
 
@@ -184,7 +195,12 @@ def test_embedding_gather(rng, qtype):
     else:
         q = quantization(qtype)
         raw = q.quantize(table)
-        run_host(gather.gather_packed.instantiate(QTYPE=qtype, BLOCK=32), (t,), {"table": raw, "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "ids": ids, "out": out}, {"cols": cols, "row_bytes": raw.shape[1]})
+        run_host(
+            gather.gather_packed.instantiate(QTYPE=qtype, BLOCK=32),
+            (t,),
+            {"table": raw, "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "ids": ids, "out": out},
+            {"cols": cols, "row_bytes": raw.shape[1]},
+        )
         b = GraphBuilder()
         want = evaluate(b.build({"y": b.gather(b.weight("t", qtype, [vocab, cols]), b.input("ids", "i32", [t]))}), {"ids": ids}, {"t": raw})["y"]
     np.testing.assert_array_equal(out, want)  # dequantization is exact: same float ops as the oracle
@@ -198,8 +214,12 @@ def test_rope(rng, layout, rot):
     cfg = RopeConfig(rot, 10000.0, layout)
     inv, af = rope_frequencies(cfg)
     y = poisoned((t, h, d))
-    run_host(rope.rope.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=16), (t, h), {"x": x, "positions": pos, "inv_freq": inv.astype(np.float32), "y": y},
-             {"heads": h, "head_dim": d, "attn_factor": af})
+    run_host(
+        rope.rope.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=16),
+        (t, h),
+        {"x": x, "positions": pos, "inv_freq": inv.astype(np.float32), "y": y},
+        {"heads": h, "head_dim": d, "attn_factor": af},
+    )
     want = oracle(lambda b: apply_rope(b, b.input("x", "f32", [t, h, d]), b.input("p", "i32", [t]), cfg), {"x": x, "p": pos})
     np.testing.assert_allclose(y, want, rtol=1e-5, atol=2e-5)
 
@@ -222,9 +242,12 @@ def test_rope_kv_cache(rng, layout, rot, dv, pools):
     k_pool, v_pool = rng.standard_normal((nb, bs, hkv, d)).astype(pt), rng.standard_normal((nb, bs, hkv, dv)).astype(pt)
     want_k, want_v = k_pool.copy(), v_pool.copy()
     q_out = poisoned((t, hq, d))
-    run_host(rope.rope_kv_cache.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=32, PT=pools), (t, hq + 2 * hkv),
-             {"q": q, "k": k, "v": v, "positions": pos, "inv_freq": inv.astype(np.float32), "slots": slots, "q_out": q_out, "k_pool": k_pool, "v_pool": v_pool},
-             {"hq": hq, "hkv": hkv, "head_dim": d, "v_dim": dv, "attn_factor": af})
+    run_host(
+        rope.rope_kv_cache.instantiate(ROT=rot, NEOX=layout == "neox", BLOCK=32, PT=pools),
+        (t, hq + 2 * hkv),
+        {"q": q, "k": k, "v": v, "positions": pos, "inv_freq": inv.astype(np.float32), "slots": slots, "q_out": q_out, "k_pool": k_pool, "v_pool": v_pool},
+        {"hq": hq, "hkv": hkv, "head_dim": d, "v_dim": dv, "attn_factor": af},
+    )
     rot_of = lambda x, hh: oracle(lambda b: apply_rope(b, b.input("x", "f32", [t, hh, d]), b.input("p", "i32", [t]), cfg), {"x": x, "p": pos})  # noqa: E731
     np.testing.assert_allclose(q_out, rot_of(q, hq), rtol=1e-5, atol=2e-5)
     kr = rot_of(k, hkv)
@@ -268,7 +291,10 @@ def _paged_case(rng, v, bs=4):
         k=rng.standard_normal((NB, bs, v["hkv"], v["dk"])).astype(np.float32),
         v=rng.standard_normal((NB, bs, v["hkv"], v["dv"])).astype(np.float32),
         ks=rng.standard_normal((NB, bs, max(v["dr"], 1))).astype(np.float32),
-        positions=positions, seq_ids=seq_ids, ctx_lens=ctx.astype(np.int32), block_tables=tables,
+        positions=positions,
+        seq_ids=seq_ids,
+        ctx_lens=ctx.astype(np.int32),
+        block_tables=tables,
     )
     return data, bs, MB
 
@@ -286,13 +312,32 @@ def test_paged_attention(rng, variant, mask, pools, splits):
         data.update({n: data[n].astype(np.float16) for n in ("k", "v", "ks")})
     T = len(data["seq_ids"])
     causal, window, softcap, scale = mask != "full", 9 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0, 0.3
-    bufs = {"q": data["q"], "k_pool": data["k"], "v_pool": data["v"], "ks_pool": data["ks"], "positions": data["positions"], "seq_ids": data["seq_ids"],
-            "ctx_lens": data["ctx_lens"], "block_tables": data["block_tables"]}
+    bufs = {
+        "q": data["q"],
+        "k_pool": data["k"],
+        "v_pool": data["v"],
+        "ks_pool": data["ks"],
+        "positions": data["positions"],
+        "seq_ids": data["seq_ids"],
+        "ctx_lens": data["ctx_lens"],
+        "block_tables": data["block_tables"],
+    }
     if splits == "blocks":  # query tokens in blocks sharing key tiles; the tokens are shuffled, so blocks mix sequences
         k = attn_lib.attention_blocks.instantiate(CAUSAL=causal, QT=4, KT=8, D=64, PT=pools)
         out = bufs["out"] = poisoned((T, v["hq"], v["dv"]))
-        sc = {"ntok": T, "hq": v["hq"], "hkv": v["hkv"], "dk": v["dk"], "dv": v["dv"], "dr": v["dr"], "bs": bs, "mb": mb, "scale": scale,
-              "window": window, "softcap": softcap}
+        sc = {
+            "ntok": T,
+            "hq": v["hq"],
+            "hkv": v["hkv"],
+            "dk": v["dk"],
+            "dv": v["dv"],
+            "dr": v["dr"],
+            "bs": bs,
+            "mb": mb,
+            "scale": scale,
+            "window": window,
+            "softcap": softcap,
+        }
         run_host(k, (-(-T // 4), v["hq"]), bufs, sc)
         splits = 1
     elif splits in ("lanes", "lanes3"):
@@ -300,8 +345,9 @@ def test_paged_attention(rng, variant, mask, pools, splits):
             pytest.skip("the lane schedule is the host's (one thread a workgroup); GPU plans use the other two")
         gq = v["hq"] // v["hkv"] if mask != "causal" else 1  # a KV head's query heads together, or one a workgroup
         splits = 3 if splits == "lanes3" else 1
-        k = attn_lib.attention_lanes.instantiate(HQ=v["hq"], HKV=v["hkv"], DK=v["dk"], DV=v["dv"], DR=v["dr"], BS=bs, CAUSAL=causal, TILE=16, PT=pools, GQ=gq,
-                                                 SPLITS=splits)
+        k = attn_lib.attention_lanes.instantiate(
+            HQ=v["hq"], HKV=v["hkv"], DK=v["dk"], DV=v["dv"], DR=v["dr"], BS=bs, CAUSAL=causal, TILE=16, PT=pools, GQ=gq, SPLITS=splits
+        )
         out = poisoned((T, v["hq"], splits * v["dv"]))
         pm, pl = poisoned((T * v["hq"] * splits,)), poisoned((T * v["hq"] * splits,))
         bufs.update(out=out, part_m=pm, part_l=pl)
@@ -312,17 +358,45 @@ def test_paged_attention(rng, variant, mask, pools, splits):
         out = poisoned((T, v["hq"], splits * v["dv"]) if splits > 1 else (T, v["hq"], v["dv"]))
         pm, pl = poisoned((T * v["hq"] * splits,)), poisoned((T * v["hq"] * splits,))
         bufs.update(out=out, part_m=pm, part_l=pl)
-        sc = {"hq": v["hq"], "hkv": v["hkv"], "dk": v["dk"], "dv": v["dv"], "dr": v["dr"], "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
+        sc = {
+            "hq": v["hq"],
+            "hkv": v["hkv"],
+            "dk": v["dk"],
+            "dv": v["dv"],
+            "dr": v["dr"],
+            "bs": bs,
+            "mb": mb,
+            "scale": scale,
+            "window": window,
+            "softcap": softcap,
+        }
         run_host(k, (T, v["hq"], splits), bufs, sc)
     if splits > 1:
         final = poisoned((T, v["hq"], v["dv"]))
-        run_host(attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=32), (T * v["hq"],), {"part_acc": out, "part_m": pm, "part_l": pl, "out": final}, {"dv": v["dv"]})
+        run_host(
+            attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=32),
+            (T * v["hq"],),
+            {"part_acc": out, "part_m": pm, "part_l": pl, "out": final},
+            {"dv": v["dv"]},
+        )
         out = final
     graph_data = {n: a for n, a in data.items() if n != "ks" or v["dr"]}
     b = GraphBuilder()
     ins = {n: b.input(n, {"float32": "f32", "float16": "f16"}.get(a.dtype.name, "i32"), list(a.shape)) for n, a in graph_data.items()}
-    y = b.attention(ins["q"], ins["k"], ins["v"], k_shared=ins["ks"] if v["dr"] else None, positions=ins["positions"], seq_ids=ins["seq_ids"],
-                    ctx_lens=ins["ctx_lens"], block_tables=ins["block_tables"], causal=causal, window=window or None, softcap=softcap or None, scale=scale)
+    y = b.attention(
+        ins["q"],
+        ins["k"],
+        ins["v"],
+        k_shared=ins["ks"] if v["dr"] else None,
+        positions=ins["positions"],
+        seq_ids=ins["seq_ids"],
+        ctx_lens=ins["ctx_lens"],
+        block_tables=ins["block_tables"],
+        causal=causal,
+        window=window or None,
+        softcap=softcap or None,
+        scale=scale,
+    )
     want = evaluate(b.build({"y": y}), graph_data)["y"]
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
 
@@ -342,7 +416,7 @@ def _sampling_case(rng, rows, vocab):
         repetition=rng.choice([1.0, 1.3], rows).astype(np.float32),
         presence=rng.choice([0.0, 0.5], rows).astype(np.float32),
         frequency=rng.choice([0.0, 0.2], rows).astype(np.float32),
-        seeds=rng.integers(-2**31, 2**31 - 1, rows).astype(np.int32),
+        seeds=rng.integers(-(2**31), 2**31 - 1, rows).astype(np.int32),
         steps=rng.integers(0, 1000, rows).astype(np.int32),
     )
     return p
@@ -361,7 +435,9 @@ def _device_args(p, rng, rows, vocab, guided=False, nbias=0):
     if guided:
         bits = rng.random((rows, words * 32)) < 0.3
         bits[:, 0] = True  # something stays allowed
-        mask = np.packbits(bits.reshape(rows, words, 4, 8)[:, :, :, ::-1], axis=-1).reshape(rows, words, 4)[:, :, ::-1].copy().view(np.int32).reshape(rows, words)
+        mask = (
+            np.packbits(bits.reshape(rows, words, 4, 8)[:, :, :, ::-1], axis=-1).reshape(rows, words, 4)[:, :, ::-1].copy().view(np.int32).reshape(rows, words)
+        )
     bias_ids = rng.integers(-1, vocab, (rows, max(nbias, 1))).astype(np.int32)
     bias_vals = rng.normal(0, 3, (rows, max(nbias, 1))).astype(np.float32)
     if nbias == 0:
@@ -376,12 +452,13 @@ def _run_sampling(args, sc, rows: int, vocab: int, chunk: int) -> tuple[np.ndarr
     device: the tokens, and the chunks' parts."""
     chunks = -(-vocab // chunk)
     work, parts, tokens = poisoned((rows, vocab)), poisoned((rows * chunks * sampling_lib.PART_WORDS,)), poisoned((rows,), np.int32)
-    first = {n: args[n] for n in ("logits", "counts", "count_rows", "temperature", "repetition", "presence", "frequency", "seeds", "steps", "mask",
-                                  "bias_ids", "bias_vals")}
+    first = {
+        n: args[n]
+        for n in ("logits", "counts", "count_rows", "temperature", "repetition", "presence", "frequency", "seeds", "steps", "mask", "bias_ids", "bias_vals")
+    }
     run_host(sampling_lib.sample_chunks.instantiate(BLOCK=64), (rows, chunks), {**first, "work": work, "parts": parts}, {**sc, "chunk": chunk})
     second = {n: args[n] for n in ("temperature", "top_k", "top_p", "min_p", "seeds", "steps")}
-    run_host(sampling_lib.sample.instantiate(BLOCK=64), (rows,), {**second, "work": work, "parts": parts, "tokens": tokens},
-             {"vocab": vocab, "chunks": chunks})
+    run_host(sampling_lib.sample.instantiate(BLOCK=64), (rows,), {**second, "work": work, "parts": parts, "tokens": tokens}, {"vocab": vocab, "chunks": chunks})
     return tokens, parts
 
 
@@ -403,9 +480,19 @@ def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):
     vocab, rows = 50, 4000
     logits = np.tile((rng.standard_normal(vocab) * 1.5).astype(np.float32), (rows, 1))
     p = _sampling_case(rng, rows, vocab)
-    p.update(logits=logits, counts=np.zeros((rows, vocab), np.int32), temperature=np.ones(rows, np.float32), top_k=np.zeros(rows, np.int32),
-             top_p=np.ones(rows, np.float32), min_p=np.zeros(rows, np.float32), repetition=np.ones(rows, np.float32),
-             presence=np.zeros(rows, np.float32), frequency=np.zeros(rows, np.float32), seeds=np.full(rows, 1234, np.int32), steps=np.arange(rows, dtype=np.int32))
+    p.update(
+        logits=logits,
+        counts=np.zeros((rows, vocab), np.int32),
+        temperature=np.ones(rows, np.float32),
+        top_k=np.zeros(rows, np.int32),
+        top_p=np.ones(rows, np.float32),
+        min_p=np.zeros(rows, np.float32),
+        repetition=np.ones(rows, np.float32),
+        presence=np.zeros(rows, np.float32),
+        frequency=np.zeros(rows, np.float32),
+        seeds=np.full(rows, 1234, np.int32),
+        steps=np.arange(rows, dtype=np.int32),
+    )
     args, ref, sc = _device_args(p, rng, rows, vocab)
     a, _ = _run_sampling(args, sc, rows, vocab, 16)
     b, _ = _run_sampling(args, sc, rows, vocab, 32)
@@ -434,8 +521,14 @@ def test_the_largest_uniform_draws_no_masked_token(rng):
     # (before: (0xFFFFFF + 0.5) / 2^24, and 0xFFFFFF + 0.5 rounds to 2^24 in f32: u was 1.0)
     rows, vocab = 1, 50
     p = _sampling_case(rng, rows, vocab)
-    p.update(temperature=np.ones(1, np.float32), top_k=np.zeros(1, np.int32), top_p=np.ones(1, np.float32), min_p=np.zeros(1, np.float32),
-             seeds=np.array([hit], np.int64).astype(np.int32), steps=np.array([7], np.int32))
+    p.update(
+        temperature=np.ones(1, np.float32),
+        top_k=np.zeros(1, np.int32),
+        top_p=np.ones(1, np.float32),
+        min_p=np.zeros(1, np.float32),
+        seeds=np.array([hit], np.int64).astype(np.int32),
+        steps=np.array([7], np.int32),
+    )
     args, ref, sc = _device_args(p, rng, rows, vocab)
     args["mask"][0, 0] &= ~np.int32(1 << 3)  # token 3 not allowed
     tokens, _ = _run_sampling(args, sc, rows, vocab, 16)
@@ -469,8 +562,12 @@ def test_logprobs_kernel(rng, n):
     logits[0, 10:14] = logits[0].max() + 1  # ties at the top
     tokens = rng.integers(0, vocab, rows).astype(np.int32)
     chosen, ids, vals = poisoned((rows,)), poisoned((rows, n), np.int32), poisoned((rows, n))
-    run_host(sampling_lib.logprobs.instantiate(N=n, BLOCK=64), (rows,), {"logits": logits, "tokens": tokens, "chosen": chosen, "top_ids": ids, "top_vals": vals},
-             {"vocab": vocab})
+    run_host(
+        sampling_lib.logprobs.instantiate(N=n, BLOCK=64),
+        (rows,),
+        {"logits": logits, "tokens": tokens, "chosen": chosen, "top_ids": ids, "top_vals": vals},
+        {"vocab": vocab},
+    )
     want_c, want_ids, want_vals = logprobs_reference(logits, tokens, n)
     np.testing.assert_array_equal(ids, want_ids)
     np.testing.assert_allclose(chosen, want_c, atol=2e-5)
@@ -487,8 +584,12 @@ def test_count_tokens_counts_each_new_token_of_its_sequence(rng):
     for t, s in zip(tokens, seq_ids):
         if count_rows[s] >= 0:
             want[count_rows[s], t] += 1
-    run_host(sampling_lib.count_tokens.instantiate(), (1,), {"tokens": tokens, "seq_ids": seq_ids, "count_rows": count_rows, "counts": counts},
-             {"ntokens": 40, "vocab": vocab})
+    run_host(
+        sampling_lib.count_tokens.instantiate(),
+        (1,),
+        {"tokens": tokens, "seq_ids": seq_ids, "count_rows": count_rows, "counts": counts},
+        {"ntokens": 40, "vocab": vocab},
+    )
     np.testing.assert_array_equal(counts, want)
 
 
@@ -500,8 +601,12 @@ def test_feed_tokens_takes_the_tokens_a_step_was_queued_without_from_the_last_sa
     seq_ids = rng.integers(0, 4, n).astype(np.int32)
     count_rows = np.array([3, -1, 0, 5], np.int32)
     out = poisoned((n,), np.int32)
-    run_host(sampling_lib.feed_tokens.instantiate(), (-(-n // 64),), {"last": last, "tokens": tokens, "seq_ids": seq_ids, "count_rows": count_rows, "out": out},
-             {"ntokens": n})
+    run_host(
+        sampling_lib.feed_tokens.instantiate(),
+        (-(-n // 64),),
+        {"last": last, "tokens": tokens, "seq_ids": seq_ids, "count_rows": count_rows, "out": out},
+        {"ntokens": n},
+    )
     rows = count_rows[seq_ids]
     want = np.where(tokens >= 0, tokens, np.where(rows >= 0, last[np.maximum(rows, 0)], 0))
     np.testing.assert_array_equal(out, want)
@@ -541,8 +646,13 @@ def _strides(shape, full):
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(ops=st.lists(st.tuples(st.sampled_from(_UNARY_SAFE + _BINARY_SAFE + ["where", "cast16", "castbf16"]), st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=8),
-       dims=st.tuples(st.integers(1, 5), st.integers(1, 7), st.integers(1, 33)), seed=st.integers(0, 2**31))
+@given(
+    ops=st.lists(
+        st.tuples(st.sampled_from(_UNARY_SAFE + _BINARY_SAFE + ["where", "cast16", "castbf16"]), st.integers(0, 50), st.integers(0, 50)), min_size=1, max_size=8
+    ),
+    dims=st.tuples(st.integers(1, 5), st.integers(1, 7), st.integers(1, 33)),
+    seed=st.integers(0, 2**31),
+)
 def test_fused_elementwise_chains_match_the_oracle(ops, dims, seed):
     rng = np.random.default_rng(seed)
     shapes = [dims, (1, dims[1], 1), (dims[2],), (dims[0], 1, dims[2])]
@@ -627,23 +737,65 @@ def test_strided_copies_match_the_oracle(rng, case):
         xs = _strides_of(x.shape)
         box, src = list(want.shape), [xs[2], xs[0], xs[3], xs[1]]
         out = poisoned(want.shape)
-        run_host(k, (-(-out.size // 64),), {"src": x, "dst": out}, dict(n=out.size, **{f"d{i}": v for i, v in enumerate(box)},
-                 **{f"s{i}": v for i, v in enumerate(src)}, src_offset=0, **{f"t{i}": v for i, v in enumerate(_strides_of(box))}, dst_offset=0))
+        run_host(
+            k,
+            (-(-out.size // 64),),
+            {"src": x, "dst": out},
+            dict(
+                n=out.size,
+                **{f"d{i}": v for i, v in enumerate(box)},
+                **{f"s{i}": v for i, v in enumerate(src)},
+                src_offset=0,
+                **{f"t{i}": v for i, v in enumerate(_strides_of(box))},
+                dst_offset=0,
+            ),
+        )
     elif case == "slice":
         want = evaluate(b.build({"y": b.slice(bx, 2, 1, 7, 2)}), {"x": x})["y"]
         xs = _strides_of(x.shape)
         box = list(want.shape)
         out = poisoned(want.shape)
-        run_host(k, (-(-out.size // 64),), {"src": x, "dst": out}, dict(n=out.size, **{f"d{i}": v for i, v in enumerate(box)},
-                 s0=xs[0], s1=xs[1], s2=2 * xs[2], s3=xs[3], src_offset=xs[2], **{f"t{i}": v for i, v in enumerate(_strides_of(box))}, dst_offset=0))
+        run_host(
+            k,
+            (-(-out.size // 64),),
+            {"src": x, "dst": out},
+            dict(
+                n=out.size,
+                **{f"d{i}": v for i, v in enumerate(box)},
+                s0=xs[0],
+                s1=xs[1],
+                s2=2 * xs[2],
+                s3=xs[3],
+                src_offset=xs[2],
+                **{f"t{i}": v for i, v in enumerate(_strides_of(box))},
+                dst_offset=0,
+            ),
+        )
     elif case == "expand":
         col = rng.standard_normal((3, 1, 7, 1)).astype(np.float32)
         b2 = GraphBuilder()
         want = evaluate(b2.build({"y": b2.expand(b2.input("c", "f32", [3, 1, 7, 1]), [3, 5, 7, 2])}), {"c": col})["y"]
         out = poisoned(want.shape)
         cs = _strides_of(col.shape)
-        run_host(k, (-(-out.size // 64),), {"src": col, "dst": out}, dict(n=out.size, d0=3, d1=5, d2=7, d3=2, s0=cs[0], s1=0, s2=cs[2], s3=0,
-                 src_offset=0, **{f"t{i}": v for i, v in enumerate(_strides_of(want.shape))}, dst_offset=0))
+        run_host(
+            k,
+            (-(-out.size // 64),),
+            {"src": col, "dst": out},
+            dict(
+                n=out.size,
+                d0=3,
+                d1=5,
+                d2=7,
+                d3=2,
+                s0=cs[0],
+                s1=0,
+                s2=cs[2],
+                s3=0,
+                src_offset=0,
+                **{f"t{i}": v for i, v in enumerate(_strides_of(want.shape))},
+                dst_offset=0,
+            ),
+        )
         x = col
     else:
         z = rng.standard_normal((3, 5, 4, 2)).astype(np.float32)
@@ -652,8 +804,19 @@ def test_strided_copies_match_the_oracle(rng, case):
         ts = _strides_of(want.shape)
         for part, off in ((x, 0), (z, 7)):
             ps = _strides_of(part.shape)
-            run_host(k, (-(-part.size // 64),), {"src": part, "dst": out}, dict(n=part.size, **{f"d{i}": v for i, v in enumerate(part.shape)},
-                     **{f"s{i}": v for i, v in enumerate(ps)}, src_offset=0, **{f"t{i}": v for i, v in enumerate(ts)}, dst_offset=off * ts[2]))
+            run_host(
+                k,
+                (-(-part.size // 64),),
+                {"src": part, "dst": out},
+                dict(
+                    n=part.size,
+                    **{f"d{i}": v for i, v in enumerate(part.shape)},
+                    **{f"s{i}": v for i, v in enumerate(ps)},
+                    src_offset=0,
+                    **{f"t{i}": v for i, v in enumerate(ts)},
+                    dst_offset=off * ts[2],
+                ),
+            )
     np.testing.assert_array_equal(out, want)
 
 
@@ -691,15 +854,25 @@ def test_cache_write_through_a_shuffled_slot_map(rng, pools):
     vals = rng.standard_normal((t, width)).astype(np.float32)
     if pools == "f16":  # halves' midpoints (ties), subnormal halves, values past the largest half
         h = rng.integers(0, 0x7BFF, 40).astype(np.uint16).view(np.float16).astype(np.float64)
-        vals[:2] = np.concatenate([((h[:-1] + np.nextafter(h[:-1].astype(np.float16), np.float16(np.inf)).astype(np.float64)) / 2)[:39],
-                                   [2.0**-24 * 1.5, -(2.0**-20) * 1.25, 3.0e-8, 65520.0, -70000.0, 65519.0, 6.0e-5, -2.0**-25, 0.0]]).astype(np.float32).reshape(2, width)
+        vals[:2] = (
+            np.concatenate(
+                [
+                    ((h[:-1] + np.nextafter(h[:-1].astype(np.float16), np.float16(np.inf)).astype(np.float64)) / 2)[:39],
+                    [2.0**-24 * 1.5, -(2.0**-20) * 1.25, 3.0e-8, 65520.0, -70000.0, 65519.0, 6.0e-5, -(2.0**-25), 0.0],
+                ]
+            )
+            .astype(np.float32)
+            .reshape(2, width)
+        )
     slots = rng.permutation(nb * bs)[:t].astype(np.int32)
     slots[3] = -1
     got = pool.copy()
     run_host(movement.cache_write.instantiate(BLOCK=32, PT=pools), (t,), {"values": vals, "slots": slots, "pool": got}, {"width": width})
     b = GraphBuilder()
-    want = evaluate(b.build({"y": b.cache_write(b.input("p", pools, [nb, bs, width]), b.input("v", "f32", [t, width]), b.input("s", "i32", [t]))}),
-                    {"p": pool, "v": vals, "s": slots})["y"]
+    want = evaluate(
+        b.build({"y": b.cache_write(b.input("p", pools, [nb, bs, width]), b.input("v", "f32", [t, width]), b.input("s", "i32", [t]))}),
+        {"p": pool, "v": vals, "s": slots},
+    )["y"]
     assert got.dtype == want.dtype == pool.dtype
     np.testing.assert_array_equal(got.view(np.uint32 if pools == "f32" else np.uint16), want.view(np.uint32 if pools == "f32" else np.uint16))
 
@@ -713,10 +886,13 @@ def test_dot4_i8_sums_signed_byte_products(rng):
     a[:256] = np.repeat(np.arange(-128, 128, dtype=np.int8), 4).view(np.int32)[:256]  # extremes included
     c = rng.integers(-(2**20), 2**20, n).astype(np.int32)
     i = K.Bin("add", K.Bin("mul", K.Builtin("group_id", 0), K.Const(64, K.i32)), K.Builtin("thread_id", 0))
-    body = (K.If(K.Bin("lt", i, K.Ref("n", K.i32)),
-                 (K.Store("y", i, K.Dot4I8(K.Load("a", i, K.i32), K.Load("b", i, K.i32), K.Load("c", i, K.i32))),)),)
-    kern = K.Kernel("dot4_i8_test", (K.Buffer("a", K.i32), K.Buffer("b", K.i32), K.Buffer("c", K.i32), K.Buffer("y", K.i32, readonly=False),
-                                     K.ScalarParam("n", K.i32)), body, (64, 1, 1))
+    body = (K.If(K.Bin("lt", i, K.Ref("n", K.i32)), (K.Store("y", i, K.Dot4I8(K.Load("a", i, K.i32), K.Load("b", i, K.i32), K.Load("c", i, K.i32))),)),)
+    kern = K.Kernel(
+        "dot4_i8_test",
+        (K.Buffer("a", K.i32), K.Buffer("b", K.i32), K.Buffer("c", K.i32), K.Buffer("y", K.i32, readonly=False), K.ScalarParam("n", K.i32)),
+        body,
+        (64, 1, 1),
+    )
     y = poisoned((n,), np.int32)
     run_host(kern, (n // 64,), {"a": a, "b": b, "c": c, "y": y}, {"n": n})
     want = (a.view(np.int8).reshape(n, 4).astype(np.int64) * b.view(np.int8).reshape(n, 4)).sum(1) + c

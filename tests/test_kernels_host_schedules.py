@@ -105,16 +105,24 @@ def test_gemv_and_gemm_give_a_row_the_same_bits(rng, qtype):
     lut = LUTS.get(qtype, np.zeros(1, np.float32))
     c = poisoned((m, n))
     sc = {"xs": 0, "ws": 0, "ys": m * n}
-    run_host(linear_host.gemm_rows.instantiate(QTYPE=qtype, K=k, BS=bs, BB=bb, NR=4, TM=4), (-(-n // 4), 1), {"a": a, "w": raw, "lut": lut, "c": c},
-             {"m": m, "n": n, "row_bytes": raw.shape[-1], **sc})
+    run_host(
+        linear_host.gemm_rows.instantiate(QTYPE=qtype, K=k, BS=bs, BB=bb, NR=4, TM=4),
+        (-(-n // 4), 1),
+        {"a": a, "w": raw, "lut": lut, "c": c},
+        {"m": m, "n": n, "row_bytes": raw.shape[-1], **sc},
+    )
     for r in range(m):
         y = poisoned((1, n))
         x = a[r : r + 1].copy()
         if qtype in linear_host.LANE_TYPES:
             run_host(linear_host.gemv_lanes.instantiate(QTYPE=qtype), (n, 1, 1), {"x": x, "w": raw, "y": y}, {"n": n, "k": k, "row_bytes": raw.shape[-1], **sc})
         else:
-            run_host(linear_host.gemv_lanes_any.instantiate(QTYPE=qtype, BS=bs, BB=bb), (n, 1, 1), {"x": x, "w": raw, "lut": lut, "y": y},
-                     {"n": n, "k": k, "row_bytes": raw.shape[-1], **sc})
+            run_host(
+                linear_host.gemv_lanes_any.instantiate(QTYPE=qtype, BS=bs, BB=bb),
+                (n, 1, 1),
+                {"x": x, "w": raw, "lut": lut, "y": y},
+                {"n": n, "k": k, "row_bytes": raw.shape[-1], **sc},
+            )
         np.testing.assert_array_equal(y[0], c[r])
 
 
@@ -130,8 +138,10 @@ def test_gemv_and_gemm_f32_give_a_row_the_same_bits(rng):
         np.testing.assert_array_equal(y[0], c[r])
 
 
-@pytest.mark.parametrize("k,mr,m,glu,per_warp", [(256, 1, 1, False, 1), (1024, 4, 3, False, 1), (512, 4, 4, True, 1), (2048, 1, 1, True, 1),
-                                                 (256, 1, 1, False, 3), (512, 4, 3, True, 2)])
+@pytest.mark.parametrize(
+    "k,mr,m,glu,per_warp",
+    [(256, 1, 1, False, 1), (1024, 4, 3, False, 1), (512, 4, 4, True, 1), (2048, 1, 1, True, 1), (256, 1, 1, False, 3), (512, 4, 3, True, 2)],
+)
 def test_gemv_warp_bf16_with_sums_through_workgroup_memory(rng, k, mr, m, glu, per_warp):
     """The bf16 warp GEMV for targets without subgroup operations (Vulkan, WebGPU): the lanes' sums
     finished through workgroup memory; n not a multiple of the eight warps of a workgroup (nor of

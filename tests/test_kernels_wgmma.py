@@ -21,11 +21,20 @@ from poot.testing.kernels import bf16_round, features_under_test, poisoned, run_
 from poot.testing.kernels import random_bf16 as _bf16
 
 SUBGROUP, MATRIX = features_under_test()
-wgmma_only = pytest.mark.skipif(SUBGROUP != 32 or "wgmma" not in MATRIX, reason="needs wgmma: set POOT_TEST_DEVICE=cuda:0 on a Hopper GPU (compute capability 9.0)")
+wgmma_only = pytest.mark.skipif(
+    SUBGROUP != 32 or "wgmma" not in MATRIX, reason="needs wgmma: set POOT_TEST_DEVICE=cuda:0 on a Hopper GPU (compute capability 9.0)"
+)
 
 
-WGMMA_VARIANTS = [(True, 128, 4, 32, 64), (False, 256, 4, 32, 64), (False, 128, 3, 32, 0), (True, 64, 6, 32, 0), (True, 128, 3, 64, 128),
-                  (False, 256, 4, 64, 128), (True, 128, 4, 64, 0)]  # x's terms two?, features, stages, K a step, swizzle bytes
+WGMMA_VARIANTS = [
+    (True, 128, 4, 32, 64),
+    (False, 256, 4, 32, 64),
+    (False, 128, 3, 32, 0),
+    (True, 64, 6, 32, 0),
+    (True, 128, 3, 64, 128),
+    (False, 256, 4, 64, 128),
+    (True, 128, 4, 64, 0),
+]  # x's terms two?, features, stages, K a step, swizzle bytes
 
 
 @pytest.mark.parametrize("split,bn,stages,bk,swizzle", WGMMA_VARIANTS)
@@ -41,8 +50,15 @@ def test_wgmma_gemm_compiles_for_sm_90a_only(split, bn, stages, bk, swizzle):
     assert f"wgmma.mma_async.sync.aligned.m64n{bn}k16.f32.bf16.bf16" in ptx
     per_step = bk // 16 * (2 if split else 1)  # 16-wide slices of K a step, a product per term of x (LLVM may copy the loop)
     assert ptx.count("wgmma.mma_async") % per_step == 0 and ptx.count("wgmma.mma_async") >= per_step
-    for sync in ("wgmma.fence.sync.aligned", "wgmma.commit_group.sync.aligned", "wgmma.wait_group.sync.aligned 1", "fence.proxy.async.shared::cta",
-                 "cp.async.cg.shared.global", "cp.async.commit_group", f"cp.async.wait_group {stages - 3};"):
+    for sync in (
+        "wgmma.fence.sync.aligned",
+        "wgmma.commit_group.sync.aligned",
+        "wgmma.wait_group.sync.aligned 1",
+        "fence.proxy.async.shared::cta",
+        "cp.async.cg.shared.global",
+        "cp.async.commit_group",
+        f"cp.async.wait_group {stages - 3};",
+    ):
         assert sync in " ".join(ptx.split()), sync
     assert "ld.global" not in ptx  # every operand byte arrives by cp.async
     _, dynamic = shared_layout(kern, target("nvptx:sm_90a"))
@@ -72,8 +88,12 @@ def test_wgmma_gemm_with_k_split(rng, split, groups, parts, m, n, k):
     x = rng.standard_normal((m, k)).astype(np.float32)
     xs = split_reference(x) if split else split_reference(x)[: m * k // 2].copy()
     part = poisoned((parts, m, n))
-    run_host(gemm_wgmma(k, split, bn, stages, bk, sw, warpgroups=groups, ksplit=parts), (-(-n // bn), -(-m // (64 * groups)), parts), {"xs": xs, "w": bits, "y": part},
-             {"m": m, "n": n})
+    run_host(
+        gemm_wgmma(k, split, bn, stages, bk, sw, warpgroups=groups, ksplit=parts),
+        (-(-n // bn), -(-m // (64 * groups)), parts),
+        {"xs": xs, "w": bits, "y": part},
+        {"m": m, "n": n},
+    )
     y = part[0]
     if parts > 1:
         y = poisoned((m, n))
@@ -81,7 +101,7 @@ def test_wgmma_gemm_with_k_split(rng, split, groups, parts, m, n, k):
     xv = x if split else bf16_round(x)
     _close(y, xv.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)
     kp = k // parts  # each part is its own slice of K
-    _close(part[-1], xv[:, k - kp:].astype(np.float64) @ w[:, k - kp:].T.astype(np.float64), np.abs(x[:, k - kp:]) @ np.abs(w[:, k - kp:]).T)
+    _close(part[-1], xv[:, k - kp :].astype(np.float64) @ w[:, k - kp :].T.astype(np.float64), np.abs(x[:, k - kp :]) @ np.abs(w[:, k - kp :]).T)
 
 
 def test_wgmma_is_refused_by_name_off_sm_90a():
@@ -175,9 +195,13 @@ def test_q4_k_wgmma_matches_the_product_of_the_dequantized_weights(rng, split, p
     x = rng.standard_normal((m, k)).astype(np.float32)
     xs = split_reference(x) if split else split_reference(x)[: m * k // 2].copy()
     part = poisoned((parts, m, n))
-    run_host(gemm_wgmma_q4_k(k, split, parts), (-(-n // Q4_K_WGMMA_BN), -(-m // 64), parts),
-             {"xs": xs, "w": raw.view(np.int32).reshape(-1), "y": part}, {"m": m, "n": n})
+    run_host(
+        gemm_wgmma_q4_k(k, split, parts),
+        (-(-n // Q4_K_WGMMA_BN), -(-m // 64), parts),
+        {"xs": xs, "w": raw.view(np.int32).reshape(-1), "y": part},
+        {"m": m, "n": n},
+    )
     xv = (x if split else bf16_round(x)).astype(np.float64)
     _close(part.astype(np.float64).sum(axis=0), xv @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)
     kp = k // parts
-    _close(part[-1], xv[:, k - kp:] @ w[:, k - kp:].T.astype(np.float64), np.abs(x[:, k - kp:]) @ np.abs(w[:, k - kp:]).T)
+    _close(part[-1], xv[:, k - kp :] @ w[:, k - kp :].T.astype(np.float64), np.abs(x[:, k - kp :]) @ np.abs(w[:, k - kp :]).T)

@@ -107,7 +107,11 @@ def _safetensors_bytes(rng_seed: int) -> bytes:
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(seed=st.integers(0, 2**32 - 1), ops=st.lists(op, min_size=1, max_size=4), text_edit=st.one_of(st.none(), st.tuples(st.integers(0, 400), st.sampled_from(['"', "}", "-1", "1e99", "null", "[", "9999999999"]))))
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    ops=st.lists(op, min_size=1, max_size=4),
+    text_edit=st.one_of(st.none(), st.tuples(st.integers(0, 400), st.sampled_from(['"', "}", "-1", "1e99", "null", "[", "9999999999"]))),
+)
 def test_mutated_safetensors_headers_give_only_load_errors(tmp_path, seed, ops, text_edit):
     data = _safetensors_bytes(seed)
     (n,) = struct.unpack_from("<Q", data)

@@ -128,7 +128,13 @@ def test_version_2_reads_like_version_3(rng, tmp_path):
 def test_split_files(rng, tmp_path):
     x = [rng.standard_normal((2, 32)).astype(np.float32) for _ in range(3)]
     names = [f"blk.{i}.attn_k.weight" for i in range(3)]
-    write_gguf(tmp_path / "m-00001-of-00002.gguf", "llama", {"llama.block_count": 3}, [(names[0], "f32", (2, 32), x[0]), (names[1], "f32", (2, 32), x[1])], split=(0, 2, 3))
+    write_gguf(
+        tmp_path / "m-00001-of-00002.gguf",
+        "llama",
+        {"llama.block_count": 3},
+        [(names[0], "f32", (2, 32), x[0]), (names[1], "f32", (2, 32), x[1])],
+        split=(0, 2, 3),
+    )
     write_gguf(tmp_path / "m-00002-of-00002.gguf", "llama", {}, [(names[2], "f32", (2, 32), x[2])], split=(1, 2, 3))
     ck = open_checkpoint(tmp_path / "m-00001-of-00002.gguf")
     assert len(ck.files) == 2 and ck.metadata["llama.block_count"] == 3

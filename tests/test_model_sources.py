@@ -55,7 +55,9 @@ def test_poot_inspect_prints_roles_and_totals(smollm2_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "poot.cli", "inspect", "SmolLM2", "--no-metadata"], capture_output=True, text=True, check=True, timeout=120).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "poot.cli", "inspect", "SmolLM2", "--no-metadata"], capture_output=True, text=True, check=True, timeout=120
+    ).stdout
     assert "architecture llama" in out and "chat template yes" in out and "tokenizer    yes" in out
     assert "blk.0.attn_q.weight" in out and "attn_q" in out and "q4_1" in out
     assert "q4_1       210 tensors" in out and "all        272 tensors" in out

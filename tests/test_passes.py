@@ -130,14 +130,28 @@ def test_passes_preserve_a_whole_attention_block(rng):
     b = GraphBuilder()
     D, H, Dh = 16, 2, 8
     w = AttentionWeights(*(b.weight(k, "f32", [H * Dh, D] if k != "o" else [D, H * Dh]) for k in "qkvo"))
-    kv = KvState(b.input("kp", "f32", [4, 4, H, Dh]), b.input("vp", "f32", [4, 4, H, Dh]), b.input("slots", "i32", [T]),
-                 b.input("pos", "i32", [T]), b.input("seq", "i32", [T]), b.input("ctx", "i32", [1]), b.input("bt", "i32", [1, 4]))
+    kv = KvState(
+        b.input("kp", "f32", [4, 4, H, Dh]),
+        b.input("vp", "f32", [4, 4, H, Dh]),
+        b.input("slots", "i32", [T]),
+        b.input("pos", "i32", [T]),
+        b.input("seq", "i32", [T]),
+        b.input("ctx", "i32", [1]),
+        b.input("bt", "i32", [1, 4]),
+    )
     out, _, _ = attention_block(b, b.input("x", "f32", [T, D]), w, AttentionConfig(H, H, Dh, RopeConfig(Dh)), kv)
     g = b.build({"out": out})
     n = 3
-    inputs = dict(x=rng.standard_normal((n, D)).astype(np.float32), kp=rng.standard_normal((4, 4, H, Dh)).astype(np.float32),
-                  vp=rng.standard_normal((4, 4, H, Dh)).astype(np.float32), slots=np.array([9, 10, 11], np.int32), pos=np.arange(n, dtype=np.int32),
-                  seq=np.zeros(n, np.int32), ctx=np.array([n], np.int32), bt=np.array([[2, 0, 1, 3]], np.int32))
+    inputs = dict(
+        x=rng.standard_normal((n, D)).astype(np.float32),
+        kp=rng.standard_normal((4, 4, H, Dh)).astype(np.float32),
+        vp=rng.standard_normal((4, 4, H, Dh)).astype(np.float32),
+        slots=np.array([9, 10, 11], np.int32),
+        pos=np.arange(n, dtype=np.int32),
+        seq=np.zeros(n, np.int32),
+        ctx=np.array([n], np.int32),
+        bt=np.array([[2, 0, 1, 3]], np.int32),
+    )
     weights = {k: rng.standard_normal((H * Dh, D) if k != "o" else (D, H * Dh)).astype(np.float32) for k in "qkvo"}
     pm = PassManager(DEFAULT_PASSES)
     h = pm.run(g)

@@ -49,8 +49,14 @@ def test_plan_description_names_values_and_kernels():
 
 
 def _device(**caps):
-    base = dict(dtypes=frozenset({"f32", "i32", "u8", "bool"}), compute_units=2, max_workgroup_size=1024, shared_memory_bytes=1 << 20,
-                subgroup_size=1, memory_bytes=1 << 30)
+    base = dict(
+        dtypes=frozenset({"f32", "i32", "u8", "bool"}),
+        compute_units=2,
+        max_workgroup_size=1024,
+        shared_memory_bytes=1 << 20,
+        subgroup_size=1,
+        memory_bytes=1 << 30,
+    )
     base.update(caps)
     return Device("cpu", None, "test host", target="host", capabilities=Capabilities(**base))
 
@@ -124,8 +130,12 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
     g = b.linear(x, b.weight("wg", "bf16", [768, 512]))
     u = b.linear(x, b.weight("wu", "bf16", [768, 512]))
     h = b.mul(b.mul(g, b.sigmoid(g)), u)
-    both = plan_graph(b.build({"y": b.linear(h, b.weight("wd", "bf16", [512, 768])), "h": h}), device="cuda:0", gpu=True,
-                      limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"})))
+    both = plan_graph(
+        b.build({"y": b.linear(h, b.weight("wd", "bf16", [512, 768])), "h": h}),
+        device="cuda:0",
+        gpu=True,
+        limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"})),
+    )
     names9 = [l.kernel.name for l in both.launches if l.when is None or l.when({"tokens": 9})]
     assert "glu_split_bf16x2_N768" not in names9 and any(k.startswith("ew_") for k in names9) and "split_bf16x2_K768" in names9
     # products of one x (q, k and v) share one launch while the rows are few
@@ -156,8 +166,15 @@ def _block(pool_dtype="f32", norm_reads_sum_late=False, head_dim=16):
     T, D, Dh = sym("tokens"), 64, head_dim
     H = D // Dh
     w = AttentionWeights(*(b.weight(k, "f32", [H * Dh, D] if k != "o" else [D, H * Dh]) for k in "qkvo"))
-    kv = KvState(b.input("kp", pool_dtype, [8, 4, H, Dh]), b.input("vp", pool_dtype, [8, 4, H, Dh]), b.input("slots", "i32", [T]),
-                 b.input("pos", "i32", [T]), b.input("seq", "i32", [T]), b.input("ctx", "i32", [sym("batch")]), b.input("bt", "i32", [sym("batch"), 4]))
+    kv = KvState(
+        b.input("kp", pool_dtype, [8, 4, H, Dh]),
+        b.input("vp", pool_dtype, [8, 4, H, Dh]),
+        b.input("slots", "i32", [T]),
+        b.input("pos", "i32", [T]),
+        b.input("seq", "i32", [T]),
+        b.input("ctx", "i32", [sym("batch")]),
+        b.input("bt", "i32", [sym("batch"), 4]),
+    )
     h = b.add(b.input("x", "f32", [T, D]), b.input("r", "f32", [T, D]))
     outs = {}
     if norm_reads_sum_late:
@@ -174,7 +191,11 @@ def test_rope_with_kv_writes_and_residual_adds_with_norms_are_one_launch_each(gp
     plan = plan_graph(_block(pool_dtype=pools), gpu=gpu, limits=Limits(1024, 48 * 1024, subgroup=32 if gpu else 1))
     labels = collections.Counter(l.label or l.node.op for l in plan.launches)
     assert labels["rope_kv_cache"] == 1 and labels["rope"] == 0 and labels["cache_write"] == 0, labels
-    pool_kernels = [l.kernel.name for l in plan.launches if l.label == "rope_kv_cache" or l.kernel.name.startswith(("attention_BLOCK", "attention_blocks", "attention_lanes"))]
+    pool_kernels = [
+        l.kernel.name
+        for l in plan.launches
+        if l.label == "rope_kv_cache" or l.kernel.name.startswith(("attention_BLOCK", "attention_blocks", "attention_lanes"))
+    ]
     assert pool_kernels and all(("_PTf16" in n) == (pools == "f16") for n in pool_kernels), pool_kernels
     assert labels["add_rms_norm"] == 2 and labels["rms_norm"] == 0, labels
     assert not any(l.kernel.name.startswith("ew_add") for l in plan.launches)
@@ -213,7 +234,7 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
 
 
 def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
-    """"high" (the default): x split into two bf16 terms, attention's operands too; "medium": x
+    """ "high" (the default): x split into two bf16 terms, attention's operands too; "medium": x
     rounded to bf16 once and one product, attention on bf16 operands; "highest": no tensor cores
     (the CUDA-core GEMM and attention blocks). Decode (few rows) is the same f32 GEMV in all three.
     Another value is refused by name."""
@@ -226,8 +247,9 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
     graph = b.build({"y": b.linear(x, b.weight("w", "bf16", [768, 512]))})
 
     def kernels(g, precision, env):
-        plan = plan_graph(g, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}),
-                                                                        matmul_precision=precision))
+        plan = plan_graph(
+            g, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}), matmul_precision=precision)
+        )
         return [l.kernel.name for l in plan.launches if l.when is None or l.when(env)]
 
     assert kernels(graph, "high", {"tokens": 300}) == ["split_bf16x2_K512", "gemm_mma_bf16_K512_2x2_4x8_xs"]
@@ -236,8 +258,16 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
     assert kernels(graph, "highest", {"tokens": 300}) == ["gemm_simt_bf16_K512_BK32"]
     assert {kernels(graph, p, {"tokens": 1})[0] for p in ("high", "medium", "highest")} == {"gemv_warp_bf16_K512_MR1"}
     # a Hopper GPU (wgmma): the tiled products on its warpgroup instructions, the rest as before
-    hopper = lambda p, env: [l.kernel.name for l in plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(  # noqa: E731
-        1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), matmul_precision=p, dynamic_shared=227 * 1024)).launches if l.when is None or l.when(env)]
+    hopper = lambda p, env: [  # noqa: E731
+        l.kernel.name
+        for l in plan_graph(
+            graph,
+            device="cuda:0",
+            gpu=True,
+            limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), matmul_precision=p, dynamic_shared=227 * 1024),
+        ).launches
+        if l.when is None or l.when(env)
+    ]
     assert hopper("high", {"tokens": 2048}) == ["split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_xs"]
     assert hopper("medium", {"tokens": 2048}) == ["split_bf16x1_K512", "gemm_wgmma_bf16_K512_N256_S4_BK64_W128_xb"]
     # fewer rows than fill the SMs with 128 x bn tiles: K split (as many parts as keep about 256
@@ -250,9 +280,13 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
     assert hopper("medium", {"tokens": 64}) == ["split_bf16x1_K512", "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xb", "sum_parts_8"]
     assert hopper("highest", {"tokens": 300}) == ["gemm_simt_bf16_K512_BK32"]
     # without the opt-in workgroup memory its ring of stages needs: the mma.sync GEMM
-    assert [l.kernel.name for l in plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(
-        1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}))).launches
-            if l.when is None or l.when({"tokens": 300})] == kernels(graph, "high", {"tokens": 300})
+    assert [
+        l.kernel.name
+        for l in plan_graph(
+            graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}))
+        ).launches
+        if l.when is None or l.when({"tokens": 300})
+    ] == kernels(graph, "high", {"tokens": 300})
     block = _block(head_dim=64)
     attn = lambda p: [k for k in kernels(block, p, {"tokens": 128, "batch": 2}) if k.startswith("attention")]  # noqa: E731
     assert attn("high") == ["attention_mma_D64_causal_BS4_nocap"] and attn("medium") == ["attention_mma_D64_causal_bf16_BS4_nocap"]
@@ -277,8 +311,9 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     graph = b.build({"y": b.linear(x, b.weight("w", "q4_k", [768, 512])), "z": b.linear(x, b.weight("v", "q6_k", [256, 512]))})
 
     def launches(precision, tokens):
-        plan = plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}),
-                                                                            matmul_precision=precision))
+        plan = plan_graph(
+            graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}), matmul_precision=precision)
+        )
         return plan, [l for l in plan.launches if l.when is None or l.when({"tokens": tokens})]
 
     plan, nine = launches("high", 9)
@@ -287,8 +322,13 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert nine[2].buffers["wd"] == nine[3].buffers["w"] and nine[2].buffers["wd"] in plan.scratch
     assert plan.scratch[nine[2].buffers["wd"]].words({}) == 256 * 512 // 2
     plan, many = launches("medium", 300)
-    assert [l.kernel.name for l in many] == ["dequantize_bf16_q4_k_K512", "split_bf16x1_K512", "gemm_mma_bf16_K512_2x2_4x8_xb",
-                                             "dequantize_bf16_q6_k_K512", "gemm_mma_bf16_K512_2x2_4x8_xb"]
+    assert [l.kernel.name for l in many] == [
+        "dequantize_bf16_q4_k_K512",
+        "split_bf16x1_K512",
+        "gemm_mma_bf16_K512_2x2_4x8_xb",
+        "dequantize_bf16_q6_k_K512",
+        "gemm_mma_bf16_K512_2x2_4x8_xb",
+    ]
     assert many[0].buffers["wd"] == many[2].buffers["w"] and many[0].buffers["wd"] in plan.scratch
     assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
     assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1"]
@@ -298,11 +338,18 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert [l.kernel.name for l in vk.launches if l.when is None or l.when({"tokens": 1})][0] == "gemv_warp_q4_k_K512_MR1_narrow"
     # Hopper: Q4_K from 33 to 64 rows through the warpgroup GEMM that dequantizes in workgroup memory,
     # beyond through its dequantized copy; the Q6_K weight through its copy from 17 rows
-    hopper = plan_graph(graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}),
-                                                                      dynamic_shared=227 * 1024))
+    hopper = plan_graph(
+        graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), dynamic_shared=227 * 1024)
+    )
     at = lambda t: [l for l in hopper.launches if l.when is None or l.when({"tokens": t})]  # noqa: E731
-    assert [l.kernel.name for l in at(40)] == ["split_bf16x2_K512", "gemm_wgmma_q4_k_K512_S4_P8_xs", "sum_parts_8", "dequantize_bf16_q6_k_K512",
-                                               "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
+    assert [l.kernel.name for l in at(40)] == [
+        "split_bf16x2_K512",
+        "gemm_wgmma_q4_k_K512_S4_P8_xs",
+        "sum_parts_8",
+        "dequantize_bf16_q6_k_K512",
+        "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs",
+        "sum_parts_8",
+    ]
     assert at(40)[1].buffers["w"] == at(1)[1].buffers["w"] and at(40)[1].buffers["y"] == at(40)[2].buffers["p"] in hopper.scratch
     assert at(40)[3].buffers["wd"] == at(40)[4].buffers["w"]
     # one row of x on Hopper: x quantized once, by its own launch, for the Q4_K GEMV, which stages it
@@ -313,16 +360,29 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert [l.kernel.name for l in at(3)] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
     assert [l.kernel.name for l in at(12)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_1x4_W8_xs"]
     assert [l.kernel.name for l in at(32)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
-    assert [l.kernel.name for l in at(300)] == ["dequantize_bf16_q4_k_K512", "split_bf16x2_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs", "sum_parts_8",
-                                                "dequantize_bf16_q6_k_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs", "sum_parts_8"]
+    assert [l.kernel.name for l in at(300)] == [
+        "dequantize_bf16_q4_k_K512",
+        "split_bf16x2_K512",
+        "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs",
+        "sum_parts_8",
+        "dequantize_bf16_q6_k_K512",
+        "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs",
+        "sum_parts_8",
+    ]
     assert at(300)[0].buffers["wd"] == at(300)[2].buffers["w"] and at(300)[2].buffers["y"] == at(300)[3].buffers["p"] in hopper.scratch
     b = GraphBuilder()  # any other packed type: a subgroup a feature through its dequantization body
     xo = b.input("x", "f32", [sym("tokens"), 576])
     other = plan_graph(b.build({"y": b.linear(xo, b.weight("w", "q8_0", [64, 576]))}), device="gpu", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=8))
-    assert [(l.kernel.name, l.when.doc) for l in other.launches] == [("gemv_warp_packed_q8_0_K576_MR1_L8", "rows <= 1"), ("gemv_warp_packed_q8_0_K576_MR4_L8", "1 < rows <= 4"),
-                                                                     ("gemm_simt_q8_0_K576_BK32", "rows > 4")]
+    assert [(l.kernel.name, l.when.doc) for l in other.launches] == [
+        ("gemv_warp_packed_q8_0_K576_MR1_L8", "rows <= 1"),
+        ("gemv_warp_packed_q8_0_K576_MR4_L8", "1 < rows <= 4"),
+        ("gemm_simt_q8_0_K576_BK32", "rows > 4"),
+    ]
     # 16-bit floats are no packed type (blocks of one): the generic GEMV, as before
-    for dtype, k, lim in (("bf16", 576, Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}))), ("f16", 512, Limits(1024, 48 * 1024, subgroup=8))):
+    for dtype, k, lim in (
+        ("bf16", 576, Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}))),
+        ("f16", 512, Limits(1024, 48 * 1024, subgroup=8)),
+    ):
         b = GraphBuilder()
         xf = b.input("x", "f32", [sym("tokens"), k])
         half = plan_graph(b.build({"y": b.linear(xf, b.weight("w", dtype, [64, k]))}), device="gpu", gpu=True, limits=lim)
@@ -337,7 +397,10 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert not any("dequantize" in l.kernel.name or "mma" in l.kernel.name for l in launches("highest", 300)[1])
     # without subgroup operations: the GEMV whose workgroups split K, up to two rows
     plain = plan_graph(graph, device="gpu", gpu=True, limits=Limits(1024, 48 * 1024))
-    assert [l.kernel.name for l in plain.launches if l.when({"tokens": 2})] == ["gemv_blocks_BB144_BLOCK64_BS256_QTYPEq4_k_ROWS4", "gemv_blocks_BB210_BLOCK64_BS256_QTYPEq6_k_ROWS4"]
+    assert [l.kernel.name for l in plain.launches if l.when({"tokens": 2})] == [
+        "gemv_blocks_BB144_BLOCK64_BS256_QTYPEq4_k_ROWS4",
+        "gemv_blocks_BB210_BLOCK64_BS256_QTYPEq6_k_ROWS4",
+    ]
     assert [l.kernel.name for l in plain.launches if l.when({"tokens": 3})] == ["gemm_simt_q4_k_K512_BK32", "gemm_simt_q6_k_K512_BK32"]
     monkeypatch.setattr(planner_matmul, "DEQUANT_BYTES", 2 * 256 * 512 - 1)
     assert [l.kernel.name.split("_K")[0] for l in launches("high", 300)[1]] == ["split_bf16x2", "gemm_warp_q4_k", "gemm_simt_q6_k"]
@@ -353,8 +416,9 @@ def test_fusions_leave_what_they_cannot_prove():
     from poot.graph.rope import RopeConfig, apply_rope
 
     q, k = (apply_rope(b, b.input(n, "f32", [T, 2, 16]), pos, RopeConfig(16)) for n in "qk")
-    graph = PassManager(DEFAULT_PASSES).run(b.build({"q": q, "kp": b.cache_write(kp, b.cast(k, "f16"), slots),
-                                                     "vp": b.cache_write(vp, b.input("v", "f32", [T, 2, 16]), slots)}))
+    graph = PassManager(DEFAULT_PASSES).run(
+        b.build({"q": q, "kp": b.cache_write(kp, b.cast(k, "f16"), slots), "vp": b.cache_write(vp, b.input("v", "f32", [T, 2, 16]), slots)})
+    )
     labels = collections.Counter(l.label or l.node.op for l in plan_graph(graph, gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32)).launches)
     assert labels["rope_kv_cache"] == 0 and labels["rope"] == 2 and labels["cache_write"] == 2, labels
     plan = plan_graph(_block(norm_reads_sum_late=True), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
@@ -380,9 +444,17 @@ def test_a_steps_symbols_come_from_its_inputs_shapes():
     from poot.runtime.executor import step_env
 
     plan = plan_graph(_block())
-    inputs = {"x": np.zeros((5, 64), np.float32), "r": np.zeros((5, 64), np.float32), "kp": np.zeros((8, 4, 4, 16), np.float32),
-              "vp": np.zeros((8, 4, 4, 16), np.float32), "slots": np.zeros(5, np.int32), "pos": np.zeros(5, np.int32),
-              "seq": np.zeros(5, np.int32), "ctx": np.zeros(2, np.int32), "bt": np.zeros((2, 4), np.int32)}
+    inputs = {
+        "x": np.zeros((5, 64), np.float32),
+        "r": np.zeros((5, 64), np.float32),
+        "kp": np.zeros((8, 4, 4, 16), np.float32),
+        "vp": np.zeros((8, 4, 4, 16), np.float32),
+        "slots": np.zeros(5, np.int32),
+        "pos": np.zeros(5, np.int32),
+        "seq": np.zeros(5, np.int32),
+        "ctx": np.zeros(2, np.int32),
+        "bt": np.zeros((2, 4), np.int32),
+    }
     assert step_env(plan, inputs) == {"tokens": 5, "batch": 2}
     assert step_env(plan, {**inputs, "pos": [0, 1, 2, 3, 4]}) == {"tokens": 5, "batch": 2}  # any array-like
     with pytest.raises(PootError, match="missing input 'bt'"):
@@ -498,15 +570,20 @@ def test_the_norm_between_two_one_row_q4_k_products_is_folded_into_both(tmp_path
     assert folds(plan.launches) and not folds(off.launches)
     env = {"tokens": 1, "batch": 1, "max_blocks": 4, "rows": 1, "blocks": 16}
     step = [l for l in plan.launches if l.when is None or l.when(env)]
-    assert [l.label for l in step if "rms_norm" in l.label] == ["rms_norm+quantize_x", "matmul+add_rms_norm", "matmul+add_rms_norm",
-                                                               "matmul+add_rms_norm", "add_rms_norm"]  # o, down, o; then the final norm
+    assert [l.label for l in step if "rms_norm" in l.label] == [
+        "rms_norm+quantize_x",
+        "matmul+add_rms_norm",
+        "matmul+add_rms_norm",
+        "matmul+add_rms_norm",
+        "add_rms_norm",
+    ]  # o, down, o; then the final norm
     folded = [l for l in step if l.label == "matmul+add_rms_norm"]
     for prod in folded:
         assert prod.kernel.name.endswith("_norm") and prod.kernel.threads == 32 * FOLD_WARPS and prod.grid(env) == (256 // 32, 1)
         users = [l for l in step if l.buffers.get("ss") == prod.buffers["ss"] and l is not prod]
         assert users and all(l.label.endswith("+rms") and l.kernel.name.endswith("_rms8") and l.buffers["xq_in"] == prod.buffers["yq"] for l in users)
         assert all(l.scalars(env)["eps"] == pytest.approx(1e-5) for l in users)
-        later = step[step.index(prod) + 1:]  # what the product writes for the next residual add is read after it
+        later = step[step.index(prod) + 1 :]  # what the product writes for the next residual add is read after it
         assert any(l.buffers.get("res") == prod.buffers["y"] or l.buffers.get("a") == prod.buffers["y"] for l in later)
     assert not [l for l in step if "+rms" in l.label and l.buffers["ss"] not in {p.buffers["ss"] for p in folded}]
     two = [l for l in plan.launches if l.when is None or l.when({**env, "tokens": 2, "batch": 2, "rows": 2})]

@@ -80,7 +80,9 @@ def test_binary_broadcasting(op, rng):
     np.testing.assert_allclose(y, BINARY_REF[op](a.astype(np.float64), c.astype(np.float64)), rtol=3e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("op,ref", [("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal), ("eq", np.equal), ("ne", np.not_equal)])
+@pytest.mark.parametrize(
+    "op,ref", [("lt", np.less), ("le", np.less_equal), ("gt", np.greater), ("ge", np.greater_equal), ("eq", np.equal), ("ne", np.not_equal)]
+)
 def test_compare(op, ref, rng):
     a = rng.integers(-3, 3, size=(6, 4)).astype(np.int32)
     c = rng.integers(-3, 3, size=(4,)).astype(np.int32)
@@ -200,7 +202,11 @@ def test_gather_rows_and_packed_embedding(rng):
 
 def test_gather_out_of_range_is_an_error():
     with pytest.raises(EvalError, match="index 10 outside 0..9"):
-        run1(lambda b: b.gather(b.weight("t", "f32", [10, 2]), b.input("ids", "i32", [T])), {"ids": np.array([1, 10], np.int32)}, {"t": np.ones((10, 2), np.float32)})
+        run1(
+            lambda b: b.gather(b.weight("t", "f32", [10, 2]), b.input("ids", "i32", [T])),
+            {"ids": np.array([1, 10], np.int32)},
+            {"t": np.ones((10, 2), np.float32)},
+        )
 
 
 def test_data_movement(rng):
@@ -232,7 +238,9 @@ def test_cache_write_through_slot_map(rng):
     vals = rng.standard_normal((6, 2, 3)).astype(np.float32)
     slots = rng.permutation(20)[:6].astype(np.int32)
     slots[2] = -1  # skipped row
-    y = run1(lambda b: b.cache_write(b.input("p", "f32", [5, 4, 2, 3]), b.input("v", "f32", [T, 2, 3]), b.input("s", "i32", [T])), {"p": pool, "v": vals, "s": slots})
+    y = run1(
+        lambda b: b.cache_write(b.input("p", "f32", [5, 4, 2, 3]), b.input("v", "f32", [T, 2, 3]), b.input("s", "i32", [T])), {"p": pool, "v": vals, "s": slots}
+    )
     ref = pool.copy().reshape(20, 2, 3)
     for t, s in enumerate(slots):
         if s >= 0:

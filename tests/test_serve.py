@@ -28,8 +28,12 @@ def _free_port() -> int:
 
 def _start(*flags: str):  # type: ignore[no-untyped-def]
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "poot.cli", "serve", "SmolLM2", "--port", str(port), "--context", "1024", *flags],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "poot.cli", "serve", "SmolLM2", "--port", str(port), "--context", "1024", *flags],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 300
     while True:
@@ -80,8 +84,9 @@ def test_chat_streaming_equals_non_streaming(client):
     full = client.chat.completions.create(model="SmolLM2", messages=msgs, temperature=0, max_tokens=12)
     assert "Paris" in full.choices[0].message.content
     assert full.usage.completion_tokens > 0 and full.usage.prompt_tokens > 10
-    chunks = list(client.chat.completions.create(model="SmolLM2", messages=msgs, temperature=0, max_tokens=12, stream=True,
-                                                 stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(model="SmolLM2", messages=msgs, temperature=0, max_tokens=12, stream=True, stream_options={"include_usage": True})
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == full.choices[0].message.content
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == full.usage.completion_tokens
@@ -90,8 +95,9 @@ def test_chat_streaming_equals_non_streaming(client):
 
 def test_completions_streaming_and_not(client):
     a = client.completions.create(model="SmolLM2", prompt="The three primary colors are", temperature=0, max_tokens=10)
-    b = "".join(c.choices[0].text for c in client.completions.create(model="SmolLM2", prompt="The three primary colors are", temperature=0,
-                                                                     max_tokens=10, stream=True))
+    b = "".join(
+        c.choices[0].text for c in client.completions.create(model="SmolLM2", prompt="The three primary colors are", temperature=0, max_tokens=10, stream=True)
+    )
     assert a.choices[0].text == b and a.usage.completion_tokens == 10
 
 
@@ -105,8 +111,9 @@ def test_n_seeds_and_stop(client):
 
 
 def test_logprobs_in_the_clients_types(client):
-    r = client.chat.completions.create(model="SmolLM2", messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=5,
-                                       logprobs=True, top_logprobs=3)
+    r = client.chat.completions.create(
+        model="SmolLM2", messages=[{"role": "user", "content": "Say hi."}], temperature=0, max_tokens=5, logprobs=True, top_logprobs=3
+    )
     content = r.choices[0].logprobs.content
     assert len(content) == r.usage.completion_tokens
     for t in content:
@@ -118,18 +125,40 @@ def test_logprobs_in_the_clients_types(client):
 def test_json_schema_response(client):
     import jsonschema
 
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
-              "required": ["name", "age"], "additionalProperties": False}
-    r = client.chat.completions.create(model="SmolLM2", messages=[{"role": "user", "content": "Invent a person."}], max_tokens=60, temperature=0.7, seed=1,
-                                       response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}})
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 10}, "age": {"type": "integer", "minimum": 0, "maximum": 99}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    r = client.chat.completions.create(
+        model="SmolLM2",
+        messages=[{"role": "user", "content": "Invent a person."}],
+        max_tokens=60,
+        temperature=0.7,
+        seed=1,
+        response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": schema}},
+    )
     jsonschema.validate(json.loads(r.choices[0].message.content), schema)
 
 
 def test_tool_calls_are_parsed(client):
-    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather in a city",
-                                               "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
-                                                              "required": ["city"], "additionalProperties": False}}},
-             {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}}]
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_weather",
+                "description": "Weather in a city",
+                "parameters": {
+                    "type": "object",
+                    "properties": {"city": {"type": "string", "maxLength": 20}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}, "additionalProperties": False}}},
+    ]
     msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
     for choice in ({"type": "function", "function": {"name": "get_weather"}}, "required"):
         r = client.chat.completions.create(model="SmolLM2", messages=msgs, tools=tools, tool_choice=choice, max_tokens=40, temperature=0)
@@ -142,8 +171,9 @@ def test_tool_calls_are_parsed(client):
 
 def test_thirty_two_streams_with_disconnects(client, server):
     def one(i: int) -> tuple[int, str, str | None]:
-        stream = client.chat.completions.create(model="SmolLM2", messages=[{"role": "user", "content": f"Tell me about number {i}."}],
-                                                temperature=0.8, seed=i, max_tokens=20, stream=True)
+        stream = client.chat.completions.create(
+            model="SmolLM2", messages=[{"role": "user", "content": f"Tell me about number {i}."}], temperature=0.8, seed=i, max_tokens=20, stream=True
+        )
         text, reason = "", None
         for k, chunk in enumerate(stream):
             if i % 3 == 0 and k == 3:  # a third of the clients go away mid-stream
@@ -160,8 +190,9 @@ def test_thirty_two_streams_with_disconnects(client, server):
         if i % 3:
             assert reason in ("stop", "length") and text, (i, text, reason)
     for i in (1, 2, 4):  # a finished stream's text is what the same request gives on its own
-        alone = client.chat.completions.create(model="SmolLM2", messages=[{"role": "user", "content": f"Tell me about number {i}."}],
-                                               temperature=0.8, seed=i, max_tokens=20)
+        alone = client.chat.completions.create(
+            model="SmolLM2", messages=[{"role": "user", "content": f"Tell me about number {i}."}], temperature=0.8, seed=i, max_tokens=20
+        )
         assert alone.choices[0].message.content == results[i][1]
     deadline = time.time() + 30
     while True:
@@ -218,8 +249,14 @@ def test_a_full_queue_answers_429_and_recovers(smollm2_path):
 
 
 def test_a_non_streaming_client_that_leaves_frees_its_blocks(server):
-    body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Write a very long essay."}], "max_tokens": 900, "temperature": 0.8, "seed": 3,
-            "logit_bias": {"0": -100, "1": -100, "2": -100}}  # no end token: it would run for far longer than the client waits
+    body = {
+        "model": "SmolLM2",
+        "messages": [{"role": "user", "content": "Write a very long essay."}],
+        "max_tokens": 900,
+        "temperature": 0.8,
+        "seed": 3,
+        "logit_bias": {"0": -100, "1": -100, "2": -100},
+    }  # no end token: it would run for far longer than the client waits
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body, timeout=1.5)
     left = time.time()
@@ -233,8 +270,13 @@ def test_a_server_whose_client_left_stops_on_the_first_sigterm(smollm2_path):
     waits for events that never come, which had held uvicorn's graceful shutdown forever."""
     proc, base = _start("--max-batch", "1")
     try:
-        body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Write a very long essay."}], "max_tokens": 900, "seed": 3,
-                "logit_bias": {"0": -100, "1": -100, "2": -100}}
+        body = {
+            "model": "SmolLM2",
+            "messages": [{"role": "user", "content": "Write a very long essay."}],
+            "max_tokens": 900,
+            "seed": 3,
+            "logit_bias": {"0": -100, "1": -100, "2": -100},
+        }
         with pytest.raises(httpx.TimeoutException):
             httpx.post(f"{base}/v1/chat/completions", json=body, timeout=1.5)
         time.sleep(1.0)  # the watcher sees the disconnect and cancels

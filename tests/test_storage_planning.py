@@ -10,7 +10,8 @@ from poot.plan import Lifetime, live_peak, plan_arena
 
 lifetimes = st.lists(
     st.tuples(st.integers(1, 5000), st.integers(0, 40), st.integers(0, 10)).map(lambda t: (t[0], t[1], t[1] + t[2])),
-    min_size=1, max_size=60,
+    min_size=1,
+    max_size=60,
 )
 
 

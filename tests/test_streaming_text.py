@@ -48,8 +48,11 @@ def test_pieces_come_out_as_soon_as_characters_are_complete(tok):
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=st.text(alphabet="abcXYZ \n<>|", max_size=40), cuts=st.lists(st.integers(0, 40), max_size=8),
-       stops=st.lists(st.text(alphabet="abcXYZ \n<>|", min_size=1, max_size=5), min_size=1, max_size=3))
+@given(
+    text=st.text(alphabet="abcXYZ \n<>|", max_size=40),
+    cuts=st.lists(st.integers(0, 40), max_size=8),
+    stops=st.lists(st.text(alphabet="abcXYZ \n<>|", min_size=1, max_size=5), min_size=1, max_size=3),
+)
 def test_stop_strings_across_piece_boundaries(text, cuts, stops):
     bounds = sorted({c for c in cuts if c < len(text)} | {0, len(text)})
     pieces = [text[a:b] for a, b in zip(bounds, bounds[1:])]

@@ -97,8 +97,19 @@ def test_experts_in_order_and_gaps_are_errors():
 
 
 def test_gguf_names_and_the_reverse_mapping():
-    names = ["token_embd.weight", "output_norm.weight", "blk.0.attn_q.weight", "blk.0.attn_q.bias", "blk.7.post_attention_norm.weight",
-             "blk.7.post_ffw_norm.weight", "blk.2.ffn_gate_exps.weight", "blk.2.exp_probs_b.bias", "rope_freqs.weight", "blk.1.mystery.weight", "odd"]
+    names = [
+        "token_embd.weight",
+        "output_norm.weight",
+        "blk.0.attn_q.weight",
+        "blk.0.attn_q.bias",
+        "blk.7.post_attention_norm.weight",
+        "blk.7.post_ffw_norm.weight",
+        "blk.2.ffn_gate_exps.weight",
+        "blk.2.exp_probs_b.bias",
+        "rope_freqs.weight",
+        "blk.1.mystery.weight",
+        "odd",
+    ]
     wm = wm_gguf(names)
     assert wm.unknown == ("blk.1.mystery.weight", "odd")
     assert wm.tied_output and wm.n_layers == 8

@@ -14,4 +14,6 @@ def __getattr__(name: str):  # type: ignore[no-untyped-def]
 
         return importlib.import_module(f"{__name__}.{name}")
     raise AttributeError(f"module 'poot' has no attribute {name!r}")
+
+
 __all__ = ["kernel", "load", "hookimpl", "PootError", "Refusal", "UnknownDevice", "DeviceUnavailable", "__version__"]

@@ -164,16 +164,34 @@ def _sampling(args: argparse.Namespace, max_tokens: int | None = None) -> Any:
             bias[int(tid)] = float(val)
         except ValueError:
             raise ParameterError("--logit-bias", f"'{item}' is not TOKEN_ID=BIAS") from None
-    return SamplingParams(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, min_p=args.min_p, repetition_penalty=args.repetition_penalty,
-                          presence_penalty=args.presence_penalty, frequency_penalty=args.frequency_penalty, logit_bias=bias, seed=args.seed,
-                          max_tokens=max_tokens or args.max_tokens, stop=args.stop or (), json_schema=schema, regex=args.regex)
+    return SamplingParams(
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        min_p=args.min_p,
+        repetition_penalty=args.repetition_penalty,
+        presence_penalty=args.presence_penalty,
+        frequency_penalty=args.frequency_penalty,
+        logit_bias=bias,
+        seed=args.seed,
+        max_tokens=max_tokens or args.max_tokens,
+        stop=args.stop or (),
+        json_schema=schema,
+        regex=args.regex,
+    )
 
 
 def _load(args: argparse.Namespace, **options: Any) -> Any:
     from .llm import load
 
-    kw = {"kv_memory": args.kv_memory, "max_context": args.context, "progress": True, "matmul_precision": args.matmul_precision,
-          "kv_dtype": args.kv_dtype, **options}
+    kw = {
+        "kv_memory": args.kv_memory,
+        "max_context": args.context,
+        "progress": True,
+        "matmul_precision": args.matmul_precision,
+        "kv_dtype": args.kv_dtype,
+        **options,
+    }
     return load(args.model, args.device, **{k: v for k, v in kw.items() if v is not None})
 
 
@@ -196,8 +214,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     print()
     total = time.perf_counter() - t1
     decode = n - 1
-    print(f"poot: {len(ids)} prompt tokens in {first or 0:.2f} s ({len(ids) / max(first or 1e-9, 1e-9):.0f} tok/s), {n} new "
-          f"({decode / max(total - (first or 0), 1e-9):.0f} tok/s), finished: {reason}", file=sys.stderr)
+    print(
+        f"poot: {len(ids)} prompt tokens in {first or 0:.2f} s ({len(ids) / max(first or 1e-9, 1e-9):.0f} tok/s), {n} new "
+        f"({decode / max(total - (first or 0), 1e-9):.0f} tok/s), finished: {reason}",
+        file=sys.stderr,
+    )
     m.close()
     return 0
 
@@ -244,8 +265,11 @@ def cmd_bench(args: argparse.Namespace) -> int:
     rng = np.random.default_rng(0)
     prompts = [rng.integers(100, min(m.vocab, 30000), args.prompt_tokens).tolist() for _ in range(max(batches))]
     threads = getattr(m._executor(False), "threads", None)
-    print(f"{args.model} on {m.device.name}" + (f", {threads} threads" if threads else "") +
-          f": {args.prompt_tokens}-token prompts, {args.decode_tokens} new tokens each, greedy, medians of {args.rounds}")
+    print(
+        f"{args.model} on {m.device.name}"
+        + (f", {threads} threads" if threads else "")
+        + f": {args.prompt_tokens}-token prompts, {args.decode_tokens} new tokens each, greedy, medians of {args.rounds}"
+    )
     print(f"{'':12s} {'batch':>5}  {'prefill tok/s':>14}  {'decode tok/s':>13}")
     ours = {}
     for b in batches:
@@ -264,8 +288,20 @@ def cmd_bench(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     from .serve import serve
 
-    serve(args.model, args.device, args.host, args.port, args.api_key, args.max_batch, args.max_queue, args.kv_memory, args.context, args.name,
-          args.matmul_precision, args.kv_dtype)
+    serve(
+        args.model,
+        args.device,
+        args.host,
+        args.port,
+        args.api_key,
+        args.max_batch,
+        args.max_queue,
+        args.kv_memory,
+        args.context,
+        args.name,
+        args.matmul_precision,
+        args.kv_dtype,
+    )
     return 0
 
 
@@ -291,14 +327,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     n, blocks = args.tokens, -(-args.context // bs)
     pos = np.arange(args.context - n, args.context)
     batch = StepBatch(np.zeros(n), pos, np.zeros(n), pos, np.array([args.context]), np.arange(blocks).reshape(1, -1), np.array([n - 1]))
-    shapes = {name: np.empty((blocks,) + tuple(d.value for d in v.shape[1:]), v.dtype.numpy) for name, v in graph.inputs().items() if name not in batch.as_inputs()}
+    shapes = {
+        name: np.empty((blocks,) + tuple(d.value for d in v.shape[1:]), v.dtype.numpy) for name, v in graph.inputs().items() if name not in batch.as_inputs()
+    }
     env = step_env(plan, {**batch.as_inputs(), **shapes})
     print(plan.describe(env))
     sp = plan_storage(plan, env)
     weights = sum(t.info.nbytes for t in ck.weights.tensors.values())
-    print(f"\nstorage: activation arena {_fmt_bytes(sp.arena_bytes)} (values alive at once at most {_fmt_bytes(sp.live_bytes)}), "
-          f"step inputs {_fmt_bytes(sum(sp.nbytes(k, graph.inputs()[nm].dtype) for nm, k in sp.inputs.items()))}, "
-          f"KV pools {_fmt_bytes(sum(a.nbytes for a in shapes.values()))} for {args.context} positions, weights {_fmt_bytes(weights)} (bound in place)")
+    print(
+        f"\nstorage: activation arena {_fmt_bytes(sp.arena_bytes)} (values alive at once at most {_fmt_bytes(sp.live_bytes)}), "
+        f"step inputs {_fmt_bytes(sum(sp.nbytes(k, graph.inputs()[nm].dtype) for nm, k in sp.inputs.items()))}, "
+        f"KV pools {_fmt_bytes(sum(a.nbytes for a in shapes.values()))} for {args.context} positions, weights {_fmt_bytes(weights)} (bound in place)"
+    )
     return 0
 
 
@@ -307,9 +347,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .plan.common import MATMUL_PRECISIONS
 
     def precision_arg(q: argparse.ArgumentParser) -> None:
-        q.add_argument("--matmul-precision", choices=MATMUL_PRECISIONS, default="high",
-                       help="on tensor cores: 'high' keeps ~16 bits of each activation (two bf16 terms), 'medium' rounds them to bf16 "
-                            "(half the work, what bf16 frameworks do), 'highest' uses no tensor cores (default: high)")
+        q.add_argument(
+            "--matmul-precision",
+            choices=MATMUL_PRECISIONS,
+            default="high",
+            help="on tensor cores: 'high' keeps ~16 bits of each activation (two bf16 terms), 'medium' rounds them to bf16 "
+            "(half the work, what bf16 frameworks do), 'highest' uses no tensor cores (default: high)",
+        )
 
     p = argparse.ArgumentParser(prog="poot", description="Compile and run language models on any installed device.")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
@@ -332,12 +376,20 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("--kv-dtype", choices=KV_DTYPES, default="f16", help="the KV cache's element type (default: f16)")
     precision_arg(pn)
     pn.set_defaults(func=cmd_plan)
+
     def model_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
         q.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
         q.add_argument("--context", type=int, default=2048, help="longest sequence, in tokens")
-        q.add_argument("--kv-memory", default=None, help="KV cache budget, e.g. 512M or 2G (default: what the sequences need, at most a quarter of free memory)")
-        q.add_argument("--kv-dtype", choices=KV_DTYPES, default="f16", help="the KV cache's element type: f16 (the default) holds twice the tokens of f32 in the same memory")
+        q.add_argument(
+            "--kv-memory", default=None, help="KV cache budget, e.g. 512M or 2G (default: what the sequences need, at most a quarter of free memory)"
+        )
+        q.add_argument(
+            "--kv-dtype",
+            choices=KV_DTYPES,
+            default="f16",
+            help="the KV cache's element type: f16 (the default) holds twice the tokens of f32 in the same memory",
+        )
         precision_arg(q)
 
     def sampling_args(q: argparse.ArgumentParser, temperature: float) -> None:

@@ -23,8 +23,15 @@ LN2 = 0.6931471805599453
 
 def llvm_type(t: DType) -> L.Type:
     return {
-        "f32": F32, "f64": L.DoubleType(), "f16": L.HalfType(), "bf16": L.IntType(16),  # bf16: its bits; casts convert
-        "i32": I32, "i64": I64, "i8": I8, "u8": I8, "bool": I1,
+        "f32": F32,
+        "f64": L.DoubleType(),
+        "f16": L.HalfType(),
+        "bf16": L.IntType(16),  # bf16: its bits; casts convert
+        "i32": I32,
+        "i64": I64,
+        "i8": I8,
+        "u8": I8,
+        "bool": I1,
     }[t.name]
 
 
@@ -100,8 +107,9 @@ class ArithmeticLowering:
             return b.select(b.icmp_signed(">", a, c), a, c)
         if op in ("add", "sub", "mul") and self.in_index:
             return {"add": b.add, "sub": b.sub, "mul": b.mul}[op](a, c, flags=("nsw",))
-        return {"add": b.add, "sub": b.sub, "mul": b.mul, "div": b.sdiv, "rem": b.srem, "and": b.and_, "or": b.or_, "xor": b.xor,
-                "shl": b.shl, "shr": b.ashr}[op](a, c)
+        return {"add": b.add, "sub": b.sub, "mul": b.mul, "div": b.sdiv, "rem": b.srem, "and": b.and_, "or": b.or_, "xor": b.xor, "shl": b.shl, "shr": b.ashr}[
+            op
+        ](a, c)
 
     def unary(self, op: str, a: L.Value, t: DType) -> L.Value:
         b = self.b

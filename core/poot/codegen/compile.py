@@ -164,7 +164,9 @@ class _Worker:
             err = proc.stderr.read().decode(errors="replace")[-1500:] if proc.stderr is not None else ""
             proc.kill()
             self._proc = None
-            raise CompileError(f"kernel {name}: LLVM crashed compiling for {tgt.key} (the compile worker died). LLVM said: {err.strip() or 'nothing'}") from None
+            raise CompileError(
+                f"kernel {name}: LLVM crashed compiling for {tgt.key} (the compile worker died). LLVM said: {err.strip() or 'nothing'}"
+            ) from None
         if not ok:
             raise CompileError(f"kernel {name}: LLVM rejected the module for {tgt.key}: {payload}")
         return payload
@@ -217,7 +219,7 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
             # duplicate labels (about one compile in thirty). Each SPIR-V module gets a fresh worker.
             _POOL.retire()
     _dump(k.name, f"{tgt.name}.opt.ll", opt_ir)
-    _dump(k.name, f"{tgt.name}.{ {'ptx': 'ptx', 'object': 'o', 'code-object': 'hsaco', 'spirv': 'spv'}[tgt.artifact]}", data)
+    _dump(k.name, f"{tgt.name}.{ {'ptx': 'ptx', 'object': 'o', 'code-object': 'hsaco', 'spirv': 'spv'}[tgt.artifact] }", data)
     if use_cache:
         _store(path, data)
         _store(fast, data)

@@ -66,4 +66,3 @@ class HostKernel:
         step = -(-total // threads)
         with ThreadPoolExecutor(threads) as ex:
             list(ex.map(lambda s: self._fn(*args, gx, gy, gz, s, min(total, s + step)), range(0, total, step)))
-

@@ -24,8 +24,6 @@ from .targets import SHARED_ALIGN, Target, shared_layout
 __all__ = ["lower_kernel", "llvm_type"]
 
 
-
-
 class _Lowerer(MatrixLowering, ArithmeticLowering):
     def __init__(self, k: K.Kernel, tgt: Target) -> None:
         self.k, self.t = k, tgt
@@ -40,8 +38,11 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
         if shared_bytes > tgt.max_shared:
             raise Refusal(f"kernel {k.name}", tgt.key, f"{shared_bytes} bytes of workgroup memory exceed the target's {tgt.max_shared}")
         if uses_subgroups(k) and tgt.name == "spirv" and tgt.subgroup <= 1:
-            raise Refusal(f"kernel {k.name}", tgt.key, "subgroup operations need the device's subgroup width: compile for "
-                                                        "spirv_target(n) on a Vulkan device whose subgroups run them")
+            raise Refusal(
+                f"kernel {k.name}",
+                tgt.key,
+                "subgroup operations need the device's subgroup width: compile for spirv_target(n) on a Vulkan device whose subgroups run them",
+            )
         self.barriers = uses_barriers(k)
         self.vars: dict[str, tuple[str, L.Value, DType]] = {}  # name -> (kind, storage, type)
         self.values: dict[str, L.Value] = {}  # scalar params
@@ -134,8 +135,9 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
         nothing elsewhere (a hint)."""
         if self._hopper():
             ptr, _ = self.address(st.buffer, st.index)
-            fn = L.InlineAsm(L.FunctionType(L.VoidType(), [L.IntType(64), I32]), "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r,~{memory}",
-                             side_effect=True)
+            fn = L.InlineAsm(
+                L.FunctionType(L.VoidType(), [L.IntType(64), I32]), "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r,~{memory}", side_effect=True
+            )
             self.b.call(fn, [self.b.ptrtoint(ptr, L.IntType(64)), self.expr(st.nbytes)])
 
     def _host_functions(self, params: list[L.Type]) -> None:
@@ -477,6 +479,7 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
         if isinstance(e, K.PackBf16x2):
             return self.pack_bf16x2(self.expr(e.a), self.expr(e.b))
         raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower expression {type(e).__name__}")
+
 
 class _PrivateAlloca(L.instructions.AllocaInstr):
     """An alloca printed with ``addrspace(5)`` (llvmlite's own has no address space)."""

@@ -41,7 +41,10 @@ class MatrixLowering:
             args = [b.extract_value(a, i) for i in range(8)] + [b.extract_value(bb, i) for i in range(8)] + [b.extract_value(c, i) for i in range(8)]
             d = b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.mma.row.col.f32.f32", cf, [h2] * 16 + [F32] * 8), args)
             outs = [b.extract_value(d, i) for i in range(8)]
-            b.call(self.intrinsic("llvm.nvvm.wmma.m16n16k16.store.d.row.stride.f32.p3", L.VoidType(), [p3f] + [F32] * 8 + [I32]), [ptr(st.c, F32)] + outs + [L.Constant(I32, st.n)])
+            b.call(
+                self.intrinsic("llvm.nvvm.wmma.m16n16k16.store.d.row.stride.f32.p3", L.VoidType(), [p3f] + [F32] * 8 + [I32]),
+                [ptr(st.c, F32)] + outs + [L.Constant(I32, st.n)],
+            )
 
     def mma_sync(self, st: K.Mma) -> None:
         if self.t.name != "nvptx" or "mma.sync" not in self.t.matrix:
@@ -75,8 +78,11 @@ class MatrixLowering:
             frm, ft = self.address(st.buffer, K.Bin("add", st.index, K.Const(i, dt.i32)))
             to, tt = self.address(st.shared, K.Bin("add", st.at, K.Const(i, dt.i32)))
             if ft != tt and self.t.name == "spirv":  # (its backend cannot lower the bitcast of a loaded value either)
-                raise Refusal(f"kernel {self.k.name}", self.t.key, f"an asynchronous copy from {ft} '{st.buffer}' into {tt} '{st.shared}': "
-                              "SPIR-V copies between arrays of one element type")
+                raise Refusal(
+                    f"kernel {self.k.name}",
+                    self.t.key,
+                    f"an asynchronous copy from {ft} '{st.buffer}' into {tt} '{st.shared}': SPIR-V copies between arrays of one element type",
+                )
             v = b.load(frm)
             b.store(v if ft == tt else b.bitcast(v, to.type.pointee), to)
 
@@ -98,9 +104,11 @@ class MatrixLowering:
             words += [b.or_(start, L.Constant(I32, (st.lbo >> 4) << 16)), L.Constant(I32, (st.sbo >> 4) | layout)]
         na = len(st.acc)
         d = ", ".join(f"${i}" for i in range(na))
-        asm = ("{ .reg .b64 da, db; .reg .pred p; "
-               f"mov.b64 da, {{${na}, ${na + 1}}}; mov.b64 db, {{${na + 2}, ${na + 3}}}; setp.ne.b32 p, ${na + 4}, 0; "
-               f"wgmma.mma_async.sync.aligned.m64n{2 * na}k16.f32.bf16.bf16 {{{d}}}, da, db, p, 1, 1, 0, 0; }}")
+        asm = (
+            "{ .reg .b64 da, db; .reg .pred p; "
+            f"mov.b64 da, {{${na}, ${na + 1}}}; mov.b64 db, {{${na + 2}, ${na + 3}}}; setp.ne.b32 p, ${na + 4}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{2 * na}k16.f32.bf16.bf16 {{{d}}}, da, db, p, 1, 1, 0, 0; }}"
+        )
         cons = ",".join(["=f"] * na + ["r"] * 5 + [str(i) for i in range(na)]) + ",~{memory}"
         fn = L.InlineAsm(L.FunctionType(L.LiteralStructType([F32] * na), [I32] * 5 + [F32] * na), asm, cons, side_effect=True)
         ptrs = [self._var_ptr(nm)[0] for nm in st.acc]
@@ -110,6 +118,10 @@ class MatrixLowering:
 
     def wgmma_sync(self, st: K.WgmmaSync) -> None:
         self._wgmma_target()
-        text = {"fence": "wgmma.fence.sync.aligned;", "commit": "wgmma.commit_group.sync.aligned;",
-                "wait": f"wgmma.wait_group.sync.aligned {st.n};", "proxy": "fence.proxy.async.shared::cta;"}[st.op]
+        text = {
+            "fence": "wgmma.fence.sync.aligned;",
+            "commit": "wgmma.commit_group.sync.aligned;",
+            "wait": f"wgmma.wait_group.sync.aligned {st.n};",
+            "proxy": "fence.proxy.async.shared::cta;",
+        }[st.op]
         self.b.call(L.InlineAsm(L.FunctionType(L.VoidType(), []), text, "~{memory}", side_effect=True), [])

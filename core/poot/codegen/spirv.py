@@ -68,8 +68,7 @@ from .arith import F32, I32, llvm_type
 from .arith import mem_type as _mem_type
 from .lower import _Lowerer
 
-__all__ = ["SpirvLowerer", "SpirvModule", "ENTRY", "SCALARS", "bindings", "scalar_words", "post_pass", "for_wgpu", "validate",
-           "BARRIER_SEMANTICS"]
+__all__ = ["SpirvLowerer", "SpirvModule", "ENTRY", "SCALARS", "bindings", "scalar_words", "post_pass", "for_wgpu", "validate", "BARRIER_SEMANTICS"]
 
 ENTRY = "main"
 SCALARS = "poot.scalars"  # the name of the scalar-word binding
@@ -200,8 +199,9 @@ class SpirvLowerer(_Lowerer):
                 continue  # packed bytes and 16-bit values: bound as 32-bit words, read by shift and mask
             if p.dtype not in _MEMORY_TYPES:
                 kind = "buffer" if isinstance(p, K.Buffer) else "scalar parameter"
-                raise self._refuse(f"{kind} '{p.name}' is {p.dtype}; the Vulkan target handles f32 and i32 "
-                                   "(8-, 16- and 64-bit types need device features it does not request)")
+                raise self._refuse(
+                    f"{kind} '{p.name}' is {p.dtype}; the Vulkan target handles f32 and i32 (8-, 16- and 64-bit types need device features it does not request)"
+                )
         for sh in k.shared:
             if sh.dtype not in _MEMORY_TYPES:
                 raise self._refuse(f"shared array '{sh.name}' is {sh.dtype}; the Vulkan target handles f32 and i32")
@@ -210,20 +210,24 @@ class SpirvLowerer(_Lowerer):
             buf = getattr(st, "buffer", None)
             if buf in self._halves and not k.param(buf).readonly:  # a writable buffer of halves
                 if not (isinstance(st, K.VecStore) and len(st.values) == 2):
-                    raise self._refuse(f"'{buf}' holds 16-bit values: write them two at a time (vstore(buf, i, a, b), i even), "
-                                       f"so that each store is a whole 32-bit word")
+                    raise self._refuse(
+                        f"'{buf}' holds 16-bit values: write them two at a time (vstore(buf, i, a, b), i even), so that each store is a whole 32-bit word"
+                    )
                 if not all(isinstance(v, K.Cast) and v.dtype == dt.f16 and v.a.dtype == dt.f32 for v in st.values):
                     raise self._refuse(f"values stored into '{buf}' must be f32 values converted to f16")
                 pairs |= {id(v) for v in st.values}
             if isinstance(st, K.AtomicAdd):
                 mem = k.param(st.buffer)
                 if not isinstance(mem, K.Buffer) or mem.dtype != dt.i32:
-                    raise self._refuse(f"atomic add on '{st.buffer}': the Vulkan target lowers i32 atomics on buffers only "
-                                       "(f32 atomics need VK_EXT_shader_atomic_float)")
+                    raise self._refuse(
+                        f"atomic add on '{st.buffer}': the Vulkan target lowers i32 atomics on buffers only (f32 atomics need VK_EXT_shader_atomic_float)"
+                    )
             roots = [getattr(st, f) for f in ("value", "index", "cond", "start", "stop") if getattr(st, f, None) is not None]
             for e in roots + list(getattr(st, "values", ())):
                 bytes_ok = {id(x.a) for x in _exprs(e) if isinstance(x, K.Cast) and x.dtype == dt.i32 and isinstance(x.a, K.Load) and x.a.buffer in self._words}
-                halves_ok = {id(x.a) for x in _exprs(e) if isinstance(x, K.Cast) and x.dtype == dt.f32 and isinstance(x.a, K.Load) and x.a.buffer in self._halves}
+                halves_ok = {
+                    id(x.a) for x in _exprs(e) if isinstance(x, K.Cast) and x.dtype == dt.f32 and isinstance(x.a, K.Load) and x.a.buffer in self._halves
+                }
                 # f32(f16(x)) rounds through a half: lowered with integer operations, no f16 value
                 halves = {id(x.a) for x in _exprs(e) if _rounds_through_half(x)}
                 for x in _exprs(e):
@@ -473,8 +477,10 @@ def _check_linkage(m: _Spv, name: str) -> None:
     if _CAP_LINKAGE not in m.capabilities():
         return
     linked = [_string(ops[2:-1]) for ops in m.of(_OP_DECORATE) if ops[1] == _DEC_LINKAGE_ATTRIBUTES]
-    raise _error(f"kernel {name}: the SPIR-V module needs linking (OpCapability Linkage): it imports or exports "
-                 f"{', '.join(linked) or 'an unresolved symbol'}; a Vulkan shader must be self-contained")
+    raise _error(
+        f"kernel {name}: the SPIR-V module needs linking (OpCapability Linkage): it imports or exports "
+        f"{', '.join(linked) or 'an unresolved symbol'}; a Vulkan shader must be self-contained"
+    )
 
 
 _MODULE_TYPES = set(range(19, 39))  # OpTypeVoid ... OpTypePipe: the result id is the first operand
@@ -504,8 +510,10 @@ def fix_label_ids(m: _Spv) -> int:
     taken = _module_ids(m)
     labels = [ops[0] for op, ops in m.insts if op == _OP_LABEL]
     if len(set(labels)) < len(labels):
-        raise ValueError("two blocks have the same label id, so branches are ambiguous (LLVM's SPIR-V backend "
-                         "reused state from an earlier module in this process: compile in a fresh process)")
+        raise ValueError(
+            "two blocks have the same label id, so branches are ambiguous (LLVM's SPIR-V backend "
+            "reused state from an earlier module in this process: compile in a fresh process)"
+        )
     fresh: dict[int, int] = {}
     for op, ops in m.insts:
         if op == _OP_LABEL and ops[0] in taken and ops[0] not in fresh:
@@ -665,8 +673,19 @@ def post_pass(obj: bytes, name: str) -> bytes:
 
 _OP_BITCAST, _OP_EXT_INST, _OP_EXT_INST_IMPORT = 124, 12, 11
 # opcodes whose integer operands are signed whatever their type: (operand positions, result is an integer)
-_SIGNED_OPS = {110: ((), True), 111: ((2,), False), 126: ((2,), True), 135: ((2, 3), True), 138: ((2, 3), True), 139: ((2, 3), True),
-               173: ((2, 3), False), 175: ((2, 3), False), 177: ((2, 3), False), 179: ((2, 3), False), 195: ((2,), True)}
+_SIGNED_OPS = {
+    110: ((), True),
+    111: ((2,), False),
+    126: ((2,), True),
+    135: ((2, 3), True),
+    138: ((2, 3), True),
+    139: ((2, 3), True),
+    173: ((2, 3), False),
+    175: ((2, 3), False),
+    177: ((2, 3), False),
+    179: ((2, 3), False),
+    195: ((2,), True),
+}
 _GLSL_SIGNED = {5, 7, 39, 42, 45}  # GLSL.std.450 SAbs, SSign, SMin, SMax, SClamp
 _NO_RESULT_TYPE = {5, 6, 15, 16, 71, 72} | set(range(19, 40))  # names, entry points, decorations, type declarations
 
@@ -675,12 +694,35 @@ _NO_RESULT_TYPE = {5, 6, 15, 16, 71, 72} | set(range(19, 40))  # names, entry po
 # low bits), 'keep' (zero-extended operands give the same result), 'signed' (operands sign-extended
 # first, integer results wrapped), 'cmp-signed' (sign-extended operands, a bool result)
 _NARROW_OPS = {
-    128: "wrap", 130: "wrap", 132: "wrap", 196: "wrap", 126: "signed", 200: "wrap",  # IAdd, ISub, IMul, ShiftLeftLogical, SNegate, Not
-    197: "keep", 198: "keep", 199: "keep", 194: "keep", 134: "keep", 137: "keep",  # BitwiseOr/Xor/And, ShiftRightLogical, UDiv, UMod
-    135: "signed", 138: "signed", 139: "signed", 195: "signed",  # SDiv, SRem, SMod, ShiftRightArithmetic
-    170: "keep", 171: "keep", 172: "keep", 174: "keep", 176: "keep", 178: "keep",  # IEqual, INotEqual, UGreaterThan(Equal), ULessThan(Equal)
-    173: "cmp-signed", 175: "cmp-signed", 177: "cmp-signed", 179: "cmp-signed",  # SGreaterThan(Equal), SLessThan(Equal)
-    245: "keep", 169: "keep", 83: "keep",  # Phi, Select, CopyObject
+    128: "wrap",
+    130: "wrap",
+    132: "wrap",
+    196: "wrap",
+    126: "signed",
+    200: "wrap",  # IAdd, ISub, IMul, ShiftLeftLogical, SNegate, Not
+    197: "keep",
+    198: "keep",
+    199: "keep",
+    194: "keep",
+    134: "keep",
+    137: "keep",  # BitwiseOr/Xor/And, ShiftRightLogical, UDiv, UMod
+    135: "signed",
+    138: "signed",
+    139: "signed",
+    195: "signed",  # SDiv, SRem, SMod, ShiftRightArithmetic
+    170: "keep",
+    171: "keep",
+    172: "keep",
+    174: "keep",
+    176: "keep",
+    178: "keep",  # IEqual, INotEqual, UGreaterThan(Equal), ULessThan(Equal)
+    173: "cmp-signed",
+    175: "cmp-signed",
+    177: "cmp-signed",
+    179: "cmp-signed",  # SGreaterThan(Equal), SLessThan(Equal)
+    245: "keep",
+    169: "keep",
+    83: "keep",  # Phi, Select, CopyObject
 }
 # GLSL.std.450 integer instructions on narrow integers, by the same kinds: SAbs, SMin, SMax, SClamp;
 # UMin, UMax, UClamp

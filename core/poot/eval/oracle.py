@@ -177,7 +177,9 @@ class Oracle:
         except KeyError as e:
             raise EvalError(str(e.args[0])) from None
 
-    def op(self, node: Node, args: list[np.ndarray], inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], bindings: Mapping[str, int]) -> list[np.ndarray]:
+    def op(
+        self, node: Node, args: list[np.ndarray], inputs: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray], bindings: Mapping[str, int]
+    ) -> list[np.ndarray]:
         op, a = node.op, node.attrs
         out_t = node.outputs[0].type
         if op in ("input", "weight"):

@@ -18,8 +18,11 @@ def sampling_hash(seeds: int | np.ndarray, step: int, tokens: int | np.ndarray) 
     """The counter-based 32-bit hash of (seed, step, token) the draw is made from (a murmur3-style
     finaliser); ``seeds`` and ``tokens`` broadcast."""
     with np.errstate(over="ignore"):
-        h = ((np.asarray(seeds, np.int64) & 0xFFFFFFFF).astype(np.uint32) ^ (np.uint32(step & 0xFFFFFFFF) * np.uint32(0x9E3779B1))
-             ^ (np.asarray(tokens).astype(np.uint32) * np.uint32(0x27D4EB2D)))
+        h = (
+            (np.asarray(seeds, np.int64) & 0xFFFFFFFF).astype(np.uint32)
+            ^ (np.uint32(step & 0xFFFFFFFF) * np.uint32(0x9E3779B1))
+            ^ (np.asarray(tokens).astype(np.uint32) * np.uint32(0x27D4EB2D))
+        )
         h = h ^ (h >> np.uint32(16))
         h = h * np.uint32(0x85EBCA6B)
         h = h ^ (h >> np.uint32(13))
@@ -39,17 +42,44 @@ MASKED = np.float32(-3.0e38)  # a disallowed token's logit after the mask
 GUMBEL_FLOOR = 5.9e-8  # -log(u) is at least ~5.96e-8; the kernel floors it here (an approximate log near 1 may give 0)
 
 
-def sample_reference(logits: np.ndarray, counts: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
-                     repetition: np.ndarray, presence: np.ndarray, frequency: np.ndarray, seeds: np.ndarray, steps: np.ndarray,
-                     mask: np.ndarray | None = None, bias_ids: np.ndarray | None = None, bias_vals: np.ndarray | None = None) -> np.ndarray:
+def sample_reference(
+    logits: np.ndarray,
+    counts: np.ndarray,
+    temperature: np.ndarray,
+    top_k: np.ndarray,
+    top_p: np.ndarray,
+    min_p: np.ndarray,
+    repetition: np.ndarray,
+    presence: np.ndarray,
+    frequency: np.ndarray,
+    seeds: np.ndarray,
+    steps: np.ndarray,
+    mask: np.ndarray | None = None,
+    bias_ids: np.ndarray | None = None,
+    bias_vals: np.ndarray | None = None,
+) -> np.ndarray:
     """Each row's token: the argmax of ``sample_scores`` (the arguments are its)."""
-    return np.argmax(sample_scores(logits, counts, temperature, top_k, top_p, min_p, repetition, presence, frequency, seeds, steps,
-                                   mask, bias_ids, bias_vals), axis=1).astype(np.int32)
+    return np.argmax(
+        sample_scores(logits, counts, temperature, top_k, top_p, min_p, repetition, presence, frequency, seeds, steps, mask, bias_ids, bias_vals), axis=1
+    ).astype(np.int32)
 
 
-def sample_scores(logits: np.ndarray, counts: np.ndarray, temperature: np.ndarray, top_k: np.ndarray, top_p: np.ndarray, min_p: np.ndarray,
-                  repetition: np.ndarray, presence: np.ndarray, frequency: np.ndarray, seeds: np.ndarray, steps: np.ndarray,
-                  mask: np.ndarray | None = None, bias_ids: np.ndarray | None = None, bias_vals: np.ndarray | None = None) -> np.ndarray:
+def sample_scores(
+    logits: np.ndarray,
+    counts: np.ndarray,
+    temperature: np.ndarray,
+    top_k: np.ndarray,
+    top_p: np.ndarray,
+    min_p: np.ndarray,
+    repetition: np.ndarray,
+    presence: np.ndarray,
+    frequency: np.ndarray,
+    seeds: np.ndarray,
+    steps: np.ndarray,
+    mask: np.ndarray | None = None,
+    bias_ids: np.ndarray | None = None,
+    bias_vals: np.ndarray | None = None,
+) -> np.ndarray:
     """Each token's score in f64 ([rows, vocab]; -inf where filtered out): the processed logit plus
     its Gumbel noise, whose argmax is the draw. ``counts`` is [rows, vocab] (each row's history);
     ``mask`` [rows, ceil(vocab / 32)] int32 words, bit set = allowed; ``bias_ids`` / ``bias_vals``

@@ -73,7 +73,7 @@ class Dim:
         o = as_dim(other)
         if len(o.terms) != 1:
             return None if o != self else as_dim(1)
-        (om, oc), = o.terms
+        ((om, oc),) = o.terms
         out: dict[Monomial, int] = {}
         for m, c in self.terms:
             rest = list(m)
@@ -130,7 +130,7 @@ def sym(name: str) -> Dim:
     """A symbolic dimension named ``name``."""
     if not name.isidentifier():
         raise ValueError(f"symbol name {name!r} must be an identifier")
-    return Dim(((( name,), 1),))
+    return Dim((((name,), 1),))
 
 
 def as_dim(d: DimLike) -> Dim:

@@ -350,8 +350,23 @@ def _attention(t: Sequence[TensorType], a: Mapping[str, Any]) -> list[TensorType
     return [TensorType(q.dtype, (q.shape[0], hq, v.shape[3]))]
 
 
-SAMPLE_OPERANDS = ("logits", "counts", "count_rows", "temperature", "top_k", "top_p", "min_p", "repetition", "presence", "frequency",
-                   "seeds", "steps", "mask", "bias_ids", "bias_vals")
+SAMPLE_OPERANDS = (
+    "logits",
+    "counts",
+    "count_rows",
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition",
+    "presence",
+    "frequency",
+    "seeds",
+    "steps",
+    "mask",
+    "bias_ids",
+    "bias_vals",
+)
 _SAMPLE_INT = {"counts", "count_rows", "top_k", "seeds", "steps", "mask", "bias_ids"}
 
 

@@ -18,5 +18,24 @@ class _CallableModule(_types.ModuleType):
 
 _sys.modules[__name__].__class__ = _CallableModule
 
-__all__ = ["kernel", "inline", "InlineFunction", "KernelTemplate", "KernelSyntaxError", "Kernel", "KernelError", "verify_kernel", "In", "Out", "Const",
-           "f32", "f16", "bf16", "i32", "i64", "i8", "u8", "boolean"]
+__all__ = [
+    "kernel",
+    "inline",
+    "InlineFunction",
+    "KernelTemplate",
+    "KernelSyntaxError",
+    "Kernel",
+    "KernelError",
+    "verify_kernel",
+    "In",
+    "Out",
+    "Const",
+    "f32",
+    "f16",
+    "bf16",
+    "i32",
+    "i64",
+    "i8",
+    "u8",
+    "boolean",
+]

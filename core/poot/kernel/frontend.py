@@ -95,7 +95,9 @@ class KernelTemplate:
         for p in sig.parameters.values():
             ann = hints.get(p.name)
             if ann is None:
-                raise KernelSyntaxError(f"{self.file}:{self.line0 + fdef.lineno - 1}: parameter '{p.name}' needs an annotation (In[T], Out[T], a dtype, or Const)")
+                raise KernelSyntaxError(
+                    f"{self.file}:{self.line0 + fdef.lineno - 1}: parameter '{p.name}' needs an annotation (In[T], Out[T], a dtype, or Const)"
+                )
             self.params.append((p.name, ann, p.default))
 
     def instantiate(self, **constants: Any) -> ir.Kernel:

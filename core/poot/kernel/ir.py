@@ -16,11 +16,52 @@ from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 
 __all__ = [
-    "Buffer", "ScalarParam", "Shared", "Param",
-    "Expr", "Const", "Ref", "Builtin", "Bin", "Un", "Cast", "Bitcast", "HalfToF32", "Select", "Load", "SubgroupReduce", "SubgroupShuffle", "Dot4I8", "PackBf16x2",
-    "Stmt", "Let", "Assign", "Store", "If", "For", "Barrier", "AtomicAdd", "Fence", "VecLoad", "VecStore", "MmaTile", "Mma", "Wgmma", "WgmmaSync", "CopyAsync", "CopyAsyncSync", "AwaitPrior",
+    "Buffer",
+    "ScalarParam",
+    "Shared",
+    "Param",
+    "Expr",
+    "Const",
+    "Ref",
+    "Builtin",
+    "Bin",
+    "Un",
+    "Cast",
+    "Bitcast",
+    "HalfToF32",
+    "Select",
+    "Load",
+    "SubgroupReduce",
+    "SubgroupShuffle",
+    "Dot4I8",
+    "PackBf16x2",
+    "Stmt",
+    "Let",
+    "Assign",
+    "Store",
+    "If",
+    "For",
+    "Barrier",
+    "AtomicAdd",
+    "Fence",
+    "VecLoad",
+    "VecStore",
+    "MmaTile",
+    "Mma",
+    "Wgmma",
+    "WgmmaSync",
+    "CopyAsync",
+    "CopyAsyncSync",
+    "AwaitPrior",
     "Prefetch",
-    "Kernel", "BIN_OPS", "CMP_OPS", "UN_OPS", "WGMMA_SYNC", "COPY_SYNC", "const", "i32",
+    "Kernel",
+    "BIN_OPS",
+    "CMP_OPS",
+    "UN_OPS",
+    "WGMMA_SYNC",
+    "COPY_SYNC",
+    "const",
+    "i32",
 ]
 
 i32 = dt.i32
@@ -394,7 +435,7 @@ COPY_SYNC = ("commit", "wait")
 
 @dataclass(frozen=True)
 class CopyAsyncSync:
-    """"commit": this thread's copies issued since its last commit become one group; "wait": until
+    """ "commit": this thread's copies issued since its last commit become one group; "wait": until
     at most ``n`` of its groups are pending. A barrier after the wait shows the workgroup's copies to
     all its threads (and a ``WgmmaSync("proxy")`` before that barrier, to the tensor cores)."""
 
@@ -426,7 +467,9 @@ class Prefetch:
     nbytes: Expr
 
 
-Stmt = Union[Let, Assign, Store, If, For, Barrier, AtomicAdd, Fence, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync, AwaitPrior, Prefetch]
+Stmt = Union[
+    Let, Assign, Store, If, For, Barrier, AtomicAdd, Fence, VecLoad, VecStore, MmaTile, Mma, Wgmma, WgmmaSync, CopyAsync, CopyAsyncSync, AwaitPrior, Prefetch
+]
 
 
 @dataclass(frozen=True)

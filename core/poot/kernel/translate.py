@@ -27,13 +27,41 @@ class KernelSyntaxError(PootError):
 DTYPES = {"f32": dt.f32, "f16": dt.f16, "bf16": dt.bf16, "f64": dt.f64, "i32": dt.i32, "i64": dt.i64, "i8": dt.i8, "u8": dt.u8, "bool": dt.boolean}
 _BUILTINS = {"thread_id", "group_id", "group_size", "num_groups", "lane_id", "subgroup_size"}
 _MATH = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "abs", "floor", "rint", "erf", "recip"}
-_BINOPS = {ast.Add: "add", ast.Sub: "sub", ast.Mult: "mul", ast.Div: "div", ast.FloorDiv: "div", ast.Mod: "rem", ast.BitAnd: "and",
-           ast.BitOr: "or", ast.BitXor: "xor", ast.LShift: "shl", ast.RShift: "shr", ast.Pow: "pow"}
+_BINOPS = {
+    ast.Add: "add",
+    ast.Sub: "sub",
+    ast.Mult: "mul",
+    ast.Div: "div",
+    ast.FloorDiv: "div",
+    ast.Mod: "rem",
+    ast.BitAnd: "and",
+    ast.BitOr: "or",
+    ast.BitXor: "xor",
+    ast.LShift: "shl",
+    ast.RShift: "shr",
+    ast.Pow: "pow",
+}
 _CMPS = {ast.Lt: "lt", ast.LtE: "le", ast.Gt: "gt", ast.GtE: "ge", ast.Eq: "eq", ast.NotEq: "ne"}
-_PY = {"add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b, "rem": lambda a, b: int(math.fmod(a, b)),
-       "and": lambda a, b: a & b, "or": lambda a, b: a | b, "xor": lambda a, b: a ^ b, "shl": lambda a, b: a << b, "shr": lambda a, b: a >> b,
-       "pow": lambda a, b: a**b, "lt": lambda a, b: a < b, "le": lambda a, b: a <= b, "gt": lambda a, b: a > b, "ge": lambda a, b: a >= b,
-       "eq": lambda a, b: a == b, "ne": lambda a, b: a != b, "min": min, "max": max}
+_PY = {
+    "add": lambda a, b: a + b,
+    "sub": lambda a, b: a - b,
+    "mul": lambda a, b: a * b,
+    "rem": lambda a, b: int(math.fmod(a, b)),
+    "and": lambda a, b: a & b,
+    "or": lambda a, b: a | b,
+    "xor": lambda a, b: a ^ b,
+    "shl": lambda a, b: a << b,
+    "shr": lambda a, b: a >> b,
+    "pow": lambda a, b: a**b,
+    "lt": lambda a, b: a < b,
+    "le": lambda a, b: a <= b,
+    "gt": lambda a, b: a > b,
+    "ge": lambda a, b: a >= b,
+    "eq": lambda a, b: a == b,
+    "ne": lambda a, b: a != b,
+    "min": min,
+    "max": max,
+}
 
 
 class InlineFunction:
@@ -396,8 +424,11 @@ class _Translator:
                 if f == "mma_tile" and len(n.value.args) == 3:
                     a, b, cc = (self._memory(x) for x in n.value.args)
                     return [ir.MmaTile(a, b, cc)]
-            raise c.err(n, "an expression statement must be barrier(), atomic_add(buf, i, v), vstore(buf, i, ...), reduce_shared(arr, op), "
-                           "reduce_argmax(values, ids) or mma_tile(a, b, c)")
+            raise c.err(
+                n,
+                "an expression statement must be barrier(), atomic_add(buf, i, v), vstore(buf, i, ...), reduce_shared(arr, op), "
+                "reduce_argmax(values, ids) or mma_tile(a, b, c)",
+            )
         if isinstance(n, ast.Pass):
             return []
         if isinstance(n, (ast.Assign, ast.AnnAssign)):
@@ -477,8 +508,9 @@ class _Translator:
         sub = self.expr(call.args[2]) if len(call.args) > 2 else 0
         sh = c.shared.get(name)
         if sh is None or sh.size & (sh.size - 1) or op not in ("add", "max", "min") or not isinstance(sub, int):
-            raise c.err(call, "reduce_shared(shared_array, 'add'|'max'|'min'[, subgroup]) needs a shared array of power-of-two size "
-                              "and a compile-time subgroup size")
+            raise c.err(
+                call, "reduce_shared(shared_array, 'add'|'max'|'min'[, subgroup]) needs a shared array of power-of-two size and a compile-time subgroup size"
+            )
         tid = ir.Builtin("thread_id", 0)
         if sub > 0:
             return self._reduce_subgroups(name, sh, op, sub)
@@ -527,17 +559,28 @@ class _Translator:
         count, level = sh.size, 0
         while count > 1 or level == 0:
             v = f"_sub{self._reductions}_{level}"
-            mine = ir.Load(name, tid, sh.dtype) if level == 0 else \
-                ir.Select(ir.Bin("lt", tid, i32(count)), ir.Load(name, ir.Bin("min", tid, i32(sh.size - 1)), sh.dtype), identity)
+            mine = (
+                ir.Load(name, tid, sh.dtype)
+                if level == 0
+                else ir.Select(ir.Bin("lt", tid, i32(count)), ir.Load(name, ir.Bin("min", tid, i32(sh.size - 1)), sh.dtype), identity)
+            )
             nxt = -(-count // sub)
             if level and nxt == 1:  # the last level: one subgroup reads what is left and lane 0 stores it
-                out += [ir.If(ir.Bin("lt", tid, i32(sub)), (ir.Let(v, ir.SubgroupReduce(op, mine)),
-                                                              ir.If(ir.Bin("eq", tid, i32(0)), (ir.Store(name, i32(0), ir.Ref(v, sh.dtype)),)))),
-                        ir.Barrier()]
+                out += [
+                    ir.If(
+                        ir.Bin("lt", tid, i32(sub)),
+                        (ir.Let(v, ir.SubgroupReduce(op, mine)), ir.If(ir.Bin("eq", tid, i32(0)), (ir.Store(name, i32(0), ir.Ref(v, sh.dtype)),))),
+                    ),
+                    ir.Barrier(),
+                ]
             else:  # every thread has read its element before a subgroup's result overwrites one
                 keep = leader if level == 0 else ir.Bin("and", leader, ir.Bin("lt", tid, i32(count)))
-                out += [ir.Let(v, ir.SubgroupReduce(op, mine)), ir.Barrier(),
-                        ir.If(keep, (ir.Store(name, ir.Bin("div", tid, i32(sub)), ir.Ref(v, sh.dtype)),)), ir.Barrier()]
+                out += [
+                    ir.Let(v, ir.SubgroupReduce(op, mine)),
+                    ir.Barrier(),
+                    ir.If(keep, (ir.Store(name, ir.Bin("div", tid, i32(sub)), ir.Ref(v, sh.dtype)),)),
+                    ir.Barrier(),
+                ]
             count, level = nxt, level + 1
         return out
 

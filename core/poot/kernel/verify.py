@@ -392,7 +392,7 @@ def before_wait(k: Kernel) -> tuple[frozenset[str], frozenset[str]]:
     them name only memory no launch of the step writes."""
     if not awaits_prior(k):
         return frozenset(), frozenset()
-    head = list(k.body[:next(i for i, st in enumerate(k.body) if isinstance(st, AwaitPrior))])
+    head = list(k.body[: next(i for i, st in enumerate(k.body) if isinstance(st, AwaitPrior))])
     params = {p.name for p in k.params if isinstance(p, Buffer)}
     reads: set[str] = set()
     writes: set[str] = set()
@@ -403,7 +403,7 @@ def before_wait(k: Kernel) -> tuple[frozenset[str], frozenset[str]]:
             reads.add(st.buffer)
         for f in fields(st):
             v = getattr(st, f.name)
-            for e in (v if isinstance(v, tuple) else (v,)):
+            for e in v if isinstance(v, tuple) else (v,):
                 if isinstance(e, Expr.__args__):  # type: ignore[attr-defined]
                     reads.update(x.buffer for x in _exprs(e) if isinstance(x, Load))
     return frozenset(reads & params), frozenset(writes & params)
@@ -423,6 +423,8 @@ def uses_subgroups(k: Kernel) -> bool:
     for st in _walk(k.body):
         for f in ("value", "index", "cond", "start", "stop"):
             e = getattr(st, f, None)
-            if e is not None and any(isinstance(x, (SubgroupReduce, SubgroupShuffle)) or (isinstance(x, Builtin) and x.kind in ("lane_id", "subgroup_size")) for x in _exprs(e)):
+            if e is not None and any(
+                isinstance(x, (SubgroupReduce, SubgroupShuffle)) or (isinstance(x, Builtin) and x.kind in ("lane_id", "subgroup_size")) for x in _exprs(e)
+            ):
                 return True
     return False

@@ -6,5 +6,17 @@ from .handle import Completion, ModelHandle, load, parse_bytes
 from .kv import BlockPool, BlockTable, OutOfBlocks
 from .params import MAX_LOGPROBS, ParameterError, SamplingParams
 
-__all__ = ["BlockPool", "BlockTable", "Completion", "Engine", "Event", "MAX_LOGPROBS", "ModelHandle", "OutOfBlocks", "ParameterError",
-           "SamplingParams", "load", "parse_bytes"]
+__all__ = [
+    "BlockPool",
+    "BlockTable",
+    "Completion",
+    "Engine",
+    "Event",
+    "MAX_LOGPROBS",
+    "ModelHandle",
+    "OutOfBlocks",
+    "ParameterError",
+    "SamplingParams",
+    "load",
+    "parse_bytes",
+]

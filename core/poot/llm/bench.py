@@ -91,8 +91,7 @@ def llamacpp_python(given: str | None = None, install: bool = True) -> str:
 def measure_llamacpp(python: str, model_path: str, threads: int, prompt: Sequence[int], decode: int, rounds: int = 3) -> dict:
     """llama.cpp on one sequence: prefill of ``prompt``, then ``decode`` greedy tokens (its own argmax
     over the logits it returns, as poot's engine samples greedily on its device)."""
-    out = subprocess.run([python, "-c", _PEER, model_path, str(threads), json.dumps(list(prompt)), str(decode), str(rounds)],
-                         capture_output=True, text=True)
+    out = subprocess.run([python, "-c", _PEER, model_path, str(threads), json.dumps(list(prompt)), str(decode), str(rounds)], capture_output=True, text=True)
     if out.returncode != 0:
         raise PootError(f"llama.cpp run failed: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])

@@ -97,9 +97,20 @@ class Engine:
     each sequence's latest token (``last_tokens``), bound to both. ``lookahead``: queue each step
     before reading the one before (None: where the executor is ``asynchronous``)."""
 
-    def __init__(self, executors: Callable[[bool], Executor], pools: dict[str, np.ndarray], tokenizer: Tokenizer, vocab: int,
-                 block_pool: BlockPool, max_blocks_per_seq: int, max_seqs: int, max_step_tokens: int = 512,
-                 constraints: Callable[[], ConstraintCompiler] | None = None, logprobs_n: int = 20, lookahead: bool | None = None) -> None:
+    def __init__(
+        self,
+        executors: Callable[[bool], Executor],
+        pools: dict[str, np.ndarray],
+        tokenizer: Tokenizer,
+        vocab: int,
+        block_pool: BlockPool,
+        max_blocks_per_seq: int,
+        max_seqs: int,
+        max_step_tokens: int = 512,
+        constraints: Callable[[], ConstraintCompiler] | None = None,
+        logprobs_n: int = 20,
+        lookahead: bool | None = None,
+    ) -> None:
         self._executors, self.pools, self.tok, self.vocab = executors, pools, tokenizer, vocab
         self.blocks, self.max_blocks, self.max_seqs, self.max_step_tokens = block_pool, max_blocks_per_seq, max_seqs, max_step_tokens
         self._constraints, self.logprobs_n = constraints, logprobs_n
@@ -339,9 +350,19 @@ class Engine:
     def _sampling_inputs(self, seqs: list[SequenceState], rows: int) -> dict[str, np.ndarray]:
         f = lambda: np.zeros(rows, np.float32)  # noqa: E731
         i = lambda: np.zeros(rows, np.int32)  # noqa: E731
-        d: dict[str, Any] = {"temperature": f(), "top_k": i(), "top_p": np.ones(rows, np.float32), "min_p": f(), "repetition": np.ones(rows, np.float32),
-                             "presence": f(), "frequency": f(), "seeds": i(), "steps": i(), "row_count_rows": np.full(rows, -1, np.int32),
-                             "mask": np.full((rows, self._words), -1, np.int32)}
+        d: dict[str, Any] = {
+            "temperature": f(),
+            "top_k": i(),
+            "top_p": np.ones(rows, np.float32),
+            "min_p": f(),
+            "repetition": np.ones(rows, np.float32),
+            "presence": f(),
+            "frequency": f(),
+            "seeds": i(),
+            "steps": i(),
+            "row_count_rows": np.full(rows, -1, np.int32),
+            "mask": np.full((rows, self._words), -1, np.int32),
+        }
         width = next((w for w in BIAS_WIDTHS if w >= max((len(s.params.logit_bias) for s in seqs), default=0)), None)
         if width is None:
             width = max(len(s.params.logit_bias) for s in seqs)

@@ -70,8 +70,11 @@ def kv_budget(want: int, per_block: int, device: Device, weight_bytes: int, host
     if device.target != "host" and caps is not None and caps.memory_bytes > 0:
         room = caps.memory_bytes - weight_bytes - max(caps.memory_bytes // 10, 1 << 30)
         if room < per_block:
-            raise ParameterError("kv_memory", f"{device.name} has {caps.memory_bytes / 2**30:.1f} GiB; the weights take {weight_bytes / 2**30:.1f} GiB "
-                                              f"and leave no room for the KV cache: load a smaller or more quantized model, or give --kv-memory")
+            raise ParameterError(
+                "kv_memory",
+                f"{device.name} has {caps.memory_bytes / 2**30:.1f} GiB; the weights take {weight_bytes / 2**30:.1f} GiB "
+                f"and leave no room for the KV cache: load a smaller or more quantized model, or give --kv-memory",
+            )
         budget = min(budget, room)
     return budget
 
@@ -88,9 +91,21 @@ class Completion:
 class ModelHandle:
     """A model ready to generate on a device."""
 
-    def __init__(self, model: str, device: str | None = None, *, kv_memory: str | int | None = None, max_seqs: int = 16,
-                 max_context: int | None = None, block_size: int = 16, max_step_tokens: int = 512, threads: int | None = None,
-                 progress: bool | None = None, matmul_precision: str = "high", kv_dtype: str = "f16") -> None:
+    def __init__(
+        self,
+        model: str,
+        device: str | None = None,
+        *,
+        kv_memory: str | int | None = None,
+        max_seqs: int = 16,
+        max_context: int | None = None,
+        block_size: int = 16,
+        max_step_tokens: int = 512,
+        threads: int | None = None,
+        progress: bool | None = None,
+        matmul_precision: str = "high",
+        kv_dtype: str = "f16",
+    ) -> None:
         self.matmul_precision = check_matmul_precision(matmul_precision)  # before anything is loaded
         if kv_dtype not in KV_DTYPES:
             raise ParameterError("kv_dtype", f"'{kv_dtype}' is not a KV cache type; choose one of {', '.join(KV_DTYPES)}")
@@ -137,11 +152,23 @@ class ModelHandle:
         self._executors: dict[bool, Executor] = {}
         self._executor(False)  # compile now; the log-probability variant when first asked
         self._constraint_compiler: Any = None
-        self.engine = Engine(self._executor, self.pools, self.tokenizer, self.vocab, BlockPool(self.num_blocks, block_size),
-                             -(-ctx // block_size), max_seqs, max_step_tokens, self._constraints, MAX_LOGPROBS)
+        self.engine = Engine(
+            self._executor,
+            self.pools,
+            self.tokenizer,
+            self.vocab,
+            BlockPool(self.num_blocks, block_size),
+            -(-ctx // block_size),
+            max_seqs,
+            max_step_tokens,
+            self._constraints,
+            MAX_LOGPROBS,
+        )
         self.load_seconds = time.perf_counter() - t0
-        self._say(f"ready in {self.load_seconds:.1f} s: {self.num_blocks} KV blocks of {block_size} ({self.num_blocks * per_block / 2**20:.0f} MiB, {kv_dtype}), "
-                  f"context {ctx}, {max_seqs} sequence{'s' if max_seqs != 1 else ''} at once")
+        self._say(
+            f"ready in {self.load_seconds:.1f} s: {self.num_blocks} KV blocks of {block_size} ({self.num_blocks * per_block / 2**20:.0f} MiB, {kv_dtype}), "
+            f"context {ctx}, {max_seqs} sequence{'s' if max_seqs != 1 else ''} at once"
+        )
 
     def _say(self, msg: str) -> None:
         if self.progress:
@@ -194,8 +221,7 @@ class ModelHandle:
         return [int(t) for t in prompt]  # type: ignore[arg-type]
 
     # -- generation ---------------------------------------------------------------------------------
-    def generate(self, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], params: SamplingParams | None = None,
-                 raw: bool = False) -> Iterator[Event]:
+    def generate(self, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], params: SamplingParams | None = None, raw: bool = False) -> Iterator[Event]:
         """Stream one sequence's events (other sequences added to ``engine`` advance alongside)."""
         sid = self.engine.add(self.encode(prompt, raw), params)
         try:
@@ -208,8 +234,12 @@ class ModelHandle:
         finally:
             self.engine.cancel(sid)
 
-    def complete(self, prompts: Sequence[str | Sequence[int] | Sequence[Mapping[str, Any]]], params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 raw: bool = False) -> list[Completion]:
+    def complete(
+        self,
+        prompts: Sequence[str | Sequence[int] | Sequence[Mapping[str, Any]]],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        raw: bool = False,
+    ) -> list[Completion]:
         """Run several prompts to the end together; one ``Completion`` each, in order."""
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):

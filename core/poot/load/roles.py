@@ -17,13 +17,40 @@ from .tensor import LazyTensor
 __all__ = ["Role", "WeightMap", "GLOBAL_ROLES", "LAYER_ROLES", "EXPERT_ROLES", "gguf_name"]
 
 GLOBAL_ROLES = frozenset({"token_embd", "token_embd_norm", "output", "output_norm", "rope_freqs"})
-LAYER_ROLES = frozenset({
-    "attn_norm", "attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "attn_q_norm", "attn_k_norm",
-    "attn_post_norm", "ffn_norm", "ffn_post_norm", "ffn_gate", "ffn_up", "ffn_down",
-    "ffn_gate_inp", "exp_probs_b", "ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
-    "attn_q_a", "attn_q_a_norm", "attn_q_b", "attn_kv_a_mqa", "attn_kv_a_norm", "attn_kv_b", "attn_k_b", "attn_v_b",
-    "rope_factors_long", "rope_factors_short",
-})
+LAYER_ROLES = frozenset(
+    {
+        "attn_norm",
+        "attn_q",
+        "attn_k",
+        "attn_v",
+        "attn_qkv",
+        "attn_output",
+        "attn_q_norm",
+        "attn_k_norm",
+        "attn_post_norm",
+        "ffn_norm",
+        "ffn_post_norm",
+        "ffn_gate",
+        "ffn_up",
+        "ffn_down",
+        "ffn_gate_inp",
+        "exp_probs_b",
+        "ffn_gate_inp_shexp",
+        "ffn_gate_shexp",
+        "ffn_up_shexp",
+        "ffn_down_shexp",
+        "attn_q_a",
+        "attn_q_a_norm",
+        "attn_q_b",
+        "attn_kv_a_mqa",
+        "attn_kv_a_norm",
+        "attn_kv_b",
+        "attn_k_b",
+        "attn_v_b",
+        "rope_factors_long",
+        "rope_factors_short",
+    }
+)
 EXPERT_ROLES = frozenset({"ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"})
 _GGUF_ALIASES = {"attn_post_norm": "post_attention_norm", "ffn_post_norm": "post_ffw_norm"}
 _GGUF_TO_ROLE = {v: k for k, v in _GGUF_ALIASES.items()}

@@ -17,7 +17,18 @@ from .tensor import PLAIN_STORAGE, LazyTensor, MappedFile, TensorInfo
 
 __all__ = ["read_safetensors", "open_hf_directory", "SAFETENSORS_DTYPES", "INDEX_NAME"]
 
-SAFETENSORS_DTYPES = {"F64": "f64", "F32": "f32", "F16": "f16", "BF16": "bf16", "I64": "i64", "I32": "i32", "I16": "i16", "I8": "i8", "U8": "u8", "BOOL": "bool"}
+SAFETENSORS_DTYPES = {
+    "F64": "f64",
+    "F32": "f32",
+    "F16": "f16",
+    "BF16": "bf16",
+    "I64": "i64",
+    "I32": "i32",
+    "I16": "i16",
+    "I8": "i8",
+    "U8": "u8",
+    "BOOL": "bool",
+}
 INDEX_NAME = "model.safetensors.index.json"
 MAX_HEADER = 100 * 1024 * 1024  # the format's own limit
 

@@ -6,6 +6,17 @@ from .decoder import STEP_INPUTS, StepShapes, cache_names, trace_decoder
 from .family import DecoderFamily, ModelFamily, UnknownArchitecture, family_for, model_families
 
 __all__ = [
-    "ModelFamily", "DecoderFamily", "UnknownArchitecture", "family_for", "model_families", "ConfigError", "DecoderConfig",
-    "LayerConfig", "MlaConfig", "STEP_INPUTS", "StepShapes", "cache_names", "trace_decoder",
+    "ModelFamily",
+    "DecoderFamily",
+    "UnknownArchitecture",
+    "family_for",
+    "model_families",
+    "ConfigError",
+    "DecoderConfig",
+    "LayerConfig",
+    "MlaConfig",
+    "STEP_INPUTS",
+    "StepShapes",
+    "cache_names",
+    "trace_decoder",
 ]

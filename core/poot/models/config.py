@@ -101,8 +101,14 @@ def hf_rope(cfg: Mapping[str, Any], dim: int, layout: str = "neox", layer_type: 
         scaling = Llama3Scaling(float(params["factor"]), float(params["low_freq_factor"]), float(params["high_freq_factor"]), omp)
     elif kind == "yarn":
         scaling = YarnScaling(
-            float(params["factor"]), omp, float(params.get("beta_fast") or 32), float(params.get("beta_slow") or 1),
-            params.get("mscale"), params.get("mscale_all_dim"), params.get("attention_factor"), bool(params.get("truncate", True)),
+            float(params["factor"]),
+            omp,
+            float(params.get("beta_fast") or 32),
+            float(params.get("beta_slow") or 1),
+            params.get("mscale"),
+            params.get("mscale_all_dim"),
+            params.get("attention_factor"),
+            bool(params.get("truncate", True)),
         )
     else:
         raise ConfigError(f"RoPE scaling {kind!r} is not supported (supported: default, linear, llama3, yarn)")

@@ -179,10 +179,23 @@ class _Tracer:
         i32 = lambda name: b.input(name, "i32", [R])  # noqa: E731
         row_counts = i32("row_count_rows")
         words = -(-vocab.value // 32)
-        tokens, _ = b.sample(logits=logits, counts=counts, count_rows=row_counts, temperature=f32("temperature"), top_k=i32("top_k"),
-                             top_p=f32("top_p"), min_p=f32("min_p"), repetition=f32("repetition"), presence=f32("presence"),
-                             frequency=f32("frequency"), seeds=i32("seeds"), steps=i32("steps"), mask=b.input("mask", "i32", [R, words]),
-                             bias_ids=b.input("bias_ids", "i32", [R, NBIAS]), bias_vals=b.input("bias_vals", "f32", [R, NBIAS]))
+        tokens, _ = b.sample(
+            logits=logits,
+            counts=counts,
+            count_rows=row_counts,
+            temperature=f32("temperature"),
+            top_k=i32("top_k"),
+            top_p=f32("top_p"),
+            min_p=f32("min_p"),
+            repetition=f32("repetition"),
+            presence=f32("presence"),
+            frequency=f32("frequency"),
+            seeds=i32("seeds"),
+            steps=i32("steps"),
+            mask=b.input("mask", "i32", [R, words]),
+            bias_ids=b.input("bias_ids", "i32", [R, NBIAS]),
+            bias_vals=b.input("bias_vals", "f32", [R, NBIAS]),
+        )
         out = {"tokens": tokens, "token_counts": counts, "last_tokens": b.keep_tokens(self._last, tokens, row_counts)}
         if self.shapes.logprobs:
             chosen, ids, vals = b.logprobs(logits, tokens, self.shapes.logprobs)
@@ -206,7 +219,10 @@ class _Tracer:
         else:
             q_w, k_w, v_w = self.w("attn_q", i), self.w("attn_k", i), self.w("attn_v", i)
         w = AttentionWeights(
-            self.mat(q_w), self.mat(k_w), self.mat(v_w), self.mat(self.w("attn_output", i)),
+            self.mat(q_w),
+            self.mat(k_w),
+            self.mat(v_w),
+            self.mat(self.w("attn_output", i)),
             q_bias=self.f32(self.w("attn_q", i, "bias", optional=True)),
             k_bias=self.f32(self.w("attn_k", i, "bias", optional=True)),
             v_bias=self.f32(self.w("attn_v", i, "bias", optional=True)),
@@ -215,8 +231,15 @@ class _Tracer:
             k_norm=self.f32(self.w("attn_k_norm", i)) if cfg.qk_norm else None,
         )
         acfg = AttentionConfig(
-            cfg.heads, cfg.kv_heads, cfg.head_dim, layer.rope, window=layer.window, softcap=cfg.attn_softcap,
-            scale=cfg.attn_scale, qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None, qk_norm_unit_offset=cfg.norm_unit_offset,
+            cfg.heads,
+            cfg.kv_heads,
+            cfg.head_dim,
+            layer.rope,
+            window=layer.window,
+            softcap=cfg.attn_softcap,
+            scale=cfg.attn_scale,
+            qk_norm_eps=cfg.norm_eps if cfg.qk_norm else None,
+            qk_norm_unit_offset=cfg.norm_unit_offset,
         )
         kv = KvState(pools[0], pools[1], ins["slots"], ins["positions"], ins["seq_ids"], ins["ctx_lens"], ins["block_tables"])
         return attention_block(b, x, w, acfg, kv)
@@ -244,8 +267,16 @@ class _Tracer:
         vp = b.cache_write(pools[1], v, ins["slots"])
         krp = b.cache_write(pools[2], b.reshape(k_pe, [T, m.rope_dim]), ins["slots"])
         att = b.attention(
-            b.concat([q_nope, q_pe], axis=-1), kp, vp, k_shared=krp, positions=ins["positions"], seq_ids=ins["seq_ids"],
-            ctx_lens=ins["ctx_lens"], block_tables=ins["block_tables"], window=layer.window, softcap=cfg.attn_softcap,
+            b.concat([q_nope, q_pe], axis=-1),
+            kp,
+            vp,
+            k_shared=krp,
+            positions=ins["positions"],
+            seq_ids=ins["seq_ids"],
+            ctx_lens=ins["ctx_lens"],
+            block_tables=ins["block_tables"],
+            window=layer.window,
+            softcap=cfg.attn_softcap,
             scale=cfg.attn_scale if cfg.attn_scale is not None else 1 / math.sqrt(m.nope_dim + m.rope_dim),
         )
         out = b.linear(b.cast(b.reshape(att, [T, H * m.v_dim]), dt.f32), self.mat(self.w("attn_output", i)))

@@ -61,10 +61,17 @@ def _attention_operands(n: Node, device: str) -> _Attn:
     hq, hkv, dk, dv, bs = q.shape[1].value, k.shape[2].value, k.shape[3].value, v.shape[3].value, k.shape[1].value
     dr = ops["k_shared"].shape[2].value if spec.k_shared else 0
     scale = spec.scale if spec.scale is not None else 1.0 / float(np.sqrt(dk + dr))
-    bufs: dict[str, Any] = {"q": _key(q), "k_pool": _key(k), "v_pool": _key(v),
-                            "ks_pool": _key(ops["k_shared"]) if spec.k_shared else np.zeros(1, k.dtype.numpy),
-                            "positions": _key(ops["positions"]), "seq_ids": _key(ops["seq_ids"]), "ctx_lens": _key(ops["ctx_lens"]),
-                            "block_tables": _key(ops["block_tables"]), "out": _key(n.outputs[0])}
+    bufs: dict[str, Any] = {
+        "q": _key(q),
+        "k_pool": _key(k),
+        "v_pool": _key(v),
+        "ks_pool": _key(ops["k_shared"]) if spec.k_shared else np.zeros(1, k.dtype.numpy),
+        "positions": _key(ops["positions"]),
+        "seq_ids": _key(ops["seq_ids"]),
+        "ctx_lens": _key(ops["ctx_lens"]),
+        "block_tables": _key(ops["block_tables"]),
+        "out": _key(n.outputs[0]),
+    }
     return _Attn(spec, ops, hq, hkv, dk, dv, dr, bs, scale, bufs, pool_type(k, "attention"))
 
 
@@ -77,8 +84,15 @@ def _context_splits(n: Node, a: _Attn, plan: Plan, tokens: Callable[[Env], int],
     plan's scratch memory) and the ``attention_merge`` launch (``block`` threads) that combines them."""
     parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
     acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
-    merge = Launch(n, attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=block), {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
-                   lambda env: (tokens(env) * a.hq,), lambda env: {"dv": a.dv}, when, label="attention_merge")
+    merge = Launch(
+        n,
+        attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=block),
+        {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
+        lambda env: (tokens(env) * a.hq,),
+        lambda env: {"dv": a.dv},
+        when,
+        label="attention_merge",
+    )
     return {"out": acc, "part_m": pm, "part_l": pl}, merge
 
 
@@ -99,8 +113,9 @@ def attention_launches_host(n: Node, plan: Plan) -> list[Launch]:
     dummy = np.zeros(1, np.float32)
 
     def launch(gq: int, when: When, splits: int = 1, bufs: dict[str, Any] | None = None) -> Launch:
-        kern = attn_lib.attention_lanes.instantiate(HQ=a.hq, HKV=a.hkv, DK=a.dk, DV=a.dv, DR=a.dr, BS=a.bs, CAUSAL=spec.causal, TILE=16,
-                                                    PT=a.pool_type, GQ=gq, SPLITS=splits)
+        kern = attn_lib.attention_lanes.instantiate(
+            HQ=a.hq, HKV=a.hkv, DK=a.dk, DV=a.dv, DR=a.dr, BS=a.bs, CAUSAL=spec.causal, TILE=16, PT=a.pool_type, GQ=gq, SPLITS=splits
+        )
         return Launch(n, kern, bufs or {**a.buffers, "part_m": dummy, "part_l": dummy}, lambda env: (tokens(env), a.hq // gq, splits), scalars, when)
 
     group = a.hq // a.hkv
@@ -110,8 +125,10 @@ def attention_launches_host(n: Node, plan: Plan) -> list[Launch]:
     out = [launch(group, split_when, SPLITS, {**a.buffers, **parts}), merge]
     if a.pool_type == "f16" or group == 1:
         return out + [launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}", lambda env: not few(env)))]
-    return out + [launch(1, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens < 8", lambda env: not few(env) and tokens(env) < 8)),
-                  launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens >= 8", lambda env: not few(env) and tokens(env) >= 8))]
+    return out + [
+        launch(1, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens < 8", lambda env: not few(env) and tokens(env) < 8)),
+        launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}, tokens >= 8", lambda env: not few(env) and tokens(env) >= 8)),
+    ]
 
 
 SPLIT_CONTEXT = 1024  # decode attention splits a context this long (or longer) across workgroups
@@ -139,34 +156,56 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
     # heads of 64 or 128 values on 32-lane subgroups: a warp a position (coalesced key and value
     # rows). Chosen where mma.sync is (NVIDIA through PTX, where it is verified); Vulkan and WebGPU
     # devices keep the thread-a-position schedule until it has run there
-    warp_decode = (limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0
-                   and ops["q"].dtype == dt.f32)
+    warp_decode = limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0 and ops["q"].dtype == dt.f32
     if warp_decode:
         kern = attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, softcap=bool(spec.softcap))
     dummy = np.zeros(1, np.float32)
     bufs = {**a.buffers, "part_m": dummy, "part_l": dummy}
 
     def scalars(env: Env) -> dict[str, float | int]:
-        return {"hq": a.hq, "hkv": a.hkv, "dk": a.dk, "dv": a.dv, "dr": a.dr, "bs": a.bs, "mb": _shape(ops["block_tables"], env)[1], "scale": a.scale,
-                "window": spec.window or 0, "softcap": spec.softcap or 0.0}
+        return {
+            "hq": a.hq,
+            "hkv": a.hkv,
+            "dk": a.dk,
+            "dv": a.dv,
+            "dr": a.dr,
+            "bs": a.bs,
+            "mb": _shape(ops["block_tables"], env)[1],
+            "scale": a.scale,
+            "window": spec.window or 0,
+            "softcap": spec.softcap or 0.0,
+        }
 
     tokens = lambda env: max(1, _shape(ops["q"], env)[0])  # noqa: E731
     batch = lambda env: max(1, _shape(ops["ctx_lens"], env)[0])  # noqa: E731
     per_token = Launch(n, kern, bufs, lambda env: (tokens(env), a.hq, 1), scalars)
     decode = lambda env: tokens(env) < 8 * batch(env)  # noqa: E731
     long = lambda env: _shape(ops["block_tables"], env)[1] * a.bs >= SPLIT_CONTEXT and tokens(env) * a.hq <= 512  # noqa: E731
-    split_k = attn_gpu.attention_decode(a.dk, spec.causal, SPLITS, a.pool_type, warps=4, softcap=bool(spec.softcap)) if warp_decode else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
+    split_k = (
+        attn_gpu.attention_decode(a.dk, spec.causal, SPLITS, a.pool_type, warps=4, softcap=bool(spec.softcap))
+        if warp_decode
+        else attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=SPLITS, BLOCK=block, PT=a.pool_type)
+    )
     split_when = When(f"tokens < 8 * batch, context >= {SPLIT_CONTEXT}", lambda env: decode(env) and long(env))
     parts, merge = _context_splits(n, a, plan, tokens, split_when, min(block, 128))
     split = [Launch(n, split_k, {**a.buffers, **parts}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when), merge]
     per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}", lambda env: decode(env) and not long(env))
     if warp_decode:  # few (token, head) pairs: wide workgroups, a whole short context's loads in flight at once
         few = lambda env: tokens(env) * a.hq <= DECODE_WIDE_PAIRS  # noqa: E731
-        narrow = Launch(n, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, warps=4, softcap=bool(spec.softcap)), bufs, per_token.grid, scalars,
-                        When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads > {DECODE_WIDE_PAIRS}",
-                             lambda env: decode(env) and not long(env) and not few(env)))
-        per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads <= {DECODE_WIDE_PAIRS}",
-                              lambda env: decode(env) and not long(env) and few(env))
+        narrow = Launch(
+            n,
+            attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, warps=4, softcap=bool(spec.softcap)),
+            bufs,
+            per_token.grid,
+            scalars,
+            When(
+                f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads > {DECODE_WIDE_PAIRS}",
+                lambda env: decode(env) and not long(env) and not few(env),
+            ),
+        )
+        per_token.when = When(
+            f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads <= {DECODE_WIDE_PAIRS}", lambda env: decode(env) and not long(env) and few(env)
+        )
         split.append(narrow)
         if quantizing is not None:  # the wide kernel can also write its output quantized for dp4a GEMVs (q8)
             quantizing[a.buffers["out"]] = (per_token, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, q8=True, softcap=bool(spec.softcap)), None)
@@ -175,18 +214,22 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
     if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:
         per_token.when = When(f"context < {SPLIT_CONTEXT} or many tokens", lambda env: not (decode(env) and long(env)))
         if warp_decode:  # the wide workgroups for few pairs, four warps for the rest
-            split[-1].when = When(f"(context < {SPLIT_CONTEXT} or many tokens), tokens x heads > {DECODE_WIDE_PAIRS}",
-                                  lambda env: not (decode(env) and long(env)) and not few(env))
-            per_token.when = When(f"(context < {SPLIT_CONTEXT} or many tokens), tokens x heads <= {DECODE_WIDE_PAIRS}",
-                                  lambda env: not (decode(env) and long(env)) and few(env))
+            split[-1].when = When(
+                f"(context < {SPLIT_CONTEXT} or many tokens), tokens x heads > {DECODE_WIDE_PAIRS}",
+                lambda env: not (decode(env) and long(env)) and not few(env),
+            )
+            per_token.when = When(
+                f"(context < {SPLIT_CONTEXT} or many tokens), tokens x heads <= {DECODE_WIDE_PAIRS}", lambda env: not (decode(env) and long(env)) and few(env)
+            )
         return [per_token, *split]
     # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new
     # tokens); on tensor cores (mma.sync), blocks of 64 (FlashAttention-2) where the heads suit them
     # and sequences average 64+ new tokens (its workgroups walk a block's sequences one by one, each
     # found by a serial scan that short prompts do not repay)
     prefill = lambda env: tokens(env) >= 8 * batch(env)  # noqa: E731
-    blocks = Launch(n, bk, a.buffers, lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)},
-                    When("tokens >= 8 * batch", prefill))
+    blocks = Launch(
+        n, bk, a.buffers, lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)}, When("tokens >= 8 * batch", prefill)
+    )
     if not warp_decode:
         return [per_token, *split, blocks]
     if limits.matmul_precision == "highest":  # no tensor cores
@@ -194,6 +237,12 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
     long_prompts = lambda env: tokens(env) >= attn_gpu.MMA_QROWS * batch(env)  # noqa: E731
     blocks.when = When(f"8 * batch <= tokens < {attn_gpu.MMA_QROWS} * batch", lambda env: prefill(env) and not long_prompts(env))
     mk = attn_gpu.attention_mma(a.dk, spec.causal, split=limits.matmul_precision == "high", block=a.bs, softcap=bool(spec.softcap), pt=a.pool_type)
-    mma = Launch(n, mk, a.buffers, lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
-                 lambda env: {"ntok": tokens(env), **scalars(env)}, When(f"tokens >= {attn_gpu.MMA_QROWS} * batch", long_prompts))
+    mma = Launch(
+        n,
+        mk,
+        a.buffers,
+        lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
+        lambda env: {"ntok": tokens(env), **scalars(env)},
+        When(f"tokens >= {attn_gpu.MMA_QROWS} * batch", long_prompts),
+    )
     return [per_token, *split, blocks, mma]

@@ -26,6 +26,7 @@ def check_matmul_precision(value: str) -> str:
         raise ParameterError("matmul_precision", f"'{value}' is not one of {', '.join(MATMUL_PRECISIONS)}")
     return value
 
+
 Env = Mapping[str, int]
 
 
@@ -65,5 +66,3 @@ def strides(shape: tuple[int, ...]) -> list[int]:
 
 def pad(xs: list[int], fill: int) -> list[int]:
     return [fill] * (MAX_RANK - len(xs)) + xs
-
-

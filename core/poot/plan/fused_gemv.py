@@ -62,8 +62,15 @@ def find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) ->
         if gate.op != "matmul" or up.op != "matmul" or gate is up or _key(gate.inputs[0]) != _key(up.inputs[0]):
             continue
         wg, wu = gate.inputs[1], up.inputs[1]
-        if not (gate.attrs["transpose_b"] and up.attrs["transpose_b"] and wg.rank == 2 and wu.rank == 2 and wg.dtype == wu.dtype
-                and wg.shape == wu.shape and _warp_gemv_fits(wg.dtype, wg.shape[1].value, limits)):
+        if not (
+            gate.attrs["transpose_b"]
+            and up.attrs["transpose_b"]
+            and wg.rank == 2
+            and wu.rank == 2
+            and wg.dtype == wu.dtype
+            and wg.shape == wu.shape
+            and _warp_gemv_fits(wg.dtype, wg.shape[1].value, limits)
+        ):
             continue
         if len(users[gate.id]) != 2 or len(users[up.id]) != 1:  # the gate feeds the sigmoid and the product only
             continue
@@ -72,8 +79,9 @@ def find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) ->
     return found
 
 
-def glu_launches(glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = None,
-                 quantizing: dict[Any, tuple[Launch, Any, Any]] | None = None) -> list[Launch]:
+def glu_launches(
+    glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = None, quantizing: dict[Any, tuple[Launch, Any, Any]] | None = None
+) -> list[Launch]:
     """The gated MLP's first half as one warp GEMV over both weights, for few rows of x; ``quantizing``
     gets the one-row launch with its kernel that also writes y quantized (``q8``) and its grid."""
     x, wg = glu.gate.inputs
@@ -87,10 +95,23 @@ def glu_launches(glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = N
     for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits):
         xs, pre = _x_once(glu.gate, x, kk, mr, rows, between(lo, hi, rows), limits, qx)
         make = partial(linear_gpu.gemv_warp, wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs))
-        launches += [*pre, Launch(glu.gate, make(), _reading(bufs, xs), lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)), sc,
-                                  between(lo, hi, rows), label="gated_mlp", variant=make)]
+        launches += [
+            *pre,
+            Launch(
+                glu.gate,
+                make(),
+                _reading(bufs, xs),
+                lambda env, mr=mr: (-(-nn // f), -(-rows(env) // mr)),
+                sc,
+                between(lo, hi, rows),
+                label="gated_mlp",
+                variant=make,
+            ),
+        ]
         if quantizing is not None and xs and mr == 1 and nn % 32 == 0:  # the down projection's x quantized here (the kernel's maker)
-            q8 = partial(linear_gpu.gemv_warp, wg.dtype.name, kk, 1, GLU_Q8_WARPS, glu=True, wide=_wide(1, limits), staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True)
+            q8 = partial(
+                linear_gpu.gemv_warp, wg.dtype.name, kk, 1, GLU_Q8_WARPS, glu=True, wide=_wide(1, limits), staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True
+            )
             quantizing[_key(out)] = (launches[-1], q8, lambda env: (nn // 32, rows(env)))
     return launches
 
@@ -129,9 +150,22 @@ def siblings_launches(ns: list[Node], limits: Limits, qx: QuantizedX | None = No
     launches = []
     for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits):
         xs, pre = _x_once(ns[0], x, kk, mr, rows, between(lo, hi, rows), limits, qx)
-        make = partial(linear_gpu.gemv_warp, w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), staged=bool(xs), min_groups=PARTS_ONE_ROW_GROUPS if xs else 0)
-        launches += [*pre, Launch(ns[0], make(), _reading(bufs, xs), lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
-                                  lambda env: {"m": rows(env), "n": total}, between(lo, hi, rows), label=f"{len(ns)} matmuls", variant=make)]
+        make = partial(
+            linear_gpu.gemv_warp, w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), staged=bool(xs), min_groups=PARTS_ONE_ROW_GROUPS if xs else 0
+        )
+        launches += [
+            *pre,
+            Launch(
+                ns[0],
+                make(),
+                _reading(bufs, xs),
+                lambda env, mr=mr: (-(-total // f), -(-rows(env) // mr)),
+                lambda env: {"m": rows(env), "n": total},
+                between(lo, hi, rows),
+                label=f"{len(ns)} matmuls",
+                variant=make,
+            ),
+        ]
     return launches
 
 
@@ -148,5 +182,14 @@ def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits
     xs = split.area(h, nn, rows)
     kern = linear_mma.glu_split(nn, split.terms)
     bufs = {"g": _key(glu.gate.outputs[0]), "u": _key(glu.up.outputs[0]), "xs": xs}
-    return [Launch(glu.up, kern, bufs, lambda env: (-(-rows(env) * nn // 8 // linear_mma.SPLIT_THREADS),), lambda env: {"m": rows(env)},
-                   between(4, None, rows), label="glu_split")]
+    return [
+        Launch(
+            glu.up,
+            kern,
+            bufs,
+            lambda env: (-(-rows(env) * nn // 8 // linear_mma.SPLIT_THREADS),),
+            lambda env: {"m": rows(env)},
+            between(4, None, rows),
+            label="glu_split",
+        )
+    ]

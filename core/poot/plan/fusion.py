@@ -17,8 +17,19 @@ from .common import key as _key
 from .common import shape as _shape
 from .common import strides as _strides
 
-__all__ = ["View", "Into", "RmsNorm", "RopeCache", "view_of", "virtual_views", "concat_parts", "recognise_rms_norms", "residual_adds",
-           "recognise_rope_caches", "elementwise_groups"]
+__all__ = [
+    "View",
+    "Into",
+    "RmsNorm",
+    "RopeCache",
+    "view_of",
+    "virtual_views",
+    "concat_parts",
+    "recognise_rms_norms",
+    "residual_adds",
+    "recognise_rope_caches",
+    "elementwise_groups",
+]
 
 
 @dataclass(frozen=True)
@@ -40,12 +51,16 @@ def view_of(v: Value, virtual: set[int]) -> View:
     src = view_of(x, virtual)
     if n.op == "slice":
         ax, start, step = n.attrs["axis"] % x.rank, n.attrs["start"], n.attrs["step"]
-        return View(src.base, lambda env: src.offset(env) + start * src.strides(env)[ax],
-                     lambda env: [st * step if i == ax else st for i, st in enumerate(src.strides(env))])
+        return View(
+            src.base,
+            lambda env: src.offset(env) + start * src.strides(env)[ax],
+            lambda env: [st * step if i == ax else st for i, st in enumerate(src.strides(env))],
+        )
     if n.op == "transpose":
         perm = n.attrs["perm"]
         return View(src.base, src.offset, lambda env: [src.strides(env)[p] for p in perm])
     if n.op == "expand":
+
         def est(env: Env) -> list[int]:
             full = _shape(v, env)
             xs = [1] * (len(full) - x.rank) + list(_shape(x, env))
@@ -167,8 +182,9 @@ def recognise_rms_norms(graph: Graph) -> dict[int, RmsNorm]:
     return found
 
 
-def residual_adds(graph: Graph, norms: Mapping[int, RmsNorm], groups: Mapping[int, list[Node]], virtual: set[int],
-                  in_place: Mapping[tuple[int, int], Into]) -> dict[int, Node]:
+def residual_adds(
+    graph: Graph, norms: Mapping[int, RmsNorm], groups: Mapping[int, list[Node]], virtual: set[int], in_place: Mapping[tuple[int, int], Into]
+) -> dict[int, Node]:
     """RMSNorms whose input is a residual add the norm's kernel can compute itself (h = a + b written
     as it is summed): norm id -> that add. The add is an elementwise kernel of its own, adds two f32
     values of its shape (no broadcast, no views), and nothing reads its sum before the norm."""
@@ -219,10 +235,34 @@ def recognise_rope_caches(graph: Graph) -> dict[int, RopeCache]:
         rk = vals.node
         if rk.op != "rope" or pool.dtype not in (dt.f32, dt.f16) or vals.dtype != dt.f32 or pool.rank != 4 or [u.id for u in users[rk.id]] != [wk.id]:
             continue
-        rq = next((r for r in reversed(ropes) if r.id < rk.id and r.id not in taken and r.attrs == rk.attrs and _key(r.inputs[1]) == _key(rk.inputs[1])
-                   and r.inputs[0].shape[2] == rk.inputs[0].shape[2] and not any(u.op == "cache_write" for u in users[r.id])), None)
-        wv = next((w for w in writes if w.id > wk.id and w.id not in taken and _key(w.inputs[2]) == _key(slots) and w.inputs[0].dtype == pool.dtype
-                   and w.inputs[1].dtype == dt.f32 and w.inputs[0].rank == 4 and w.inputs[0].shape[2] == pool.shape[2] and w.inputs[1].node.op != "rope"), None)
+        rq = next(
+            (
+                r
+                for r in reversed(ropes)
+                if r.id < rk.id
+                and r.id not in taken
+                and r.attrs == rk.attrs
+                and _key(r.inputs[1]) == _key(rk.inputs[1])
+                and r.inputs[0].shape[2] == rk.inputs[0].shape[2]
+                and not any(u.op == "cache_write" for u in users[r.id])
+            ),
+            None,
+        )
+        wv = next(
+            (
+                w
+                for w in writes
+                if w.id > wk.id
+                and w.id not in taken
+                and _key(w.inputs[2]) == _key(slots)
+                and w.inputs[0].dtype == pool.dtype
+                and w.inputs[1].dtype == dt.f32
+                and w.inputs[0].rank == 4
+                and w.inputs[0].shape[2] == pool.shape[2]
+                and w.inputs[1].node.op != "rope"
+            ),
+            None,
+        )
         if rq is None or wv is None:
             continue
         if pool.dtype == dt.f16 and (rk.attrs["dim"] % 4 or pool.shape[3].value % 2 or wv.inputs[0].shape[3].value % 2):
@@ -253,5 +293,3 @@ def elementwise_groups(graph: Graph, skip: set[int] = frozenset()) -> dict[int, 
         if n.id in root:
             groups.setdefault(root[n.id], []).append(n)
     return groups
-
-

@@ -115,13 +115,23 @@ def _gather(n: Node) -> Launch:
     tokens = lambda env: max(1, int(np.prod(_shape(ids, env))))  # noqa: E731
     if table.dtype == dt.f16:  # f16 activations are stored as f16
         k = gather_lib.gather_f16.instantiate(BLOCK=128)
-        return Launch(n, k, {"table": _key(table), "lut": np.zeros(1, np.float32), "ids": _key(ids), "out": _key(out)},
-                      lambda env: (tokens(env),), lambda env: {"cols": cols})
+        return Launch(
+            n,
+            k,
+            {"table": _key(table), "lut": np.zeros(1, np.float32), "ids": _key(ids), "out": _key(out)},
+            lambda env: (tokens(env),),
+            lambda env: {"cols": cols},
+        )
     if table.dtype.name in BODIES:
         bs, bb, _ = BODIES[table.dtype.name]
         k = gather_lib.gather_packed.instantiate(QTYPE=table.dtype.name, BLOCK=128)
-        return Launch(n, k, {"table": _key(table), "lut": LUTS.get(table.dtype.name, np.zeros(1, np.float32)), "ids": _key(ids), "out": _key(out)},
-                      lambda env: (tokens(env),), lambda env: {"cols": cols, "row_bytes": cols // bs * bb})
+        return Launch(
+            n,
+            k,
+            {"table": _key(table), "lut": LUTS.get(table.dtype.name, np.zeros(1, np.float32)), "ids": _key(ids), "out": _key(out)},
+            lambda env: (tokens(env),),
+            lambda env: {"cols": cols, "row_bytes": cols // bs * bb},
+        )
     k = gather_lib.gather_f32.instantiate(BLOCK=128)
     return Launch(n, k, {"table": _key(table), "ids": _key(ids), "out": _key(out)}, lambda env: (tokens(env),), lambda env: {"cols": cols})
 
@@ -143,8 +153,13 @@ def _reduce(n: Node) -> Launch:
         return int(np.prod(s[:lo])), int(np.prod(s[lo:hi])), int(np.prod(s[hi:]))
 
     k = movement.reduce_axis.instantiate(OP=n.op)
-    return Launch(n, k, {"x": _key(x), "y": _key(out)}, lambda env: (max(1, split(env)[0]), max(1, -(-split(env)[2] // 16))),
-                  lambda env: dict(zip(("outer", "length", "inner"), split(env))))
+    return Launch(
+        n,
+        k,
+        {"x": _key(x), "y": _key(out)},
+        lambda env: (max(1, split(env)[0]), max(1, -(-split(env)[2] // 16))),
+        lambda env: dict(zip(("outer", "length", "inner"), split(env))),
+    )
 
 
 def _topk(n: Node) -> Launch:
@@ -153,19 +168,31 @@ def _topk(n: Node) -> Launch:
         raise Refusal("topk", "host", "selects along the last axis only")
     vals, idx = n.outputs
     k = movement.topk_rows.instantiate(K=n.attrs["k"])
-    return Launch(n, k, {"x": _key(x), "values": _key(vals), "indices": _key(idx)},
-                  lambda env: (max(1, int(np.prod(_shape(x, env)[:-1]))),), lambda env: {"cols": _shape(x, env)[-1]})
+    return Launch(
+        n,
+        k,
+        {"x": _key(x), "values": _key(vals), "indices": _key(idx)},
+        lambda env: (max(1, int(np.prod(_shape(x, env)[:-1]))),),
+        lambda env: {"cols": _shape(x, env)[-1]},
+    )
 
 
-def _copy(n: Node, src: Value, dst: Value, src_off: Callable[[Env], int], src_strides: Callable[[Env], list[int]],
-          dst_off: Callable[[Env], int], box: Callable[[Env], tuple[int, ...]]) -> Launch:
+def _copy(
+    n: Node,
+    src: Value,
+    dst: Value,
+    src_off: Callable[[Env], int],
+    src_strides: Callable[[Env], list[int]],
+    dst_off: Callable[[Env], int],
+    box: Callable[[Env], tuple[int, ...]],
+) -> Launch:
     k = movement.copy_strided.instantiate(BLOCK=256)
 
     def scalars(env: Env) -> dict[str, int]:
         b = list(box(env))
         full = _pad(b, 1)
         ss = _pad(src_strides(env), 0)
-        ts = _pad(_strides(_shape(dst, env))[-len(b):] if b else [], 0)
+        ts = _pad(_strides(_shape(dst, env))[-len(b) :] if b else [], 0)
         sc = {"n": int(np.prod(b)) if b else 1, "src_offset": src_off(env), "dst_offset": dst_off(env)}
         sc.update({f"d{i}": full[i] for i in range(MAX_RANK)})
         sc.update({f"s{i}": ss[i] for i in range(MAX_RANK)})
@@ -210,9 +237,17 @@ def _movement(n: Node, in_place: Mapping[tuple[int, int], Into]) -> list[Launch]
             before.append(part)
             if _key(part) in in_place:
                 continue  # its producer writes it into place
-            launches.append(_copy(n, part, out, lambda env: 0, lambda env, p=part: _strides(_shape(p, env)),
-                                  lambda env, prev=prev: sum(_shape(q, env)[ax] for q in prev) * _strides(_shape(out, env))[ax],
-                                  lambda env, p=part: _shape(p, env)))
+            launches.append(
+                _copy(
+                    n,
+                    part,
+                    out,
+                    lambda env: 0,
+                    lambda env, p=part: _strides(_shape(p, env)),
+                    lambda env, prev=prev: sum(_shape(q, env)[ax] for q in prev) * _strides(_shape(out, env))[ax],
+                    lambda env, p=part: _shape(p, env),
+                )
+            )
         return launches
     raise Refusal(n.op, "host", "not a data-movement op")
 
@@ -224,28 +259,48 @@ def _cache_write(n: Node) -> Launch:
     if pt == "f16" and width % 2:
         raise Refusal("cache_write", "every device", f"f16 pools are written two halves at a time: rows of {width} values do not pair up")
     k = movement.cache_write.instantiate(BLOCK=128, PT=pt, VT=pool_type(vals, "cache_write"))
-    return Launch(n, k, {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])}, lambda env: (max(1, _shape(slots, env)[0]),), lambda env: {"width": width})
+    return Launch(
+        n,
+        k,
+        {"values": _key(vals), "slots": _key(slots), "pool": _key(n.outputs[0])},
+        lambda env: (max(1, _shape(slots, env)[0]),),
+        lambda env: {"width": width},
+    )
 
 
 def _count_tokens(n: Node) -> Launch:
     counts, tokens, seq_ids, rows = n.inputs
     vocab = counts.shape[1].value
     k = sampling_lib.count_tokens.instantiate()
-    return Launch(n, k, {"tokens": _key(tokens), "seq_ids": _key(seq_ids), "count_rows": _key(rows), "counts": _key(n.outputs[0])},
-                  lambda env: (1,), lambda env: {"ntokens": _shape(tokens, env)[0], "vocab": vocab})
+    return Launch(
+        n,
+        k,
+        {"tokens": _key(tokens), "seq_ids": _key(seq_ids), "count_rows": _key(rows), "counts": _key(n.outputs[0])},
+        lambda env: (1,),
+        lambda env: {"ntokens": _shape(tokens, env)[0], "vocab": vocab},
+    )
 
 
 def _feed_tokens(n: Node) -> Launch:
     last, tokens, seq_ids, rows = n.inputs
-    return Launch(n, sampling_lib.feed_tokens.instantiate(), {"last": _key(last), "tokens": _key(tokens), "seq_ids": _key(seq_ids),
-                                                              "count_rows": _key(rows), "out": _key(n.outputs[0])},
-                  lambda env: (max(1, -(-_shape(tokens, env)[0] // 64)),), lambda env: {"ntokens": _shape(tokens, env)[0]})
+    return Launch(
+        n,
+        sampling_lib.feed_tokens.instantiate(),
+        {"last": _key(last), "tokens": _key(tokens), "seq_ids": _key(seq_ids), "count_rows": _key(rows), "out": _key(n.outputs[0])},
+        lambda env: (max(1, -(-_shape(tokens, env)[0] // 64)),),
+        lambda env: {"ntokens": _shape(tokens, env)[0]},
+    )
 
 
 def _keep_tokens(n: Node) -> Launch:
     last, sampled, rows = n.inputs
-    return Launch(n, sampling_lib.keep_tokens.instantiate(), {"sampled": _key(sampled), "rows": _key(rows), "last": _key(n.outputs[0])},
-                  lambda env: (max(1, -(-_shape(rows, env)[0] // 64)),), lambda env: {"nrows": _shape(rows, env)[0]})
+    return Launch(
+        n,
+        sampling_lib.keep_tokens.instantiate(),
+        {"sampled": _key(sampled), "rows": _key(rows), "last": _key(n.outputs[0])},
+        lambda env: (max(1, -(-_shape(rows, env)[0] // 64)),),
+        lambda env: {"nrows": _shape(rows, env)[0]},
+    )
 
 
 def _sample(n: Node, plan: Plan, gpu: bool, block: int = 256) -> list[Launch]:
@@ -261,15 +316,24 @@ def _sample(n: Node, plan: Plan, gpu: bool, block: int = 256) -> list[Launch]:
     chunks = -(-vocab // chunk)
     rows = lambda env: _shape(logits, env)[0]  # noqa: E731
     parts = plan.add_scratch(lambda env: rows(env) * chunks * sampling_lib.PART_WORDS)
-    first = {name: _key(ops[name]) for name in ("logits", "counts", "count_rows", "temperature", "repetition", "presence", "frequency", "seeds",
-                                                "steps", "mask", "bias_ids", "bias_vals")}
+    first = {
+        name: _key(ops[name])
+        for name in ("logits", "counts", "count_rows", "temperature", "repetition", "presence", "frequency", "seeds", "steps", "mask", "bias_ids", "bias_vals")
+    }
     first.update(work=_key(n.outputs[1]), parts=parts)
     second = {name: _key(ops[name]) for name in ("temperature", "top_k", "top_p", "min_p", "seeds", "steps")}
     second.update(work=_key(n.outputs[1]), parts=parts, tokens=_key(n.outputs[0]))
-    return [Launch(n, sampling_lib.sample_chunks.instantiate(BLOCK=256), first, lambda env: (rows(env), chunks),
-                   lambda env: {"vocab": vocab, "mask_words": _shape(ops["mask"], env)[1], "nbias": _shape(ops["bias_ids"], env)[1], "chunk": chunk},
-                   label="sample_chunks"),
-            Launch(n, sampling_lib.sample.instantiate(BLOCK=block), second, lambda env: (rows(env),), lambda env: {"vocab": vocab, "chunks": chunks})]
+    return [
+        Launch(
+            n,
+            sampling_lib.sample_chunks.instantiate(BLOCK=256),
+            first,
+            lambda env: (rows(env), chunks),
+            lambda env: {"vocab": vocab, "mask_words": _shape(ops["mask"], env)[1], "nbias": _shape(ops["bias_ids"], env)[1], "chunk": chunk},
+            label="sample_chunks",
+        ),
+        Launch(n, sampling_lib.sample.instantiate(BLOCK=block), second, lambda env: (rows(env),), lambda env: {"vocab": vocab, "chunks": chunks}),
+    ]
 
 
 def _logprobs(n: Node, block: int = 256) -> Launch:
@@ -279,9 +343,14 @@ def _logprobs(n: Node, block: int = 256) -> Launch:
     vocab = logits.shape[1].value
     k = sampling_lib.logprobs.instantiate(N=n.attrs["n"], BLOCK=block)
     chosen, ids, vals = n.outputs
-    return Launch(n, k, {"logits": _key(logits), "tokens": _key(tokens), "chosen": _key(chosen), "top_ids": _key(ids), "top_vals": _key(vals)},
-                  lambda env: (_shape(logits, env)[0],), lambda env: {"vocab": vocab},
-                  When("log-probabilities asked for", lambda env: env.get(WANT_LOGPROBS, 1) != 0))
+    return Launch(
+        n,
+        k,
+        {"logits": _key(logits), "tokens": _key(tokens), "chosen": _key(chosen), "top_ids": _key(ids), "top_vals": _key(vals)},
+        lambda env: (_shape(logits, env)[0],),
+        lambda env: {"vocab": vocab},
+        When("log-probabilities asked for", lambda env: env.get(WANT_LOGPROBS, 1) != 0),
+    )
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
@@ -315,8 +384,14 @@ def _norm_launch(n: Node, r: RmsNorm, k: Any, add: Node | None) -> Launch:
         bufs["x"] = _key(r.x)
     else:
         bufs.update(a=_key(add.inputs[0]), b=_key(add.inputs[1]), h=_key(r.x))
-    return Launch(n, k, bufs, lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),), lambda env: {"cols": cols, "eps": r.eps},
-                  label="add_rms_norm" if add is not None else "rms_norm")
+    return Launch(
+        n,
+        k,
+        bufs,
+        lambda env: (max(1, int(np.prod(_shape(r.x, env)[:-1]))),),
+        lambda env: {"cols": cols, "eps": r.eps},
+        label="add_rms_norm" if add is not None else "rms_norm",
+    )
 
 
 def _rope_block(dim: int, gpu: bool) -> int:
@@ -328,8 +403,13 @@ def _rope(n: Node, gpu: bool) -> Launch:
     a = n.attrs
     heads, head_dim = x.shape[1].value, x.shape[2].value
     k = rope_lib.rope.instantiate(ROT=a["dim"], NEOX=a["layout"] == "neox", BLOCK=_rope_block(a["dim"], gpu))
-    return Launch(n, k, {"x": _key(x), "positions": _key(pos), "inv_freq": np.array(a["inv_freq"].array), "y": _key(n.outputs[0])},
-                  lambda env: (max(1, _shape(x, env)[0]), heads), lambda env: {"heads": heads, "head_dim": head_dim, "attn_factor": a["attn_factor"]})
+    return Launch(
+        n,
+        k,
+        {"x": _key(x), "positions": _key(pos), "inv_freq": np.array(a["inv_freq"].array), "y": _key(n.outputs[0])},
+        lambda env: (max(1, _shape(x, env)[0]), heads),
+        lambda env: {"heads": heads, "head_dim": head_dim, "attn_factor": a["attn_factor"]},
+    )
 
 
 def _rope_cache(rc: RopeCache, gpu: bool) -> Launch:
@@ -338,13 +418,28 @@ def _rope_cache(rc: RopeCache, gpu: bool) -> Launch:
     v = rc.write_v.inputs[1]
     a = rc.rope_q.attrs
     hq, hkv, head_dim, v_dim = q.shape[1].value, k.shape[1].value, q.shape[2].value, v.shape[2].value
-    kern = rope_lib.rope_kv_cache.instantiate(ROT=a["dim"], NEOX=a["layout"] == "neox", BLOCK=_rope_block(a["dim"], gpu),
-                                              PT=pool_type(rc.write_k.inputs[0], "rope_kv_cache"))
-    bufs = {"q": _key(q), "k": _key(k), "v": _key(v), "positions": _key(pos), "inv_freq": np.array(a["inv_freq"].array),
-            "slots": _key(rc.write_k.inputs[2]), "q_out": _key(rc.rope_q.outputs[0]), "k_pool": _key(rc.write_k.outputs[0]),
-            "v_pool": _key(rc.write_v.outputs[0])}
-    return Launch(rc.rope_q, kern, bufs, lambda env: (max(1, _shape(q, env)[0]), hq + 2 * hkv),
-                  lambda env: {"hq": hq, "hkv": hkv, "head_dim": head_dim, "v_dim": v_dim, "attn_factor": a["attn_factor"]}, label="rope_kv_cache")
+    kern = rope_lib.rope_kv_cache.instantiate(
+        ROT=a["dim"], NEOX=a["layout"] == "neox", BLOCK=_rope_block(a["dim"], gpu), PT=pool_type(rc.write_k.inputs[0], "rope_kv_cache")
+    )
+    bufs = {
+        "q": _key(q),
+        "k": _key(k),
+        "v": _key(v),
+        "positions": _key(pos),
+        "inv_freq": np.array(a["inv_freq"].array),
+        "slots": _key(rc.write_k.inputs[2]),
+        "q_out": _key(rc.rope_q.outputs[0]),
+        "k_pool": _key(rc.write_k.outputs[0]),
+        "v_pool": _key(rc.write_v.outputs[0]),
+    }
+    return Launch(
+        rc.rope_q,
+        kern,
+        bufs,
+        lambda env: (max(1, _shape(q, env)[0]), hq + 2 * hkv),
+        lambda env: {"hq": hq, "hkv": hkv, "head_dim": head_dim, "v_dim": v_dim, "attn_factor": a["attn_factor"]},
+        label="rope_kv_cache",
+    )
 
 
 def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -> Plan:
@@ -354,7 +449,11 @@ def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -
     if device.unavailable is not None:
         raise Refusal("plan", device.name, f"the device is unavailable ({device.unavailable})")
     if device.capabilities is None or device.target not in ("host", "nvptx", "spirv"):
-        raise Refusal("plan", device.name, f"the planner has schedules for the host CPU, NVIDIA GPUs and Vulkan/WebGPU; target '{device.target}' gets them with its backend")
+        raise Refusal(
+            "plan",
+            device.name,
+            f"the planner has schedules for the host CPU, NVIDIA GPUs and Vulkan/WebGPU; target '{device.target}' gets them with its backend",
+        )
     caps = device.capabilities
     # schedules that reduce or shuffle across subgroups are chosen only where the device runs them
     # (a Vulkan device's SPIR-V is then compiled for its subgroup width: codegen.spirv_target)
@@ -362,22 +461,35 @@ def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -
     shared = caps.shared_memory_bytes
     if device.target == "spirv":  # one SPIR-V module serves every Vulkan device: codegen holds kernels to Vulkan's guaranteed minimum
         shared = min(shared, TARGETS["spirv:vulkan1.3"].max_shared)
-    return plan_graph(graph, device=device.name, limits=Limits(caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops,
-                                                               caps.max_buffer_bytes, matmul_precision, caps.dynamic_shared_bytes),
-                      gpu=device.target != "host")
+    return plan_graph(
+        graph,
+        device=device.name,
+        limits=Limits(
+            caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops, caps.max_buffer_bytes, matmul_precision, caps.dynamic_shared_bytes
+        ),
+        gpu=device.target != "host",
+    )
 
 
 def _check_waits(plan: Plan) -> None:
     """A kernel that reads memory before its wait for the launch before (``AwaitPrior``) may read
     there only what no launch of the plan writes (weights, the step's inputs), and write nothing."""
-    written = {plan.root(l.buffers[p.name]) for l in plan.launches for p in l.kernel.params
-               if isinstance(p, K.Buffer) and not p.readonly and isinstance(l.buffers.get(p.name), tuple)}
+    written = {
+        plan.root(l.buffers[p.name])
+        for l in plan.launches
+        for p in l.kernel.params
+        if isinstance(p, K.Buffer) and not p.readonly and isinstance(l.buffers.get(p.name), tuple)
+    }
     for l in plan.launches:
         reads, writes = before_wait(l.kernel)
         early = sorted(b for b in reads if plan.root(l.buffers.get(b)) in written)
         if writes or early:
-            raise Refusal(l.node.op, plan.device, f"kernel {l.kernel.name} touches {', '.join(sorted(writes) or early)} before its wait for the "
-                                                  "launch before, memory a launch of the step writes")
+            raise Refusal(
+                l.node.op,
+                plan.device,
+                f"kernel {l.kernel.name} touches {', '.join(sorted(writes) or early)} before its wait for the "
+                "launch before, memory a launch of the step writes",
+            )
 
 
 def _check(plan: Plan, limits: Limits) -> None:
@@ -387,8 +499,12 @@ def _check(plan: Plan, limits: Limits) -> None:
             if not v.dtype.is_packed and v.dtype.name not in limits.dtypes:
                 raise Refusal(n.op, plan.device, f"{v.dtype} values are not supported (the device has {', '.join(sorted(limits.dtypes))})")
         if n.op == "weight" and limits.max_buffer_bytes is not None and (size := stored_nbytes(n.outputs[0])) > limits.max_buffer_bytes:
-            raise Refusal("weight", plan.device, f"weight '{n.attrs['name']}' takes {size} bytes; a kernel on this device binds at most "
-                                                 f"{limits.max_buffer_bytes} bytes a buffer (a smaller quantization or another device is needed)")
+            raise Refusal(
+                "weight",
+                plan.device,
+                f"weight '{n.attrs['name']}' takes {size} bytes; a kernel on this device binds at most "
+                f"{limits.max_buffer_bytes} bytes a buffer (a smaller quantization or another device is needed)",
+            )
     for l in plan.launches:
         k = l.kernel
         if k.threads > limits.max_workgroup:
@@ -397,8 +513,11 @@ def _check(plan: Plan, limits: Limits) -> None:
         if shared > limits.shared_bytes:  # past the static limit: dynamic workgroup memory, each array aligned
             shared = sum(-(-sh.size * max(1, sh.dtype.bits // 8) // SHARED_ALIGN) * SHARED_ALIGN for sh in k.shared)
             if shared > limits.dynamic_shared:
-                raise Refusal(l.node.op, plan.device, f"kernel {k.name} needs {shared} bytes of workgroup memory; the device has "
-                                                      f"{max(limits.shared_bytes, limits.dynamic_shared)}")
+                raise Refusal(
+                    l.node.op,
+                    plan.device,
+                    f"kernel {k.name} needs {shared} bytes of workgroup memory; the device has {max(limits.shared_bytes, limits.dynamic_shared)}",
+                )
 
 
 def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Limits | None = None, gpu: bool = False) -> Plan:
@@ -540,9 +659,16 @@ def _quantize_in_producers(plan: Plan, quantizing: Mapping[Any, tuple[Launch, K.
         wp, wq = prod.when, q.when
         dp, dq = getattr(wp, "doc", "always"), getattr(wq, "doc", "always")
         names = ("yq", "yr", "yds") if kern.param("yq") is not None else ("xq", "xr", "xds")
-        fused = Launch(prod.node, kern, {**prod.buffers, **{nm: q.buffers[b] for nm, b in zip(names, ("xq", "xr", "xds"))}}, grid or prod.grid,
-                       _scalars_for(kern, prod.scalars), None if wp is None and wq is None else _both(wp, wq or (lambda env: True), f"{dp}, {dq}"),
-                       label=f"{prod.label or prod.node.op}+quantize_x", variant=make)
+        fused = Launch(
+            prod.node,
+            kern,
+            {**prod.buffers, **{nm: q.buffers[b] for nm, b in zip(names, ("xq", "xr", "xds"))}},
+            grid or prod.grid,
+            _scalars_for(kern, prod.scalars),
+            None if wp is None and wq is None else _both(wp, wq or (lambda env: True), f"{dp}, {dq}"),
+            label=f"{prod.label or prod.node.op}+quantize_x",
+            variant=make,
+        )
         at = plan.launches.index(prod)
         if wq is None:
             plan.launches[at] = fused

@@ -64,16 +64,23 @@ def matmul_host(n: Node, shared_bytes: int) -> list[Launch]:
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
         if w.dtype.name in linear_host.LANE_TYPES and kk % 32 == 0:
             k = linear_host.gemv_lanes.instantiate(QTYPE=w.dtype.name)
-            gemv = Launch(n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env), batch),
-                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)})
+            gemv = Launch(
+                n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env), batch), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)}
+            )
         elif bs % 16 == 0 and kk % bs == 0:
             k = linear_host.gemv_lanes_any.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb)
-            gemv = Launch(n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (nn, rows(env), batch),
-                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)})
+            gemv = Launch(
+                n,
+                k,
+                {"x": xk, "w": wk, "lut": lut, "y": ok},
+                lambda env: (nn, rows(env), batch),
+                lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)},
+            )
         elif batch == 1:
             k = linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=32)
-            gemv = Launch(n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (-(-nn // 4), rows(env)),
-                          lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes})
+            gemv = Launch(
+                n, k, {"x": xk, "w": wk, "lut": lut, "y": ok}, lambda env: (-(-nn // 4), rows(env)), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes}
+            )
         else:
             gemv = None
         if kk % 16 or kk % bs or (4 * kk + 256) * 4 > shared_bytes:  # gemm_rows holds 4 dequantized rows
@@ -81,8 +88,14 @@ def matmul_host(n: Node, shared_bytes: int) -> list[Launch]:
                 raise Refusal("matmul", "host", f"per-expert {w.dtype} weights with rows of {kk} values have no host schedule")
             return [gemv]
         k = linear_host.gemm_rows.instantiate(QTYPE=w.dtype.name, K=kk, BS=bs, BB=bb, NR=4, TM=4)
-        gemm = Launch(n, k, {"a": xk, "w": wk, "lut": lut, "c": ok}, lambda env: (-(-nn // 4), batch),
-                      lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes, **strides(env)}, many)
+        gemm = Launch(
+            n,
+            k,
+            {"a": xk, "w": wk, "lut": lut, "c": ok},
+            lambda env: (-(-nn // 4), batch),
+            lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes, **strides(env)},
+            many,
+        )
         if gemv is None:
             gemm.when = None
             return [gemm]
@@ -151,8 +164,9 @@ def _early(xs: dict[str, Any]) -> bool:
     return False
 
 
-def _x_once(n: Node, x: Value, k: int, mr: int, rows: Callable[[Env], int], when: When, limits: Limits,
-            qx: QuantizedX | None) -> tuple[dict[str, Any], list[Launch]]:
+def _x_once(
+    n: Node, x: Value, k: int, mr: int, rows: Callable[[Env], int], when: When, limits: Limits, qx: QuantizedX | None
+) -> tuple[dict[str, Any], list[Launch]]:
     """For a warp GEMV of ``mr`` rows that stages x quantized once (``_staged``): its buffers of x
     quantized and the launch that writes them, if none does yet; else nothing."""
     if qx is None or not _staged(n.inputs[1].dtype.name, mr, limits):
@@ -190,8 +204,17 @@ class SplitX:
             return self.areas[xk], []
         xs = self.area(x, k, rows)
         kern = linear_mma.split_bf16x2(k, self.terms)
-        return xs, [Launch(n, kern, {"x": xk, "xs": xs}, lambda env: (-(-rows(env) * k // 8 // linear_mma.SPLIT_THREADS),),
-                           lambda env: {"m": rows(env)}, when, label="split_x")]
+        return xs, [
+            Launch(
+                n,
+                kern,
+                {"x": xk, "xs": xs},
+                lambda env: (-(-rows(env) * k // 8 // linear_mma.SPLIT_THREADS),),
+                lambda env: {"m": rows(env)},
+                when,
+                label="split_x",
+            )
+        ]
 
     def area(self, x: Value, k: int, rows: Callable[[Env], int]) -> tuple[int, int]:
         """A new scratch area for x split (its planes: 2 bytes a value each), found by ``of`` after."""
@@ -216,11 +239,23 @@ class QuantizedX:
         if xk in self.areas:
             return self.areas[xk], []
         add = self.plan.add_scratch
-        bufs = self.areas[xk] = {"xq_in": add(lambda env: rows(env) * k // 4), "xr_in": add(lambda env: rows(env) * k // 4),
-                                 "xds_in": add(lambda env: rows(env) * k // 16)}
+        bufs = self.areas[xk] = {
+            "xq_in": add(lambda env: rows(env) * k // 4),
+            "xr_in": add(lambda env: rows(env) * k // 4),
+            "xds_in": add(lambda env: rows(env) * k // 16),
+        }
         kern = linear_gpu.quantize_q8x2(k)
-        return bufs, [Launch(n, kern, {"x": xk, "xq": bufs["xq_in"], "xr": bufs["xr_in"], "xds": bufs["xds_in"]},
-                             lambda env: (-(-rows(env) * k // 4 // linear_gpu.Q8_THREADS),), lambda env: {"m": rows(env)}, when, label="quantize_x")]
+        return bufs, [
+            Launch(
+                n,
+                kern,
+                {"x": xk, "xq": bufs["xq_in"], "xr": bufs["xr_in"], "xds": bufs["xds_in"]},
+                lambda env: (-(-rows(env) * k // 4 // linear_gpu.Q8_THREADS),),
+                lambda env: {"m": rows(env)},
+                when,
+                label="quantize_x",
+            )
+        ]
 
 
 # bytes of bf16 a packed weight dequantized for the tensor cores may take in a step's scratch memory
@@ -233,8 +268,13 @@ DEQUANT_BYTES = 1 << 28
 def _dequantizes(w: Value) -> bool:
     """Whether packed weight ``w`` may be dequantized to bf16 into scratch memory for the tiled
     tensor-core GEMM: a packed type, rows of whole 256-value blocks, within ``DEQUANT_BYTES``."""
-    return (w.rank == 2 and w.dtype.name in BODIES and BODIES[w.dtype.name][0] > 1 and w.shape[1].value % 256 == 0
-            and 2 * w.shape[0].value * w.shape[1].value <= DEQUANT_BYTES)
+    return (
+        w.rank == 2
+        and w.dtype.name in BODIES
+        and BODIES[w.dtype.name][0] > 1
+        and w.shape[1].value % 256 == 0
+        and 2 * w.shape[0].value * w.shape[1].value <= DEQUANT_BYTES
+    )
 
 
 def _on_tensor_cores(n: Node, limits: Limits) -> bool:
@@ -242,8 +282,14 @@ def _on_tensor_cores(n: Node, limits: Limits) -> bool:
     bf16 weights, Q4_K ones (dequantized in registers) or other packed ones dequantized to bf16
     first; given mma.sync and a matmul precision below "highest"."""
     w = n.inputs[1]
-    if not (n.op == "matmul" and n.attrs["transpose_b"] and w.rank == 2 and limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix
-            and limits.matmul_precision != "highest"):
+    if not (
+        n.op == "matmul"
+        and n.attrs["transpose_b"]
+        and w.rank == 2
+        and limits.subgroup == 32
+        and "mma.sync.bf16" in limits.matrix
+        and limits.matmul_precision != "highest"
+    ):
         return False
     return (w.dtype.name in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, w.shape[1].value, limits)) or _dequantizes(w)
 
@@ -275,8 +321,17 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
             bs, bb = BODIES[q][0], BODIES[q][1]
             deq["lut"] = LUTS.get(q, np.zeros(1, np.float32))
             deq_sc["row_bytes"] = kk // bs * bb
-        out.append(Launch(n, dequant_gpu.dequantize_bf16(q, kk), deq, lambda env: (dequant_gpu.dequant_groups(q, nn, kk),),
-                          lambda env: deq_sc, between(64 if streams_q4_k else 4, None, rows), label="dequantize"))
+        out.append(
+            Launch(
+                n,
+                dequant_gpu.dequantize_bf16(q, kk),
+                deq,
+                lambda env: (dequant_gpu.dequant_groups(q, nn, kk),),
+                lambda env: deq_sc,
+                between(64 if streams_q4_k else 4, None, rows),
+                label="dequantize",
+            )
+        )
         if not streams_q4_k:
             bufs["w"] = wd
     xsplit = split is not None
@@ -323,8 +378,9 @@ WGMMA_GROUPS = 256
 _WGMMA_REGIMES = ((16, 64, 1), (64, 128, 2), (128, 256, 2), (256, 512, 2), (512, None, 2))
 
 
-def _wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX | None,
-                    above: int = 16) -> list[Launch]:
+def _wgmma_launches(
+    n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX | None, above: int = 16
+) -> list[Launch]:
     """Products of more than ``above`` rows on Hopper (bf16 weights or a dequantized copy in ``bufs``), by regimes of
     rows: the warpgroup GEMM with K split in as many parts (up to 8) as keep about ``WGMMA_GROUPS``
     workgroups busy for the regime's most rows, the parts added by ``sum_parts`` from a scratch area
@@ -353,14 +409,22 @@ def _wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], 
             continue
         area = split.plan.add_scratch(lambda env, parts=parts: parts * rows(env) * nn)
         add = linear_mma.sum_parts(parts)
-        out += [Launch(n, k, {**bufs, "y": area}, grid, sc, when),
-                Launch(n, add, {"p": area, "y": bufs["y"]}, lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
-                       lambda env: {"count": rows(env) * nn}, when, label="sum_parts")]
+        out += [
+            Launch(n, k, {**bufs, "y": area}, grid, sc, when),
+            Launch(
+                n,
+                add,
+                {"p": area, "y": bufs["y"]},
+                lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
+                lambda env: {"count": rows(env) * nn},
+                when,
+                label="sum_parts",
+            ),
+        ]
     return out
 
 
-def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX,
-                         hi: int | None) -> list[Launch]:
+def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX, hi: int | None) -> list[Launch]:
     """Q4_K products of 33 to ``hi`` rows on Hopper: ``gemm_wgmma_q4_k`` (64 rows a workgroup, the
     weights dequantized in workgroup memory), K split in as many parts (up to 8) as keep about
     ``WGMMA_GROUPS`` workgroups busy, the parts added by ``sum_parts``; none where K is not whole
@@ -379,9 +443,18 @@ def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, A
         return [Launch(n, k, bufs, grid, sc, when)]
     area = split.plan.add_scratch(lambda env: parts * rows(env) * nn)
     add = linear_mma.sum_parts(parts)
-    return [Launch(n, k, {**bufs, "y": area}, grid, sc, when),
-            Launch(n, add, {"p": area, "y": bufs["y"]}, lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
-                   lambda env: {"count": rows(env) * nn}, when, label="sum_parts")]
+    return [
+        Launch(n, k, {**bufs, "y": area}, grid, sc, when),
+        Launch(
+            n,
+            add,
+            {"p": area, "y": bufs["y"]},
+            lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
+            lambda env: {"count": rows(env) * nn},
+            when,
+            label="sum_parts",
+        ),
+    ]
 
 
 def _matmul_fast_gpu(n: Node, limits: Limits, split: SplitX | None = None, qx: QuantizedX | None = None) -> list[Launch] | None:
@@ -462,18 +535,43 @@ def _matmul_gpu_generic(n: Node, limits: Limits, split: SplitX | None = None) ->
         q6 = _gemv_rows("q6_k", kk, limits) if w.dtype.name == "q6_k" and lanes in (8, 16, 32, 64) and kk % max(512, 16 * lanes) == 0 else []
         if q6 and limits.max_workgroup >= 512:
             # Q6_K (Q4_K_M files' head and half their v and down): x as two int8 terms, dp4a
-            gemvs = [Launch(n, linear_gpu.gemv_warp_q6_k(kk, mr, lanes), {"x": xk, "w": wk, "y": ok},
-                            lambda env, mr=mr: (-(-nn // (512 // lanes)), -(-rows(env) // mr)), lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes},
-                            between(lo, hi, rows)) for mr, lo, hi in q6]
+            gemvs = [
+                Launch(
+                    n,
+                    linear_gpu.gemv_warp_q6_k(kk, mr, lanes),
+                    {"x": xk, "w": wk, "y": ok},
+                    lambda env, mr=mr: (-(-nn // (512 // lanes)), -(-rows(env) // mr)),
+                    lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes},
+                    between(lo, hi, rows),
+                )
+                for mr, lo, hi in q6
+            ]
             cut = 4
         elif lanes in (4, 8, 16, 32, 64) and packed and kk % 8 == 0 and kk % bs == 0 and limits.max_workgroup >= 256:
             # a subgroup a feature (its lanes' loads of a block coalesced), one or up to four rows of x
-            gemvs = [Launch(n, linear_gpu.gemv_warp_packed(w.dtype.name, kk, mr, lanes), bufs, lambda env, mr=mr: (-(-nn // (256 // lanes)), -(-rows(env) // mr)),
-                            lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, between(lo, hi, rows)) for mr, lo, hi in ((1, 0, 1), (4, 1, 4))]
+            gemvs = [
+                Launch(
+                    n,
+                    linear_gpu.gemv_warp_packed(w.dtype.name, kk, mr, lanes),
+                    bufs,
+                    lambda env, mr=mr: (-(-nn // (256 // lanes)), -(-rows(env) // mr)),
+                    lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes},
+                    between(lo, hi, rows),
+                )
+                for mr, lo, hi in ((1, 0, 1), (4, 1, 4))
+            ]
             cut = 4
         else:  # workgroups splitting K, a thread a block
-            gemvs = [Launch(n, linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=64), bufs, lambda env: (-(-nn // 4), rows(env)),
-                            lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes}, few)]
+            gemvs = [
+                Launch(
+                    n,
+                    linear.gemv_blocks.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb, ROWS=4, BLOCK=64),
+                    bufs,
+                    lambda env: (-(-nn // 4), rows(env)),
+                    lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes},
+                    few,
+                )
+            ]
             cut = 2
         tensor = split is not None and _on_tensor_cores(n, limits)
         if tensor and cut == 4:
@@ -482,17 +580,33 @@ def _matmul_gpu_generic(n: Node, limits: Limits, split: SplitX | None = None) ->
         more = between(cut, 4 if tensor else None, rows)
         if bk:
             t = linear_simt.SIMT_TILE
-            gemm = Launch(n, linear_simt.gemm_simt(kk, bk, w.dtype.name, words=False), bufs,
-                          lambda env: (-(-nn // t), -(-rows(env) // t)), lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes}, more)
+            gemm = Launch(
+                n,
+                linear_simt.gemm_simt(kk, bk, w.dtype.name, words=False),
+                bufs,
+                lambda env: (-(-nn // t), -(-rows(env) // t)),
+                lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes},
+                more,
+            )
         else:
-            gemm = Launch(n, linear.gemm_packed.instantiate(QTYPE=w.dtype.name), {"a": xk, "w": wk, "lut": lut, "c": ok},
-                          lambda env: (-(-nn // 16), -(-rows(env) // 16)), lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes}, more)
+            gemm = Launch(
+                n,
+                linear.gemm_packed.instantiate(QTYPE=w.dtype.name),
+                {"a": xk, "w": wk, "lut": lut, "c": ok},
+                lambda env: (-(-nn // 16), -(-rows(env) // 16)),
+                lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": row_bytes},
+                more,
+            )
         return [*gemvs, gemm, *(_tensor_core_launches(n, limits, split) if tensor else [])]
     if w.dtype != dt.f32:
         raise Refusal("matmul", "gpu", f"weights of type {w.dtype} need a cast first")
     gemv = Launch(n, linear.gemv_f32.instantiate(BLOCK=128), {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env)), lambda env: {"n": nn, "k": kk}, few)
-    gemm = Launch(n, linear.gemm_f32.instantiate(), {"a": xk, "w": wk, "c": ok}, lambda env: (-(-nn // 16), -(-rows(env) // 16)),
-                  lambda env: {"m": rows(env), "n": nn, "k": kk}, many)
+    gemm = Launch(
+        n,
+        linear.gemm_f32.instantiate(),
+        {"a": xk, "w": wk, "c": ok},
+        lambda env: (-(-nn // 16), -(-rows(env) // 16)),
+        lambda env: {"m": rows(env), "n": nn, "k": kk},
+        many,
+    )
     return [gemv, gemm]
-
-

@@ -121,7 +121,9 @@ def plan_storage(plan: Plan, env: Mapping[str, int], alignment: int = 64) -> Sto
         r = roots[(v.node.id, v.index)]
         if r in first:
             last[r] = len(launches)  # read back after the step
-    lifetimes = [Lifetime(r, max(1, int(np.prod(shapes[r], dtype=np.int64))) * (4 if r in scratch else storage_dtype(values[r].dtype).itemsize), first[r], last[r])
-                 for r in first]
+    lifetimes = [
+        Lifetime(r, max(1, int(np.prod(shapes[r], dtype=np.int64))) * (4 if r in scratch else storage_dtype(values[r].dtype).itemsize), first[r], last[r])
+        for r in first
+    ]
     arena = plan_arena(lifetimes, alignment)
     return StoragePlan(env, launches, roots, shapes, inputs, pools, arena.offsets, arena.size, live_peak(lifetimes, alignment), frozenset(scratch))

@@ -40,14 +40,19 @@ FOLD_WARPS = 32
 
 
 def _buffers(l: Launch, written: bool) -> list[Any]:
-    return [l.buffers[p.name] for p in l.kernel.params
-            if isinstance(p, K.Buffer) and p.readonly != written and isinstance(l.buffers.get(p.name), tuple)]
+    return [l.buffers[p.name] for p in l.kernel.params if isinstance(p, K.Buffer) and p.readonly != written and isinstance(l.buffers.get(p.name), tuple)]
 
 
 def _staged_one_row(l: Launch) -> bool:
     """A one-row Q4_K warp GEMV that stages x quantized once and can be made again (``variant``)."""
-    return l.variant is not None and l.kernel.name.startswith("gemv_warp_") and "_q4_k_" in l.kernel.name and "_MR1" in l.kernel.name \
-        and l.kernel.param("xq_in") is not None and l.kernel.param("ss") is None
+    return (
+        l.variant is not None
+        and l.kernel.name.startswith("gemv_warp_")
+        and "_q4_k_" in l.kernel.name
+        and "_MR1" in l.kernel.name
+        and l.kernel.param("xq_in") is not None
+        and l.kernel.param("ss") is None
+    )
 
 
 def fold_norms(plan: Plan) -> None:
@@ -77,8 +82,12 @@ def fold_norms(plan: Plan) -> None:
             continue
         for y, res in (("b", "a"), ("a", "b")):
             made = at_one(writers.get(plan.root(norm.buffers[y]), []))
-            if len(made) == 1 and _staged_one_row(made[0]) and made[0].kernel.param("w") is not None \
-                    and at_one(readers.get(plan.root(norm.buffers[y]), [])) == [norm]:
+            if (
+                len(made) == 1
+                and _staged_one_row(made[0])
+                and made[0].kernel.param("w") is not None
+                and at_one(readers.get(plan.root(norm.buffers[y]), [])) == [norm]
+            ):
                 break
         else:
             continue
@@ -95,17 +104,34 @@ def fold_norms(plan: Plan) -> None:
 def _fold(plan: Plan, norm: Launch, prod: Launch, users: list[Launch], res: Any, groups: int) -> None:
     rows: Callable[[Env], int] = lambda env: prod.scalars(env)["m"]  # noqa: E731
     ss = plan.add_scratch(lambda env: rows(env) * groups)
-    make: Callable[..., K.Kernel] = partial(prod.variant, warps=FOLD_WARPS, per_warp=1, min_groups=1, q8=True, norm_next=True,  # type: ignore[arg-type]
-                                            unit_offset=norm.variant.keywords["unit_offset"])  # type: ignore[union-attr]
-    bufs = {**{k: v for k, v in prod.buffers.items() if k != "y"}, "y": norm.buffers["h"], "res": res, "nw": norm.buffers["w"], "ss": ss,
-            "yq": norm.buffers["xq"], "yr": norm.buffers["xr"], "yds": norm.buffers["xds"]}
-    folded = Launch(prod.node, make(), bufs, lambda env: (groups, rows(env)), prod.scalars, prod.when, label=f"{prod.label or prod.node.op}+add_rms_norm",
-                    variant=make)
+    make: Callable[..., K.Kernel] = partial(
+        prod.variant,
+        warps=FOLD_WARPS,
+        per_warp=1,
+        min_groups=1,
+        q8=True,
+        norm_next=True,  # type: ignore[arg-type]
+        unit_offset=norm.variant.keywords["unit_offset"],
+    )  # type: ignore[union-attr]
+    bufs = {
+        **{k: v for k, v in prod.buffers.items() if k != "y"},
+        "y": norm.buffers["h"],
+        "res": res,
+        "nw": norm.buffers["w"],
+        "ss": ss,
+        "yq": norm.buffers["xq"],
+        "yr": norm.buffers["xr"],
+        "yds": norm.buffers["xds"],
+    }
+    folded = Launch(
+        prod.node, make(), bufs, lambda env: (groups, rows(env)), prod.scalars, prod.when, label=f"{prod.label or prod.node.op}+add_rms_norm", variant=make
+    )
     plan.launches[plan.launches.index(prod)] = folded
     doc = getattr(norm.when, "doc", "always")
     norm.when = When(f"{doc}, not ({getattr(prod.when, 'doc', 'always')})", lambda env, a=norm.when, b=prod.when: a(env) and not b(env))
     for u in users:
         eps = lambda env, s=u.scalars: {**s(env), "eps": norm.scalars(env)["eps"]}  # noqa: E731
         again = partial(u.variant, rms_in=groups)  # type: ignore[arg-type]
-        plan.launches[plan.launches.index(u)] = Launch(u.node, again(), {**u.buffers, "ss": ss}, u.grid, eps, u.when, label=f"{u.label or u.node.op}+rms",
-                                                       variant=again)
+        plan.launches[plan.launches.index(u)] = Launch(
+            u.node, again(), {**u.buffers, "ss": ss}, u.grid, eps, u.when, label=f"{u.label or u.node.op}+rms", variant=again
+        )

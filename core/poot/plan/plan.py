@@ -84,8 +84,7 @@ class Plan:
         binds a step's symbols from its inputs' shapes (``runtime.executor.step_env``), computed once."""
         out = []
         for name, v in self.inputs.items():
-            axes = tuple((i, d.terms[0][0][0]) for i, d in enumerate(v.shape)
-                         if len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1)
+            axes = tuple((i, d.terms[0][0][0]) for i, d in enumerate(v.shape) if len(d.terms) == 1 and d.terms[0][1] == 1 and len(d.terms[0][0]) == 1)
             out.append((name, v.rank, axes))
         return tuple(out)
 
@@ -125,7 +124,11 @@ class Plan:
                 ref = l.buffers.get(p.name) if isinstance(p, K.Buffer) else None
                 if ref is None or not isinstance(ref, tuple):
                     continue
-                label = f"scratch{-ref[0]}:f32[{'by shape' if env is None else self.scratch[ref].words(env)}]" if ref in self.scratch else _name(names, ref, types[ref])
+                label = (
+                    f"scratch{-ref[0]}:f32[{'by shape' if env is None else self.scratch[ref].words(env)}]"
+                    if ref in self.scratch
+                    else _name(names, ref, types[ref])
+                )
                 (reads if p.readonly else writes).append(label)
             grid = "x".join(str(d) for d in l.grid(env)) if env is not None else "by shape"
             cond = f" [{getattr(l.when, 'doc', 'some shapes')}]" if l.when is not None and env is None else ""
@@ -134,5 +137,3 @@ class Plan:
 
     def __str__(self) -> str:
         return self.describe()
-
-

@@ -112,9 +112,7 @@ def signed_absmax(x: np.ndarray) -> np.ndarray:
     return np.take_along_axis(x, np.abs(x).argmax(axis=-1)[..., None], axis=-1)
 
 
-def fit_scale(
-    x: np.ndarray, w: np.ndarray, snap: Callable[[np.ndarray], np.ndarray], inv_scales: Iterable[np.ndarray]
-) -> np.ndarray:
+def fit_scale(x: np.ndarray, w: np.ndarray, snap: Callable[[np.ndarray], np.ndarray], inv_scales: Iterable[np.ndarray]) -> np.ndarray:
     """The scale ``d`` (``[..., 1]``) that best fits ``x ≈ d * snap(x * inv)`` over candidate ``inv``.
 
     For fixed levels ``l`` the weighted least-squares scale is ``Σwlx / Σwl²``, which lowers the
@@ -146,9 +144,7 @@ def _fit_symmetric(x: np.ndarray, w: np.ndarray, nmax: int) -> np.ndarray:
     return fit_scale(x, w, _uniform(-nmax, nmax - 1), candidates)
 
 
-def fit_scale_min(
-    x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int
-) -> tuple[np.ndarray, np.ndarray]:
+def fit_scale_min(x: np.ndarray, w: np.ndarray, nmax: int, rmin: float, rdelta: float, nstep: int) -> tuple[np.ndarray, np.ndarray]:
     """Scale ``d`` and min ``m >= 0`` (both ``[..., 1]``) fitting ``x ≈ d * l - m``, ``l`` in 0..nmax.
 
     ggml's make_qkx2_quants: the range [min(x, 0), max(x)] is stretched over ``nmax + rmin + k*rdelta``

@@ -29,9 +29,7 @@ __all__ = [
 # -- shared helpers ---------------------------------------------------------------------------------
 
 
-def split_blocks(
-    raw: np.ndarray, name: str, block_bytes: int, block_size: int
-) -> tuple[np.ndarray, tuple[int, ...]]:
+def split_blocks(raw: np.ndarray, name: str, block_bytes: int, block_size: int) -> tuple[np.ndarray, tuple[int, ...]]:
     """Packed rows as ``[nblocks, block_bytes]``, and the shape of their dequantized values."""
     raw = np.ascontiguousarray(raw, dtype=np.uint8)
     if raw.ndim == 0 or raw.shape[-1] % block_bytes:
@@ -40,9 +38,7 @@ def split_blocks(
     return raw.reshape(-1, block_bytes), raw.shape[:-1] + (raw.shape[-1] // block_bytes * block_size,)
 
 
-def split_rows(
-    x: np.ndarray, name: str, block_size: int, block_bytes: int
-) -> tuple[np.ndarray, tuple[int, ...]]:
+def split_rows(x: np.ndarray, name: str, block_size: int, block_bytes: int) -> tuple[np.ndarray, tuple[int, ...]]:
     """Float rows as ``[nblocks, block_size]`` float32, and the shape of their packed bytes."""
     x = np.ascontiguousarray(x, dtype=np.float32)
     if x.ndim == 0 or x.shape[-1] % block_size:

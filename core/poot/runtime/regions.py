@@ -71,8 +71,9 @@ def computed_outputs(graph_outputs: Mapping[str, Value], sp: StoragePlan, bound:
     return out
 
 
-def scalar_block(kernels: Sequence[Kernel], scalars: Sequence[Mapping[str, float | int]], words: Callable[[Kernel, dict], np.ndarray],
-                 align: int) -> tuple[np.ndarray, list[tuple[int, int]]]:
+def scalar_block(
+    kernels: Sequence[Kernel], scalars: Sequence[Mapping[str, float | int]], words: Callable[[Kernel, dict], np.ndarray], align: int
+) -> tuple[np.ndarray, list[tuple[int, int]]]:
     """Every launch's scalar words in one uint32 block: (the block, (byte offset, bytes) per launch;
     (0, 0) for a kernel without scalars)."""
     parts, at, top = [], [], 0

@@ -10,9 +10,20 @@ def create_app(*args, **kwargs):  # type: ignore[no-untyped-def]
     return make(*args, **kwargs)
 
 
-def serve(model: str, device: str | None = None, host: str = "127.0.0.1", port: int = 8000, api_key: str | None = None, max_batch: int = 16,
-          max_queue: int = 256, kv_memory: str | None = None, context: int | None = None, name: str | None = None,
-          matmul_precision: str = "high", kv_dtype: str = "f16") -> None:
+def serve(
+    model: str,
+    device: str | None = None,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    api_key: str | None = None,
+    max_batch: int = 16,
+    max_queue: int = 256,
+    kv_memory: str | None = None,
+    context: int | None = None,
+    name: str | None = None,
+    matmul_precision: str = "high",
+    kv_dtype: str = "f16",
+) -> None:
     """Load ``model`` and serve it until interrupted."""
     try:
         import uvicorn
@@ -29,6 +40,9 @@ def serve(model: str, device: str | None = None, host: str = "127.0.0.1", port: 
         opts["max_context"] = context
     handle = load(model, device, **opts)
     app = create_app(handle, name or model, api_key, max_queue)
-    print(f"poot: serving {name or model} on http://{host}:{port}/v1 ({handle.device.name}, matmul precision {handle.matmul_precision}, KV cache {handle.kv_dtype})", flush=True)
+    print(
+        f"poot: serving {name or model} on http://{host}:{port}/v1 ({handle.device.name}, matmul precision {handle.matmul_precision}, KV cache {handle.kv_dtype})",
+        flush=True,
+    )
     # on SIGTERM or Ctrl-C, requests still in flight get a few seconds to finish, then the server stops
     uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)

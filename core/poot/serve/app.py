@@ -40,10 +40,21 @@ def _params(req: Any, max_tokens: int, logprobs: int | None, **constraint: Any) 
         except ValueError:
             raise ApiError(400, f"logit_bias keys are token ids, got {k!r}", param="logit_bias") from None
     try:
-        return SamplingParams(temperature=1.0 if req.temperature is None else req.temperature, top_p=req.top_p or 1.0, top_k=req.top_k or 0,
-                              min_p=req.min_p or 0.0, repetition_penalty=req.repetition_penalty or 1.0, presence_penalty=req.presence_penalty or 0.0,
-                              frequency_penalty=req.frequency_penalty or 0.0, logit_bias=bias, seed=req.seed, max_tokens=max_tokens, stop=stop,
-                              logprobs=logprobs, **constraint)
+        return SamplingParams(
+            temperature=1.0 if req.temperature is None else req.temperature,
+            top_p=req.top_p or 1.0,
+            top_k=req.top_k or 0,
+            min_p=req.min_p or 0.0,
+            repetition_penalty=req.repetition_penalty or 1.0,
+            presence_penalty=req.presence_penalty or 0.0,
+            frequency_penalty=req.frequency_penalty or 0.0,
+            logit_bias=bias,
+            seed=req.seed,
+            max_tokens=max_tokens,
+            stop=stop,
+            logprobs=logprobs,
+            **constraint,
+        )
     except ParameterError as e:
         raise ApiError(400, str(e), param=e.name) from None
 
@@ -64,8 +75,12 @@ class _Api:
         if room < 1:
             raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len}", param="messages", code="context_length_exceeded")
         if asked is not None and asked > room:
-            raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len} and {asked} more were asked for "
-                                f"({prompt_len + asked} in all)", param="max_tokens", code="context_length_exceeded")
+            raise ApiError(
+                400,
+                f"this model's context is {self.context} tokens; the prompt has {prompt_len} and {asked} more were asked for ({prompt_len + asked} in all)",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
         return asked if asked is not None else room
 
     def token_text(self, tid: int) -> str:
@@ -88,6 +103,7 @@ class _Api:
 
     def watch(self, request: Request, ids: list[int]) -> asyncio.Task:
         """For a non-streaming request: cancel its sequences if the client goes away while waiting."""
+
         async def poll() -> None:
             while True:
                 await asyncio.sleep(0.25)
@@ -210,11 +226,26 @@ class _Api:
                     msg = {"role": "assistant", "content": content, "tool_calls": calls}
                     reason = "tool_calls"
             choices.append({"index": i, "message": msg, "logprobs": {"content": lps[i]} if lp is not None else None, "finish_reason": reason})
-        return {"id": rid, "object": "chat.completion", "created": created, "model": self.model_id, "system_fingerprint": "poot", "choices": choices,
-                "usage": {"prompt_tokens": len(prompt), "completion_tokens": ntok, "total_tokens": len(prompt) + ntok}}
+        return {
+            "id": rid,
+            "object": "chat.completion",
+            "created": created,
+            "model": self.model_id,
+            "system_fingerprint": "poot",
+            "choices": choices,
+            "usage": {"prompt_tokens": len(prompt), "completion_tokens": ntok, "total_tokens": len(prompt) + ntok},
+        }
 
-    async def chat_stream(self, req: ChatRequest, ids: list[int], q: asyncio.Queue, head: dict[str, Any], prompt_len: int,
-                          functions: Mapping[str, Any] | None, constraint: dict[str, Any]) -> AsyncIterator[str]:
+    async def chat_stream(
+        self,
+        req: ChatRequest,
+        ids: list[int],
+        q: asyncio.Queue,
+        head: dict[str, Any],
+        prompt_len: int,
+        functions: Mapping[str, Any] | None,
+        constraint: dict[str, Any],
+    ) -> AsyncIterator[str]:
         def sse(obj: Any) -> str:
             return f"data: {json.dumps(obj)}\n\n"
 
@@ -229,8 +260,9 @@ class _Api:
                 texts[i] += ev.text
                 lp = self.chat_logprobs(ev) if req.logprobs else None
                 if not hold and (ev.text or lp):
-                    yield sse({**head, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": {"content": [lp]} if lp else None,
-                                                    "finish_reason": None}]})
+                    yield sse(
+                        {**head, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": {"content": [lp]} if lp else None, "finish_reason": None}]}
+                    )
                 if ev.finished is not None:
                     reason = "length" if ev.finished == "length" else "stop"
                     delta: dict[str, Any] = {}
@@ -281,10 +313,15 @@ class _Api:
         def logprobs(ev: Event, offset: int) -> dict[str, Any] | None:
             if req.logprobs is None or ev.token is None or ev.logprob is None:
                 return None
-            return {"tokens": [self.token_text(ev.token)], "token_logprobs": [ev.logprob],
-                    "top_logprobs": [{self.token_text(t): v for t, v in (ev.top_logprobs or [])}], "text_offset": [offset]}
+            return {
+                "tokens": [self.token_text(ev.token)],
+                "token_logprobs": [ev.logprob],
+                "top_logprobs": [{self.token_text(t): v for t, v in (ev.top_logprobs or [])}],
+                "text_offset": [offset],
+            }
 
         if req.stream:
+
             async def gen() -> AsyncIterator[str]:
                 ntok, offsets = 0, [0] * len(ids)
                 try:
@@ -319,23 +356,40 @@ class _Api:
         finally:
             watcher.cancel()
             self.sched.cancel(ids)
-        choices = [{"index": i, "text": texts[i], "logprobs": lps[i] if req.logprobs is not None else None, "finish_reason": reasons[i]} for i in range(len(ids))]
+        choices = [
+            {"index": i, "text": texts[i], "logprobs": lps[i] if req.logprobs is not None else None, "finish_reason": reasons[i]} for i in range(len(ids))
+        ]
         return {**head, "choices": choices, "usage": {"prompt_tokens": plen, "completion_tokens": ntok, "total_tokens": plen + ntok}}
 
     def metrics(self) -> str:
         s = self.sched.stats()
         lines = [
-            "# HELP poot_queue_depth Requests waiting to be admitted.", "# TYPE poot_queue_depth gauge", f"poot_queue_depth {s.queue_depth}",
-            "# HELP poot_running_sequences Sequences in the running batch.", "# TYPE poot_running_sequences gauge", f"poot_running_sequences {s.running}",
-            "# HELP poot_kv_blocks_used KV cache blocks held by sequences.", "# TYPE poot_kv_blocks_used gauge", f"poot_kv_blocks_used {s.kv_blocks_used}",
-            "# HELP poot_kv_blocks_total KV cache blocks in the pool.", "# TYPE poot_kv_blocks_total gauge", f"poot_kv_blocks_total {s.kv_blocks_total}",
-            "# HELP poot_tokens_per_second Tokens sampled per second over the last 10 s.", "# TYPE poot_tokens_per_second gauge",
+            "# HELP poot_queue_depth Requests waiting to be admitted.",
+            "# TYPE poot_queue_depth gauge",
+            f"poot_queue_depth {s.queue_depth}",
+            "# HELP poot_running_sequences Sequences in the running batch.",
+            "# TYPE poot_running_sequences gauge",
+            f"poot_running_sequences {s.running}",
+            "# HELP poot_kv_blocks_used KV cache blocks held by sequences.",
+            "# TYPE poot_kv_blocks_used gauge",
+            f"poot_kv_blocks_used {s.kv_blocks_used}",
+            "# HELP poot_kv_blocks_total KV cache blocks in the pool.",
+            "# TYPE poot_kv_blocks_total gauge",
+            f"poot_kv_blocks_total {s.kv_blocks_total}",
+            "# HELP poot_tokens_per_second Tokens sampled per second over the last 10 s.",
+            "# TYPE poot_tokens_per_second gauge",
             f"poot_tokens_per_second {s.tokens_per_second:.3f}",
-            "# HELP poot_time_to_first_token_seconds Time from admission request to first token.", "# TYPE poot_time_to_first_token_seconds summary",
+            "# HELP poot_time_to_first_token_seconds Time from admission request to first token.",
+            "# TYPE poot_time_to_first_token_seconds summary",
             *[f'poot_time_to_first_token_seconds{{quantile="{q}"}} {v:.6f}' for q, v in s.ttft_quantiles.items()],
-            f"poot_time_to_first_token_seconds_sum {s.ttft_sum:.6f}", f"poot_time_to_first_token_seconds_count {s.ttft_count}",
-            "# HELP poot_requests_total Requests accepted.", "# TYPE poot_requests_total counter", f"poot_requests_total {s.requests_total}",
-            "# HELP poot_generated_tokens_total Tokens generated.", "# TYPE poot_generated_tokens_total counter", f"poot_generated_tokens_total {s.tokens_total}",
+            f"poot_time_to_first_token_seconds_sum {s.ttft_sum:.6f}",
+            f"poot_time_to_first_token_seconds_count {s.ttft_count}",
+            "# HELP poot_requests_total Requests accepted.",
+            "# TYPE poot_requests_total counter",
+            f"poot_requests_total {s.requests_total}",
+            "# HELP poot_generated_tokens_total Tokens generated.",
+            "# TYPE poot_generated_tokens_total counter",
+            f"poot_generated_tokens_total {s.tokens_total}",
         ]
         return "\n".join(lines) + "\n"
 

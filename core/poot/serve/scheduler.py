@@ -163,5 +163,15 @@ class Scheduler:
         ttft = sorted(self._ttft)
         q = {p: (ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else 0.0) for p in (0.5, 0.9, 0.99)}
         blocks = self.engine.blocks
-        return Stats(self._pending + len(self.engine.waiting), len(self.engine.running), blocks.num_blocks - blocks.free_blocks, blocks.num_blocks,
-                     tps, self._ttft_count, self._ttft_sum, q, self._requests, self._tokens)
+        return Stats(
+            self._pending + len(self.engine.waiting),
+            len(self.engine.running),
+            blocks.num_blocks - blocks.free_blocks,
+            blocks.num_blocks,
+            tps,
+            self._ttft_count,
+            self._ttft_sum,
+            q,
+            self._requests,
+            self._tokens,
+        )

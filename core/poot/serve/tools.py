@@ -37,8 +37,11 @@ def check_tools(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, An
 
 
 def tool_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
-    lines = ["You can call these functions. To call one, answer with exactly",
-             '<tool_call>{"name": "<function name>", "arguments": {<arguments as JSON>}}</tool_call>', "Functions:"]
+    lines = [
+        "You can call these functions. To call one, answer with exactly",
+        '<tool_call>{"name": "<function name>", "arguments": {<arguments as JSON>}}</tool_call>',
+        "Functions:",
+    ]
     for t in tools:
         fn = t["function"]
         lines.append(json.dumps({"name": fn["name"], "description": fn.get("description", ""), "parameters": fn.get("parameters", {})}))
@@ -49,8 +52,15 @@ def forced_call_schema(functions: Mapping[str, Mapping[str, Any]], name: str | N
     """The JSON a required call must be: {"name": ..., "arguments": {...}} for one of ``functions``
     (or for ``name`` only)."""
     names = [name] if name is not None else list(functions)
-    options = [{"type": "object", "properties": {"name": {"const": n}, "arguments": dict(functions[n])}, "required": ["name", "arguments"],
-                "additionalProperties": False} for n in names]
+    options = [
+        {
+            "type": "object",
+            "properties": {"name": {"const": n}, "arguments": dict(functions[n])},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
+        }
+        for n in names
+    ]
     return options[0] if len(options) == 1 else {"anyOf": options}
 
 
@@ -58,8 +68,11 @@ def _call(obj: Any, functions: Mapping[str, Any]) -> dict[str, Any] | None:
     if not isinstance(obj, dict) or obj.get("name") not in functions:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
-    return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}}
+    return {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
+    }
 
 
 def parse_tool_calls(text: str, functions: Mapping[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:

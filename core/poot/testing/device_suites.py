@@ -75,8 +75,9 @@ def suite_cases(suite: DeviceSuite) -> list[str]:
     with the collector's output."""
     if device_unavailable(suite.device):
         return [NOT_RUN]
-    r = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", *suite.args()], env=suite.env(), cwd=suite.root,
-                       capture_output=True, text=True, timeout=600)
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", *suite.args()], env=suite.env(), cwd=suite.root, capture_output=True, text=True, timeout=600
+    )
     ids = [line.strip() for line in r.stdout.splitlines() if "::" in line and not line.startswith(" ")]
     if r.returncode not in (0, 5) or not ids:
         raise RuntimeError(f"collecting {' '.join(suite.suites)} for {suite.device} failed (exit {r.returncode}):\n{r.stdout[-3000:]}\n{r.stderr[-2000:]}")
@@ -120,8 +121,14 @@ class _Run:
     def start(self) -> None:
         self._log = open(self.log, "wb")
         env = {**self.suite.env(), REPORT_ENV: str(self.report)}
-        self.proc = subprocess.Popen([sys.executable, "-m", "pytest", "-q", "--durations=10", *self.suite.args()], env=env, cwd=self.suite.root,
-                                     stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pytest", "-q", "--durations=10", *self.suite.args()],
+            env=env,
+            cwd=self.suite.root,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+        )
         self.started = time.monotonic()
 
     def running(self) -> bool:
@@ -207,8 +214,9 @@ class DeviceSuites:
                 got = run.cases.get(case)
                 if got is not None and got.done:
                     break
-                pytest.fail(f"{suite.device}: the device run ended (exit {run.proc.returncode}) before {case} reported; its output's tail:\n{run.tail()}",
-                            pytrace=False)
+                pytest.fail(
+                    f"{suite.device}: the device run ended (exit {run.proc.returncode}) before {case} reported; its output's tail:\n{run.tail()}", pytrace=False
+                )
             if time.monotonic() > deadline:
                 run.stop()
                 pytest.fail(f"{suite.device}: the device run took over {RUN_TIMEOUT:.0f} s; stopped before {case} reported", pytrace=False)
@@ -229,8 +237,10 @@ class DeviceSuites:
             counts = {o: sum(c.done and c.outcome == o for c in run.cases.values()) for o in ("passed", "skipped", "failed")}
             took = (run.ended or time.monotonic()) - run.started
             ended = "" if run.proc.returncode in (None, 0, 1) else f", the run ended with exit {run.proc.returncode}"
-            lines.append(f"{run.suite.device}: {counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed in {took:.0f} s{ended} "
-                         f"({' '.join(run.suite.suites)})")
+            lines.append(
+                f"{run.suite.device}: {counts['passed']} passed, {counts['skipped']} skipped, {counts['failed']} failed in {took:.0f} s{ended} "
+                f"({' '.join(run.suite.suites)})"
+            )
             slow = sorted(run.cases.items(), key=lambda kv: -kv[1].seconds)[:5]
             lines += [f"    {c.seconds:7.2f}s {nodeid}" for nodeid, c in slow]
         return lines
@@ -306,7 +316,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     keep, drop = [], []
     for item in items:
         static_skip = item.get_closest_marker("skip") is not None or any(
-            m.args and isinstance(m.args[0], bool) and m.args[0] for m in item.iter_markers("skipif"))
+            m.args and isinstance(m.args[0], bool) and m.args[0] for m in item.iter_markers("skipif")
+        )
         (drop if static_skip or item.get_closest_marker("device_independent") else keep).append(item)
     if drop:
         config.hook.pytest_deselected(items=drop)

@@ -15,9 +15,24 @@ from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
-__all__ = ["run_host", "assert_draws_match", "poisoned", "q8x2_reference", "split_reference", "bf16_bits", "bf16_round", "random_bf16",
-           "assert_f32_sum_close", "features_under_test", "find_ptxas", "ptxas_usage", "Assembled", "DEVICE_KERNEL_SUITES", "GPU_SCHEDULES",
-           "NVIDIA_SCHEDULES"]
+__all__ = [
+    "run_host",
+    "assert_draws_match",
+    "poisoned",
+    "q8x2_reference",
+    "split_reference",
+    "bf16_bits",
+    "bf16_round",
+    "random_bf16",
+    "assert_f32_sum_close",
+    "features_under_test",
+    "find_ptxas",
+    "ptxas_usage",
+    "Assembled",
+    "DEVICE_KERNEL_SUITES",
+    "GPU_SCHEDULES",
+    "NVIDIA_SCHEDULES",
+]
 
 _LOADED: dict[str, HostKernel] = {}
 _RUNNERS: dict[str, object] = {}
@@ -58,8 +73,7 @@ class Assembled(Exception):
 
 # what kernels may use on ``ptxas:ARCH``: the matrix instructions and dynamic workgroup memory a
 # workgroup may have on that architecture's GPUs (sm_90a: H100/H200's 227 KiB opt-in)
-_ASSEMBLE_FOR = {"sm_90a": (frozenset({"mma.sync.f16", "mma.sync.bf16", "wgmma"}), 232448),
-                 "sm_80": (frozenset({"mma.sync.f16", "mma.sync.bf16"}), 166912)}
+_ASSEMBLE_FOR = {"sm_90a": (frozenset({"mma.sync.f16", "mma.sync.bf16", "wgmma"}), 232448), "sm_80": (frozenset({"mma.sync.f16", "mma.sync.bf16"}), 166912)}
 
 
 def _assembler(arch: str):  # type: ignore[no-untyped-def]
@@ -227,4 +241,3 @@ def ptxas_usage(ptx: bytes, arch: str) -> tuple[int, int, str]:
     regs = int(re.search(r"Used (\d+) registers", out).group(1))  # type: ignore[union-attr]
     spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
     return regs, spills, out
-

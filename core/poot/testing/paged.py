@@ -70,8 +70,15 @@ def step_against_oracle(executor, oracle, batch: StepBatch, pools, weights, step
     return want, float(np.abs(got - want).max())
 
 
-def two_sequences_against_oracle(executor, graph, weights, rng: np.random.Generator, vocab: int = 97, steps: int = 3,  # type: ignore[no-untyped-def]
-                                 tie: float = 0.0) -> float:
+def two_sequences_against_oracle(
+    executor,
+    graph,
+    weights,
+    rng: np.random.Generator,
+    vocab: int = 97,
+    steps: int = 3,  # type: ignore[no-untyped-def]
+    tie: float = 0.0,
+) -> float:
     """Run ``executor`` (a plan of ``graph``) and the paged oracle side by side: two sequences of 11 and
     4 random tokens prefilled into one pool of shuffled 4-token blocks (every position's logits), then
     greedy decode steps. Every step's argmax must agree (in rows whose top two logits are more than
@@ -106,7 +113,9 @@ def _traced(path, cache_dtype: str = "f32"):  # type: ignore[no-untyped-def]
 
     ck = open_checkpoint(str(path))
     fam = family_for(ck.architecture)
-    return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4, cache_dtype=cache_dtype))), oracle_weights(ck.weights)
+    return PassManager(DEFAULT_PASSES).run(fam.trace(fam.parse_config(ck), ck.weights, StepShapes(block_size=4, cache_dtype=cache_dtype))), oracle_weights(
+        ck.weights
+    )
 
 
 def synthetic_graph(name: str, directory, seed: int, dtype: str = "float32", cache_dtype: str = "f32", **overrides):  # type: ignore[no-untyped-def]
@@ -120,8 +129,18 @@ def synthetic_graph(name: str, directory, seed: int, dtype: str = "float32", cac
 def wide_bf16_llama(directory, seed: int, cache_dtype: str = "f32"):  # type: ignore[no-untyped-def]
     """A synthetic bf16 Llama wide enough (K of 256 and 512) for the GPU's fast schedules, KV pools
     of ``cache_dtype``: (graph, oracle weights)."""
-    return synthetic_graph("llama", directory, seed, dtype="bfloat16", cache_dtype=cache_dtype, hidden_size=256, intermediate_size=512,
-                           num_attention_heads=4, num_key_value_heads=2, head_dim=64)
+    return synthetic_graph(
+        "llama",
+        directory,
+        seed,
+        dtype="bfloat16",
+        cache_dtype=cache_dtype,
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+    )
 
 
 def wide_q4_k_llama(directory, seed: int):  # type: ignore[no-untyped-def]
@@ -151,18 +170,35 @@ def wide_q4_k_llama_file(directory, seed: int):  # type: ignore[no-untyped-def]
 
     tensors = [("token_embd.weight", *mat(vocab, hidden))]
     for i in range(layers):
-        tensors += [(f"blk.{i}.attn_norm.weight", *norm()), (f"blk.{i}.attn_q.weight", *mat(heads * hd, hidden)),
-                    (f"blk.{i}.attn_k.weight", *mat(kv * hd, hidden)), (f"blk.{i}.attn_v.weight", *mat(kv * hd, hidden)),
-                    (f"blk.{i}.attn_output.weight", *mat(hidden, heads * hd)), (f"blk.{i}.ffn_norm.weight", *norm()),
-                    (f"blk.{i}.ffn_gate.weight", *mat(ffn, hidden)), (f"blk.{i}.ffn_up.weight", *mat(ffn, hidden)),
-                    (f"blk.{i}.ffn_down.weight", *mat(hidden, ffn, "q6_k" if i == layers - 1 else "q4_k"))]
+        tensors += [
+            (f"blk.{i}.attn_norm.weight", *norm()),
+            (f"blk.{i}.attn_q.weight", *mat(heads * hd, hidden)),
+            (f"blk.{i}.attn_k.weight", *mat(kv * hd, hidden)),
+            (f"blk.{i}.attn_v.weight", *mat(kv * hd, hidden)),
+            (f"blk.{i}.attn_output.weight", *mat(hidden, heads * hd)),
+            (f"blk.{i}.ffn_norm.weight", *norm()),
+            (f"blk.{i}.ffn_gate.weight", *mat(ffn, hidden)),
+            (f"blk.{i}.ffn_up.weight", *mat(ffn, hidden)),
+            (f"blk.{i}.ffn_down.weight", *mat(hidden, ffn, "q6_k" if i == layers - 1 else "q4_k")),
+        ]
     tensors += [("output_norm.weight", *norm()), ("output.weight", *mat(vocab, hidden, "q6_k"))]
-    meta = {"llama.block_count": layers, "llama.context_length": 512, "llama.embedding_length": hidden, "llama.feed_forward_length": ffn,
-            "llama.attention.head_count": heads, "llama.attention.head_count_kv": kv, "llama.rope.freq_base": 10000.0,
-            "llama.attention.layer_norm_rms_epsilon": 1e-5, "llama.rope.dimension_count": hd,
-            "tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": [f"t{i}" for i in range(vocab)],
-            "tokenizer.ggml.scores": [0.0] * vocab, "tokenizer.ggml.token_type": [1] * vocab,
-            "tokenizer.ggml.bos_token_id": 0, "tokenizer.ggml.eos_token_id": 1}
+    meta = {
+        "llama.block_count": layers,
+        "llama.context_length": 512,
+        "llama.embedding_length": hidden,
+        "llama.feed_forward_length": ffn,
+        "llama.attention.head_count": heads,
+        "llama.attention.head_count_kv": kv,
+        "llama.rope.freq_base": 10000.0,
+        "llama.attention.layer_norm_rms_epsilon": 1e-5,
+        "llama.rope.dimension_count": hd,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": [f"t{i}" for i in range(vocab)],
+        "tokenizer.ggml.scores": [0.0] * vocab,
+        "tokenizer.ggml.token_type": [1] * vocab,
+        "tokenizer.ggml.bos_token_id": 0,
+        "tokenizer.ggml.eos_token_id": 1,
+    }
     Path(directory).mkdir(parents=True, exist_ok=True)
     return write_gguf(Path(directory) / "q4_k.gguf", "llama", meta, tensors)
 
@@ -188,8 +224,14 @@ def row_regime_errors(executor, graph, weights, rng: np.random.Generator, tie: f
     errors: list[tuple[int, float]] = []
     last: list[int | None] = [None, None, None]
     for step in range(6):
-        chunks = [prompts, [[t] for t in last], [rng.integers(0, 97, 20).tolist(), [], []], [[], [], rng.integers(0, 97, 40).tolist()],
-                  [[], rng.integers(0, 97, 9).tolist(), []], [[last[0]], [], []]][step]
+        chunks = [
+            prompts,
+            [[t] for t in last],
+            [rng.integers(0, 97, 20).tolist(), [], []],
+            [[], [], rng.integers(0, 97, 40).tolist()],
+            [[], rng.integers(0, 97, 9).tolist(), []],
+            [[last[0]], [], []],
+        ][step]
         batch = pages.step(chunks, all_logits=step == 0, width=32)
         want, diff = step_against_oracle(executor, oracle, batch, pools, weights, step, tie)
         errors.append((sum(len(c) for c in chunks), diff))
@@ -198,8 +240,14 @@ def row_regime_errors(executor, graph, weights, rng: np.random.Generator, tie: f
     return errors
 
 
-def wide_q4_k_llama_regimes(device, executor_cls, directory, rng: np.random.Generator, precision: str = "high",  # type: ignore[no-untyped-def]
-                            tie: float = 0.0) -> tuple[set[str], list[tuple[int, float]]]:
+def wide_q4_k_llama_regimes(
+    device,
+    executor_cls,
+    directory,
+    rng: np.random.Generator,
+    precision: str = "high",  # type: ignore[no-untyped-def]
+    tie: float = 0.0,
+) -> tuple[set[str], list[tuple[int, float]]]:
     """``wide_q4_k_llama`` planned for ``device`` (at matmul ``precision``) and run by
     ``executor_cls`` through ``row_regime_errors``: (the plan's kernel names up to their K and its
     launches' labels, each step's (rows, error))."""
@@ -215,8 +263,15 @@ def wide_q4_k_llama_regimes(device, executor_cls, directory, rng: np.random.Gene
         ex.close()
 
 
-def long_context_against_oracle(executor, graph, weights, rng: np.random.Generator, context: int = 1040, vocab: int = 97,  # type: ignore[no-untyped-def]
-                                tie: float = 0.0) -> tuple[float, list[str]]:
+def long_context_against_oracle(
+    executor,
+    graph,
+    weights,
+    rng: np.random.Generator,
+    context: int = 1040,
+    vocab: int = 97,  # type: ignore[no-untyped-def]
+    tie: float = 0.0,
+) -> tuple[float, list[str]]:
     """One sequence prefilled with ``context`` random tokens, then two greedy decode steps over that
     long context (where GPU plans split decode attention), against the paged oracle (argmax equal
     but within ``tie``): (the largest |logit difference|, the launch names of the last step)."""

@@ -38,18 +38,24 @@ _LLAMA3 = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_QWEN2 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
+_QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 _GPT4O = (
     r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
     r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 PRE_SPLITS = {
-    "llama3": _LLAMA3, "llama-v3": _LLAMA3, "llama-bpe": _LLAMA3, "falcon3": _LLAMA3, "smaug-bpe": _LLAMA3, "dbrx": _LLAMA3,
-    "qwen2": _QWEN2, "deepseek-r1-qwen": _QWEN2, "megrez": _QWEN2,
-    "gpt-4o": _GPT4O, "llama4": _GPT4O,
+    "llama3": _LLAMA3,
+    "llama-v3": _LLAMA3,
+    "llama-bpe": _LLAMA3,
+    "falcon3": _LLAMA3,
+    "smaug-bpe": _LLAMA3,
+    "dbrx": _LLAMA3,
+    "qwen2": _QWEN2,
+    "deepseek-r1-qwen": _QWEN2,
+    "megrez": _QWEN2,
+    "gpt-4o": _GPT4O,
+    "llama4": _GPT4O,
 }
 GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
 
@@ -116,9 +122,15 @@ class Tokenizer:
             v = metadata.get(key)
             return int(v) if v is not None and 0 <= int(v) < len(tokens) else None
 
-        spec = _Spec(kind, tid("tokenizer.ggml.bos_token_id"), tid("tokenizer.ggml.eos_token_id"),
-                     bool(metadata.get("tokenizer.ggml.add_bos_token", default_bos)), bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
-                     tid("tokenizer.ggml.unknown_token_id"), tid("tokenizer.ggml.padding_token_id"))
+        spec = _Spec(
+            kind,
+            tid("tokenizer.ggml.bos_token_id"),
+            tid("tokenizer.ggml.eos_token_id"),
+            bool(metadata.get("tokenizer.ggml.add_bos_token", default_bos)),
+            bool(metadata.get("tokenizer.ggml.add_eos_token", False)),
+            tid("tokenizer.ggml.unknown_token_id"),
+            tid("tokenizer.ggml.padding_token_id"),
+        )
         eots = [i for i, t in enumerate(tokens) if types[i] == CONTROL and t in _END_OF_TURN]
         eot = tid("tokenizer.ggml.eot_token_id")
         return cls(backend, spec, types, sorted(set(eots + ([eot] if eot is not None else []))))
@@ -188,6 +200,7 @@ class Tokenizer:
     @property
     def special_tokens(self) -> dict[str, str | None]:
         """bos_token / eos_token / unk_token / pad_token texts, as chat templates expect them."""
+
         def text(i: int | None) -> str | None:
             return None if i is None else self.token_text(i)
 
@@ -261,7 +274,9 @@ def _byte_level(tokens: list[str], md: Mapping[str, Any]) -> Backend:
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:
-        backend.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Split(Regex(split), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        backend.pre_tokenizer = pre_tokenizers.Sequence(
+            [pre_tokenizers.Split(Regex(split), behavior="isolated"), pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+        )
     backend.decoder = decoders.ByteLevel()
     return backend
 

@@ -22,13 +22,17 @@ class DeepseekFamily(DecoderFamily):
     hf_architectures = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
 
     def config_from_gguf(self, md: Mapping[str, Any], weights: Any) -> DecoderConfig:
-        raise ConfigError("GGUF deepseek2 files store MLA in llama.cpp's absorbed form (attn_k_b/attn_v_b), which poot does not read yet; use the safetensors checkpoint")
+        raise ConfigError(
+            "GGUF deepseek2 files store MLA in llama.cpp's absorbed form (attn_k_b/attn_v_b), which poot does not read yet; use the safetensors checkpoint"
+        )
 
     def config_from_hf(self, cfg: Mapping[str, Any], weights: Any) -> DecoderConfig:
         arch = str((cfg.get("architectures") or ["DeepseekV2ForCausalLM"])[0])
         v3 = "V3" in arch
         heads, hidden, n = hf_int(cfg, "num_attention_heads"), hf_int(cfg, "hidden_size"), hf_int(cfg, "num_hidden_layers")
-        mla = MlaConfig(cfg.get("q_lora_rank"), hf_int(cfg, "kv_lora_rank"), hf_int(cfg, "qk_nope_head_dim"), hf_int(cfg, "qk_rope_head_dim"), hf_int(cfg, "v_head_dim"))
+        mla = MlaConfig(
+            cfg.get("q_lora_rank"), hf_int(cfg, "kv_lora_rank"), hf_int(cfg, "qk_nope_head_dim"), hf_int(cfg, "qk_rope_head_dim"), hf_int(cfg, "v_head_dim")
+        )
         rope = hf_rope(cfg, mla.rope_dim, "interleaved" if cfg.get("rope_interleave", True) else "neox")
         scale = 1 / math.sqrt(mla.nope_dim + mla.rope_dim)
         params = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
@@ -48,14 +52,32 @@ class DeepseekFamily(DecoderFamily):
         else:
             raise ConfigError(f"config.json: DeepSeek topk_method {method!r} is not supported")
         moe = MoeConfig(
-            experts, hf_int(cfg, "num_experts_per_tok"), "sigmoid" if cfg.get("scoring_func", "sigmoid" if v3 else "softmax") == "sigmoid" else "softmax",
-            bool(cfg.get("norm_topk_prob", v3)), float(cfg.get("routed_scaling_factor") or 1.0), groups, topk_groups, gscore,
+            experts,
+            hf_int(cfg, "num_experts_per_tok"),
+            "sigmoid" if cfg.get("scoring_func", "sigmoid" if v3 else "softmax") == "sigmoid" else "softmax",
+            bool(cfg.get("norm_topk_prob", v3)),
+            float(cfg.get("routed_scaling_factor") or 1.0),
+            groups,
+            topk_groups,
+            gscore,
         )
         first_dense = int(cfg.get("first_k_dense_replace") or 0)
         freq = int(cfg.get("moe_layer_freq") or 1)
         layers = tuple(LayerConfig(None, rope, i >= first_dense and i % freq == 0) for i in range(n))
         return DecoderConfig(
-            self.name, arch, hf_int(cfg, "vocab_size"), hidden, heads, heads, mla.nope_dim + mla.rope_dim, hf_int(cfg, "intermediate_size"), layers,
-            float(cfg.get("rms_norm_eps", 1e-6)), attn_scale=scale, moe=moe, moe_ffn=hf_int(cfg, "moe_intermediate_size"), mla=mla,
+            self.name,
+            arch,
+            hf_int(cfg, "vocab_size"),
+            hidden,
+            heads,
+            heads,
+            mla.nope_dim + mla.rope_dim,
+            hf_int(cfg, "intermediate_size"),
+            layers,
+            float(cfg.get("rms_norm_eps", 1e-6)),
+            attn_scale=scale,
+            moe=moe,
+            moe_ffn=hf_int(cfg, "moe_intermediate_size"),
+            mla=mla,
             max_context=int(cfg.get("max_position_embeddings", 4096)),
         )

@@ -40,12 +40,25 @@ class GemmaFamily(DecoderFamily):
         period = 6 if gen == 3 else 2
         layers = tuple(LayerConfig(None, glob) if (i + 1) % period == 0 else LayerConfig(window, local) for i in range(n))
         return DecoderConfig(
-            self.name, g.arch, g.vocab(), hidden, heads, kv, head_dim, g.int("feed_forward_length"), layers,
-            g.float("attention.layer_norm_rms_epsilon", 1e-6), activation="gelu_tanh",
+            self.name,
+            g.arch,
+            g.vocab(),
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            g.int("feed_forward_length"),
+            layers,
+            g.float("attention.layer_norm_rms_epsilon", 1e-6),
+            activation="gelu_tanh",
             norm_unit_offset=False,  # the GGUF converter stores Gemma's norm weights as 1 + w
-            qk_norm=gen == 3, sandwich_norms=True,
-            attn_softcap=_cap(g.get("attn_logit_softcapping")), final_softcap=_cap(g.get("final_logit_softcapping")),
-            attn_scale=1 / math.sqrt(head_dim), embed_scale=math.sqrt(hidden), max_context=g.int("context_length", 8192),
+            qk_norm=gen == 3,
+            sandwich_norms=True,
+            attn_softcap=_cap(g.get("attn_logit_softcapping")),
+            final_softcap=_cap(g.get("final_logit_softcapping")),
+            attn_scale=1 / math.sqrt(head_dim),
+            embed_scale=math.sqrt(hidden),
+            max_context=g.int("context_length", 8192),
         )
 
     def config_from_hf(self, cfg: Mapping[str, Any], weights: Any) -> DecoderConfig:
@@ -72,10 +85,25 @@ class GemmaFamily(DecoderFamily):
             raise ConfigError(f"config.json: activation {act!r} is not supported for Gemma (supported: gelu_pytorch_tanh)")
         scalar = float(cfg.get("query_pre_attn_scalar") or head_dim)
         return DecoderConfig(
-            self.name, arch, hf_int(cfg, "vocab_size"), hidden, heads, kv, head_dim, hf_int(cfg, "intermediate_size"), tuple(layers),
-            float(cfg.get("rms_norm_eps", 1e-6)), activation="gelu_tanh", norm_unit_offset=True, qk_norm=gen == 3, sandwich_norms=True,
-            attn_softcap=_cap(cfg.get("attn_logit_softcapping")), final_softcap=_cap(cfg.get("final_logit_softcapping")),
-            attn_scale=scalar**-0.5, embed_scale=math.sqrt(hidden), max_context=int(cfg.get("max_position_embeddings", 8192)),
+            self.name,
+            arch,
+            hf_int(cfg, "vocab_size"),
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            hf_int(cfg, "intermediate_size"),
+            tuple(layers),
+            float(cfg.get("rms_norm_eps", 1e-6)),
+            activation="gelu_tanh",
+            norm_unit_offset=True,
+            qk_norm=gen == 3,
+            sandwich_norms=True,
+            attn_softcap=_cap(cfg.get("attn_logit_softcapping")),
+            final_softcap=_cap(cfg.get("final_logit_softcapping")),
+            attn_scale=scalar**-0.5,
+            embed_scale=math.sqrt(hidden),
+            max_context=int(cfg.get("max_position_embeddings", 8192)),
         )
 
 

@@ -48,9 +48,18 @@ class LlamaFamily(DecoderFamily):
         moe = MoeConfig(experts, g.int("expert_used_count"), "softmax", True) if experts else None
         window = g.get("attention.sliding_window")
         return DecoderConfig(
-            "llama", g.arch, g.vocab(), hidden, heads, kv, head_dim, g.int("feed_forward_length"),
+            "llama",
+            g.arch,
+            g.vocab(),
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            g.int("feed_forward_length"),
             layers_uniform(g.int("block_count"), rope, int(window) if window else None, moe is not None),
-            g.float("attention.layer_norm_rms_epsilon", 1e-5), moe=moe, moe_ffn=g.int("feed_forward_length") if moe else 0,
+            g.float("attention.layer_norm_rms_epsilon", 1e-5),
+            moe=moe,
+            moe_ffn=g.int("feed_forward_length") if moe else 0,
             max_context=g.int("context_length", 4096),
         )
 
@@ -65,9 +74,19 @@ class LlamaFamily(DecoderFamily):
         moe = MoeConfig(experts, hf_int(cfg, "num_experts_per_tok"), "softmax", True) if experts else None
         ffn = hf_int(cfg, "intermediate_size")
         return DecoderConfig(
-            "llama", str((cfg.get("architectures") or ["llama"])[0]), hf_int(cfg, "vocab_size"), hidden, heads, kv, head_dim, ffn,
+            "llama",
+            str((cfg.get("architectures") or ["llama"])[0]),
+            hf_int(cfg, "vocab_size"),
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            ffn,
             layers_uniform(hf_int(cfg, "num_hidden_layers"), rope, int(window) if window else None, moe is not None),
-            float(cfg.get("rms_norm_eps", 1e-6)), activation=_act(cfg), moe=moe, moe_ffn=ffn if moe else 0,
+            float(cfg.get("rms_norm_eps", 1e-6)),
+            activation=_act(cfg),
+            moe=moe,
+            moe_ffn=ffn if moe else 0,
             max_context=int(cfg.get("max_position_embeddings", 4096)),
         )
 

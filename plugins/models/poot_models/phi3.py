@@ -31,8 +31,16 @@ class Phi3Family(DecoderFamily):
         rope = RopeConfig(g.int("rope.dimension_count", head_dim), g.float("rope.freq_base", 10000.0), "neox")
         window = g.get("attention.sliding_window")
         return DecoderConfig(
-            self.name, "phi3", g.vocab(), hidden, heads, kv, head_dim, g.int("feed_forward_length"),
-            layers_uniform(g.int("block_count"), rope, int(window) if window else None), g.float("attention.layer_norm_rms_epsilon", 1e-5),
+            self.name,
+            "phi3",
+            g.vocab(),
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            g.int("feed_forward_length"),
+            layers_uniform(g.int("block_count"), rope, int(window) if window else None),
+            g.float("attention.layer_norm_rms_epsilon", 1e-5),
             max_context=g.int("context_length", 4096),
         )
 
@@ -47,7 +55,15 @@ class Phi3Family(DecoderFamily):
             raise ConfigError("config.json: Phi-3 LongRoPE scaling is not supported")
         window = cfg.get("sliding_window")
         return DecoderConfig(
-            self.name, "Phi3ForCausalLM", hf_int(cfg, "vocab_size"), hidden, heads, kv, head_dim, hf_int(cfg, "intermediate_size"),
+            self.name,
+            "Phi3ForCausalLM",
+            hf_int(cfg, "vocab_size"),
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            hf_int(cfg, "intermediate_size"),
             layers_uniform(hf_int(cfg, "num_hidden_layers"), hf_rope(cfg, rot), int(window) if window else None),
-            float(cfg.get("rms_norm_eps", 1e-5)), max_context=int(cfg.get("max_position_embeddings", 4096)),
+            float(cfg.get("rms_norm_eps", 1e-5)),
+            max_context=int(cfg.get("max_position_embeddings", 4096)),
         )

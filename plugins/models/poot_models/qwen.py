@@ -38,10 +38,21 @@ class QwenFamily(DecoderFamily):
             moe = MoeConfig(experts, g.int("expert_used_count"), "softmax", g.arch == "qwen3moe")
         n = g.int("block_count")
         return DecoderConfig(
-            self.name, g.arch, g.vocab(), hidden, heads, kv, head_dim, g.int("feed_forward_length", 0),
-            tuple(LayerConfig(None, rope, moe is not None) for _ in range(n)), g.float("attention.layer_norm_rms_epsilon", 1e-6),
-            qk_norm=g.arch.startswith("qwen3"), moe=moe, moe_ffn=g.int("expert_feed_forward_length", 0),
-            shared_ffn=g.int("expert_shared_feed_forward_length", 0), max_context=g.int("context_length", 32768),
+            self.name,
+            g.arch,
+            g.vocab(),
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            g.int("feed_forward_length", 0),
+            tuple(LayerConfig(None, rope, moe is not None) for _ in range(n)),
+            g.float("attention.layer_norm_rms_epsilon", 1e-6),
+            qk_norm=g.arch.startswith("qwen3"),
+            moe=moe,
+            moe_ffn=g.int("expert_feed_forward_length", 0),
+            shared_ffn=g.int("expert_shared_feed_forward_length", 0),
+            max_context=g.int("context_length", 32768),
         )
 
     def config_from_hf(self, cfg: Mapping[str, Any], weights: Any) -> DecoderConfig:
@@ -64,7 +75,19 @@ class QwenFamily(DecoderFamily):
             dense = set(cfg.get("mlp_only_layers") or []) | {i for i in range(n) if (i + 1) % step}
         layers = tuple(LayerConfig(None, rope, moe is not None and i not in dense) for i in range(n))
         return DecoderConfig(
-            self.name, arch, hf_int(cfg, "vocab_size"), hidden, heads, kv, head_dim, int(cfg.get("intermediate_size") or 0), layers,
-            float(cfg.get("rms_norm_eps", 1e-6)), qk_norm="Qwen3" in arch, moe=moe, moe_ffn=int(cfg.get("moe_intermediate_size") or 0),
-            shared_ffn=int(cfg.get("shared_expert_intermediate_size") or 0), max_context=int(cfg.get("max_position_embeddings", 32768)),
+            self.name,
+            arch,
+            hf_int(cfg, "vocab_size"),
+            hidden,
+            heads,
+            kv,
+            head_dim,
+            int(cfg.get("intermediate_size") or 0),
+            layers,
+            float(cfg.get("rms_norm_eps", 1e-6)),
+            qk_norm="Qwen3" in arch,
+            moe=moe,
+            moe_ffn=int(cfg.get("moe_intermediate_size") or 0),
+            shared_ffn=int(cfg.get("shared_expert_intermediate_size") or 0),
+            max_context=int(cfg.get("max_position_embeddings", 32768)),
         )

@@ -106,8 +106,7 @@ class NativeChain:
         llvm.initialize_all_targets()
         llvm.initialize_all_asmprinters()
         x86 = llvm.get_process_triple().startswith(("x86_64", "i686"))
-        text = _CHAIN_IR.format(pause="call void @llvm.x86.sse2.pause()" if x86 else "",
-                                decl="declare void @llvm.x86.sse2.pause()" if x86 else "")
+        text = _CHAIN_IR.format(pause="call void @llvm.x86.sse2.pause()" if x86 else "", decl="declare void @llvm.x86.sse2.pause()" if x86 else "")
         target = llvm.Target.from_default_triple()
         tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=2)
         mod = llvm.parse_assembly(text)

@@ -21,7 +21,7 @@ from poot_cpu.executor import HostExecutor
 def _params(rng, batch, rows, vocab, seq_of_row, step):
     words = -(-vocab // 32)
     mask = np.full((rows, words), -1, np.int32)
-    mask[0] = rng.integers(-2**31, 2**31 - 1, words, dtype=np.int64).astype(np.int32) | 1  # a guided row; token 0 stays allowed
+    mask[0] = rng.integers(-(2**31), 2**31 - 1, words, dtype=np.int64).astype(np.int32) | 1  # a guided row; token 0 stays allowed
     bias_ids = np.full((rows, 2), -1, np.int32)
     bias_ids[-1] = [3, 5]
     return {

@@ -32,6 +32,8 @@ def npu_devices(accel: Path = ACCEL) -> list[Device]:
         if key in found:
             why = Unavailable("unsupported", f"{desc} found at /dev/accel/{found[key][1].name}, but poot-npu has no executor for it yet")
         else:
-            why = Unavailable("no-driver", f"no NPU driver: no {drv} device under {accel} (this machine has no {desc}, or its {drv} kernel module is not loaded)")
+            why = Unavailable(
+                "no-driver", f"no NPU driver: no {drv} device under {accel} (this machine has no {desc}, or its {drv} kernel module is not loaded)"
+            )
         out.append(Device("npu", key, desc, target=None, unavailable=why))
     return out

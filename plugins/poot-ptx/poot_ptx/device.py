@@ -73,6 +73,8 @@ def cuda_devices() -> list[Device]:
         )
         reason = None
         if cc < MIN_COMPUTE_CAPABILITY:
-            reason = Unavailable("unsupported", f"compute capability {cc[0]}.{cc[1]} is below the {MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} poot targets")
+            reason = Unavailable(
+                "unsupported", f"compute capability {cc[0]}.{cc[1]} is below the {MIN_COMPUTE_CAPABILITY[0]}.{MIN_COMPUTE_CAPABILITY[1]} poot targets"
+            )
         out.append(Device("cuda", i, name, target="nvptx", capabilities=caps, unavailable=reason))
     return out

@@ -92,6 +92,7 @@ class CudaStep:
 
 class CudaExecutor(Executor):
     asynchronous = True  # launch returns while the GPU runs the step's graph
+
     def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
         super().__init__(plan)
         self.device = get_device(plan.device)
@@ -234,15 +235,34 @@ class CudaExecutor(Executor):
                 outputs[name] = (address(k), storage_dtype(v.dtype), sp.shapes[k])
         # small outputs (sampled tokens, log-probabilities) written by the graph's last kernels into
         # pinned memory, so reading them after the replay is no transfer of its own
-        small = {name: o for name, o in outputs.items() if sp.roots[(g.outputs[name].node.id, g.outputs[name].index)] not in self._pools
-                 and 0 < int(np.prod(o[2], dtype=np.int64)) * np.dtype(o[1]).itemsize <= READBACK_BYTES}
+        small = {
+            name: o
+            for name, o in outputs.items()
+            if sp.roots[(g.outputs[name].node.id, g.outputs[name].index)] not in self._pools
+            and 0 < int(np.prod(o[2], dtype=np.int64)) * np.dtype(o[1]).itemsize <= READBACK_BYTES
+        }
         back_layout: dict[str, tuple[int, np.dtype, tuple[int, ...]]] = {}
         back_total = 0
         for name, (_, dtype, shape) in small.items():
             back_layout[name] = (back_total, np.dtype(dtype), tuple(shape))
             back_total += -(-int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize // 256) * 256
-        step = CudaStep(sp, arena, sp.arena_bytes, {}, outputs, None, len(sp.launches), owned, (0, dev, total), self._binding, calls,
-                        [launch.label or launch.kernel.name for launch in sp.launches], layout=layout, back_layout=back_layout, env=dict(env))
+        step = CudaStep(
+            sp,
+            arena,
+            sp.arena_bytes,
+            {},
+            outputs,
+            None,
+            len(sp.launches),
+            owned,
+            (0, dev, total),
+            self._binding,
+            calls,
+            [launch.label or launch.kernel.name for launch in sp.launches],
+            layout=layout,
+            back_layout=back_layout,
+            env=dict(env),
+        )
         slot = self._new_slot(step)
         step.graph_exec, step.staging = slot.graph_exec, (slot.pinned, dev, total)
         step.inputs = {name: (dev + layout[name][0], slot.inputs[name]) for name in layout}
@@ -319,7 +339,9 @@ class CudaExecutor(Executor):
         copies_out = []
         for name, host in readback.items():
             words = -(-host.nbytes // 4)
-            copies_out.append((self._copy, (-(-words // COPY_BLOCK),), {"src": step.outputs[name][0], "dst": back_dev + step.back_layout[name][0]}, {"n": words}))
+            copies_out.append(
+                (self._copy, (-(-words // COPY_BLOCK),), {"src": step.outputs[name][0], "dst": back_dev + step.back_layout[name][0]}, {"n": words})
+            )
         _check(d, "cuStreamBeginCapture", d.cuStreamBeginCapture(self.stream, d.CUstreamCaptureMode.CU_STREAM_CAPTURE_MODE_THREAD_LOCAL))
         try:
             # the inputs' copy queued on its own: the step's first launch is a plain one after it, since
@@ -424,8 +446,10 @@ class CudaExecutor(Executor):
     def _held(handle: tuple[CudaStep, _Slot]) -> _Slot:
         step, slot = handle
         if not any(sl is slot for sl in step.slots):
-            raise PootError("this replay's step was released (a step is freed at a launch two or more after its last once replaced): "
-                            "read a queued replay before the launch after next")
+            raise PootError(
+                "this replay's step was released (a step is freed at a launch two or more after its last once replaced): "
+                "read a queued replay before the launch after next"
+            )
         return slot
 
     def finish(self, handle: tuple[CudaStep, _Slot]) -> None:
@@ -516,8 +540,9 @@ class CudaExecutor(Executor):
             self.ctx.download(self._pools[root][0], host)
             return host
         if root in step.storage.arena_offsets and self._arena_last is not step:
-            raise PootError(f"output '{name}' of this step is gone: another step has run since in the arena the steps share; "
-                            "read it right after the step's replay")
+            raise PootError(
+                f"output '{name}' of this step is gone: another step has run since in the arena the steps share; read it right after the step's replay"
+            )
         out = np.empty(shape, dtype)
         self.ctx.download(ptr, out)
         return out

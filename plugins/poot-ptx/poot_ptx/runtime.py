@@ -85,8 +85,12 @@ class CudaKernel:
         if kernel.threads > most:  # registers a thread times threads a workgroup exceed the SM's: refused here, not at launch
             regs = _check(d, "cuFuncGetAttribute", d.cuFuncGetAttribute(attr.CU_FUNC_ATTRIBUTE_NUM_REGS, self.function))
             _check(d, "cuModuleUnload", d.cuModuleUnload(self.module))
-            raise Refusal(kernel.name, target, f"compiled to {regs} registers a thread, it runs at most {most} threads a workgroup, "
-                          f"not the {kernel.threads} its schedule asks; pick a schedule with fewer threads")
+            raise Refusal(
+                kernel.name,
+                target,
+                f"compiled to {regs} registers a thread, it runs at most {most} threads a workgroup, "
+                f"not the {kernel.threads} its schedule asks; pick a schedule with fewer threads",
+            )
         # workgroup memory past what PTX declares statically: asked for at each launch, allowed once here
         self.dynamic_shared = shared_layout(kernel, TARGETS[target])[1]
         if self.dynamic_shared:
@@ -94,8 +98,12 @@ class CudaKernel:
                 _check(d, "cuFuncSetAttribute", d.cuFuncSetAttribute(self.function, attr.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, self.dynamic_shared))
             except CudaCallError as e:
                 _check(d, "cuModuleUnload", d.cuModuleUnload(self.module))
-                raise Refusal(kernel.name, target, f"{self.dynamic_shared} bytes of workgroup memory are more than the device gives a workgroup ({e}); "
-                              "pick a schedule with fewer stages or narrower tiles") from None
+                raise Refusal(
+                    kernel.name,
+                    target,
+                    f"{self.dynamic_shared} bytes of workgroup memory are more than the device gives a workgroup ({e}); "
+                    "pick a schedule with fewer stages or narrower tiles",
+                ) from None
 
     def args(self, pointers: Mapping[str, int], scalars: Mapping[str, float | int]) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         vals, types = [], []
@@ -108,8 +116,7 @@ class CudaKernel:
                 types.append(_SCALAR[p.dtype.name])
         return tuple(vals), tuple(types)
 
-    def launch(self, grid: Sequence[int], pointers: Mapping[str, int], scalars: Mapping[str, float | int], stream: Any = 0,
-               programmatic: bool = False) -> bool:
+    def launch(self, grid: Sequence[int], pointers: Mapping[str, int], scalars: Mapping[str, float | int], stream: Any = 0, programmatic: bool = False) -> bool:
         """Queue the kernel on ``stream`` (False when the grid is empty: nothing queued). With
         ``programmatic`` (sm_90+) it may start while the kernel queued before it on the stream still
         runs: its ``AwaitPrior`` (at its entry unless it places one) holds it until that one is done."""

@@ -38,6 +38,7 @@ def test_steps_share_one_arena_and_a_larger_one_replaces_it(cuda, tmp_path, rng,
     pages = PagedSequences(48, 4, rng)
     pages.add(), pages.add()
     try:
+
         def run(chunks: list[list[int]], step: int) -> list[list[int]]:
             """One step against the oracle; each sequence's greedy next token."""
             nonlocal worst

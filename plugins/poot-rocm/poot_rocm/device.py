@@ -44,7 +44,9 @@ def rocm_devices() -> list[Device]:
             matrix_ops=frozenset({"mfma"} if arch.startswith("gfx9") else {"wmma"} if arch.startswith("gfx11") else set()),
             details=(("arch", arch),),
         )
-        reason = None if arch in SUPPORTED_ARCHS else Unavailable("unsupported", f"{arch} is not one of the targets poot links for ({', '.join(SUPPORTED_ARCHS)})")
+        reason = (
+            None if arch in SUPPORTED_ARCHS else Unavailable("unsupported", f"{arch} is not one of the targets poot links for ({', '.join(SUPPORTED_ARCHS)})")
+        )
         name = props.name.decode(errors="replace") if isinstance(props.name, bytes) else str(props.name)
         out.append(Device("rocm", i, name, target="amdgcn", capabilities=caps, unavailable=reason))
     return out

@@ -25,8 +25,12 @@ def subgroup_width(vk, physical) -> tuple[int, bool]:  # type: ignore[no-untyped
     n = int(sub.subgroupSize)
     if not (sub.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT and sub.supportedOperations & need == need and n > 1 and not n & (n - 1)):
         return 1, False
-    control = bool(f13.subgroupSizeControl and f13.computeFullSubgroups and p13.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
-                   and p13.minSubgroupSize <= n <= p13.maxSubgroupSize)
+    control = bool(
+        f13.subgroupSizeControl
+        and f13.computeFullSubgroups
+        and p13.requiredSubgroupSizeStages & vk.VK_SHADER_STAGE_COMPUTE_BIT
+        and p13.minSubgroupSize <= n <= p13.maxSubgroupSize
+    )
     fixed = p13.minSubgroupSize == p13.maxSubgroupSize == n
     return (n, control) if control or fixed else (1, False)
 

@@ -49,8 +49,12 @@ class _Pipeline:
         code = compile_kernel(kernel, spirv_target(self.dev.subgroup)).data
         try:
             self.module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
-            slots = [vk.VkDescriptorSetLayoutBinding(binding=b, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
-                                                     stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for b, *_ in self.bindings]
+            slots = [
+                vk.VkDescriptorSetLayoutBinding(
+                    binding=b, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT
+                )
+                for b, *_ in self.bindings
+            ]
             self.set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(pBindings=slots), None)
             self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(pSetLayouts=[self.set_layout]), None)
             self.pipeline = dev.compute_pipeline(kernel, self.module, self.layout)
@@ -60,8 +64,12 @@ class _Pipeline:
 
     def close(self) -> None:
         vk, d = self.dev.vk, self.dev.device
-        for attr, destroy in (("pipeline", vk.vkDestroyPipeline), ("layout", vk.vkDestroyPipelineLayout),
-                              ("set_layout", vk.vkDestroyDescriptorSetLayout), ("module", vk.vkDestroyShaderModule)):
+        for attr, destroy in (
+            ("pipeline", vk.vkDestroyPipeline),
+            ("layout", vk.vkDestroyPipelineLayout),
+            ("set_layout", vk.vkDestroyDescriptorSetLayout),
+            ("module", vk.vkDestroyShaderModule),
+        ):
             obj = getattr(self, attr)
             if obj is not None:
                 destroy(d, obj, None)
@@ -225,28 +233,37 @@ class VulkanExecutor(Executor):
         owned.append(scal)
         nsets = max(1, len(sp.launches))
         ndesc = max(1, sum(len(self._pipes[id(l.kernel)].bindings) for l in sp.launches))
-        pool = vk.vkCreateDescriptorPool(d, vk.VkDescriptorPoolCreateInfo(maxSets=nsets, pPoolSizes=[
-            vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=ndesc)]), None)
+        pool = vk.vkCreateDescriptorPool(
+            d,
+            vk.VkDescriptorPoolCreateInfo(
+                maxSets=nsets, pPoolSizes=[vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=ndesc)]
+            ),
+            None,
+        )
         cmd_pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.dev.family), None)
         try:
-            cmd = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(commandPool=cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-                                                                                commandBufferCount=1))[0]
+            cmd = vk.vkAllocateCommandBuffers(
+                d, vk.VkCommandBufferAllocateInfo(commandPool=cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1)
+            )[0]
             sets = []
             if sp.launches:
                 layouts = [self._pipes[id(l.kernel)].set_layout for l in sp.launches]
-                sets = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(descriptorPool=pool, descriptorSetCount=len(layouts),
-                                                                                     pSetLayouts=layouts))
+                sets = vk.vkAllocateDescriptorSets(d, vk.VkDescriptorSetAllocateInfo(descriptorPool=pool, descriptorSetCount=len(layouts), pSetLayouts=layouts))
             writes = []
             for launch, s, (off, nbytes) in zip(sp.launches, sets, at):
                 for binding, name, _t, _writable in self._pipes[id(launch.kernel)].bindings:
                     buf, o, rng = (scal, off, nbytes) if name == SCALARS else where(launch.buffers[name])
                     info = vk.VkDescriptorBufferInfo(buffer=buf.buffer, offset=o, range=rng)
-                    writes.append(vk.VkWriteDescriptorSet(dstSet=s, dstBinding=binding, descriptorCount=1,
-                                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info]))
+                    writes.append(
+                        vk.VkWriteDescriptorSet(
+                            dstSet=s, dstBinding=binding, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info]
+                        )
+                    )
             if writes:
                 vk.vkUpdateDescriptorSets(d, len(writes), writes, 0, None)
-            dispatches = [(self._pipes[id(launch.kernel)], s, (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3])
-                          for launch, s in zip(sp.launches, sets)]
+            dispatches = [
+                (self._pipes[id(launch.kernel)], s, (tuple(int(x) for x in launch.grid(env)) + (1, 1, 1))[:3]) for launch, s in zip(sp.launches, sets)
+            ]
             outputs: dict[str, tuple[Any, int, np.dtype, tuple[int, ...]]] = {}
             copies: list[tuple[Any, int, Any, int]] = []  # device-local output -> its read-back buffer, by the step itself
             for name, k in computed_outputs(g.outputs, sp, bound).items():
@@ -266,21 +283,37 @@ class VulkanExecutor(Executor):
             for b in owned:
                 b.close()
             raise
-        step = VulkanStep(sp, arena, step_inputs, outputs, scal, pool, cmd_pool, cmd, len(sp.launches), self._binding,
-                          [l.label or l.kernel.name for l in sp.launches], owned, dispatches)
+        step = VulkanStep(
+            sp,
+            arena,
+            step_inputs,
+            outputs,
+            scal,
+            pool,
+            cmd_pool,
+            cmd,
+            len(sp.launches),
+            self._binding,
+            [l.label or l.kernel.name for l in sp.launches],
+            owned,
+            dispatches,
+        )
         self._steps[key] = step
         return step
 
-    def _record(self, cmd: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], queries: Any = None,
-                copies: list[tuple[Any, int, Any, int]] = ()) -> None:  # type: ignore[assignment]
+    def _record(
+        self, cmd: Any, dispatches: list[tuple[Any, Any, tuple[int, int, int]]], queries: Any = None, copies: list[tuple[Any, int, Any, int]] = ()
+    ) -> None:  # type: ignore[assignment]
         """The step's dispatches, a memory barrier between each two; with ``queries``, a timestamp
         before the first and after each; then ``copies`` (source, offset, read-back buffer, bytes) of
         device-local outputs into host-visible memory."""
         vk = self.dev.vk
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo())
         # uploads and pool writes of earlier submissions made visible to the shaders
-        uploads = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
-                                     dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
+        uploads = vk.VkMemoryBarrier(
+            srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+            dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+        )
         vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [uploads], 0, None, 0, None)
         if queries is not None:
             vk.vkCmdResetQueryPool(cmd, queries, 0, len(dispatches) + 1)
@@ -288,7 +321,9 @@ class VulkanExecutor(Executor):
         between = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT, dstAccessMask=vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
         for i, (pipe, s, grid) in enumerate(dispatches):
             if i:
-                vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [between], 0, None, 0, None)
+                vk.vkCmdPipelineBarrier(
+                    cmd, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [between], 0, None, 0, None
+                )
             if min(grid) >= 1:
                 vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.pipeline)
                 vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipe.layout, 0, 1, [s], 0, None)
@@ -317,8 +352,9 @@ class VulkanExecutor(Executor):
             raise PootError(f"vulkan:{self.dev.index} ({self.dev.name}): its compute queue has no timestamps")
         n = len(step.dispatches)
         queries = vk.vkCreateQueryPool(d, vk.VkQueryPoolCreateInfo(queryType=vk.VK_QUERY_TYPE_TIMESTAMP, queryCount=n + 1), None)
-        cmd = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(commandPool=step.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-                                                                            commandBufferCount=1))[0]
+        cmd = vk.vkAllocateCommandBuffers(
+            d, vk.VkCommandBufferAllocateInfo(commandPool=step.cmd_pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1)
+        )[0]
         try:
             self._record(cmd, step.dispatches, queries)
             self.replay(step, inputs)  # the inputs in place (and a warm-up)

@@ -38,8 +38,10 @@ def _vk():  # type: ignore[no-untyped-def]
     try:
         import vulkan as vk
     except (ModuleNotFoundError, OSError) as e:
-        raise DeviceUnavailable(f"vulkan: the Vulkan loader or its Python binding is missing ({e}); "
-                                "install libvulkan1 and a driver (e.g. mesa-vulkan-drivers), and pip install vulkan") from None
+        raise DeviceUnavailable(
+            f"vulkan: the Vulkan loader or its Python binding is missing ({e}); "
+            "install libvulkan1 and a driver (e.g. mesa-vulkan-drivers), and pip install vulkan"
+        ) from None
     return vk
 
 
@@ -93,8 +95,9 @@ class VulkanDevice:
         vk.vkGetPhysicalDeviceFeatures2(self.physical, vk.VkPhysicalDeviceFeatures2(pNext=f12))
         self.subgroup, self.full_subgroups = subgroup_width(vk, self.physical)
         self.int8 = bool(f12.shaderInt8)
-        return vk.VkPhysicalDeviceVulkan12Features(shaderInt8=self.int8, pNext=vk.VkPhysicalDeviceVulkan13Features(
-            subgroupSizeControl=self.full_subgroups, computeFullSubgroups=self.full_subgroups))
+        return vk.VkPhysicalDeviceVulkan12Features(
+            shaderInt8=self.int8, pNext=vk.VkPhysicalDeviceVulkan13Features(subgroupSizeControl=self.full_subgroups, computeFullSubgroups=self.full_subgroups)
+        )
 
     def compute_pipeline(self, kernel: Kernel, module, layout):  # type: ignore[no-untyped-def]
         """The compute pipeline of ``kernel``'s shader ``module`` (through the pipeline cache). A
@@ -103,8 +106,10 @@ class VulkanDevice:
         vk = self.vk
         extra = {}
         if self.full_subgroups and uses_subgroups(kernel) and kernel.workgroup[0] % self.subgroup == 0:
-            extra = {"pNext": vk.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(requiredSubgroupSize=self.subgroup),
-                     "flags": vk.VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT}  # the 1.3 core name is missing from the binding
+            extra = {
+                "pNext": vk.VkPipelineShaderStageRequiredSubgroupSizeCreateInfo(requiredSubgroupSize=self.subgroup),
+                "flags": vk.VK_PIPELINE_SHADER_STAGE_CREATE_REQUIRE_FULL_SUBGROUPS_BIT_EXT,
+            }  # the 1.3 core name is missing from the binding
         stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=module, pName=ENTRY, **extra)
         info = vk.VkComputePipelineCreateInfo(stage=stage, layout=layout)
         return vk.vkCreateComputePipelines(self.device, self.pipeline_cache(), 1, [info], None)[0]
@@ -133,20 +138,29 @@ class VulkanDevice:
         """Record copy commands with ``record(cmd)`` into a one-time command buffer, submit it and wait."""
         vk, d = self.vk, self.device
         if self._transfer is None:
-            pool = vk.vkCreateCommandPool(d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.family, flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None)
-            cmd = vk.vkAllocateCommandBuffers(d, vk.VkCommandBufferAllocateInfo(commandPool=pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1))[0]
+            pool = vk.vkCreateCommandPool(
+                d, vk.VkCommandPoolCreateInfo(queueFamilyIndex=self.family, flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT), None
+            )
+            cmd = vk.vkAllocateCommandBuffers(
+                d, vk.VkCommandBufferAllocateInfo(commandPool=pool, level=vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY, commandBufferCount=1)
+            )[0]
             self._transfer = (pool, cmd, vk.vkCreateFence(d, vk.VkFenceCreateInfo(), None))
         _, cmd, fence = self._transfer
         vk.vkBeginCommandBuffer(cmd, vk.VkCommandBufferBeginInfo(flags=vk.VK_COMMAND_BUFFER_USAGE_ONE_TIME_SUBMIT_BIT))
         # a fence wait does not make device writes visible to later commands or to the host: barriers do
-        before = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_HOST_WRITE_BIT,
-                                    dstAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT)
+        before = vk.VkMemoryBarrier(
+            srcAccessMask=vk.VK_ACCESS_SHADER_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | vk.VK_ACCESS_HOST_WRITE_BIT,
+            dstAccessMask=vk.VK_ACCESS_TRANSFER_READ_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+        )
         vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, 0, 1, [before], 0, None, 0, None)
         record(cmd)
-        after = vk.VkMemoryBarrier(srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
-                                   dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT)
-        vk.vkCmdPipelineBarrier(cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
-                                0, 1, [after], 0, None, 0, None)
+        after = vk.VkMemoryBarrier(
+            srcAccessMask=vk.VK_ACCESS_TRANSFER_WRITE_BIT,
+            dstAccessMask=vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_SHADER_READ_BIT | vk.VK_ACCESS_SHADER_WRITE_BIT,
+        )
+        vk.vkCmdPipelineBarrier(
+            cmd, vk.VK_PIPELINE_STAGE_TRANSFER_BIT, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, 0, 1, [after], 0, None, 0, None
+        )
         vk.vkEndCommandBuffer(cmd)
         vk.vkQueueSubmit(self.queue, 1, [vk.VkSubmitInfo(pCommandBuffers=[cmd])], fence)
         vk.vkWaitForFences(d, 1, [fence], vk.VK_TRUE, WHOLE_SIZE)
@@ -350,8 +364,9 @@ def storage_buffer(dev: VulkanDevice, nbytes: int, data: np.ndarray | None = Non
     bits = dev._storage_bits
     local = None if staged is False else dev.device_local_type(bits)
     if local is None and staged:
-        local = next(i for i in range(dev.memory.memoryTypeCount)
-                     if bits >> i & 1 and dev.memory.memoryTypes[i].propertyFlags & vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT)
+        local = next(
+            i for i in range(dev.memory.memoryTypeCount) if bits >> i & 1 and dev.memory.memoryTypes[i].propertyFlags & vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+        )
     buf: HostBuffer | DeviceBuffer
     if local is None:
         buf = HostBuffer(dev, (nbytes + 3) // 4 * 4)
@@ -377,8 +392,12 @@ class VulkanKernel:
         d = device.device
         try:
             self.module = vk.vkCreateShaderModule(d, vk.VkShaderModuleCreateInfo(codeSize=len(self._spirv), pCode=self._spirv), None)
-            slots = [vk.VkDescriptorSetLayoutBinding(binding=b, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1,
-                                                     stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT) for b, *_ in self.bindings]
+            slots = [
+                vk.VkDescriptorSetLayoutBinding(
+                    binding=b, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT
+                )
+                for b, *_ in self.bindings
+            ]
             self.set_layout = vk.vkCreateDescriptorSetLayout(d, vk.VkDescriptorSetLayoutCreateInfo(pBindings=slots), None)
             self.layout = vk.vkCreatePipelineLayout(d, vk.VkPipelineLayoutCreateInfo(pSetLayouts=[self.set_layout]), None)
             self.pipeline = device.compute_pipeline(kernel, self.module, self.layout)
@@ -407,8 +426,9 @@ class VulkanKernel:
             buf.close()
         buf = self.buffers[name] = HostBuffer(self.dev, (nbytes + 3) // 4 * 4)  # whole 32-bit words
         info = vk.VkDescriptorBufferInfo(buffer=buf.buffer, offset=0, range=WHOLE_SIZE)
-        write = vk.VkWriteDescriptorSet(dstSet=self.set, dstBinding=binding, descriptorCount=1,
-                                        descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info])
+        write = vk.VkWriteDescriptorSet(
+            dstSet=self.set, dstBinding=binding, descriptorCount=1, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, pBufferInfo=[info]
+        )
         vk.vkUpdateDescriptorSets(self.dev.device, 1, [write], 0, None)
         self._grid = None  # the recorded command buffer refers to the old descriptor contents
         return buf
@@ -445,8 +465,9 @@ class VulkanKernel:
             else:
                 a = buffers[name]
                 if not isinstance(a, np.ndarray) or a.dtype != _NUMPY[t.name]:
-                    raise TypeError(f"kernel {k.name}: buffer '{name}' must be a numpy {np.dtype(_NUMPY[t.name])} array, "
-                                    f"got {getattr(a, 'dtype', type(a).__name__)}")
+                    raise TypeError(
+                        f"kernel {k.name}: buffer '{name}' must be a numpy {np.dtype(_NUMPY[t.name])} array, got {getattr(a, 'dtype', type(a).__name__)}"
+                    )
                 if writable and not (a.flags.writeable and a.flags.c_contiguous):
                     raise ValueError(f"kernel {k.name}: output buffer '{name}' must be a writable C-contiguous array")
                 data = arrays[name] = a
@@ -473,9 +494,15 @@ class VulkanKernel:
         for buf in self.buffers.values():
             buf.close()
         self.buffers.clear()
-        for attr, destroy in (("fence", vk.vkDestroyFence), ("cmd_pool", vk.vkDestroyCommandPool), ("pool", vk.vkDestroyDescriptorPool),
-                              ("pipeline", vk.vkDestroyPipeline), ("layout", vk.vkDestroyPipelineLayout),
-                              ("set_layout", vk.vkDestroyDescriptorSetLayout), ("module", vk.vkDestroyShaderModule)):
+        for attr, destroy in (
+            ("fence", vk.vkDestroyFence),
+            ("cmd_pool", vk.vkDestroyCommandPool),
+            ("pool", vk.vkDestroyDescriptorPool),
+            ("pipeline", vk.vkDestroyPipeline),
+            ("layout", vk.vkDestroyPipelineLayout),
+            ("set_layout", vk.vkDestroyDescriptorSetLayout),
+            ("module", vk.vkDestroyShaderModule),
+        ):
             obj = getattr(self, attr)
             if obj is not None:
                 destroy(d, obj, None)  # a command pool frees its command buffer, a descriptor pool its set

@@ -259,8 +259,15 @@ def test_warp_schedules_compile_for_32_lane_subgroups(tmp_path):
     Vulkan device with 32-lane subgroups (NVIDIA's): valid modules whose sums are subgroup reductions."""
     from poot.kernel.library.linear_gpu import gemv_warp, gemv_warp_packed, gemv_warp_q6_k
 
-    for k in (gemv_warp("bf16", 4096, 1), gemv_warp("bf16", 4096, 4, glu=True), gemv_warp("bf16", 4096, 1, parts=(64, 16, 16)),
-              gemv_warp("q4_k", 4096, 1), gemv_warp_packed("q6_k", 4096, 1), gemv_warp_packed("q4_1", 576, 4), gemv_warp_q6_k(2048, 4)):
+    for k in (
+        gemv_warp("bf16", 4096, 1),
+        gemv_warp("bf16", 4096, 4, glu=True),
+        gemv_warp("bf16", 4096, 1, parts=(64, 16, 16)),
+        gemv_warp("q4_k", 4096, 1),
+        gemv_warp_packed("q6_k", 4096, 1),
+        gemv_warp_packed("q4_1", 576, 4),
+        gemv_warp_q6_k(2048, 4),
+    ):
         art = codegen.compile_kernel(k, codegen.spirv_target(32))  # (validated by its post-pass)
         text = disassemble(art.data, tmp_path)
         assert "OpGroupNonUniformFAdd" in text and "Reduce" in text, k.name
@@ -306,8 +313,11 @@ OpFunctionEnd
 
 
 def test_post_pass_reports_linkage_and_invalid_modules(tmp_path):
-    linked = _assemble(_SHADER.format(extra_caps="OpCapability Linkage", decorations='OpDecorate %ext LinkageAttributes "helper" Import',
-                                      declarations="", body="") + "%ext = OpFunction %void None %fn\nOpFunctionEnd\n", tmp_path)
+    linked = _assemble(
+        _SHADER.format(extra_caps="OpCapability Linkage", decorations='OpDecorate %ext LinkageAttributes "helper" Import', declarations="", body="")
+        + "%ext = OpFunction %void None %fn\nOpFunctionEnd\n",
+        tmp_path,
+    )
     with pytest.raises(CompileError, match="Linkage.*helper"):
         S.post_pass(linked, "linked_kernel")
     # a memory barrier without storage-class semantics: spirv-val's Vulkan rules reject it
@@ -337,6 +347,7 @@ def test_16_bit_values_are_stored_as_whole_words_or_refused():
     """A buffer of halves is written two values at a time (vstore at an even index: one 32-bit word,
     as the f16 KV pools' writers do, in the catalogue above); a lone 16-bit store is refused with the
     buffer named, as it would have to modify half a word that another invocation may be writing."""
+
     def lone(x: In[f32], y: Out[f16]):
         y[thread_id(0)] = x[thread_id(0)]
 
@@ -360,10 +371,15 @@ def test_for_wgpu_module_runs_through_naga(rng):
     pipe = dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=S.for_wgpu(spv)), "entry_point": S.ENTRY})
     usage = wgpu.BufferUsage
     out = dev.create_buffer(size=x.nbytes, usage=usage.STORAGE | usage.COPY_SRC)
-    bufs = [dev.create_buffer_with_data(data=x, usage=usage.STORAGE), dev.create_buffer_with_data(data=w, usage=usage.STORAGE), out,
-            dev.create_buffer_with_data(data=S.scalar_words(k, {"cols": cols, "eps": eps}), usage=usage.STORAGE)]
-    group = dev.create_bind_group(layout=pipe.get_bind_group_layout(0),
-                                  entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(bufs)])
+    bufs = [
+        dev.create_buffer_with_data(data=x, usage=usage.STORAGE),
+        dev.create_buffer_with_data(data=w, usage=usage.STORAGE),
+        out,
+        dev.create_buffer_with_data(data=S.scalar_words(k, {"cols": cols, "eps": eps}), usage=usage.STORAGE),
+    ]
+    group = dev.create_bind_group(
+        layout=pipe.get_bind_group_layout(0), entries=[{"binding": i, "resource": {"buffer": b, "offset": 0, "size": b.size}} for i, b in enumerate(bufs)]
+    )
     enc = dev.create_command_encoder()
     cpass = enc.begin_compute_pass()
     cpass.set_pipeline(pipe)
@@ -467,8 +483,14 @@ def test_packed_gemv_on_the_device(device, rng, qtype):
     x = rng.standard_normal((m, k)).astype(np.float32)
     kern, spv = compile_spirv(linear.gemv_blocks, QTYPE=qtype, BS=bs, BB=bb, ROWS=4, BLOCK=32)
     y = poisoned((m, n))
-    run(device, kern, spv, (-(-n // 4), m), {"x": x, "w": raw, "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "y": y},
-        {"n": n, "k": k, "row_bytes": raw.shape[1]})
+    run(
+        device,
+        kern,
+        spv,
+        (-(-n // 4), m),
+        {"x": x, "w": raw, "lut": LUTS.get(qtype, np.zeros(1, np.float32)), "y": y},
+        {"n": n, "k": k, "row_bytes": raw.shape[1]},
+    )
     np.testing.assert_allclose(y, x.astype(np.float64) @ q.dequantize(raw).astype(np.float64).T, rtol=1e-4, atol=1e-4)
 
 
@@ -503,7 +525,9 @@ def test_narrow_integer_arithmetic_is_redone_in_32_bits(device, tmp_path, monkey
     shaderInt16 on Vulkan and which naga takes not at all: the post-pass redoes it in 32 bits (values
     kept zero-extended, sign-extended where an instruction is signed). LLVM's output here has narrow
     arithmetic; the module has no narrow type left, is valid, and computes what numpy does."""
-    out = _run_narrowed(device, narrowed_index_math, tmp_path, monkeypatch, r"= (add|sub|mul|sdiv|srem|udiv|urem|and|or|xor|shl|lshr|ashr)( nuw| nsw| exact)* i(8|16) ")
+    out = _run_narrowed(
+        device, narrowed_index_math, tmp_path, monkeypatch, r"= (add|sub|mul|sdiv|srem|udiv|urem|and|or|xor|shl|lshr|ashr)( nuw| nsw| exact)* i(8|16) "
+    )
     c = np.arange(300) % 256
     want = np.stack([c // 32, (c // 64) * 2, c % 32 - 16, (c - (c // 64) * 64) // 32], 1).reshape(-1)
     np.testing.assert_array_equal(out, want)

@@ -71,8 +71,9 @@ class WgpuExecutor(Executor):
         g = plan.graph
         self._fixed: dict[int, Any] = {}
         self._keep: list[np.ndarray] = []
-        self._consts: dict[Key, Any] = {(n.id, 0): self._buffer(n.attrs["value"].array.astype(storage_dtype(n.attrs["dtype"])))
-                                        for n in g.nodes if n.op == "constant"}
+        self._consts: dict[Key, Any] = {
+            (n.id, 0): self._buffer(n.attrs["value"].array.astype(storage_dtype(n.attrs["dtype"]))) for n in g.nodes if n.op == "constant"
+        }
         self._weight_nodes = {n.attrs["name"]: n for n in g.nodes if n.op == "weight"}
         self._weights: dict[Key, Any] = {}
         self._weight_src: dict[Key, int] = {}
@@ -182,8 +183,7 @@ class WgpuExecutor(Executor):
                 copies.append((buf, o, back, size))
                 buf, o = back, 0
             outputs[name] = (buf, o, dtype, sp.shapes[k])
-        step = WgpuStep(sp, step_inputs, outputs, dispatches, len(sp.launches), self._binding,
-                        [l.label or l.kernel.name for l in sp.launches], owned, copies)
+        step = WgpuStep(sp, step_inputs, outputs, dispatches, len(sp.launches), self._binding, [l.label or l.kernel.name for l in sp.launches], owned, copies)
         self._steps[key] = step
         return step
 
@@ -234,8 +234,9 @@ class WgpuExecutor(Executor):
             for r in range(repeat):
                 enc = d.create_command_encoder()
                 for i, (pipeline, group, grid) in enumerate(step.dispatches):
-                    cpass = enc.begin_compute_pass(timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i,
-                                                                     "end_of_pass_write_index": 2 * i + 1})
+                    cpass = enc.begin_compute_pass(
+                        timestamp_writes={"query_set": qs, "beginning_of_pass_write_index": 2 * i, "end_of_pass_write_index": 2 * i + 1}
+                    )
                     if min(grid) >= 1:
                         cpass.set_pipeline(pipeline)
                         cpass.set_bind_group(0, group)

@@ -22,9 +22,17 @@ from .subgroups import FEATURE, subgroup_width
 
 __all__ = ["WgpuDevice", "WgpuPipeline", "kernel_runner"]
 
-_LIMITS = ("max-storage-buffers-per-shader-stage", "max-compute-workgroup-storage-size", "max-compute-invocations-per-workgroup",
-           "max-compute-workgroup-size-x", "max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroups-per-dimension",
-           "max-bind-groups", "max-bindings-per-bind-group")
+_LIMITS = (
+    "max-storage-buffers-per-shader-stage",
+    "max-compute-workgroup-storage-size",
+    "max-compute-invocations-per-workgroup",
+    "max-compute-workgroup-size-x",
+    "max-storage-buffer-binding-size",
+    "max-buffer-size",
+    "max-compute-workgroups-per-dimension",
+    "max-bind-groups",
+    "max-bindings-per-bind-group",
+)
 
 
 class WgpuDevice:
@@ -57,8 +65,9 @@ class WgpuDevice:
         """A storage buffer of whole 32-bit words (copyable both ways) holding ``data`` or zeros."""
         wgpu = self.wgpu
         size = data.nbytes if data is not None else nbytes
-        buf = self.device.create_buffer(size=max(16, (size + 3) // 4 * 4),
-                                        usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC)
+        buf = self.device.create_buffer(
+            size=max(16, (size + 3) // 4 * 4), usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_DST | wgpu.BufferUsage.COPY_SRC
+        )
         if data is not None and data.nbytes:
             raw = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
             if raw.nbytes % 4:
@@ -81,21 +90,25 @@ class WgpuPipeline:
         self.kernel, self.bindings = kernel, bindings(kernel)
         code = for_wgpu(compile_kernel(kernel, spirv_target(dev.subgroup)).data)
         # codegen's SPIR-V declares every buffer read-write (no NonWritable decoration), which naga keeps
-        entries = [{"binding": b, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": wgpu.BufferBindingType.storage}}
-                   for b, _name, _t, _writable in self.bindings]
+        entries = [
+            {"binding": b, "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": wgpu.BufferBindingType.storage}}
+            for b, _name, _t, _writable in self.bindings
+        ]
         self.layout = dev.device.create_bind_group_layout(entries=entries)
         try:
             module = dev.device.create_shader_module(code=code)
-            self.pipeline = dev.device.create_compute_pipeline(layout=dev.device.create_pipeline_layout(bind_group_layouts=[self.layout]),
-                                                               compute={"module": module, "entry_point": ENTRY})
+            self.pipeline = dev.device.create_compute_pipeline(
+                layout=dev.device.create_pipeline_layout(bind_group_layouts=[self.layout]), compute={"module": module, "entry_point": ENTRY}
+            )
         except dev.wgpu.GPUError as e:  # naga or the pipeline refused the module: say which kernel and why
             reason = " ".join(str(e).split())[-300:]
             raise Refusal(f"kernel {kernel.name}", f"wgpu:{dev.index}", f"WebGPU did not take its SPIR-V: {reason}") from None
 
     def bind_group(self, dev: WgpuDevice, resources: Sequence[tuple[Any, int, int]]) -> Any:
         """A bind group from (buffer, offset, size) per binding, in binding order."""
-        return dev.device.create_bind_group(layout=self.layout, entries=[{"binding": i, "resource": {"buffer": b, "offset": o, "size": s}}
-                                                                         for i, (b, o, s) in enumerate(resources)])
+        return dev.device.create_bind_group(
+            layout=self.layout, entries=[{"binding": i, "resource": {"buffer": b, "offset": o, "size": s}} for i, (b, o, s) in enumerate(resources)]
+        )
 
 
 def kernel_runner(device: WgpuDevice):  # type: ignore[no-untyped-def]

@@ -77,7 +77,9 @@ def _measure(adapter: Any) -> int | None:
         code = for_wgpu(compile_kernel(_probe.instantiate(), spirv_target(2)).data)
         pipe = dev.create_compute_pipeline(layout="auto", compute={"module": dev.create_shader_module(code=code), "entry_point": ENTRY})
         out = dev.create_buffer(size=8 * _THREADS, usage=wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC)
-        group = dev.create_bind_group(layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": out, "offset": 0, "size": out.size}}])
+        group = dev.create_bind_group(
+            layout=pipe.get_bind_group_layout(0), entries=[{"binding": 0, "resource": {"buffer": out, "offset": 0, "size": out.size}}]
+        )
         enc = dev.create_command_encoder()
         cpass = enc.begin_compute_pass()
         cpass.set_pipeline(pipe)

@@ -76,5 +76,10 @@ def _pair(lo: K.Expr, hi: K.Expr) -> K.Expr:
 def _mma_lanes() -> list[K.Stmt]:
     """A thread's place in an mma.sync fragment: ``tid``, ``lane``, ``warp``, and the lane's group
     ``g`` (lane / 4: its rows) and ``t4`` (lane % 4: its pair of columns)."""
-    return [K.Let("tid", K.Builtin("thread_id", 0)), K.Let("lane", _b("rem", _r("tid"), 32)), K.Let("warp", _b("div", _r("tid"), 32)),
-            K.Let("g", _b("div", _r("lane"), 4)), K.Let("t4", _b("rem", _r("lane"), 4))]
+    return [
+        K.Let("tid", K.Builtin("thread_id", 0)),
+        K.Let("lane", _b("rem", _r("tid"), 32)),
+        K.Let("warp", _b("div", _r("tid"), 32)),
+        K.Let("g", _b("div", _r("lane"), 4)),
+        K.Let("t4", _b("rem", _r("lane"), 4)),
+    ]

@@ -16,10 +16,33 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def attention(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In["PT"], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
-              block_tables: In[i32], out: Out[f32], part_m: Out[f32], part_l: Out[f32],
-              hq: i32, hkv: i32, dk: i32, dv: i32, dr: i32, bs: i32, mb: i32, scale: f32, window: i32, softcap: f32,
-              CAUSAL: Const = True, SPLITS: Const = 1, BLOCK: Const = 64, PT: Const = "f32"):
+def attention(
+    q: In[f32],
+    k_pool: In["PT"],
+    v_pool: In["PT"],
+    ks_pool: In["PT"],
+    positions: In[i32],
+    seq_ids: In[i32],
+    ctx_lens: In[i32],
+    block_tables: In[i32],
+    out: Out[f32],
+    part_m: Out[f32],
+    part_l: Out[f32],
+    hq: i32,
+    hkv: i32,
+    dk: i32,
+    dv: i32,
+    dr: i32,
+    bs: i32,
+    mb: i32,
+    scale: f32,
+    window: i32,
+    softcap: f32,
+    CAUSAL: Const = True,
+    SPLITS: Const = 1,
+    BLOCK: Const = 64,
+    PT: Const = "f32",
+):
     """out[t, h, :] = softmax(scale * q.k) v over the visible context; grid (tokens, hq, SPLITS)."""
     t = group_id(0)
     h = group_id(1)
@@ -141,10 +164,34 @@ def attention_merge(part_acc: In[f32], part_m: In[f32], part_l: In[f32], out: Ou
 
 
 @kernel(workgroup=(1, 1, 1))
-def attention_lanes(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In["PT"], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
-                    block_tables: In[i32], out: Out[f32], part_m: Out[f32], part_l: Out[f32], mb: i32, scale: f32, window: i32, softcap: f32,
-                    HQ: Const = 8, HKV: Const = 8, DK: Const = 64, DV: Const = 64, DR: Const = 0, BS: Const = 16, CAUSAL: Const = True, TILE: Const = 16, PT: Const = "f32", GQ: Const = 1,
-                    SPLITS: Const = 1):
+def attention_lanes(
+    q: In[f32],
+    k_pool: In["PT"],
+    v_pool: In["PT"],
+    ks_pool: In["PT"],
+    positions: In[i32],
+    seq_ids: In[i32],
+    ctx_lens: In[i32],
+    block_tables: In[i32],
+    out: Out[f32],
+    part_m: Out[f32],
+    part_l: Out[f32],
+    mb: i32,
+    scale: f32,
+    window: i32,
+    softcap: f32,
+    HQ: Const = 8,
+    HKV: Const = 8,
+    DK: Const = 64,
+    DV: Const = 64,
+    DR: Const = 0,
+    BS: Const = 16,
+    CAUSAL: Const = True,
+    TILE: Const = 16,
+    PT: Const = "f32",
+    GQ: Const = 1,
+    SPLITS: Const = 1,
+):
     """The same attention scheduled for a CPU core: one workgroup per (query token, GQ query heads
     of one KV head), those heads scored together, so each key and value is read (and widened) once
     for all of them; head dimensions static, so dot products and the value accumulation run as
@@ -249,9 +296,33 @@ def attention_lanes(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In[
 
 
 @kernel(workgroup=(128, 1, 1))
-def attention_blocks(q: In[f32], k_pool: In["PT"], v_pool: In["PT"], ks_pool: In["PT"], positions: In[i32], seq_ids: In[i32], ctx_lens: In[i32],
-                     block_tables: In[i32], out: Out[f32], ntok: i32, hq: i32, hkv: i32, dk: i32, dv: i32, dr: i32, bs: i32, mb: i32,
-                     scale: f32, window: i32, softcap: f32, CAUSAL: Const = True, QT: Const = 16, KT: Const = 16, D: Const = 128, PT: Const = "f32"):
+def attention_blocks(
+    q: In[f32],
+    k_pool: In["PT"],
+    v_pool: In["PT"],
+    ks_pool: In["PT"],
+    positions: In[i32],
+    seq_ids: In[i32],
+    ctx_lens: In[i32],
+    block_tables: In[i32],
+    out: Out[f32],
+    ntok: i32,
+    hq: i32,
+    hkv: i32,
+    dk: i32,
+    dv: i32,
+    dr: i32,
+    bs: i32,
+    mb: i32,
+    scale: f32,
+    window: i32,
+    softcap: f32,
+    CAUSAL: Const = True,
+    QT: Const = 16,
+    KT: Const = 16,
+    D: Const = 128,
+    PT: Const = "f32",
+):
     """The same attention for prefill: a workgroup takes QT consecutive query tokens of one head and
     walks their sequence's keys KT at a time, each key and value tile loaded once into workgroup
     memory for all QT queries (rather than once per query). A block holding tokens of several

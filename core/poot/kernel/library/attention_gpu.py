@@ -43,8 +43,7 @@ _NEG = -3.0e38  # a masked score
 
 def _split(v: K.Expr, name: str) -> list[K.Stmt]:
     """f32 ``v`` as two bf16 bit patterns: ``name``h (nearest) and ``name``l (nearest of the rest)."""
-    return [K.Let(f"{name}v", v), K.Let(f"{name}h", _bf16_bits(_r(f"{name}v", F32))),
-            K.Let(f"{name}l", _bf16_rest(_r(f"{name}v", F32), _r(f"{name}h")))]
+    return [K.Let(f"{name}v", v), K.Let(f"{name}h", _bf16_bits(_r(f"{name}v", F32))), K.Let(f"{name}l", _bf16_rest(_r(f"{name}v", F32), _r(f"{name}h")))]
 
 
 def _pool_dtype(kernel: str, pt: str) -> dt.DType:
@@ -89,18 +88,23 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
         K.Let("h", K.Builtin("group_id", 1)),
         K.Let("kvh", _b("div", _r("h"), _b("div", _r("hq"), _r("hkv")))),
         # the block's rows: sequence, position, done (rows past ntok start done)
-        K.If(K.Bin("lt", _r("tid"), _c(MMA_QROWS)), (
-            K.Let("tok", K.Bin("min", _add(_r("tb"), _r("tid")), _b("sub", _r("ntok"), 1))),
-            K.Store("rseq", _r("tid"), K.Load("seq_ids", _r("tok"), I32)),
-            K.Store("rpos", _r("tid"), K.Load("positions", _r("tok"), I32)),
-            K.Store("rdone", _r("tid"), K.Select(K.Bin("lt", _add(_r("tb"), _r("tid")), _r("ntok")), _c(0), _c(1))),
-        )),
+        K.If(
+            K.Bin("lt", _r("tid"), _c(MMA_QROWS)),
+            (
+                K.Let("tok", K.Bin("min", _add(_r("tb"), _r("tid")), _b("sub", _r("ntok"), 1))),
+                K.Store("rseq", _r("tid"), K.Load("seq_ids", _r("tok"), I32)),
+                K.Store("rpos", _r("tid"), K.Load("positions", _r("tok"), I32)),
+                K.Store("rdone", _r("tid"), K.Select(K.Bin("lt", _add(_r("tb"), _r("tid")), _r("ntok")), _c(0), _c(1))),
+            ),
+        ),
     ]
     # this lane's two rows (g and g + 8 of its warp's 16) and q's fragments for them, split
     for half, off in (("a", 0), ("b", 8)):
-        body += [K.Let(f"row{half}", _add(_mul(_r("warp"), 16), _r("g"), off)),
-                 K.Let(f"qt{half}", K.Bin("min", _add(_r("tb"), _r(f"row{half}")), _b("sub", _r("ntok"), 1))),
-                 K.Let(f"qb{half}", _mul(_add(_mul(_r(f"qt{half}"), _r("hq")), _r("h")), d))]
+        body += [
+            K.Let(f"row{half}", _add(_mul(_r("warp"), 16), _r("g"), off)),
+            K.Let(f"qt{half}", K.Bin("min", _add(_r("tb"), _r(f"row{half}")), _b("sub", _r("ntok"), 1))),
+            K.Let(f"qb{half}", _mul(_add(_mul(_r(f"qt{half}"), _r("hq")), _r("h")), d)),
+        ]
     for ks in range(ksteps):
         for q, (half, col) in enumerate((("a", 0), ("b", 0), ("a", 8), ("b", 8))):
             at = _add(_r(f"qb{half}"), 16 * ks + col, _mul(_r("t4"), 2))
@@ -109,55 +113,101 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
                 body.append(K.Let(f"qh{ks}_{q}", K.PackBf16x2(_r(f"q{ks}_{q}x", F32), _r(f"q{ks}_{q}y", F32))))
                 continue
             body += _split(_r(f"q{ks}_{q}x", F32), f"q{ks}_{q}x") + _split(_r(f"q{ks}_{q}y", F32), f"q{ks}_{q}y")
-            body += [K.Let(f"qh{ks}_{q}", _pair(_r(f"q{ks}_{q}xh"), _r(f"q{ks}_{q}yh"))),
-                     K.Let(f"ql{ks}_{q}", _pair(_r(f"q{ks}_{q}xl"), _r(f"q{ks}_{q}yl")))]
+            body += [K.Let(f"qh{ks}_{q}", _pair(_r(f"q{ks}_{q}xh"), _r(f"q{ks}_{q}yh"))), K.Let(f"ql{ks}_{q}", _pair(_r(f"q{ks}_{q}xl"), _r(f"q{ks}_{q}yl")))]
     body.append(K.Barrier())
     # how many sequences the block holds (rows that are the first live row of their sequence, summed
     # over the first two warps): the loop below runs that many times, not once per row
     first: list[K.Stmt] = [
         K.Let("myseq", K.Load("rseq", _r("tid"), I32)),
         K.Let("isfirst", K.Select(K.Bin("eq", K.Load("rdone", _r("tid"), I32), _c(0)), _c(1), _c(0))),
-        K.For("r3", _c(0), _r("tid"), (
-            K.If(K.Bin("and", K.Bin("eq", K.Load("rdone", _r("r3"), I32), _c(0)), K.Bin("eq", K.Load("rseq", _r("r3"), I32), _r("myseq"))),
-                 (K.Assign("isfirst", _c(0)),)),
-        )),
+        K.For(
+            "r3",
+            _c(0),
+            _r("tid"),
+            (
+                K.If(
+                    K.Bin("and", K.Bin("eq", K.Load("rdone", _r("r3"), I32), _c(0)), K.Bin("eq", K.Load("rseq", _r("r3"), I32), _r("myseq"))),
+                    (K.Assign("isfirst", _c(0)),),
+                ),
+            ),
+        ),
         K.Let("wfirst", K.SubgroupReduce("add", _r("isfirst"))),
         K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("sinfo", _add(_r("warp"), 4), _r("wfirst")),)),
     ]
-    body += [K.If(K.Bin("lt", _r("tid"), _c(MMA_QROWS)), tuple(first)), K.Barrier(),
-             K.Let("nseq", _add(K.Load("sinfo", _c(4), I32), K.Load("sinfo", _c(5), I32)))]
+    body += [
+        K.If(K.Bin("lt", _r("tid"), _c(MMA_QROWS)), tuple(first)),
+        K.Barrier(),
+        K.Let("nseq", _add(K.Load("sinfo", _c(4), I32), K.Load("sinfo", _c(5), I32))),
+    ]
 
     # -- one sequence of the block: thread 0 finds it and the keys its rows see -------------------
     find: list[K.Stmt] = [
-        K.Let("fs", _c(-1)), K.Let("kst", _c(2147483647)), K.Let("ken", _c(0)),
-        K.For("r", _c(0), _c(MMA_QROWS), (
-            K.If(K.Bin("and", K.Bin("eq", _r("fs"), _c(-1)), K.Bin("eq", K.Load("rdone", _r("r"), I32), _c(0))),
-                 (K.Assign("fs", K.Load("rseq", _r("r"), I32)),)),
-        )),
-        K.If(K.Bin("ge", _r("fs"), _c(0)), (
-            K.Let("clen", K.Load("ctx_lens", _r("fs"), I32)),
-            K.For("r2", _c(0), _c(MMA_QROWS), (
-                K.If(K.Bin("and", K.Bin("eq", K.Load("rdone", _r("r2"), I32), _c(0)), K.Bin("eq", K.Load("rseq", _r("r2"), I32), _r("fs"))), (
-                    K.Let("rp", K.Load("rpos", _r("r2"), I32)),
-                    K.Assign("ken", K.Bin("max", _r("ken"), K.Bin("min", _r("clen"), _add(_r("rp"), 1)) if causal else _r("clen"))),
-                    K.Assign("kst", K.Bin("min", _r("kst"), K.Select(K.Bin("gt", _r("window"), _c(0)),
-                                                                      K.Bin("max", _c(0), _add(_b("sub", _r("rp"), _r("window")), 1)), _c(0)))),
-                )),
-            )),
-        )),
-        K.Store("sinfo", _c(0), _r("fs")), K.Store("sinfo", _c(1), _r("kst")), K.Store("sinfo", _c(2), _r("ken")),
+        K.Let("fs", _c(-1)),
+        K.Let("kst", _c(2147483647)),
+        K.Let("ken", _c(0)),
+        K.For(
+            "r",
+            _c(0),
+            _c(MMA_QROWS),
+            (
+                K.If(
+                    K.Bin("and", K.Bin("eq", _r("fs"), _c(-1)), K.Bin("eq", K.Load("rdone", _r("r"), I32), _c(0))),
+                    (K.Assign("fs", K.Load("rseq", _r("r"), I32)),),
+                ),
+            ),
+        ),
+        K.If(
+            K.Bin("ge", _r("fs"), _c(0)),
+            (
+                K.Let("clen", K.Load("ctx_lens", _r("fs"), I32)),
+                K.For(
+                    "r2",
+                    _c(0),
+                    _c(MMA_QROWS),
+                    (
+                        K.If(
+                            K.Bin("and", K.Bin("eq", K.Load("rdone", _r("r2"), I32), _c(0)), K.Bin("eq", K.Load("rseq", _r("r2"), I32), _r("fs"))),
+                            (
+                                K.Let("rp", K.Load("rpos", _r("r2"), I32)),
+                                K.Assign("ken", K.Bin("max", _r("ken"), K.Bin("min", _r("clen"), _add(_r("rp"), 1)) if causal else _r("clen"))),
+                                K.Assign(
+                                    "kst",
+                                    K.Bin(
+                                        "min",
+                                        _r("kst"),
+                                        K.Select(K.Bin("gt", _r("window"), _c(0)), K.Bin("max", _c(0), _add(_b("sub", _r("rp"), _r("window")), 1)), _c(0)),
+                                    ),
+                                ),
+                            ),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+        K.Store("sinfo", _c(0), _r("fs")),
+        K.Store("sinfo", _c(1), _r("kst")),
+        K.Store("sinfo", _c(2), _r("ken")),
     ]
-    seq: list[K.Stmt] = [K.If(K.Bin("eq", _r("tid"), _c(0)), tuple(find)), K.Barrier(),
-                         K.Let("s", K.Load("sinfo", _c(0), I32)), K.Let("kstart", K.Load("sinfo", _c(1), I32)),
-                         K.Let("kend", K.Load("sinfo", _c(2), I32))]
+    seq: list[K.Stmt] = [
+        K.If(K.Bin("eq", _r("tid"), _c(0)), tuple(find)),
+        K.Barrier(),
+        K.Let("s", K.Load("sinfo", _c(0), I32)),
+        K.Let("kstart", K.Load("sinfo", _c(1), I32)),
+        K.Let("kend", K.Load("sinfo", _c(2), I32)),
+    ]
     run: list[K.Stmt] = [K.Let("clen", K.Load("ctx_lens", _r("s"), I32))]
     for half in ("a", "b"):  # this lane's rows: in the sequence? the keys each sees: [lo, hi)
-        run += [K.Let(f"in{half}", K.Bin("and", K.Bin("eq", K.Load("rdone", _r(f"row{half}"), I32), _c(0)),
-                                          K.Bin("eq", K.Load("rseq", _r(f"row{half}"), I32), _r("s")))),
-                K.Let(f"pos{half}", K.Load("rpos", _r(f"row{half}"), I32)),
-                K.Let(f"hi{half}", K.Select(_r(f"in{half}", dt.boolean), K.Bin("min", _r("clen"), _add(_r(f"pos{half}"), 1)) if causal else _r("clen"), _c(0))),
-                K.Let(f"lo{half}", K.Select(K.Bin("gt", _r("window"), _c(0)), _add(_b("sub", _r(f"pos{half}"), _r("window")), 1), _c(0))),
-                K.Let(f"rm{half}", _f(_NEG)), K.Let(f"rl{half}", _f(0.0))]
+        run += [
+            K.Let(
+                f"in{half}",
+                K.Bin("and", K.Bin("eq", K.Load("rdone", _r(f"row{half}"), I32), _c(0)), K.Bin("eq", K.Load("rseq", _r(f"row{half}"), I32), _r("s"))),
+            ),
+            K.Let(f"pos{half}", K.Load("rpos", _r(f"row{half}"), I32)),
+            K.Let(f"hi{half}", K.Select(_r(f"in{half}", dt.boolean), K.Bin("min", _r("clen"), _add(_r(f"pos{half}"), 1)) if causal else _r("clen"), _c(0))),
+            K.Let(f"lo{half}", K.Select(K.Bin("gt", _r("window"), _c(0)), _add(_b("sub", _r(f"pos{half}"), _r("window")), 1), _c(0))),
+            K.Let(f"rm{half}", _f(_NEG)),
+            K.Let(f"rl{half}", _f(0.0)),
+        ]
     run += [K.Let(f"o{j}_{e}", _f(0.0)) for j in range(dtiles) for e in range(4)]
 
     # -- a tile of 32 keys ------------------------------------------------------------------------
@@ -178,13 +228,16 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
         for i in range(nblk - 2, -1, -1):
             pick = K.Select(K.Bin("eq", rel, _c(i)), _r(f"bt{i}"), pick)
         return _add(_mul(pick, block), _b("rem", kj, block))
+
     # keys: 32 rows of d values, a thread four values a step, split into hi/lo words
     for it in range(_KT * d // 4 // 128):
         e = _add(_mul(_c(it), 128), _r("tid"))
         kr, c4 = _b("div", e, d // 4), _b("rem", e, d // 4)
-        tile += [K.Let(f"kj{it}", K.Bin("min", _add(_r("j0"), kr), _b("sub", _r("kend"), 1))),
-                 K.Let(f"ksl{it}", slot(_r(f"kj{it}"))),
-                 *_pool_load(tuple(f"kv{it}_{v}" for v in range(4)), "k_pool", _add(_mul(_add(_mul(_r(f"ksl{it}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), pool)]
+        tile += [
+            K.Let(f"kj{it}", K.Bin("min", _add(_r("j0"), kr), _b("sub", _r("kend"), 1))),
+            K.Let(f"ksl{it}", slot(_r(f"kj{it}"))),
+            *_pool_load(tuple(f"kv{it}_{v}" for v in range(4)), "k_pool", _add(_mul(_add(_mul(_r(f"ksl{it}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), pool),
+        ]
         at = _add(_mul(kr, kstride), _mul(c4, 2))
         if not split:
             tile.append(K.VecStore("ks_hi", at, tuple(K.PackBf16x2(_r(f"kv{it}_{2 * w}", F32), _r(f"kv{it}_{2 * w + 1}", F32)) for w in range(2))))
@@ -192,17 +245,19 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
         for v in range(4):
             tile += _split(_r(f"kv{it}_{v}", F32), f"ks{it}_{v}")
         for plane, buf in (("h", "ks_hi"), ("l", "ks_lo")):
-            tile.append(K.VecStore(buf, at,
-                                   (_pair(_r(f"ks{it}_0{plane}"), _r(f"ks{it}_1{plane}")), _pair(_r(f"ks{it}_2{plane}"), _r(f"ks{it}_3{plane}")))))
+            tile.append(K.VecStore(buf, at, (_pair(_r(f"ks{it}_0{plane}"), _r(f"ks{it}_1{plane}")), _pair(_r(f"ks{it}_2{plane}"), _r(f"ks{it}_3{plane}")))))
     # values, transposed: word (dim, key pair); a thread a pair of keys and four dims a step
     for it in range(_KT // 2 * d // 4 // 128):
         e = _add(_mul(_c(it), 128), _r("tid"))
         kp, c4 = _b("rem", e, _KT // 2), _b("div", e, _KT // 2)
         for w in range(2):
-            tile += [K.Let(f"vj{it}_{w}", K.Bin("min", _add(_r("j0"), _mul(kp, 2), w), _b("sub", _r("kend"), 1))),
-                     K.Let(f"vsl{it}_{w}", slot(_r(f"vj{it}_{w}"))),
-                     *_pool_load(tuple(f"vv{it}_{w}_{v}" for v in range(4)), "v_pool",
-                                 _add(_mul(_add(_mul(_r(f"vsl{it}_{w}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), pool)]
+            tile += [
+                K.Let(f"vj{it}_{w}", K.Bin("min", _add(_r("j0"), _mul(kp, 2), w), _b("sub", _r("kend"), 1))),
+                K.Let(f"vsl{it}_{w}", slot(_r(f"vj{it}_{w}"))),
+                *_pool_load(
+                    tuple(f"vv{it}_{w}_{v}" for v in range(4)), "v_pool", _add(_mul(_add(_mul(_r(f"vsl{it}_{w}"), _r("hkv")), _r("kvh")), d), _mul(c4, 4)), pool
+                ),
+            ]
             for v in range(4 if split else 0):
                 tile += _split(_r(f"vv{it}_{w}_{v}", F32), f"vs{it}_{w}_{v}")
         for v in range(4):
@@ -210,8 +265,10 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
             if not split:
                 tile.append(K.Store("vt_hi", at, K.PackBf16x2(_r(f"vv{it}_0_{v}", F32), _r(f"vv{it}_1_{v}", F32))))
                 continue
-            tile += [K.Store("vt_hi", at, _pair(_r(f"vs{it}_0_{v}h"), _r(f"vs{it}_1_{v}h"))),
-                     K.Store("vt_lo", at, _pair(_r(f"vs{it}_0_{v}l"), _r(f"vs{it}_1_{v}l")))]
+            tile += [
+                K.Store("vt_hi", at, _pair(_r(f"vs{it}_0_{v}h"), _r(f"vs{it}_1_{v}h"))),
+                K.Store("vt_lo", at, _pair(_r(f"vs{it}_0_{v}l"), _r(f"vs{it}_1_{v}l"))),
+            ]
     tile.append(K.Barrier())
     # S = q k^T: four tiles of 8 keys, K in steps of 16; three products of the split terms (or one)
     for nt in range(_KT // 8):
@@ -235,7 +292,9 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
             key = _add(_r("j0"), 8 * nt + e % 2, _mul(_r("t4"), 2))
             sv: K.Expr = K.Bin("mul", _r(f"s{nt}_{e}", F32), _r("scale", F32))
             if softcap:
-                sv = K.Select(K.Bin("gt", _r("softcap", F32), _f(0.0)), K.Bin("mul", K.Un("tanh", K.Bin("div", sv, _r("softcap", F32))), _r("softcap", F32)), sv)
+                sv = K.Select(
+                    K.Bin("gt", _r("softcap", F32), _f(0.0)), K.Bin("mul", K.Un("tanh", K.Bin("div", sv, _r("softcap", F32))), _r("softcap", F32)), sv
+                )
             vis = K.Bin("and", K.Bin("ge", key, _r(f"lo{half}")), K.Bin("lt", key, _r(f"hi{half}")))
             tile.append(K.Assign(f"s{nt}_{e}", K.Select(vis, sv, _f(_NEG))))
     # online softmax: each row's max over its four lanes; corrections; p
@@ -248,10 +307,12 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
         tile.append(K.Let(f"mx{half}", mx))
         for lane in (1, 2):
             tile.append(K.Assign(f"mx{half}", _fmax(_r(f"mx{half}", F32), K.SubgroupShuffle(_r(f"mx{half}", F32), _c(lane), xor=True))))
-        tile += [K.Let(f"mn{half}", _fmax(_r(f"rm{half}", F32), _r(f"mx{half}", F32))),
-                 K.Let(f"cr{half}", K.Un("exp", K.Bin("sub", _r(f"rm{half}", F32), _r(f"mn{half}", F32)))),
-                 K.Assign(f"rm{half}", _r(f"mn{half}", F32)),
-                 K.Assign(f"rl{half}", K.Bin("mul", _r(f"rl{half}", F32), _r(f"cr{half}", F32)))]
+        tile += [
+            K.Let(f"mn{half}", _fmax(_r(f"rm{half}", F32), _r(f"mx{half}", F32))),
+            K.Let(f"cr{half}", K.Un("exp", K.Bin("sub", _r(f"rm{half}", F32), _r(f"mn{half}", F32)))),
+            K.Assign(f"rm{half}", _r(f"mn{half}", F32)),
+            K.Assign(f"rl{half}", K.Bin("mul", _r(f"rl{half}", F32), _r(f"cr{half}", F32))),
+        ]
         for nt in range(_KT // 8):
             for e in es:
                 p = K.Select(K.Bin("gt", _r(f"s{nt}_{e}", F32), _f(-1.0e38)), K.Un("exp", K.Bin("sub", _r(f"s{nt}_{e}", F32), _r(f"mn{half}", F32))), _f(0.0))
@@ -268,8 +329,10 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
                 tile.append(K.Let(f"ph{ks2}_{q}", K.PackBf16x2(_r(f"s{nt}_{e0}", F32), _r(f"s{nt}_{e1}", F32))))
                 continue
             tile += _split(_r(f"s{nt}_{e0}", F32), f"p{ks2}_{q}x") + _split(_r(f"s{nt}_{e1}", F32), f"p{ks2}_{q}y")
-            tile += [K.Let(f"ph{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xh"), _r(f"p{ks2}_{q}yh"))),
-                     K.Let(f"pl{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xl"), _r(f"p{ks2}_{q}yl")))]
+            tile += [
+                K.Let(f"ph{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xh"), _r(f"p{ks2}_{q}yh"))),
+                K.Let(f"pl{ks2}_{q}", _pair(_r(f"p{ks2}_{q}xl"), _r(f"p{ks2}_{q}yl"))),
+            ]
         ph = tuple(_r(f"ph{ks2}_{q}") for q in range(4))
         pl = tuple(_r(f"pl{ks2}_{q}") for q in range(4)) if split else ()
         for j in range(dtiles):
@@ -299,19 +362,36 @@ def attention_mma(d: int = 128, causal: bool = True, split: bool = True, block: 
             stores.append(K.VecStore("out", at, tuple(K.Bin("mul", _r(f"o{j}_{e}", F32), _r(f"inv{half}", F32)) for e in es)))
         run.append(K.If(K.Bin("and", _r(f"in{half}", dt.boolean), K.Bin("lt", _add(_r("tb"), _r(f"row{half}")), _r("ntok"))), tuple(stores)))
     run.append(K.Barrier())  # every warp has read rdone for this sequence
-    run.append(K.If(K.Bin("lt", _r("tid"), _c(MMA_QROWS)), (
-        K.If(K.Bin("eq", K.Load("rseq", _r("tid"), I32), _r("s")), (K.Store("rdone", _r("tid"), _c(1)),)),)))
+    run.append(
+        K.If(K.Bin("lt", _r("tid"), _c(MMA_QROWS)), (K.If(K.Bin("eq", K.Load("rseq", _r("tid"), I32), _r("s")), (K.Store("rdone", _r("tid"), _c(1)),)),))
+    )
     seq.append(K.If(K.Bin("ge", _r("s"), _c(0)), tuple(run)))
     seq.append(K.Barrier())
     body.append(K.For("sq", _c(0), _r("nseq"), tuple(seq)))
-    params = (K.Buffer("q", F32), K.Buffer("k_pool", pool), K.Buffer("v_pool", pool), K.Buffer("ks_pool", pool),
-              K.Buffer("positions", I32), K.Buffer("seq_ids", I32), K.Buffer("ctx_lens", I32), K.Buffer("block_tables", I32),
-              K.Buffer("out", F32, readonly=False),
-              *(K.ScalarParam(nm, I32) for nm in ("ntok", "hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
-              K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
+    params = (
+        K.Buffer("q", F32),
+        K.Buffer("k_pool", pool),
+        K.Buffer("v_pool", pool),
+        K.Buffer("ks_pool", pool),
+        K.Buffer("positions", I32),
+        K.Buffer("seq_ids", I32),
+        K.Buffer("ctx_lens", I32),
+        K.Buffer("block_tables", I32),
+        K.Buffer("out", F32, readonly=False),
+        *(K.ScalarParam(nm, I32) for nm in ("ntok", "hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
+        K.ScalarParam("scale", F32),
+        K.ScalarParam("window", I32),
+        K.ScalarParam("softcap", F32),
+    )
     planes = ("hi", "lo")[:terms]
-    shared = (*(K.Shared(f"ks_{p}", I32, _KT * kstride) for p in planes), *(K.Shared(f"vt_{p}", I32, d * vstride) for p in planes),
-              K.Shared("rseq", I32, MMA_QROWS), K.Shared("rpos", I32, MMA_QROWS), K.Shared("rdone", I32, MMA_QROWS), K.Shared("sinfo", I32, 8))
+    shared = (
+        *(K.Shared(f"ks_{p}", I32, _KT * kstride) for p in planes),
+        *(K.Shared(f"vt_{p}", I32, d * vstride) for p in planes),
+        K.Shared("rseq", I32, MMA_QROWS),
+        K.Shared("rpos", I32, MMA_QROWS),
+        K.Shared("rdone", I32, MMA_QROWS),
+        K.Shared("sinfo", I32, 8),
+    )
     tag = ("" if split else "_bf16") + (f"_BS{block}" if block else "") + ("" if softcap else "_nocap") + ("_PTf16" if pt == "f16" else "")
     kern = K.Kernel(f"attention_mma_D{d}{'_causal' if causal else ''}{tag}", params, tuple(body), (128, 1, 1), shared)
     verify_kernel(kern)
@@ -323,8 +403,7 @@ DECODE_WARPS = 16  # warps a decode attention workgroup: 64 positions a step
 
 
 @lru_cache(maxsize=None)
-def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32", warps: int = 0, q8: bool = False,
-                     softcap: bool = True) -> K.Kernel:
+def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str = "f32", warps: int = 0, q8: bool = False, softcap: bool = True) -> K.Kernel:
     """Decode attention with a warp per position: out[t, h, :] = softmax(scale * q.k) v over token t's
     visible context, the parameters of ``attention.attention`` (``splits`` > 1: this workgroup's share
     of the context, partial results for ``attention.attention_merge``). ``warps`` warps (default
@@ -350,19 +429,26 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
     pool = _pool_dtype("attention_decode", pt)
     e, un, warps = d // 32, DECODE_UNROLL, warps or DECODE_WARPS
     body: list[K.Stmt] = [
-        K.Let("t", K.Builtin("group_id", 0)), K.Let("h", K.Builtin("group_id", 1)), K.Let("split", K.Builtin("group_id", 2)),
-        K.Let("tid", K.Builtin("thread_id", 0)), K.Let("lane", _b("rem", _r("tid"), 32)), K.Let("warp", _b("div", _r("tid"), 32)),
+        K.Let("t", K.Builtin("group_id", 0)),
+        K.Let("h", K.Builtin("group_id", 1)),
+        K.Let("split", K.Builtin("group_id", 2)),
+        K.Let("tid", K.Builtin("thread_id", 0)),
+        K.Let("lane", _b("rem", _r("tid"), 32)),
+        K.Let("warp", _b("div", _r("tid"), 32)),
         K.Let("kvh", _b("div", _r("h"), _b("div", _r("hq"), _r("hkv")))),
-        K.Let("s", K.Load("seq_ids", _r("t"), I32)), K.Let("pos", K.Load("positions", _r("t"), I32)),
+        K.Let("s", K.Load("seq_ids", _r("t"), I32)),
+        K.Let("pos", K.Load("positions", _r("t"), I32)),
         K.Let("wend", K.Bin("min", K.Load("ctx_lens", _r("s"), I32), _add(_r("pos"), 1)) if causal else K.Load("ctx_lens", _r("s"), I32)),
         K.Let("wstart", K.Select(K.Bin("gt", _r("window"), _c(0)), K.Bin("max", _c(0), _add(_b("sub", _r("pos"), _r("window")), 1)), _c(0))),
     ]
     if splits > 1:  # this workgroup's share, in runs of 32 positions
-        body += [K.Let("runs", _b("div", _add(_b("sub", _r("wend"), _r("wstart")), 31), 32)),
-                 K.Let("per", _b("div", _add(_r("runs"), splits - 1), splits)),
-                 K.Let("s0", _add(_r("wstart"), _mul(_mul(_r("split"), _r("per")), 32))),
-                 K.Assign("wend", K.Bin("min", _r("wend"), _add(_r("s0"), _mul(_r("per"), 32)))),
-                 K.Assign("wstart", _r("s0"))]
+        body += [
+            K.Let("runs", _b("div", _add(_b("sub", _r("wend"), _r("wstart")), 31), 32)),
+            K.Let("per", _b("div", _add(_r("runs"), splits - 1), splits)),
+            K.Let("s0", _add(_r("wstart"), _mul(_mul(_r("split"), _r("per")), 32))),
+            K.Assign("wend", K.Bin("min", _r("wend"), _add(_r("s0"), _mul(_r("per"), 32)))),
+            K.Assign("wstart", _r("s0")),
+        ]
 
     def block(j: K.Expr) -> K.Expr:  # the pool block of position j (clamped into the context)
         return K.Load("block_tables", _add(_mul(_r("s"), _r("mb")), _b("div", K.Bin("max", K.Bin("min", j, _b("sub", _r("wend"), 1)), _c(0)), _r("bs"))), I32)
@@ -379,11 +465,13 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
         out: list[K.Stmt] = []
         for u in range(un):
             j = _add(jb, _r("warp"), warps * u)
-            out += [K.Let(f"jc{u}{sfx}", K.Bin("max", K.Bin("min", j, _b("sub", _r("wend"), 1)), _c(0))),
-                    K.Let(f"sl{u}{sfx}", _add(_mul(_r(f"bt{u}") if first else block(j), _r("bs")), _b("rem", _r(f"jc{u}{sfx}"), _r("bs")))),
-                    K.Let(f"row{u}{sfx}", _add(_mul(_add(_mul(_r(f"sl{u}{sfx}"), _r("hkv")), _r("kvh")), d), _mul(_r("lane"), e))),
-                    *_pool_load(tuple(f"k{u}_{i}{sfx}" for i in range(e)), "k_pool", _r(f"row{u}{sfx}"), pool),
-                    *_pool_load(tuple(f"v{u}_{i}{sfx}" for i in range(e)), "v_pool", _r(f"row{u}{sfx}"), pool)]
+            out += [
+                K.Let(f"jc{u}{sfx}", K.Bin("max", K.Bin("min", j, _b("sub", _r("wend"), 1)), _c(0))),
+                K.Let(f"sl{u}{sfx}", _add(_mul(_r(f"bt{u}") if first else block(j), _r("bs")), _b("rem", _r(f"jc{u}{sfx}"), _r("bs")))),
+                K.Let(f"row{u}{sfx}", _add(_mul(_add(_mul(_r(f"sl{u}{sfx}"), _r("hkv")), _r("kvh")), d), _mul(_r("lane"), e))),
+                *_pool_load(tuple(f"k{u}_{i}{sfx}" for i in range(e)), "k_pool", _r(f"row{u}{sfx}"), pool),
+                *_pool_load(tuple(f"v{u}_{i}{sfx}" for i in range(e)), "v_pool", _r(f"row{u}{sfx}"), pool),
+            ]
         return out
 
     kv = [f"{t}{u}_{i}" for u in range(un) for t in "kv" for i in range(e)]
@@ -402,47 +490,81 @@ def attention_decode(d: int = 128, causal: bool = True, splits: int = 1, pt: str
     mx: K.Expr = _r("m", F32)
     for u in range(un):
         mx = _fmax(mx, _r(f"sc{u}", F32))
-    step += [K.Let("mn", mx), K.Let("corr", K.Un("exp", K.Bin("sub", _r("m", F32), _r("mn", F32)))), K.Assign("m", _r("mn", F32)),
-             K.Assign("l", K.Bin("mul", _r("l", F32), _r("corr", F32)))]
+    step += [
+        K.Let("mn", mx),
+        K.Let("corr", K.Un("exp", K.Bin("sub", _r("m", F32), _r("mn", F32)))),
+        K.Assign("m", _r("mn", F32)),
+        K.Assign("l", K.Bin("mul", _r("l", F32), _r("corr", F32))),
+    ]
     step += [K.Assign(f"acc{i}", K.Bin("mul", _r(f"acc{i}", F32), _r("corr", F32))) for i in range(e)]
     for u in range(un):
-        step += [K.Let(f"p{u}", K.Select(K.Bin("gt", _r(f"sc{u}", F32), _f(-1.0e38)), K.Un("exp", K.Bin("sub", _r(f"sc{u}", F32), _r("mn", F32))), _f(0.0))),
-                 K.Assign("l", K.Bin("add", _r("l", F32), _r(f"p{u}", F32)))]
+        step += [
+            K.Let(f"p{u}", K.Select(K.Bin("gt", _r(f"sc{u}", F32), _f(-1.0e38)), K.Un("exp", K.Bin("sub", _r(f"sc{u}", F32), _r("mn", F32))), _f(0.0))),
+            K.Assign("l", K.Bin("add", _r("l", F32), _r(f"p{u}", F32))),
+        ]
         step += [K.Assign(f"acc{i}", K.Bin("add", _r(f"acc{i}", F32), K.Bin("mul", _r(f"p{u}", F32), _r(f"v{u}_{i}", F32)))) for i in range(e)]
     step += [K.Assign(nm, _r(f"{nm}_n", F32)) for nm in kv]
     body.append(K.For("jb", _r("wstart"), _r("wend"), tuple(step), step=warps * un))
     # the warps' results combined: out = sum_w acc_w e^(m_w - M) / sum_w l_w e^(m_w - M)
-    body += [K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("wm", _r("warp"), _r("m", F32)), K.Store("wl", _r("warp"), _r("l", F32)))),
-             K.VecStore("wacc", _add(_mul(_r("warp"), d), _mul(_r("lane"), e)), tuple(_r(f"acc{i}", F32) for i in range(e))),
-             K.Barrier()]
+    body += [
+        K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("wm", _r("warp"), _r("m", F32)), K.Store("wl", _r("warp"), _r("l", F32)))),
+        K.VecStore("wacc", _add(_mul(_r("warp"), d), _mul(_r("lane"), e)), tuple(_r(f"acc{i}", F32) for i in range(e))),
+        K.Barrier(),
+    ]
     wms: list[K.Expr] = [K.Load("wm", _c(w), F32) for w in range(warps)]
     while len(wms) > 1:  # the largest of the warps' maxima, as a tree
         wms = [_fmax(wms[i], wms[i + 1]) for i in range(0, len(wms), 2)]
     fin: list[K.Stmt] = [K.Let("mm", wms[0]), K.Let("ll", _f(0.0)), K.Let("aa", _f(0.0))]
     for w in range(warps):
-        fin += [K.Let(f"f{w}", K.Un("exp", K.Bin("sub", K.Load("wm", _c(w), F32), _r("mm", F32)))),
-                K.Assign("ll", K.Bin("add", _r("ll", F32), K.Bin("mul", K.Load("wl", _c(w), F32), _r(f"f{w}", F32)))),
-                K.Assign("aa", K.Bin("add", _r("aa", F32), K.Bin("mul", K.Load("wacc", _add(_c(w * d), _r("tid")), F32), _r(f"f{w}", F32))))]
+        fin += [
+            K.Let(f"f{w}", K.Un("exp", K.Bin("sub", K.Load("wm", _c(w), F32), _r("mm", F32)))),
+            K.Assign("ll", K.Bin("add", _r("ll", F32), K.Bin("mul", K.Load("wl", _c(w), F32), _r(f"f{w}", F32)))),
+            K.Assign("aa", K.Bin("add", _r("aa", F32), K.Bin("mul", K.Load("wacc", _add(_c(w * d), _r("tid")), F32), _r(f"f{w}", F32)))),
+        ]
     row = _add(_mul(_r("t"), _r("hq")), _r("h"))
     if splits > 1:
         part = _add(_mul(row, splits), _r("split"))
-        fin += [K.Store("out", _add(_mul(part, d), _r("tid")), _r("aa", F32)),
-                K.If(K.Bin("eq", _r("tid"), _c(0)), (K.Store("part_m", part, _r("mm", F32)), K.Store("part_l", part, _r("ll", F32))))]
+        fin += [
+            K.Store("out", _add(_mul(part, d), _r("tid")), _r("aa", F32)),
+            K.If(K.Bin("eq", _r("tid"), _c(0)), (K.Store("part_m", part, _r("mm", F32)), K.Store("part_l", part, _r("ll", F32)))),
+        ]
     else:
-        fin += [K.Let("o", K.Select(K.Bin("gt", _r("ll", F32), _f(0.0)), K.Bin("div", _r("aa", F32), _r("ll", F32)), _f(0.0))),
-                K.Store("out", _add(_mul(row, d), _r("tid")), _r("o", F32))]
+        fin += [
+            K.Let("o", K.Select(K.Bin("gt", _r("ll", F32), _f(0.0)), K.Bin("div", _r("aa", F32), _r("ll", F32)), _f(0.0))),
+            K.Store("out", _add(_mul(row, d), _r("tid")), _r("o", F32)),
+        ]
         if q8:  # d is a multiple of 32: whole warps, each a block
             fin += q8_quantize_lane(_r("o", F32), _b("div", _add(_mul(row, d), _r("tid")), 4), _r("lane"))
     body.append(K.If(K.Bin("lt", _r("tid"), _c(d)), tuple(fin)))
-    params = (K.Buffer("q", F32), K.Buffer("k_pool", pool), K.Buffer("v_pool", pool), K.Buffer("ks_pool", pool),
-              K.Buffer("positions", I32), K.Buffer("seq_ids", I32), K.Buffer("ctx_lens", I32), K.Buffer("block_tables", I32),
-              K.Buffer("out", F32, readonly=False), K.Buffer("part_m", F32, readonly=False), K.Buffer("part_l", F32, readonly=False),
-              *((K.Buffer("xq", I32, readonly=False), K.Buffer("xr", I32, readonly=False), K.Buffer("xds", F32, readonly=False)) if q8 else ()),
-              *(K.ScalarParam(nm, I32) for nm in ("hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
-              K.ScalarParam("scale", F32), K.ScalarParam("window", I32), K.ScalarParam("softcap", F32))
+    params = (
+        K.Buffer("q", F32),
+        K.Buffer("k_pool", pool),
+        K.Buffer("v_pool", pool),
+        K.Buffer("ks_pool", pool),
+        K.Buffer("positions", I32),
+        K.Buffer("seq_ids", I32),
+        K.Buffer("ctx_lens", I32),
+        K.Buffer("block_tables", I32),
+        K.Buffer("out", F32, readonly=False),
+        K.Buffer("part_m", F32, readonly=False),
+        K.Buffer("part_l", F32, readonly=False),
+        *((K.Buffer("xq", I32, readonly=False), K.Buffer("xr", I32, readonly=False), K.Buffer("xds", F32, readonly=False)) if q8 else ()),
+        *(K.ScalarParam(nm, I32) for nm in ("hq", "hkv", "dk", "dv", "dr", "bs", "mb")),
+        K.ScalarParam("scale", F32),
+        K.ScalarParam("window", I32),
+        K.ScalarParam("softcap", F32),
+    )
     shared = (K.Shared("wm", F32, warps), K.Shared("wl", F32, warps), K.Shared("wacc", F32, warps * d))
-    kern = K.Kernel(f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}" + ("" if warps == DECODE_WARPS else f"_W{warps}")
-                    + ("" if softcap else "_nocap") + ("_PTf16" if pt == "f16" else "") + ("_Q8" if q8 else ""), params, tuple(body),
-                    (32 * warps, 1, 1), shared)
+    kern = K.Kernel(
+        f"attention_decode_D{d}{'_causal' if causal else ''}_S{splits}"
+        + ("" if warps == DECODE_WARPS else f"_W{warps}")
+        + ("" if softcap else "_nocap")
+        + ("_PTf16" if pt == "f16" else "")
+        + ("_Q8" if q8 else ""),
+        params,
+        tuple(body),
+        (32 * warps, 1, 1),
+        shared,
+    )
     verify_kernel(kern)
     return kern

@@ -15,10 +15,38 @@ from ..verify import verify_kernel
 __all__ = ["fuse_elementwise", "MAX_RANK"]
 
 MAX_RANK = 4
-_UN = {"neg": "neg", "abs": "abs", "exp": "exp", "log": "log", "sqrt": "sqrt", "rsqrt": "rsqrt", "recip": "recip", "sin": "sin",
-       "cos": "cos", "tanh": "tanh", "erf": "erf", "floor": "floor", "logical_not": "not"}
-_BIN = {"add": "add", "sub": "sub", "mul": "mul", "div": "div", "pow": "pow", "maximum": "max", "minimum": "min",
-        "lt": "lt", "le": "le", "gt": "gt", "ge": "ge", "eq": "eq", "ne": "ne", "logical_and": "and", "logical_or": "or"}
+_UN = {
+    "neg": "neg",
+    "abs": "abs",
+    "exp": "exp",
+    "log": "log",
+    "sqrt": "sqrt",
+    "rsqrt": "rsqrt",
+    "recip": "recip",
+    "sin": "sin",
+    "cos": "cos",
+    "tanh": "tanh",
+    "erf": "erf",
+    "floor": "floor",
+    "logical_not": "not",
+}
+_BIN = {
+    "add": "add",
+    "sub": "sub",
+    "mul": "mul",
+    "div": "div",
+    "pow": "pow",
+    "maximum": "max",
+    "minimum": "min",
+    "lt": "lt",
+    "le": "le",
+    "gt": "gt",
+    "ge": "ge",
+    "eq": "eq",
+    "ne": "ne",
+    "logical_and": "and",
+    "logical_or": "or",
+}
 
 
 def _compute(t: dt.DType) -> dt.DType:
@@ -33,8 +61,9 @@ def _key(v: Value) -> tuple[int, int]:
     return (v.node.id, v.index)
 
 
-def fuse_elementwise(name: str, nodes: Sequence[Node], inputs: Sequence[Value], output: Value, block: int = 256,
-                     stored: Sequence[dt.DType] | None = None) -> K.Kernel:
+def fuse_elementwise(
+    name: str, nodes: Sequence[Node], inputs: Sequence[Value], output: Value, block: int = 256, stored: Sequence[dt.DType] | None = None
+) -> K.Kernel:
     """A kernel computing ``output`` from ``inputs`` through ``nodes`` (elementwise ops, in order).
 
     Buffers: ``in0..`` then ``out``; scalars: ``n`` (elements), ``d0..d3`` (output dims, outermost

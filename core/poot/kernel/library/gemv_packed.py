@@ -19,9 +19,11 @@ __all__ = ["gemv_warp_packed", "gemv_warp_q6_k"]
 def _subgroup_features(lanes: int, warps: int, mr: int) -> list[K.Stmt]:
     """A subgroup-a-feature GEMV's first locals: ``lane``, its feature ``jf`` (``warps`` a
     workgroup) and ``m0``, the first of its workgroup's ``mr`` rows of x."""
-    return [K.Let("lane", _b("rem", K.Builtin("thread_id", 0), lanes)),
-            K.Let("jf", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), lanes))),
-            K.Let("m0", _mul(K.Builtin("group_id", 1), mr))]
+    return [
+        K.Let("lane", _b("rem", K.Builtin("thread_id", 0), lanes)),
+        K.Let("jf", _add(_mul(K.Builtin("group_id", 0), warps), _b("div", K.Builtin("thread_id", 0), lanes))),
+        K.Let("m0", _mul(K.Builtin("group_id", 1), mr)),
+    ]
 
 
 def _subgroup_stores(mr: int) -> list[K.Stmt]:
@@ -56,8 +58,11 @@ def gemv_warp_packed(qtype: str, k: int, mr: int, lanes: int = 32) -> K.Kernel:
     body = _subgroup_features(lanes, threads // lanes, mr)
     for r in range(mr):
         body.append(K.Let(f"xr{r}", _mul(K.Bin("min", _add(_r("m0"), r), _b("sub", _r("m"), 1)), k)))
-    step: list[K.Stmt] = [K.Let("v0", _add(_mul(_r("it"), width), _mul(_r("lane"), 8))),
-                          K.Let("blk", _add(_r("row"), _mul(_b("div", _r("v0"), bs), bb))), K.Let("jj", _b("rem", _r("v0"), bs))]
+    step: list[K.Stmt] = [
+        K.Let("v0", _add(_mul(_r("it"), width), _mul(_r("lane"), 8))),
+        K.Let("blk", _add(_r("row"), _mul(_b("div", _r("v0"), bs), bb))),
+        K.Let("jj", _b("rem", _r("v0"), bs)),
+    ]
     step += [K.Let(f"w{e}", dequant_in_block(qtype, "w", _r("blk"), _add(_r("jj"), e))) for e in range(8)]
     for r in range(mr):
         xi = _add(_r(f"xr{r}"), _r("v0"))
@@ -68,12 +73,22 @@ def gemv_warp_packed(qtype: str, k: int, mr: int, lanes: int = 32) -> K.Kernel:
         step.append(K.Assign(f"acc{r}", acc))
     if k % width:  # the last step's lanes past K add nothing
         step = [K.If(K.Bin("lt", _add(_mul(_r("it"), width), _mul(_r("lane"), 8)), _c(k)), tuple(step))]
-    feature: list[K.Stmt] = [K.Let("row", _mul(_r("jf"), _r("row_bytes"))), *(K.Let(f"acc{r}", _f(0.0)) for r in range(mr)),
-                             K.For("it", _c(0), _c(-(-k // width)), tuple(step))]
+    feature: list[K.Stmt] = [
+        K.Let("row", _mul(_r("jf"), _r("row_bytes"))),
+        *(K.Let(f"acc{r}", _f(0.0)) for r in range(mr)),
+        K.For("it", _c(0), _c(-(-k // width)), tuple(step)),
+    ]
     feature += _subgroup_stores(mr)
     body.append(K.If(K.Bin("lt", _r("jf"), _r("n")), tuple(feature)))
-    params = (K.Buffer("x", F32), K.Buffer("w", dt.u8), K.Buffer("lut", F32), K.Buffer("y", F32, readonly=False),
-              K.ScalarParam("m", I32), K.ScalarParam("n", I32), K.ScalarParam("row_bytes", I32))
+    params = (
+        K.Buffer("x", F32),
+        K.Buffer("w", dt.u8),
+        K.Buffer("lut", F32),
+        K.Buffer("y", F32, readonly=False),
+        K.ScalarParam("m", I32),
+        K.ScalarParam("n", I32),
+        K.ScalarParam("row_bytes", I32),
+    )
     kern = K.Kernel(f"gemv_warp_packed_{qtype}_K{k}_MR{mr}" + (f"_L{lanes}" if lanes != 32 else ""), params, tuple(body), (threads, 1, 1), ())
     verify_kernel(kern)
     return kern
@@ -90,7 +105,9 @@ def _q6_k_unit(mr: int) -> list[K.Stmt]:
     scale (value j's is byte j / 16) and x's per-32 d. A block is 210 bytes, so an odd block's
     words straddle two (rows of an even number of blocks start 4-byte aligned)."""
     out: list[K.Stmt] = [
-        K.Let("blk", _b("div", _r("u"), 16)), K.Let("hn", _b("rem", _b("div", _r("u"), 8), 2)), K.Let("qw", _b("rem", _r("u"), 8)),
+        K.Let("blk", _b("div", _r("u"), 16)),
+        K.Let("hn", _b("rem", _b("div", _r("u"), 8), 2)),
+        K.Let("qw", _b("rem", _r("u"), 8)),
         K.Let("ob", _add(_r("rowb"), _mul(_r("blk"), 210))),
         K.Let("oshift", _mul(_b("and", _r("ob"), 2), 8)),  # 16 for an odd block (2 bytes past a word), else 0
         K.Let("omask", K.Select(K.Bin("ne", _b("and", _r("ob"), 2), _c(0)), _c(-65536), _c(0))),
@@ -109,10 +126,12 @@ def _q6_k_unit(mr: int) -> list[K.Stmt]:
     dat = _add(_r("ob"), 208)  # d: an f16 in the half of its word that (ob + 208) & 2 says
     out.append(K.Let("dd", K.HalfToF32(_b("and", _b("shr", K.Load("w", _b("shr", dat, 2), I32), _mul(_b("and", dat, 2), 8)), 0xFFFF))))
     lo4, hi2 = 0x0F0F0F0F, 0x30303030
-    groups = [_b("or", _b("and", _r("qa"), lo4), _b("and", _b("shl", _r("qh"), 4), hi2)),
-              _b("or", _b("and", _r("qb"), lo4), _b("and", _b("shl", _r("qh"), 2), hi2)),
-              _b("or", _b("and", _b("shr", _r("qa"), 4), lo4), _b("and", _r("qh"), hi2)),
-              _b("or", _b("and", _b("shr", _r("qb"), 4), lo4), _b("and", _b("shr", _r("qh"), 2), hi2))]
+    groups = [
+        _b("or", _b("and", _r("qa"), lo4), _b("and", _b("shl", _r("qh"), 4), hi2)),
+        _b("or", _b("and", _r("qb"), lo4), _b("and", _b("shl", _r("qh"), 2), hi2)),
+        _b("or", _b("and", _b("shr", _r("qa"), 4), lo4), _b("and", _r("qh"), hi2)),
+        _b("or", _b("and", _b("shr", _r("qb"), 4), lo4), _b("and", _b("shr", _r("qh"), 2), hi2)),
+    ]
     for g in range(4):
         # q - 32 in each byte without borrows: (q | 0x80) - 0x20 stays in its byte, ^ 0x80 makes it q - 32
         out.append(K.Let(f"qs{g}", _b("xor", _b("sub", _b("or", groups[g], _c(0x80808080 - (1 << 32))), 0x20202020), _c(0x80808080 - (1 << 32)))))
@@ -153,8 +172,14 @@ def gemv_warp_q6_k(k: int, mr: int, lanes: int = 32) -> K.Kernel:
     feature += _subgroup_stores(mr)
     body.append(K.If(K.Bin("lt", _r("jf"), _r("n")), tuple(feature)))
     shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
-    params = (K.Buffer("x", F32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32),
-              K.ScalarParam("row_bytes", I32))
+    params = (
+        K.Buffer("x", F32),
+        K.Buffer("w", I32),
+        K.Buffer("y", F32, readonly=False),
+        K.ScalarParam("m", I32),
+        K.ScalarParam("n", I32),
+        K.ScalarParam("row_bytes", I32),
+    )
     kern = K.Kernel(f"gemv_warp_q6_k_K{k}_MR{mr}" + (f"_L{lanes}" if lanes != 32 else ""), params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern

@@ -42,8 +42,20 @@ def gemv_packed(x: In[f32], w: In[u8], lut: In[f32], y: Out[f32], n: i32, k: i32
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def gemv_blocks(x: In[f32], w: In[u8], lut: In[f32], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1",
-                BS: Const = 32, BB: Const = 20, ROWS: Const = 4, BLOCK: Const = 64):
+def gemv_blocks(
+    x: In[f32],
+    w: In[u8],
+    lut: In[f32],
+    y: Out[f32],
+    n: i32,
+    k: i32,
+    row_bytes: i32,
+    QTYPE: Const = "q4_1",
+    BS: Const = 32,
+    BB: Const = 20,
+    ROWS: Const = 4,
+    BLOCK: Const = 64,
+):
     """GEMV by whole quant blocks: each thread takes blocks of ROWS output features, so a block's
     scales are decoded once and x is read once per block for all ROWS rows; grid (ceil(n/ROWS), m)."""
     j0 = group_id(0) * ROWS

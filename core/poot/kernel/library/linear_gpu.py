@@ -23,7 +23,18 @@ from ._kir import F32, I32, _add, _b, _c, _f, _fma, _hi16, _lo16, _mul, _r, _sil
 from .gemv_packed import gemv_warp_packed, gemv_warp_q6_k
 from .q8x import Q8_SPLIT, Q8_THREADS, _quantize_x_q8, _stage_x_q8, q8_quantize_lane, q8_shared_words, quantize_q8x2
 
-__all__ = ["gemv_warp", "gemv_warp_packed", "gemv_warp_q6_k", "quantize_q8x2", "q4_k_lane_scales", "q4_k_bf16_pairs", "GEMV_TYPES", "Q4_K_WARPS", "Q8_THREADS", "q8_shared_words"]
+__all__ = [
+    "gemv_warp",
+    "gemv_warp_packed",
+    "gemv_warp_q6_k",
+    "quantize_q8x2",
+    "q4_k_lane_scales",
+    "q4_k_bf16_pairs",
+    "GEMV_TYPES",
+    "Q4_K_WARPS",
+    "Q8_THREADS",
+    "q8_shared_words",
+]
 
 GEMV_TYPES = ("bf16", "q4_k")
 
@@ -43,8 +54,10 @@ def _bf16_rows(weights: list[str], k: int, mr: int) -> tuple[list[K.Stmt], int]:
     for u in range(un):
         for r in range(mr):
             xi = _add(_r(f"xr{r}"), _r(f"kb{u}"))
-            inner += [K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4)), "x", xi, F32),
-                      K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4, 8)), "x", _add(xi, 4), F32)]
+            inner += [
+                K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4)), "x", xi, F32),
+                K.VecLoad(tuple(f"x{u}_{r}_{i}" for i in range(4, 8)), "x", _add(xi, 4), F32),
+            ]
             for wb in weights:
                 acc: K.Expr = _r(f"{wb}acc{r}", F32)
                 for q in range(4):
@@ -64,8 +77,10 @@ def q4_k_lane_scales(p: str, u: int | str) -> list[K.Stmt]:
     high nibbles. ggml's get_scale_min_k4 for both sub-blocks at once, as 16-bit pairs (the bytes
     2c, 2c + 1 of the scales and of the mins): halfwords of the three scale words at the lane's
     fixed shift ``sh``, the branch on c < 2 a lane-constant select."""
-    out: list[K.Stmt] = [K.Let(f"{p}d{u}", K.HalfToF32(_b("and", _r(f"{p}dm{u}"), 0xFFFF))),
-                         K.Let(f"{p}dmin{u}", K.HalfToF32(_b("and", _b("shr", _r(f"{p}dm{u}"), 16), 0xFFFF)))]
+    out: list[K.Stmt] = [
+        K.Let(f"{p}d{u}", K.HalfToF32(_b("and", _r(f"{p}dm{u}"), 0xFFFF))),
+        K.Let(f"{p}dmin{u}", K.HalfToF32(_b("and", _b("shr", _r(f"{p}dm{u}"), 16), 0xFFFF))),
+    ]
     a0, a1, a2 = (_b("shr", _r(f"{p}s{i}{u}"), _r("sh")) for i in range(3))
     small = K.Bin("lt", _r("c"), _c(2))
     scp = K.Select(small, _b("and", a0, 0x3F3F), _b("or", _b("and", a2, 0x0F0F), _b("shr", _b("and", a0, 0xC0C0), 2)))
@@ -74,8 +89,10 @@ def q4_k_lane_scales(p: str, u: int | str) -> list[K.Stmt]:
     for part, shift in (("l", 0), ("h", 8)):
         sc = _b("and", _b("shr", _r(f"{p}scp{u}"), shift), 255)
         mn = _b("and", _b("shr", _r(f"{p}mnp{u}"), shift), 255)
-        out += [K.Let(f"{p}sc{part}{u}", K.Bin("mul", _r(f"{p}d{u}", F32), K.Cast(sc, F32))),
-                K.Let(f"{p}mn{part}{u}", K.Bin("mul", _r(f"{p}dmin{u}", F32), K.Cast(mn, F32)))]
+        out += [
+            K.Let(f"{p}sc{part}{u}", K.Bin("mul", _r(f"{p}d{u}", F32), K.Cast(sc, F32))),
+            K.Let(f"{p}mn{part}{u}", K.Bin("mul", _r(f"{p}dmin{u}", F32), K.Cast(mn, F32))),
+        ]
     return out
 
 
@@ -84,8 +101,12 @@ def q4_k_bf16_pairs(p: str, part: str, words: list[str], shift: int) -> list[K.E
     ``words``, in order, each ``{p}sc{part} q - {p}mn{part}`` (``q4_k_lane_scales``) as ggml's
     dequantization computes it in f32, as words of two bf16 values (nearest even, the first value
     in the low half): the weights the tensor-core GEMMs take for a Q4_K matrix."""
-    vals = [K.Bin("sub", K.Bin("mul", _r(f"{p}sc{part}", F32), K.Cast(_b("and", _b("shr", _r(words[b // 4]), 8 * (b % 4) + shift), 15), F32)),
-                  _r(f"{p}mn{part}", F32)) for b in range(4 * len(words))]
+    vals = [
+        K.Bin(
+            "sub", K.Bin("mul", _r(f"{p}sc{part}", F32), K.Cast(_b("and", _b("shr", _r(words[b // 4]), 8 * (b % 4) + shift), 15), F32)), _r(f"{p}mn{part}", F32)
+        )
+        for b in range(4 * len(words))
+    ]
     return [K.PackBf16x2(vals[2 * q], vals[2 * q + 1]) for q in range(len(vals) // 2)]
 
 
@@ -122,8 +143,17 @@ def _landed_word(it: K.Expr, pi: int, u: int, h: int, lay: tuple[int, int, int])
     return blk if h == 2 else _add(blk, 4 + 4 * h, _mul(_r("c"), 8))
 
 
-def _q4_k_weight_loads(weights: list[str], k: int, un: int, wide: bool, it: K.Expr, j: K.Expr, sfx: str = "",
-                       bufs: dict[str, str] | None = None, landed: tuple[int, int, int] | None = None) -> list[K.Stmt]:
+def _q4_k_weight_loads(
+    weights: list[str],
+    k: int,
+    un: int,
+    wide: bool,
+    it: K.Expr,
+    j: K.Expr,
+    sfx: str = "",
+    bufs: dict[str, str] | None = None,
+    landed: tuple[int, int, int] | None = None,
+) -> list[K.Stmt]:
     """A Q4_K warp GEMV lane's weight words of step ``it`` of rows ``j``: each of its ``un`` blocks'
     quant words (16 or, ``wide``, 32 bytes) and 16-byte head (d, dmin, scales), as locals
     ``{weight}q{u}_{i}`` and ``{weight}dm{u}``, ``{weight}s0{u}``.. suffixed ``sfx``, read from the
@@ -138,8 +168,9 @@ def _q4_k_weight_loads(weights: list[str], k: int, un: int, wide: bool, it: K.Ex
             if landed is not None:
                 for h in range(qw // 4):
                     loads.append(K.VecLoad(tuple(f"{p}q{u}_{4 * h + i}{sfx}" for i in range(4)), "wl", _landed_word(it, pi, u, h, landed), I32))
-                loads.append(K.VecLoad((f"{p}dm{u}{sfx}", f"{p}s0{u}{sfx}", f"{p}s1{u}{sfx}", f"{p}s2{u}{sfx}"), "wl",
-                                       _landed_word(it, pi, u, qw // 4, landed), I32))
+                loads.append(
+                    K.VecLoad((f"{p}dm{u}{sfx}", f"{p}s0{u}{sfx}", f"{p}s1{u}{sfx}", f"{p}s2{u}{sfx}"), "wl", _landed_word(it, pi, u, qw // 4, landed), I32)
+                )
                 continue
             buf = (bufs or {}).get(p, p)
             base = _add(_mul(j, nb * 36), _mul(_r(f"blk{u}{sfx}"), 36))  # a block is 36 words: 16-byte aligned
@@ -151,8 +182,7 @@ def _q4_k_weight_loads(weights: list[str], k: int, un: int, wide: bool, it: K.Ex
     return loads
 
 
-def _q4_k_weight_copies(weights: list[str], k: int, un: int, j: K.Expr, lay: tuple[int, int, int],
-                        bufs: dict[str, str] | None = None) -> list[K.Stmt]:
+def _q4_k_weight_copies(weights: list[str], k: int, un: int, j: K.Expr, lay: tuple[int, int, int], bufs: dict[str, str] | None = None) -> list[K.Stmt]:
     """The blocks a wide warp reads in its first ``lay[2]`` steps of row ``j``, copied as they lie
     into its region of the workgroup array ``wl`` (``CopyAsync``: no registers), 16 bytes a lane a
     copy, consecutive lanes consecutive chunks: every byte is asked for once. Another lane reads a
@@ -175,13 +205,27 @@ def _q4_k_weight_copies(weights: list[str], k: int, un: int, j: K.Expr, lay: tup
 def _q4_k_weight_names(weights: list[str], un: int, wide: bool) -> list[str]:
     """The locals ``_q4_k_weight_loads`` declares for a step's weight words (unsuffixed)."""
     qw = 8 if wide else 4
-    return [f"{p}{nm}{u}{tail}" for u in range(un) for p in weights
-            for nm, tail in [*(("q", f"_{i}") for i in range(qw)), ("dm", ""), ("s0", ""), ("s1", ""), ("s2", "")]]
+    return [
+        f"{p}{nm}{u}{tail}"
+        for u in range(un)
+        for p in weights
+        for nm, tail in [*(("q", f"_{i}") for i in range(qw)), ("dm", ""), ("s0", ""), ("s1", ""), ("s2", "")]
+    ]
 
 
-def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide: bool, early: bool = False,
-               bufs: dict[str, str] | None = None, again: K.Expr | None = None, steps: int = 0,
-               landed: tuple[int, int, int] | None = None) -> list[K.Stmt]:
+def _q4_k_rows(
+    weights: list[str],
+    k: int,
+    mr: int,
+    un: int,
+    xglobal: bool,
+    wide: bool,
+    early: bool = False,
+    bufs: dict[str, str] | None = None,
+    again: K.Expr | None = None,
+    steps: int = 0,
+    landed: tuple[int, int, int] | None = None,
+) -> list[K.Stmt]:
     """The loop body of a Q4_K warp GEMV step ``it``: each lane's ``un`` blocks of each weight row
     ``j`` (``_q4_k_weight_loads``; ``bufs``: buffers named otherwise than the locals), every load
     issued before any sum, against x quantized to int8 (in workgroup memory, or with ``xglobal`` in
@@ -200,8 +244,10 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
     if steps:
         names = _q4_k_weight_names(weights, un, wide)
         ahead_ = _q4_k_weight_loads(weights, k, un, wide, _add(_r("it"), 1), _r("j"), "_t", bufs)
-        loads: list[K.Stmt] = [*(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)) for u in range(un)),
-                               K.If(K.Bin("lt", _add(_r("it"), 1), _c(steps)), (*ahead_, *(K.Assign(f"{nm}_n", _r(f"{nm}_t")) for nm in names)))]
+        loads: list[K.Stmt] = [
+            *(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)) for u in range(un)),
+            K.If(K.Bin("lt", _add(_r("it"), 1), _c(steps)), (*ahead_, *(K.Assign(f"{nm}_n", _r(f"{nm}_t")) for nm in names))),
+        ]
         tail = [K.Assign(nm, _r(f"{nm}_n")) for nm in names]
     elif early:
         names = _q4_k_weight_names(weights, un, wide)
@@ -209,8 +255,10 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
         load_now: K.Expr = K.Bin("gt", _r("it"), _c(0))
         if again is not None:
             load_now = K.Bin("or", load_now, again)
-        loads: list[K.Stmt] = [*(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)) for u in range(un)),
-                               K.If(load_now, (*later, *(K.Assign(nm, _r(f"{nm}_n")) for nm in names)))]
+        loads: list[K.Stmt] = [
+            *(K.Let(f"blk{u}", _q4_k_block(k, un, wide, _r("it"), u)) for u in range(un)),
+            K.If(load_now, (*later, *(K.Assign(nm, _r(f"{nm}_n")) for nm in names))),
+        ]
     else:
         loads = _q4_k_weight_loads(weights, k, un, wide, _r("it"), _r("j"), bufs=bufs, landed=landed)
     body: list[K.Stmt] = []
@@ -232,8 +280,10 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
                 hi_off = 32
             for t, arr in (("x", "xq"), ("y", "xr")):
                 for h, at in enumerate(lo_at):
-                    body += [K.VecLoad(tuple(f"{t}l{u}_{r}_{4 * h + i}" for i in range(4)), arr, at, I32),
-                             K.VecLoad(tuple(f"{t}h{u}_{r}_{4 * h + i}" for i in range(4)), arr, _add(at, hi_off), I32)]
+                    body += [
+                        K.VecLoad(tuple(f"{t}l{u}_{r}_{4 * h + i}" for i in range(4)), arr, at, I32),
+                        K.VecLoad(tuple(f"{t}h{u}_{r}_{4 * h + i}" for i in range(4)), arr, _add(at, hi_off), I32),
+                    ]
             sb = _add(_mul(xrow, nb32), _mul(_r(f"blk{u}"), 8), _mul(_r("c"), 2))  # (d, sum) of sub-blocks 2c, 2c + 1
             body.append(K.VecLoad((f"dl{u}_{r}", f"sl{u}_{r}", f"dh{u}_{r}", f"sh{u}_{r}"), "xds", _mul(sb, 2), F32))
         for p in weights:
@@ -254,8 +304,11 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
                 def both(i1: K.Expr, i2: K.Expr) -> K.Expr:  # q1 . n + (q2 . n) / Q8_SPLIT
                     return K.Bin("add", K.Cast(i1, F32), K.Bin("mul", K.Cast(i2, F32), _f(1.0 / Q8_SPLIT)))
 
-                dots = K.Bin("add", K.Bin("mul", _r(f"{p}scl{u}", F32), K.Bin("mul", _r(f"dl{u}_{r}", F32), both(il, jl))),
-                             K.Bin("mul", _r(f"{p}sch{u}", F32), K.Bin("mul", _r(f"dh{u}_{r}", F32), both(ih, jh))))
+                dots = K.Bin(
+                    "add",
+                    K.Bin("mul", _r(f"{p}scl{u}", F32), K.Bin("mul", _r(f"dl{u}_{r}", F32), both(il, jl))),
+                    K.Bin("mul", _r(f"{p}sch{u}", F32), K.Bin("mul", _r(f"dh{u}_{r}", F32), both(ih, jh))),
+                )
                 mins = K.Bin("add", K.Bin("mul", _r(f"{p}mnl{u}", F32), _r(f"sl{u}_{r}", F32)), K.Bin("mul", _r(f"{p}mnh{u}", F32), _r(f"sh{u}_{r}", F32)))
                 if not wide:
                     mins = K.Bin("mul", _f(0.5), mins)  # the two lanes of a sub-block pair each take half its sums' share
@@ -267,10 +320,30 @@ def _q4_k_rows(weights: list[str], k: int, mr: int, un: int, xglobal: bool, wide
 
 
 @lru_cache(maxsize=None)
-def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool = False, parts: tuple[int, ...] = (), unroll: int | None = None,
-              shared_sums: bool = False, xglobal: bool = False, per_warp: int = 1, wide: bool | None = None, prefetch: bool = False,
-              staged: bool = False, early: bool = False, q8: bool = False, ahead: bool = False, min_groups: int = 0,
-              pipelined: bool = False, norm_next: bool = False, unit_offset: bool = False, copied: int = 0, rms_in: int = 0) -> K.Kernel:
+def gemv_warp(
+    qtype: str,
+    k: int,
+    mr: int,
+    warps: int | None = None,
+    glu: bool = False,
+    parts: tuple[int, ...] = (),
+    unroll: int | None = None,
+    shared_sums: bool = False,
+    xglobal: bool = False,
+    per_warp: int = 1,
+    wide: bool | None = None,
+    prefetch: bool = False,
+    staged: bool = False,
+    early: bool = False,
+    q8: bool = False,
+    ahead: bool = False,
+    min_groups: int = 0,
+    pipelined: bool = False,
+    norm_next: bool = False,
+    unit_offset: bool = False,
+    copied: int = 0,
+    rms_in: int = 0,
+) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for up to ``mr`` rows of x per workgroup; grid
     (ceil(n / warps), ceil(m / mr)); ``warps`` is 8, or ``Q4_K_WARPS`` for Q4_K (whose workgroups
     quantize x first). Rows past ``m`` read row ``m - 1`` and are not stored. With ``xglobal`` (Q4_K) x comes already quantized, by
@@ -362,8 +435,10 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         raise ValueError("gemv_warp: y quantized by its workgroup needs one row of x, one product or a gated pair, and warps x per_warp = 32")
     steps = -(-(k // 256) // ((8 if wide else 4) * unroll))
     if copied and (qtype != "q4_k" or not wide or shared_sums or early or ahead or pipelined or not 0 < copied * 8 * unroll <= k // 256):
-        raise ValueError(f"gemv_warp: weights copied ahead are built for Q4_K, wide lanes summing by subgroups, not with early, ahead or "
-                         f"pipelined loads, for whole steps ({k // 256 // (8 * unroll)} here); got {copied}")
+        raise ValueError(
+            f"gemv_warp: weights copied ahead are built for Q4_K, wide lanes summing by subgroups, not with early, ahead or "
+            f"pipelined loads, for whole steps ({k // 256 // (8 * unroll)} here); got {copied}"
+        )
     if qtype == "q4_k":
         body += _q4_k_lane(wide)
     lay = (2 if glu else 1, unroll, copied)  # ``wl``'s layout (_landed_word)
@@ -380,9 +455,12 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         body += [K.CopyAsyncSync("commit"), K.AwaitPrior()]
     if early:
         ws = ["wg", "wu"] if glu else ["w"]
-        body += [K.Let("j0", K.Bin("min", _r("jg"), _b("sub", _r("n"), 1))),
-                 *_q4_k_weight_loads(ws, k, unroll, wide, _c(0), _r("j0"), "_e"),
-                 *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide)), K.AwaitPrior()]
+        body += [
+            K.Let("j0", K.Bin("min", _r("jg"), _b("sub", _r("n"), 1))),
+            *_q4_k_weight_loads(ws, k, unroll, wide, _c(0), _r("j0"), "_e"),
+            *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide)),
+            K.AwaitPrior(),
+        ]
     if ahead:  # the first feature's step 0 into the locals the loop's first step reads (``w`` for every part)
         first = _mul(_r("jg"), per_warp)
         body.append(K.AwaitPrior())
@@ -392,14 +470,23 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             off = 0
             for i, size in enumerate(parts):
                 inside = K.Bin("and", K.Bin("ge", first, _c(off)), K.Bin("lt", first, _c(off + size)))
-                body.append(K.If(inside, (*_q4_k_weight_loads(["w"], k, unroll, wide, _c(0), _b("sub", first, off), "_e", {"w": f"w{i}"}),
-                                          *(K.Assign(nm, _r(f"{nm}_e")) for nm in names))))
+                body.append(
+                    K.If(
+                        inside,
+                        (
+                            *_q4_k_weight_loads(["w"], k, unroll, wide, _c(0), _b("sub", first, off), "_e", {"w": f"w{i}"}),
+                            *(K.Assign(nm, _r(f"{nm}_e")) for nm in names),
+                        ),
+                    )
+                )
                 off += size
         else:
             ws = ["wg", "wu"] if glu else ["w"]
-            body += [K.Let("j0", K.Bin("min", first, _b("sub", _r("n"), 1))),
-                     *_q4_k_weight_loads(ws, k, unroll, wide, _c(0), _r("j0"), "_e"),
-                     *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide))]
+            body += [
+                K.Let("j0", K.Bin("min", first, _b("sub", _r("n"), 1))),
+                *_q4_k_weight_loads(ws, k, unroll, wide, _c(0), _r("j0"), "_e"),
+                *(K.Let(nm, _r(f"{nm}_e")) for nm in _q4_k_weight_names(ws, unroll, wide)),
+            ]
     if norm_next and (qtype != "q4_k" or mr != 1 or not q8 or parts or glu):
         raise ValueError("gemv_warp: the norm after the product (norm_next) is folded into Q4_K products of one row of x, one product, with q8")
     if rms_in and (qtype != "q4_k" or mr != 1 or not staged or shared_sums):
@@ -447,11 +534,17 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
                     out.append(K.For("it", _c(copied), _c(steps), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal, wide, bufs=bufs))))
             elif pipelined:  # step 0 into the locals; the next step's words into ``_n`` locals, step by step
                 names = _q4_k_weight_names(weights, unroll, wide)
-                out += [*_q4_k_weight_loads(weights, k, unroll, wide, _c(0), _r("j"), "_p", bufs),
-                        *(K.Let(nm, _r(f"{nm}_p")) for nm in names), *(K.Let(f"{nm}_n", _c(0)) for nm in names)]
+                out += [
+                    *_q4_k_weight_loads(weights, k, unroll, wide, _c(0), _r("j"), "_p", bufs),
+                    *(K.Let(nm, _r(f"{nm}_p")) for nm in names),
+                    *(K.Let(f"{nm}_n", _c(0)) for nm in names),
+                ]
             if not copied:
-                out.append(K.For("it", _c(0), _c(steps), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal, wide, early or ahead, bufs, again,
-                                                                           steps if pipelined else 0))))
+                out.append(
+                    K.For(
+                        "it", _c(0), _c(steps), tuple(_q4_k_rows(weights, k, mr, unroll, xglobal, wide, early or ahead, bufs, again, steps if pipelined else 0))
+                    )
+                )
         sums = [(r, wb) for r in range(mr) for wb in weights]
         if shared_sums:  # lane i of a warp keeps slot i; halving strides leave the warp's sum in lane 0
             tid = K.Builtin("thread_id", 0)
@@ -459,9 +552,14 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
                 out.append(K.Store("sums", _add(i * threads, tid), _r(f"{wb}acc{r}", F32)))
             out.append(K.Barrier())
             for step in (16, 8, 4, 2, 1):
-                adds = tuple(K.Store("sums", _add(i * threads, tid), K.Bin("add", K.Load("sums", _add(i * threads, tid), F32),
-                                                                            K.Load("sums", _add(i * threads, tid, step), F32)))
-                             for i in range(len(sums)))
+                adds = tuple(
+                    K.Store(
+                        "sums",
+                        _add(i * threads, tid),
+                        K.Bin("add", K.Load("sums", _add(i * threads, tid), F32), K.Load("sums", _add(i * threads, tid, step), F32)),
+                    )
+                    for i in range(len(sums))
+                )
                 out += [K.If(K.Bin("lt", _r("lane"), _c(step)), adds), K.Barrier()]
             for i, (r, wb) in enumerate(sums):
                 out.append(K.Let(f"{wb}s{r}", K.Load("sums", _add(i * threads, tid), F32)))
@@ -476,7 +574,10 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
             if norm_next:  # the residual add
                 val = K.Bin("add", K.Load("res", _add(_mul(_add(_r("m0"), r), width), _r("j")), F32), val)
             if q8:  # the workgroup's block of y meets in workgroup memory
-                out += [K.Let("yv", val), K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("yb", _b("sub", _r("j"), _mul(K.Builtin("group_id", 0), 32)), _r("yv", F32)),))]
+                out += [
+                    K.Let("yv", val),
+                    K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("yb", _b("sub", _r("j"), _mul(K.Builtin("group_id", 0), 32)), _r("yv", F32)),)),
+                ]
                 val = _r("yv", F32)
             out.append(K.If(cond, (K.Store(y, _add(_mul(_add(_r("m0"), r), width), _r("j")), val),)))
         return out
@@ -525,11 +626,18 @@ def gemv_warp(qtype: str, k: int, mr: int, warps: int | None = None, glu: bool =
         fold: list[K.Stmt] = []
         if norm_next:  # the workgroup's sum of y^2, and y * nw quantized
             g: K.Expr = K.Load("nw", _add(_mul(K.Builtin("group_id", 0), 32), _r("lane")), F32)
-            fold = [K.Let("hv", v), K.Let("hss", K.SubgroupReduce("add", K.Bin("mul", _r("hv", F32), _r("hv", F32)))),
-                    K.If(K.Bin("eq", _r("lane"), _c(0)), (K.Store("ss", _add(_mul(_r("m0"), K.Builtin("num_groups", 0)), K.Builtin("group_id", 0)), _r("hss", F32)),))]
+            fold = [
+                K.Let("hv", v),
+                K.Let("hss", K.SubgroupReduce("add", K.Bin("mul", _r("hv", F32), _r("hv", F32)))),
+                K.If(
+                    K.Bin("eq", _r("lane"), _c(0)), (K.Store("ss", _add(_mul(_r("m0"), K.Builtin("num_groups", 0)), K.Builtin("group_id", 0)), _r("hss", F32)),)
+                ),
+            ]
             v = K.Bin("mul", _r("hv", F32), K.Bin("add", g, _f(1.0)) if unit_offset else g)
-        body += [K.Barrier(), K.If(K.Bin("lt", K.Builtin("thread_id", 0), _c(32)),
-                                   (*fold, *q8_quantize_lane(v, _b("div", at, 4), _r("lane"), ("yq", "yr", "yds"))))]
+        body += [
+            K.Barrier(),
+            K.If(K.Bin("lt", K.Builtin("thread_id", 0), _c(32)), (*fold, *q8_quantize_lane(v, _b("div", at, 4), _r("lane"), ("yq", "yr", "yds")))),
+        ]
     xs: tuple[K.Param, ...] = (K.Buffer("x", F32),)
     if xglobal or staged:
         sfx = "_in" if staged else ""

@@ -72,8 +72,21 @@ def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i3
 
 
 @kernel(workgroup=(1, 1, 1))
-def gemv_lanes_any(x: In[f32], w: In[u8], lut: In[f32], y: Out[f32], n: i32, k: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32,
-                   QTYPE: Const = "q4_k", BS: Const = 256, BB: Const = 144):
+def gemv_lanes_any(
+    x: In[f32],
+    w: In[u8],
+    lut: In[f32],
+    y: Out[f32],
+    n: i32,
+    k: i32,
+    row_bytes: i32,
+    xs: i32,
+    ws: i32,
+    ys: i32,
+    QTYPE: Const = "q4_k",
+    BS: Const = 256,
+    BB: Const = 144,
+):
     """The same GEMV for any packed type (block size a multiple of 16), each element through the
     type's kernel body: slower than ``gemv_lanes``, bit-identical to ``gemm_rows``. Grid (n, m, batch)."""
     j = group_id(0)
@@ -117,8 +130,24 @@ def gemv_lanes_f32(x: In[f32], w: In[f32], y: Out[f32], n: i32, k: i32, xs: i32,
 
 
 @kernel(workgroup=(1, 1, 1))
-def gemm_rows(a: In[f32], w: In[u8], lut: In[f32], c: Out[f32], m: i32, n: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32,
-              QTYPE: Const = "q4_1", K: Const = 64, BS: Const = 32, BB: Const = 20, NR: Const = 4, TM: Const = 4):
+def gemm_rows(
+    a: In[f32],
+    w: In[u8],
+    lut: In[f32],
+    c: Out[f32],
+    m: i32,
+    n: i32,
+    row_bytes: i32,
+    xs: i32,
+    ws: i32,
+    ys: i32,
+    QTYPE: Const = "q4_1",
+    K: Const = 64,
+    BS: Const = 32,
+    BB: Const = 20,
+    NR: Const = 4,
+    TM: Const = 4,
+):
     """c[e, t, j] = sum_k a[e, t, k] * dequant(w)[e, j, k] for all m tokens; grid (ceil(n / NR), batch).
     K (a multiple of 16 and of the block size) is the weight's static row length."""
     j0 = group_id(0) * NR

@@ -43,8 +43,10 @@ def split_bf16x2(k: int, terms: int = 2) -> K.Kernel:
     if terms not in (1, 2):
         raise ValueError(f"split_bf16x2: x as 1 or 2 bf16 terms, got {terms}")
     body: list[K.Stmt] = [K.Let("t", _add(_mul(K.Builtin("group_id", 0), SPLIT_THREADS), K.Builtin("thread_id", 0)))]
-    inner: list[K.Stmt] = [K.VecLoad(tuple(f"v{i}" for i in range(4)), "x", _mul(_r("t"), 8), F32),
-                           K.VecLoad(tuple(f"v{i}" for i in range(4, 8)), "x", _add(_mul(_r("t"), 8), 4), F32)]
+    inner: list[K.Stmt] = [
+        K.VecLoad(tuple(f"v{i}" for i in range(4)), "x", _mul(_r("t"), 8), F32),
+        K.VecLoad(tuple(f"v{i}" for i in range(4, 8)), "x", _add(_mul(_r("t"), 8), 4), F32),
+    ]
     inner += _store_terms(terms, _mul(_r("m"), k // 2))
     body.append(K.If(K.Bin("lt", _r("t"), _mul(_r("m"), k // 8)), tuple(inner)))
     params = (K.Buffer("x", F32), K.Buffer("xs", I32, readonly=False), K.ScalarParam("m", I32))
@@ -60,8 +62,10 @@ def _store_terms(terms: int, lo_plane: K.Expr) -> list[K.Stmt]:
         return [K.VecStore("xs", _mul(_r("t"), 4), tuple(K.PackBf16x2(_r(f"v{2 * q}", F32), _r(f"v{2 * q + 1}", F32)) for q in range(4)))]
     out: list[K.Stmt] = [K.Let(f"h{i}", _bf16_bits(_r(f"v{i}", F32))) for i in range(8)]
     out += [K.Let(f"l{i}", _bf16_rest(_r(f"v{i}", F32), _r(f"h{i}"))) for i in range(8)]
-    out += [K.VecStore("xs", _mul(_r("t"), 4), tuple(_pair(_r(f"h{2 * q}"), _r(f"h{2 * q + 1}")) for q in range(4))),
-            K.VecStore("xs", _add(lo_plane, _mul(_r("t"), 4)), tuple(_pair(_r(f"l{2 * q}"), _r(f"l{2 * q + 1}")) for q in range(4)))]
+    out += [
+        K.VecStore("xs", _mul(_r("t"), 4), tuple(_pair(_r(f"h{2 * q}"), _r(f"h{2 * q + 1}")) for q in range(4))),
+        K.VecStore("xs", _add(lo_plane, _mul(_r("t"), 4)), tuple(_pair(_r(f"l{2 * q}"), _r(f"l{2 * q + 1}")) for q in range(4))),
+    ]
     return out
 
 
@@ -78,8 +82,10 @@ def glu_split(n: int, terms: int = 2) -> K.Kernel:
     body: list[K.Stmt] = [K.Let("t", _add(_mul(K.Builtin("group_id", 0), SPLIT_THREADS), K.Builtin("thread_id", 0)))]
     inner: list[K.Stmt] = []
     for name in ("g", "u"):
-        inner += [K.VecLoad(tuple(f"{name}{i}" for i in range(4)), name, _mul(_r("t"), 8), F32),
-                  K.VecLoad(tuple(f"{name}{i}" for i in range(4, 8)), name, _add(_mul(_r("t"), 8), 4), F32)]
+        inner += [
+            K.VecLoad(tuple(f"{name}{i}" for i in range(4)), name, _mul(_r("t"), 8), F32),
+            K.VecLoad(tuple(f"{name}{i}" for i in range(4, 8)), name, _add(_mul(_r("t"), 8), 4), F32),
+        ]
     inner += [K.Let(f"v{i}", _silu_mul(_r(f"g{i}", F32), _r(f"u{i}", F32))) for i in range(8)]
     inner += _store_terms(terms, _mul(_r("m"), n // 2))
     body.append(K.If(K.Bin("lt", _r("t"), _mul(_r("m"), n // 8)), tuple(inner)))
@@ -223,8 +229,13 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
         for i in range(tm):
             for j in range(tn):
                 for h in halves:
-                    loop.append(K.Mma(acc[i, j], tuple(_r(f"fa{h}{ks}_{i}_{q}") for q in range(4)),  # type: ignore[arg-type]
-                                      (_r(f"fb{ks}_{j}_0"), _r(f"fb{ks}_{j}_1"))))
+                    loop.append(
+                        K.Mma(
+                            acc[i, j],
+                            tuple(_r(f"fa{h}{ks}_{i}_{q}") for q in range(4)),  # type: ignore[arg-type]
+                            (_r(f"fb{ks}_{j}_0"), _r(f"fb{ks}_{j}_1")),
+                        )
+                    )
     loop += [K.Assign(p, _r(nx, F32 if nx.startswith("na") and not xsplit else I32)) for p, nx in zip(names("p"), names("n"))]
     loop.append(K.Barrier())
     body.append(K.For("kt", _c(0), _c(steps), tuple(loop)))
@@ -237,8 +248,12 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
             for e, (dr, dc) in enumerate(((0, 0), (0, 1), (8, 0), (8, 1))):
                 rr, cc = _add(r, dr), _add(col, dc)
                 at = _add(_mul(rr, _r("n")), cc)
-                body.append(K.If(K.Bin("and", K.Bin("lt", rr, _r("m")), K.Bin("lt", cc, _r("n"))),
-                                 (K.Store("y", _add(_r("ybase"), at) if ksplit > 1 else at, _r(acc[i, j][e], F32)),)))
+                body.append(
+                    K.If(
+                        K.Bin("and", K.Bin("lt", rr, _r("m")), K.Bin("lt", cc, _r("n"))),
+                        (K.Store("y", _add(_r("ybase"), at) if ksplit > 1 else at, _r(acc[i, j][e], F32)),),
+                    )
+                )
     shared = [K.Shared("As_hi", I32, bm * stride), K.Shared("Bs", I32, bn * stride)]
     if split:
         shared.append(K.Shared("As_lo", I32, bm * stride))
@@ -304,8 +319,7 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
                 base = _add(_r(f"wr{j}"), _mul(_b("div", _r(f"{pre}ch"), 4), 36))
                 head, quants = [f"{pre}w{j}{nm}" for nm in ("dm", "s0", "s1", "s2")], [f"{pre}w{j}q{i}" for i in range(2)]
                 names += head + quants
-                out += [K.VecLoad(tuple(head), "w", base, I32),
-                        K.VecLoad(tuple(quants), "w", _add(base, 4, _mul(_r(f"{pre}cc"), 8), _mul(_r("t4"), 2)), I32)]
+                out += [K.VecLoad(tuple(head), "w", base, I32), K.VecLoad(tuple(quants), "w", _add(base, 4, _mul(_r(f"{pre}cc"), 8), _mul(_r("t4"), 2)), I32)]
         for u in range(un):  # every load of the unrolled steps first, then the products
             out.append(K.Let(f"{pre}k{u}", _add(_r("kw"), _mul(sx, 32 * un), 32 * u)))
             for j in range(tn if not q4k else 0):
@@ -321,8 +335,10 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
                         if split:
                             out.append(K.VecLoad(tuple(lw), "xs", _add(_mul(_r("m"), k // 2), _b("div", xi, 2)), I32))
                         continue
-                    out += [K.VecLoad(tuple(f"x{u}_{i}_{h}_{v}" for v in range(4)), "x", xi, F32),
-                            K.VecLoad(tuple(f"x{u}_{i}_{h}_{v}" for v in range(4, 8)), "x", _add(xi, 4), F32)]
+                    out += [
+                        K.VecLoad(tuple(f"x{u}_{i}_{h}_{v}" for v in range(4)), "x", xi, F32),
+                        K.VecLoad(tuple(f"x{u}_{i}_{h}_{v}" for v in range(4, 8)), "x", _add(xi, 4), F32),
+                    ]
         return out, names
 
     loop: list[K.Stmt] = []
@@ -361,8 +377,13 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
             for i in range(mt):
                 for j in range(tn):
                     for hl in halves:
-                        loop.append(K.Mma(acc[i, j], tuple(_r(f"fa{hl}{u}{half}_{i}_{q}") for q in range(4)),  # type: ignore[arg-type]
-                                          (_r(f"{cur}p{u}_{j}_{2 * half}"), _r(f"{cur}p{u}_{j}_{2 * half + 1}"))))
+                        loop.append(
+                            K.Mma(
+                                acc[i, j],
+                                tuple(_r(f"fa{hl}{u}{half}_{i}_{q}") for q in range(4)),  # type: ignore[arg-type]
+                                (_r(f"{cur}p{u}_{j}_{2 * half}"), _r(f"{cur}p{u}_{j}_{2 * half + 1}")),
+                            )
+                        )
     if xsplit:
         loop += [K.Assign(c, _r(nx)) for c, nx in zip(cnames, nnames)]
     body.append(K.For("s", _c(0), _c(steps // un), tuple(loop)))
@@ -374,19 +395,23 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     # o = lane * nacc + e, e = ((i * tn) + j) * 4 + c: c picks row g or g + 8 and column 2 t4 or 2 t4 + 1
     part = K.Load("part", _add(_mul(_add(_mul(_r("ww"), 32), _r("ln")), nacc), _r("e")), F32)
     out: list[K.Stmt] = [
-        K.Let("ln", _b("div", _r("o"), nacc)), K.Let("e", _b("rem", _r("o"), nacc)),
-        K.Let("c", _b("rem", _r("e"), 4)), K.Let("tile", _b("div", _r("e"), 4)), K.Let("sum", _f(0.0)),
+        K.Let("ln", _b("div", _r("o"), nacc)),
+        K.Let("e", _b("rem", _r("o"), nacc)),
+        K.Let("c", _b("rem", _r("e"), 4)),
+        K.Let("tile", _b("div", _r("e"), 4)),
+        K.Let("sum", _f(0.0)),
         K.For("ww", _c(0), _c(wk), (K.Assign("sum", K.Bin("add", _r("sum", F32), part)),)),
         K.Let("orow", _add(_r("row0"), _mul(_b("div", _r("tile"), tn), 16), _b("div", _r("ln"), 4), _mul(_b("div", _r("c"), 2), 8))),
         K.Let("ocol", _add(_r("col0"), _mul(_b("rem", _r("tile"), tn), 8), _mul(_b("rem", _r("ln"), 4), 2), _b("rem", _r("c"), 2))),
-        K.If(K.Bin("and", K.Bin("lt", _r("orow"), _r("m")), K.Bin("lt", _r("ocol"), _r("n"))),
-             (K.Store("y", _add(_mul(_r("orow"), _r("n")), _r("ocol")), _r("sum", F32)),)),
+        K.If(
+            K.Bin("and", K.Bin("lt", _r("orow"), _r("m")), K.Bin("lt", _r("ocol"), _r("n"))),
+            (K.Store("y", _add(_mul(_r("orow"), _r("n")), _r("ocol")), _r("sum", F32)),),
+        ),
     ]
     body.append(K.For("o", _r("tid"), _c(32 * nacc), tuple(out), step=threads))
     xs: K.Param = K.Buffer("xs", I32) if xsplit else K.Buffer("x", F32)
     params = (xs, K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = _tag(split, xsplit)
-    kern = K.Kernel(f"gemm_warp_{qtype}_K{k}_{mt}x{tn}_W{wk}{tag}", params, tuple(body), (threads, 1, 1),
-                    (K.Shared("part", F32, threads * nacc),))
+    kern = K.Kernel(f"gemm_warp_{qtype}_K{k}_{mt}x{tn}_W{wk}{tag}", params, tuple(body), (threads, 1, 1), (K.Shared("part", F32, threads * nacc),))
     verify_kernel(kern)
     return kern

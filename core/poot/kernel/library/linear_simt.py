@@ -62,8 +62,11 @@ def gemm_simt(k: int, bk: int = 32, qtype: str = "bf16", words: bool = True) -> 
         e = _add(_mul(_c(it), threads), _r("tid")) if it else _r("tid")
         rr, c4 = f"ar{it}", f"ac{it}"
         names = tuple(f"a{it}_{v}" for v in range(4))
-        loop += [K.Let(rr, _b("div", e, quads)), K.Let(c4, _b("rem", e, quads)),
-                 K.VecLoad(names, "x", _add(_mul(K.Bin("min", _add(_r("row0"), _r(rr)), _b("sub", _r("m"), 1)), k), _r("k0"), _mul(_r(c4), 4)), F32)]
+        loop += [
+            K.Let(rr, _b("div", e, quads)),
+            K.Let(c4, _b("rem", e, quads)),
+            K.VecLoad(names, "x", _add(_mul(K.Bin("min", _add(_r("row0"), _r(rr)), _b("sub", _r("m"), 1)), k), _r("k0"), _mul(_r(c4), 4)), F32),
+        ]
         loop += [K.Store("As", _add(_mul(_add(_mul(_r(c4), 4), v), stride), _r(rr)), _r(names[v], F32)) for v in range(4)]
     octs = bk // 8  # eight weights a thread a step: one 16-byte load of bf16
     for it in range(max(1, tile * octs // threads)):  # weights: 64 features of bk values, as f32, stored k-major
@@ -97,8 +100,9 @@ def gemm_simt(k: int, bk: int = 32, qtype: str = "bf16", words: bool = True) -> 
         r = _add(_r("row0"), _mul(_r("ty"), _T), i)
         for j in range(_T):
             c = _add(_r("col0"), _mul(_r("tx"), _T), j)
-            body.append(K.If(K.Bin("and", K.Bin("lt", r, _r("m")), K.Bin("lt", c, _r("n"))),
-                             (K.Store("y", _add(_mul(r, _r("n")), c), _r(f"acc{i}_{j}", F32)),)))
+            body.append(
+                K.If(K.Bin("and", K.Bin("lt", r, _r("m")), K.Bin("lt", c, _r("n"))), (K.Store("y", _add(_mul(r, _r("n")), c), _r(f"acc{i}_{j}", F32)),))
+            )
     shared = (K.Shared("As", F32, bk * stride), K.Shared("Bs", F32, bk * stride))
     if words:
         weights: tuple[K.Param, ...] = (K.Buffer("w", I32),)

@@ -74,14 +74,23 @@ def _stores(acc: list[str], first: K.Expr, ksplit: int) -> list[K.Stmt]:
         r = _add(first, _mul(_r("w4"), 16), _r("g"), 8 * (c // 2))
         col = _add(_r("col0"), 8 * j + c % 2, _mul(_r("t4"), 2))
         at = _add(_mul(r, _r("n")), col)
-        out.append(K.If(K.Bin("and", K.Bin("lt", r, _r("m")), K.Bin("lt", col, _r("n"))),
-                        (K.Store("y", _add(_r("ybase"), at) if ksplit > 1 else at, _r(nm, F32)),)))
+        out.append(
+            K.If(K.Bin("and", K.Bin("lt", r, _r("m")), K.Bin("lt", col, _r("n"))), (K.Store("y", _add(_r("ybase"), at) if ksplit > 1 else at, _r(nm, F32)),))
+        )
     return out
 
 
 @lru_cache(maxsize=None)
-def gemm_wgmma(k: int, split: bool = True, bn: int | None = None, stages: int | None = None, bk: int | None = None,
-               swizzle: int | None = None, warpgroups: int = 2, ksplit: int = 1) -> K.Kernel:
+def gemm_wgmma(
+    k: int,
+    split: bool = True,
+    bn: int | None = None,
+    stages: int | None = None,
+    bk: int | None = None,
+    swizzle: int | None = None,
+    warpgroups: int = 2,
+    ksplit: int = 1,
+) -> K.Kernel:
     """y[i, j] = sum_k x[i, k] * w[j, k], x as ``split_bf16x2`` wrote it (buffer ``xs``; two terms
     with ``split``, one without), w bf16 rows as i32 words; grid (ceil(n / bn), ceil(m / (64
     warpgroups)), ksplit). K must be a multiple of ``bk`` (times ``ksplit``). Rows past m and features
@@ -117,9 +126,12 @@ def gemm_wgmma(k: int, split: bool = True, bn: int | None = None, stages: int | 
     a_its, b_its = bm * cpr // threads, bn * cpr // threads
     nacc = bn // 2
     body: list[K.Stmt] = [
-        K.Let("tid", K.Builtin("thread_id", 0)), K.Let("lane", _b("rem", _r("tid"), 32)),
-        K.Let("wg", _b("div", _r("tid"), 128)), K.Let("w4", _b("rem", _b("div", _r("tid"), 32), 4)),
-        K.Let("g", _b("div", _r("lane"), 4)), K.Let("t4", _b("rem", _r("lane"), 4)),
+        K.Let("tid", K.Builtin("thread_id", 0)),
+        K.Let("lane", _b("rem", _r("tid"), 32)),
+        K.Let("wg", _b("div", _r("tid"), 128)),
+        K.Let("w4", _b("rem", _b("div", _r("tid"), 32), 4)),
+        K.Let("g", _b("div", _r("lane"), 4)),
+        K.Let("t4", _b("rem", _r("lane"), 4)),
         K.Let("row0", _mul(K.Builtin("group_id", 1), bm)),
         K.Let("kz", _mul(K.Builtin("group_id", 2), k // ksplit // 2) if ksplit > 1 else _c(0)),  # this workgroup's part of K, in words
         K.Let("col0", _mul(K.Builtin("group_id", 0), bn)),
@@ -163,13 +175,24 @@ def gemm_wgmma(k: int, split: bool = True, bn: int | None = None, stages: int | 
         K.Barrier(),
         K.If(K.Bin("lt", _add(_r("s"), ahead), _c(steps)), tuple(copies(_add(_r("s"), ahead)))),
         K.CopyAsyncSync("commit"),
-        K.Let("cur", _b("rem", _r("s"), stages)), K.WgmmaSync("fence"),
+        K.Let("cur", _b("rem", _r("s"), stages)),
+        K.WgmmaSync("fence"),
     ]
     for kk in range(bk // 16):  # a step's 16-wide slices of K: core matrices 2 kk and 2 kk + 1, or 32 bytes along the rows
         at = 2 * lbo * kk if swizzle == 0 else 32 * kk
         for p in planes:
-            loop.append(K.Wgmma(tuple(acc), f"A{p}", _add(_mul(_r("cur"), a_words * 4), _mul(_r("wg"), 64 // 8 * sbo), at),
-                                "Bw", _add(_mul(_r("cur"), b_words * 4), at), lbo, sbo, swizzle))
+            loop.append(
+                K.Wgmma(
+                    tuple(acc),
+                    f"A{p}",
+                    _add(_mul(_r("cur"), a_words * 4), _mul(_r("wg"), 64 // 8 * sbo), at),
+                    "Bw",
+                    _add(_mul(_r("cur"), b_words * 4), at),
+                    lbo,
+                    sbo,
+                    swizzle,
+                )
+            )
     loop += [K.WgmmaSync("commit"), K.WgmmaSync("wait", 1)]  # step s - 1's products are done
     body.append(K.For("s", _c(0), _c(steps), tuple(loop)))
     body.append(K.WgmmaSync("wait", 0))
@@ -216,8 +239,11 @@ def gemm_wgmma_q4_k(k: int, split: bool = True, ksplit: int = 1, stages: int = 4
         return _add(_mul(row, bk // 2), _mul(_b("xor", chunk, _b("rem", _b("shr", _mul(row, 2 * bk), 7), cpr)), 4))
 
     body: list[K.Stmt] = [
-        K.Let("tid", K.Builtin("thread_id", 0)), K.Let("lane", _b("rem", _r("tid"), 32)),
-        K.Let("w4", _b("div", _r("tid"), 32)), K.Let("g", _b("div", _r("lane"), 4)), K.Let("t4", _b("rem", _r("lane"), 4)),
+        K.Let("tid", K.Builtin("thread_id", 0)),
+        K.Let("lane", _b("rem", _r("tid"), 32)),
+        K.Let("w4", _b("div", _r("tid"), 32)),
+        K.Let("g", _b("div", _r("lane"), 4)),
+        K.Let("t4", _b("rem", _r("lane"), 4)),
         K.Let("row0", _mul(K.Builtin("group_id", 1), 64)),
         K.Let("ks0", _mul(K.Builtin("group_id", 2), steps) if ksplit > 1 else _c(0)),  # this workgroup's first step of K
         K.Let("col0", _mul(K.Builtin("group_id", 0), bn)),
@@ -228,11 +254,20 @@ def gemm_wgmma_q4_k(k: int, split: bool = True, ksplit: int = 1, stages: int = 4
     for it in range(a_its):  # x: chunk kc of a step's row er holds the step's values 8 kc.. in the permuted order
         e = _add(_mul(_c(it), threads), _r("tid")) if it else _r("tid")
         kc = _b("rem", _b("div", e, 8), cpr)
-        body += [K.Let(f"er{it}", _add(_b("rem", e, 8), _mul(_b("div", e, 8 * cpr), 8))), K.Let(f"kc{it}", kc),
-                 K.Let(f"sw{it}", swizzled(_r(f"er{it}"), _r(f"kc{it}"))),
-                 # step values 8 kc.. are chunk values 8 (kc % 2) + 16 h (low nibbles: kc < 2) or 32 + that
-                 K.Let(f"xa{it}", _add(_mul(K.Bin("min", _add(_r("row0"), _r(f"er{it}")), _b("sub", _r("m"), 1)), k // 2),
-                                       _mul(_b("rem", _r(f"kc{it}"), 2), 4), _mul(_b("div", _r(f"kc{it}"), 2), 16)))]
+        body += [
+            K.Let(f"er{it}", _add(_b("rem", e, 8), _mul(_b("div", e, 8 * cpr), 8))),
+            K.Let(f"kc{it}", kc),
+            K.Let(f"sw{it}", swizzled(_r(f"er{it}"), _r(f"kc{it}"))),
+            # step values 8 kc.. are chunk values 8 (kc % 2) + 16 h (low nibbles: kc < 2) or 32 + that
+            K.Let(
+                f"xa{it}",
+                _add(
+                    _mul(K.Bin("min", _add(_r("row0"), _r(f"er{it}")), _b("sub", _r("m"), 1)), k // 2),
+                    _mul(_b("rem", _r(f"kc{it}"), 2), 4),
+                    _mul(_b("div", _r(f"kc{it}"), 2), 16),
+                ),
+            ),
+        ]
     acc = [f"acc{i}" for i in range(nacc)]
     body += [K.Let(nm, _f(0.0)) for nm in acc]
     lo_plane = _mul(_r("m"), k // 2)
@@ -247,8 +282,7 @@ def gemm_wgmma_q4_k(k: int, split: bool = True, ksplit: int = 1, stages: int = 4
         out = _x_copies(a_its, planes, _mul(stage, a_words), at, lo_plane)
         blk = _add(_r("wrow"), _mul(_b("div", chunk, 4), 36))
         mine = _add(_mul(stage, r_words), _mul(_r("tid"), 8))
-        out += [K.CopyAsync("Rq", mine, "w", blk),
-                K.CopyAsync("Rq", _add(mine, 4), "w", _add(blk, 4, _mul(_b("rem", chunk, 4), 8), _mul(_b("rem", gs, 2), 4)))]
+        out += [K.CopyAsync("Rq", mine, "w", blk), K.CopyAsync("Rq", _add(mine, 4), "w", _add(blk, 4, _mul(_b("rem", chunk, 4), 8), _mul(_b("rem", gs, 2), 4)))]
         return out
 
     for j in range(min(ahead, steps)):
@@ -257,8 +291,10 @@ def gemm_wgmma_q4_k(k: int, split: bool = True, ksplit: int = 1, stages: int = 4
         body.append(K.CopyAsyncSync("commit"))
     loop: list[K.Stmt] = [
         K.CopyAsyncSync("wait", ahead - 1),  # step s is in (this thread's copies)
-        K.Let("cur", _b("rem", _r("s"), stages)), K.Let("tile", _b("rem", _r("s"), tiles)),
-        K.Let("c", _b("rem", _b("div", _add(_r("ks0"), _r("s")), 2), 4)), K.Let("sh", _mul(_b("rem", _r("c"), 2), 16)),
+        K.Let("cur", _b("rem", _r("s"), stages)),
+        K.Let("tile", _b("rem", _r("s"), tiles)),
+        K.Let("c", _b("rem", _b("div", _add(_r("ks0"), _r("s")), 2), 4)),
+        K.Let("sh", _mul(_b("rem", _r("c"), 2), 16)),
         K.Let("raw", _add(_mul(_r("cur"), r_words), _mul(_r("tid"), 8))),
         K.VecLoad(("dm", "s0", "s1", "s2"), "Rq", _r("raw"), I32),  # the block's head, as q4_k_lane_scales reads it
         K.VecLoad(tuple(f"q{i}" for i in range(4)), "Rq", _add(_r("raw"), 4), I32),
@@ -279,15 +315,21 @@ def gemm_wgmma_q4_k(k: int, split: bool = True, ksplit: int = 1, stages: int = 4
     ]
     for kk in range(bk // 16):
         for p in planes:
-            loop.append(K.Wgmma(tuple(acc), f"A{p}", _add(_mul(_r("cur"), a_words * 4), 32 * kk),
-                                "Bw", _add(_mul(_r("tile"), b_words * 4), 32 * kk), 16, sbo, swizzle))
+            loop.append(
+                K.Wgmma(tuple(acc), f"A{p}", _add(_mul(_r("cur"), a_words * 4), 32 * kk), "Bw", _add(_mul(_r("tile"), b_words * 4), 32 * kk), 16, sbo, swizzle)
+            )
     loop += [K.WgmmaSync("commit"), K.WgmmaSync("wait", 1)]
     body.append(K.For("s", _c(0), _c(steps), tuple(loop)))
     body.append(K.WgmmaSync("wait", 0))
     body += _stores(acc, _r("row0"), ksplit)
     shared = [K.Shared(f"A{p}", I32, stages * a_words) for p in planes] + [K.Shared("Bw", I32, tiles * b_words), K.Shared("Rq", I32, stages * r_words)]
     params = (K.Buffer("xs", I32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32))
-    kern = K.Kernel(f"gemm_wgmma_q4_k_K{k}_S{stages}" + (f"_P{ksplit}" if ksplit > 1 else "") + f"_{'xs' if split else 'xb'}",
-                    params, tuple(body), (threads, 1, 1), tuple(shared))
+    kern = K.Kernel(
+        f"gemm_wgmma_q4_k_K{k}_S{stages}" + (f"_P{ksplit}" if ksplit > 1 else "") + f"_{'xs' if split else 'xb'}",
+        params,
+        tuple(body),
+        (threads, 1, 1),
+        tuple(shared),
+    )
     verify_kernel(kern)
     return kern

@@ -10,8 +10,26 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def copy_strided(src: In[f32], dst: Out[f32], n: i32, d0: i32, d1: i32, d2: i32, d3: i32,
-                 s0: i32, s1: i32, s2: i32, s3: i32, src_offset: i32, t0: i32, t1: i32, t2: i32, t3: i32, dst_offset: i32, BLOCK: Const = 256):
+def copy_strided(
+    src: In[f32],
+    dst: Out[f32],
+    n: i32,
+    d0: i32,
+    d1: i32,
+    d2: i32,
+    d3: i32,
+    s0: i32,
+    s1: i32,
+    s2: i32,
+    s3: i32,
+    src_offset: i32,
+    t0: i32,
+    t1: i32,
+    t2: i32,
+    t3: i32,
+    dst_offset: i32,
+    BLOCK: Const = 256,
+):
     """dst[dst_offset + sum(c_i * t_i)] = src[src_offset + sum(c_i * s_i)] for every coordinate c of the
     [d0, d1, d2, d3] box (strides in elements; 0 broadcasts); grid ceil(n / BLOCK)."""
     i = group_id(0) * BLOCK + thread_id(0)

@@ -8,8 +8,7 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128, UNIT_OFFSET: Const = False, WT: Const = "f32",
-             SUBGROUP: Const = 0):
+def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128, UNIT_OFFSET: Const = False, WT: Const = "f32", SUBGROUP: Const = 0):
     """y = x / sqrt(mean(x^2) + eps) * w (Gemma: * (1 + w)), row by row; the weight as stored (WT:
     f32, f16 or bf16). SUBGROUP (32 on NVIDIA GPUs, 0 elsewhere): the sum of squares by subgroup
     reductions (``reduce_shared``'s third argument) instead of a tree of log2(BLOCK) steps."""
@@ -29,8 +28,19 @@ def rms_norm(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, BLOCK: C
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def add_rms_norm(a: In[f32], b: In[f32], w: In["WT"], h: Out[f32], y: Out[f32], cols: i32, eps: f32, BLOCK: Const = 128,
-                 UNIT_OFFSET: Const = False, WT: Const = "f32", SUBGROUP: Const = 0):
+def add_rms_norm(
+    a: In[f32],
+    b: In[f32],
+    w: In["WT"],
+    h: Out[f32],
+    y: Out[f32],
+    cols: i32,
+    eps: f32,
+    BLOCK: Const = 128,
+    UNIT_OFFSET: Const = False,
+    WT: Const = "f32",
+    SUBGROUP: Const = 0,
+):
     """A residual add and the RMSNorm of its sum in one pass: h = a + b, y = rms_norm(h) * w; each
     thread reads back only the values it wrote. SUBGROUP as for ``rms_norm``."""
     row = group_id(0)
@@ -152,8 +162,7 @@ def rms_norm_lanes(x: In[f32], w: In["WT"], y: Out[f32], cols: i32, eps: f32, UN
 
 
 @kernel(workgroup=(1, 1, 1))
-def add_rms_norm_lanes(a: In[f32], b: In[f32], w: In["WT"], h: Out[f32], y: Out[f32], cols: i32, eps: f32, UNIT_OFFSET: Const = False,
-                       WT: Const = "f32"):
+def add_rms_norm_lanes(a: In[f32], b: In[f32], w: In["WT"], h: Out[f32], y: Out[f32], cols: i32, eps: f32, UNIT_OFFSET: Const = False, WT: Const = "f32"):
     """``add_rms_norm`` scheduled for a CPU core: h = a + b written while its squares are summed in
     16 lanes, then y = h scaled; grid (rows,)."""
     row = group_id(0)

@@ -16,8 +16,9 @@ __all__ = ["rms_norm_q8", "rms_norm_q8_body", "norm_q8_threads"]
 NORM_BUFFERS = {nm: nm for nm in ("a", "b", "x", "w", "h", "y", "xq", "xr", "xds", "eps")}
 
 
-def rms_norm_q8_body(k: int, threads: int, add: bool, unit_offset: bool, subgroup: int, row: K.Expr, p: str = "",
-                     bufs: dict[str, str] | None = None) -> tuple[list[K.Stmt], list[K.Stmt], tuple[K.Shared, ...]]:
+def rms_norm_q8_body(
+    k: int, threads: int, add: bool, unit_offset: bool, subgroup: int, row: K.Expr, p: str = "", bufs: dict[str, str] | None = None
+) -> tuple[list[K.Stmt], list[K.Stmt], tuple[K.Shared, ...]]:
     """``rms_norm_q8``'s work on row ``row`` by ``threads`` threads (a word of four values each turn:
     ``k / 4`` a multiple of ``threads``): the statements that read the weight, those after (which
     every thread reaches), and the workgroup array they use. Locals and that array are prefixed
@@ -45,14 +46,25 @@ def rms_norm_q8_body(k: int, threads: int, add: bool, unit_offset: bool, subgrou
         for j in range(4):
             ss = K.Bin("add", ss, K.Bin("mul", _r(f"{p}v{u}_{j}", F32), _r(f"{p}v{u}_{j}", F32)))
     part = f"{p}part"
-    body += [K.Let(f"{p}wss", K.SubgroupReduce("add", ss)),
-             K.If(K.Bin("eq", _r(f"{p}lane"), _c(0)), (K.Store(part, _r(f"{p}warp"), _r(f"{p}wss", F32)),)),
-             K.Barrier()]
+    body += [
+        K.Let(f"{p}wss", K.SubgroupReduce("add", ss)),
+        K.If(K.Bin("eq", _r(f"{p}lane"), _c(0)), (K.Store(part, _r(f"{p}warp"), _r(f"{p}wss", F32)),)),
+        K.Barrier(),
+    ]
     if warps <= subgroup:  # a subgroup sum of the subgroups' sums
-        body.append(K.Let(f"{p}tot", K.SubgroupReduce("add", K.Select(K.Bin("lt", _r(f"{p}lane"), _c(warps)),
-                                                                     K.Load(part, K.Bin("min", _r(f"{p}lane"), _c(warps - 1)), F32), _f(0.0)))))
+        body.append(
+            K.Let(
+                f"{p}tot",
+                K.SubgroupReduce(
+                    "add", K.Select(K.Bin("lt", _r(f"{p}lane"), _c(warps)), K.Load(part, K.Bin("min", _r(f"{p}lane"), _c(warps - 1)), F32), _f(0.0))
+                ),
+            )
+        )
     else:
-        body += [K.Let(f"{p}tot", _f(0.0)), K.For(f"{p}pi", _c(0), _c(warps), (K.Assign(f"{p}tot", K.Bin("add", _r(f"{p}tot", F32), K.Load(part, _r(f"{p}pi"), F32))),))]
+        body += [
+            K.Let(f"{p}tot", _f(0.0)),
+            K.For(f"{p}pi", _c(0), _c(warps), (K.Assign(f"{p}tot", K.Bin("add", _r(f"{p}tot", F32), K.Load(part, _r(f"{p}pi"), F32))),)),
+        ]
     body += [K.Let(f"{p}scale", K.Un("rsqrt", K.Bin("add", K.Bin("div", _r(f"{p}tot", F32), _f(float(k))), _r(nm["eps"], F32))))]
     for u in range(turns):
         at = _add(_mul(_r(f"{p}row"), k), _mul(_add(tid, u * threads), 4))
@@ -63,8 +75,11 @@ def rms_norm_q8_body(k: int, threads: int, add: bool, unit_offset: bool, subgrou
                 g = K.Bin("add", g, _f(1.0))
             body.append(K.Let(f"{p}y{u}_{j}", K.Bin("mul", K.Bin("mul", _r(f"{p}v{u}_{j}", F32), _r(f"{p}scale", F32)), g)))
             ys.append(_r(f"{p}y{u}_{j}", F32))
-        body += [K.VecStore(nm["y"], at, tuple(ys)), K.Let(f"{p}qi{u}", _add(_mul(_r(f"{p}row"), words), _add(tid, u * threads))),
-                 *q8_quantize_word(ys, None, f"{p}qi{u}", f"_{p}{u}", (nm["xq"], nm["xr"], nm["xds"]))]
+        body += [
+            K.VecStore(nm["y"], at, tuple(ys)),
+            K.Let(f"{p}qi{u}", _add(_mul(_r(f"{p}row"), words), _add(tid, u * threads))),
+            *q8_quantize_word(ys, None, f"{p}qi{u}", f"_{p}{u}", (nm["xq"], nm["xr"], nm["xds"])),
+        ]
     return first, body, (K.Shared(part, F32, warps),)
 
 
@@ -96,10 +111,16 @@ def rms_norm_q8(k: int, add: bool = False, unit_offset: bool = False, subgroup: 
     body = [*first, K.AwaitPrior(), *rest]
     ins = (K.Buffer("a", F32), K.Buffer("b", F32)) if add else (K.Buffer("x", F32),)
     outs = ("h", "y") if add else ("y",)
-    params = (*ins, K.Buffer("w", F32), *(K.Buffer(nm, F32, readonly=False) for nm in outs), K.Buffer("xq", I32, readonly=False),
-              K.Buffer("xr", I32, readonly=False), K.Buffer("xds", F32, readonly=False), K.ScalarParam("eps", F32))
+    params = (
+        *ins,
+        K.Buffer("w", F32),
+        *(K.Buffer(nm, F32, readonly=False) for nm in outs),
+        K.Buffer("xq", I32, readonly=False),
+        K.Buffer("xr", I32, readonly=False),
+        K.Buffer("xds", F32, readonly=False),
+        K.ScalarParam("eps", F32),
+    )
     name = f"{'add_' if add else ''}rms_norm_q8_K{k}{'_UNIT_OFFSET' if unit_offset else ''}" + ("" if subgroup == 32 else f"_SG{subgroup}")
     kern = K.Kernel(name, params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
     return kern
-

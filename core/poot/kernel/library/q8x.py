@@ -108,22 +108,29 @@ def _q8_word(at: K.Expr, slot: K.Expr | None = None, qi: str = "qi", sfx: str = 
     return first, q8_quantize_word([_r(f"qv{j}{sfx}", F32) for j in range(4)], slot, qi, sfx)
 
 
-def q8_quantize_word(v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi", sfx: str = "",
-                     names: tuple[str, str, str] = ("xq", "xr", "xds")) -> list[K.Stmt]:
+def q8_quantize_word(
+    v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi", sfx: str = "", names: tuple[str, str, str] = ("xq", "xr", "xds")
+) -> list[K.Stmt]:
     """Four values ``v`` (word ``qi`` of x, a local) as two int8 terms (``_quantize_x_q8``): the
     block's max and sum shared by shuffles among its eight consecutive lanes, stored at ``slot``
     (default ``qi``) of ``xq``/``xr`` and, by the block's first thread, at ``2 (qi / 8)`` of ``xds``
     (buffers named ``names``). Every lane of the warp reaches it. Locals are suffixed ``sfx``."""
     inner: list[K.Stmt] = []
     qmax, qsum, qinv, qinv2, qd = (f"{n}{sfx}" for n in ("qmax", "qsum", "qinv", "qinv2", "qd"))
-    inner += [K.Let(qmax, K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
-              K.Let(qsum, K.Bin("add", K.Bin("add", v[0], v[1]), K.Bin("add", v[2], v[3])))]
+    inner += [
+        K.Let(qmax, K.Bin("max", K.Bin("max", K.Un("abs", v[0]), K.Un("abs", v[1])), K.Bin("max", K.Un("abs", v[2]), K.Un("abs", v[3])))),
+        K.Let(qsum, K.Bin("add", K.Bin("add", v[0], v[1]), K.Bin("add", v[2], v[3]))),
+    ]
     for lane in (1, 2, 4):  # the block's eight threads are eight consecutive lanes
-        inner += [K.Assign(qmax, K.Bin("max", _r(qmax, F32), K.SubgroupShuffle(_r(qmax, F32), _c(lane), xor=True))),
-                  K.Assign(qsum, K.Bin("add", _r(qsum, F32), K.SubgroupShuffle(_r(qsum, F32), _c(lane), xor=True)))]
-    inner += [K.Let(qinv, K.Select(K.Bin("gt", _r(qmax, F32), _f(0.0)), K.Bin("div", _f(127.0), _r(qmax, F32)), _f(0.0))),
-              K.Let(qinv2, K.Bin("mul", _r(qinv, F32), _f(float(Q8_SPLIT)))),
-              K.Let(qd, K.Bin("div", _r(qmax, F32), _f(127.0)))]
+        inner += [
+            K.Assign(qmax, K.Bin("max", _r(qmax, F32), K.SubgroupShuffle(_r(qmax, F32), _c(lane), xor=True))),
+            K.Assign(qsum, K.Bin("add", _r(qsum, F32), K.SubgroupShuffle(_r(qsum, F32), _c(lane), xor=True))),
+        ]
+    inner += [
+        K.Let(qinv, K.Select(K.Bin("gt", _r(qmax, F32), _f(0.0)), K.Bin("div", _f(127.0), _r(qmax, F32)), _f(0.0))),
+        K.Let(qinv2, K.Bin("mul", _r(qinv, F32), _f(float(Q8_SPLIT)))),
+        K.Let(qd, K.Bin("div", _r(qmax, F32), _f(127.0))),
+    ]
     b1, b2 = [], []
     for j in range(4):  # q1 = rint(x / d); the remainder x - d q1, and its q2
         inner.append(K.Let(f"qt{j}{sfx}", K.Un("rint", K.Bin("mul", v[j], _r(qinv, F32)))))
@@ -136,9 +143,11 @@ def q8_quantize_word(v: list[K.Expr], slot: K.Expr | None = None, qi: str = "qi"
 
     slot = _r(qi) if slot is None else slot
     nq, nr, nds = names
-    inner += [K.Store(nq, slot, word(b1)), K.Store(nr, slot, word(b2)),
-              K.If(K.Bin("eq", _b("rem", _r(qi), 8), _c(0)),
-                   (K.VecStore(nds, _b("div", _r(qi), 4), (_r(qd, F32), _r(qsum, F32))),))]
+    inner += [
+        K.Store(nq, slot, word(b1)),
+        K.Store(nr, slot, word(b2)),
+        K.If(K.Bin("eq", _b("rem", _r(qi), 8), _c(0)), (K.VecStore(nds, _b("div", _r(qi), 4), (_r(qd, F32), _r(qsum, F32))),)),
+    ]
     return inner
 
 
@@ -150,20 +159,31 @@ def q8_quantize_lane(v: K.Expr, word: K.Expr, lane: K.Expr, names: tuple[str, st
     (buffers ``names``). Every lane of the subgroup reaches it."""
     shift = _mul(_b("and", lane, 3), 8)
     out: list[K.Stmt] = [
-        K.Let("lv", v), K.Let("lmax", K.SubgroupReduce("max", K.Un("abs", _r("lv", F32)))), K.Let("lsum", K.SubgroupReduce("add", _r("lv", F32))),
+        K.Let("lv", v),
+        K.Let("lmax", K.SubgroupReduce("max", K.Un("abs", _r("lv", F32)))),
+        K.Let("lsum", K.SubgroupReduce("add", _r("lv", F32))),
         K.Let("linv", K.Select(K.Bin("gt", _r("lmax", F32), _f(0.0)), K.Bin("div", _f(127.0), _r("lmax", F32)), _f(0.0))),
         K.Let("ld", K.Bin("div", _r("lmax", F32), _f(127.0))),
         K.Let("lq1", K.Un("rint", K.Bin("mul", _r("lv", F32), _r("linv", F32)))),
-        K.Let("lq2", K.Un("rint", K.Bin("mul", K.Bin("sub", _r("lv", F32), K.Bin("mul", _r("lq1", F32), _r("ld", F32))),
-                                        K.Bin("mul", _r("linv", F32), _f(float(Q8_SPLIT)))))),
+        K.Let(
+            "lq2",
+            K.Un(
+                "rint",
+                K.Bin("mul", K.Bin("sub", _r("lv", F32), K.Bin("mul", _r("lq1", F32), _r("ld", F32))), K.Bin("mul", _r("linv", F32), _f(float(Q8_SPLIT)))),
+            ),
+        ),
     ]
     for t, q in (("xq", "lq1"), ("xr", "lq2")):  # the four lanes' bytes into one word (they do not overlap: adds are ors)
-        out += [K.Let(f"{t}b", _b("shl", _b("and", K.Cast(_r(q, F32), I32), 255), shift)),
-                K.Assign(f"{t}b", _add(_r(f"{t}b"), K.SubgroupShuffle(_r(f"{t}b"), _c(1), xor=True))),
-                K.Assign(f"{t}b", _add(_r(f"{t}b"), K.SubgroupShuffle(_r(f"{t}b"), _c(2), xor=True)))]
+        out += [
+            K.Let(f"{t}b", _b("shl", _b("and", K.Cast(_r(q, F32), I32), 255), shift)),
+            K.Assign(f"{t}b", _add(_r(f"{t}b"), K.SubgroupShuffle(_r(f"{t}b"), _c(1), xor=True))),
+            K.Assign(f"{t}b", _add(_r(f"{t}b"), K.SubgroupShuffle(_r(f"{t}b"), _c(2), xor=True))),
+        ]
     xq, xr, xds = names
-    out += [K.If(K.Bin("eq", _b("and", lane, 3), _c(0)), (K.Store(xq, word, _r("xqb")), K.Store(xr, word, _r("xrb")))),
-            K.If(K.Bin("eq", lane, _c(0)), (K.VecStore(xds, _b("div", word, 4), (_r("ld", F32), _r("lsum", F32))),))]
+    out += [
+        K.If(K.Bin("eq", _b("and", lane, 3), _c(0)), (K.Store(xq, word, _r("xqb")), K.Store(xr, word, _r("xrb")))),
+        K.If(K.Bin("eq", lane, _c(0)), (K.VecStore(xds, _b("div", word, 4), (_r("ld", F32), _r("lsum", F32))),)),
+    ]
     return out
 
 
@@ -177,10 +197,17 @@ def quantize_q8x2(k: int) -> K.Kernel:
     thread a word; grid (ceil(m k / 4 / Q8_THREADS),). K a multiple of 256, so warps are whole."""
     if k % 256:
         raise ValueError(f"quantize_q8x2 needs K a multiple of 256, got {k}")
-    body: list[K.Stmt] = [K.Let("qi", _add(_mul(K.Builtin("group_id", 0), Q8_THREADS), K.Builtin("thread_id", 0))),
-                          K.If(K.Bin("lt", _r("qi"), _mul(_r("m"), k // 4)), tuple(sum(_q8_word(_mul(_r("qi"), 4)), [])))]
-    params = (K.Buffer("x", F32), K.Buffer("xq", I32, readonly=False), K.Buffer("xr", I32, readonly=False), K.Buffer("xds", F32, readonly=False),
-              K.ScalarParam("m", I32))
+    body: list[K.Stmt] = [
+        K.Let("qi", _add(_mul(K.Builtin("group_id", 0), Q8_THREADS), K.Builtin("thread_id", 0))),
+        K.If(K.Bin("lt", _r("qi"), _mul(_r("m"), k // 4)), tuple(sum(_q8_word(_mul(_r("qi"), 4)), []))),
+    ]
+    params = (
+        K.Buffer("x", F32),
+        K.Buffer("xq", I32, readonly=False),
+        K.Buffer("xr", I32, readonly=False),
+        K.Buffer("xds", F32, readonly=False),
+        K.ScalarParam("m", I32),
+    )
     kern = K.Kernel(f"quantize_q8x2_K{k}", params, tuple(body), (Q8_THREADS, 1, 1), ())
     verify_kernel(kern)
     return kern

@@ -10,8 +10,18 @@ from ..frontend import Const, In, Out, kernel
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def rope(x: In[f32], positions: In[i32], inv_freq: In[f32], y: Out[f32], heads: i32, head_dim: i32, attn_factor: f32,
-         ROT: Const = 64, NEOX: Const = True, BLOCK: Const = 64):
+def rope(
+    x: In[f32],
+    positions: In[i32],
+    inv_freq: In[f32],
+    y: Out[f32],
+    heads: i32,
+    head_dim: i32,
+    attn_factor: f32,
+    ROT: Const = 64,
+    NEOX: Const = True,
+    BLOCK: Const = 64,
+):
     """y = x with each (token, head) vector rotated by its token's position; grid (tokens, heads)."""
     t = group_id(0)
     h = group_id(1)
@@ -32,9 +42,26 @@ def rope(x: In[f32], positions: In[i32], inv_freq: In[f32], y: Out[f32], heads: 
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def rope_kv_cache(q: In[f32], k: In[f32], v: In[f32], positions: In[i32], inv_freq: In[f32], slots: In[i32],
-                  q_out: Out[f32], k_pool: Out["PT"], v_pool: Out["PT"], hq: i32, hkv: i32, head_dim: i32, v_dim: i32, attn_factor: f32,
-                  ROT: Const = 64, NEOX: Const = True, BLOCK: Const = 64, PT: Const = "f32"):
+def rope_kv_cache(
+    q: In[f32],
+    k: In[f32],
+    v: In[f32],
+    positions: In[i32],
+    inv_freq: In[f32],
+    slots: In[i32],
+    q_out: Out[f32],
+    k_pool: Out["PT"],
+    v_pool: Out["PT"],
+    hq: i32,
+    hkv: i32,
+    head_dim: i32,
+    v_dim: i32,
+    attn_factor: f32,
+    ROT: Const = 64,
+    NEOX: Const = True,
+    BLOCK: Const = 64,
+    PT: Const = "f32",
+):
     """Grid (tokens, hq + 2 hkv): workgroup (t, h) rotates query head h into q_out, key head h - hq
     into the k pool at the token's slot, or copies value head h - hq - hkv into the v pool there (a
     negative slot writes no k or v); the pools hold ``PT`` values (f32, or f16 rounded to nearest

@@ -36,9 +36,28 @@ def gumbel_score(z: f32, seed: i32, step: i32, i: i32) -> f32:
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], temperature: In[f32], repetition: In[f32], presence: In[f32],
-                  frequency: In[f32], seeds: In[i32], steps: In[i32], mask: In[i32], bias_ids: In[i32], bias_vals: In[f32], work: Out[f32],
-                  parts: Out[f32], vocab: i32, mask_words: i32, nbias: i32, chunk: i32, BLOCK: Const = 256, PART: Const = PART_WORDS):
+def sample_chunks(
+    logits: In[f32],
+    counts: In[i32],
+    count_rows: In[i32],
+    temperature: In[f32],
+    repetition: In[f32],
+    presence: In[f32],
+    frequency: In[f32],
+    seeds: In[i32],
+    steps: In[i32],
+    mask: In[i32],
+    bias_ids: In[i32],
+    bias_vals: In[f32],
+    work: Out[f32],
+    parts: Out[f32],
+    vocab: i32,
+    mask_words: i32,
+    nbias: i32,
+    chunk: i32,
+    BLOCK: Const = 256,
+    PART: Const = PART_WORDS,
+):
     """The first half of sampling, a workgroup per ``chunk`` tokens of a row (grid (rows, chunks)):
     logit bias (``nbias`` (id, value) pairs, id < 0 unused, added in their order), penalties from
     ``counts[count_rows[r]]`` (a row < 0: no history), temperature, then the allowed-token bitmask
@@ -104,8 +123,21 @@ def sample_chunks(logits: In[f32], counts: In[i32], count_rows: In[i32], tempera
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], top_p: In[f32], min_p: In[f32], seeds: In[i32], steps: In[i32],
-           tokens: Out[i32], vocab: i32, chunks: i32, BLOCK: Const = 256, PART: Const = PART_WORDS):
+def sample(
+    work: In[f32],
+    parts: In[f32],
+    temperature: In[f32],
+    top_k: In[i32],
+    top_p: In[f32],
+    min_p: In[f32],
+    seeds: In[i32],
+    steps: In[i32],
+    tokens: Out[i32],
+    vocab: i32,
+    chunks: i32,
+    BLOCK: Const = 256,
+    PART: Const = PART_WORDS,
+):
     """tokens[r] = a sample from row r of ``work`` as ``sample_chunks`` left it (``chunks`` parts a
     row). A row without top-k, top-p or min-p (or at temperature 0: greedy, argmax after penalties)
     takes its chunks' best; otherwise top-k, top-p and min-p filter the row and the Gumbel-max draw
@@ -202,8 +234,7 @@ def sample(work: In[f32], parts: In[f32], temperature: In[f32], top_k: In[i32], 
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def logprobs(logits: In[f32], tokens: In[i32], chosen: Out[f32], top_ids: Out[i32], top_vals: Out[f32], vocab: i32,
-             N: Const = 1, BLOCK: Const = 256):
+def logprobs(logits: In[f32], tokens: In[i32], chosen: Out[f32], top_ids: Out[i32], top_vals: Out[f32], vocab: i32, N: Const = 1, BLOCK: Const = 256):
     """log_softmax of each row of the model's logits: the sampled token's, and the N largest (ids
     and values, largest first, ties to the lower id). Grid (rows,)."""
     r = group_id(0)
