@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from poot.testing.device_suites import NOT_RUN, DeviceSuite, DeviceSuites, device_unavailable, suite_cases
+from poot.testing.device_suites import NOT_RUN, DeviceSuite, DeviceSuites, device_run_or_skip, device_unavailable, suite_cases
 
 SUITE_FILE = """
 import os, pytest
@@ -64,3 +64,12 @@ def test_each_case_reports_as_it_ended(tmp_path):
         assert any("2 passed, 1 skipped, 1 failed" in line for line in runs.summary())
     finally:
         runs.close()
+
+
+def test_a_device_ci_expects_fails_where_it_cannot_run(monkeypatch):
+    monkeypatch.setenv("POOT_EXPECT_DEVICE_RUNS", "ptxas:sm_90a")
+    with pytest.raises(pytest.skip.Exception, match="vulkan:7"):
+        device_run_or_skip("vulkan:7")
+    monkeypatch.setenv("POOT_EXPECT_DEVICE_RUNS", "ptxas:sm_90a,vulkan:7")
+    with pytest.raises(AssertionError, match="vulkan:7 must run its suites here"):
+        device_run_or_skip("vulkan:7")

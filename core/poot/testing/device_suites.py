@@ -28,7 +28,7 @@ from typing import Any
 
 import pytest
 
-__all__ = ["DeviceSuite", "suite_cases", "case_id", "device_unavailable", "NOT_RUN"]
+__all__ = ["DeviceSuite", "suite_cases", "case_id", "device_unavailable", "device_run_or_skip", "NOT_RUN"]
 
 REPORT_ENV = "POOT_CASE_REPORT"
 SUITE_ENV = "POOT_DEVICE_SUITE"  # set in a device run: static skips and device-independent cases are left out
@@ -67,6 +67,15 @@ def device_unavailable(device: str) -> str | None:
         return f"no device {device} here: {e}"
     reason = dev.available()
     return None if reason else f"{device} is unavailable: {reason}"
+
+
+def device_run_or_skip(device: str) -> None:
+    """Skip, saying why, where kernels cannot run on ``device`` here; fail instead where
+    ``POOT_EXPECT_DEVICE_RUNS`` (a comma-separated list, set by CI) names it."""
+    reason = device_unavailable(device)
+    if reason:
+        assert device not in os.environ.get("POOT_EXPECT_DEVICE_RUNS", "").split(","), f"{device} must run its suites here: {reason}"
+        pytest.skip(reason)
 
 
 def suite_cases(suite: DeviceSuite) -> list[str]:
