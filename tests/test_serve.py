@@ -167,6 +167,14 @@ def test_tool_calls_are_parsed(client):
         args = json.loads(calls[0].function.arguments)
         if calls[0].function.name == "get_weather":
             assert isinstance(args["city"], str)
+    # the tool loop: the assistant message sent back exactly as returned (content null, its calls),
+    # then the tool's answer; the model answers in text
+    said = r.choices[0].message.model_dump(exclude_none=False)
+    assert said["content"] is None and said["tool_calls"]
+    result = {"role": "tool", "tool_call_id": said["tool_calls"][0]["id"], "content": '{"temperature": 21, "sky": "clear"}'}
+    after = client.chat.completions.create(model="SmolLM2", messages=[*msgs, said, result], tools=tools, max_tokens=30, temperature=0)
+    assert after.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    assert after.choices[0].message.content or after.choices[0].message.tool_calls
 
 
 def test_thirty_two_streams_with_disconnects(client, server):
@@ -220,15 +228,40 @@ def test_errors_have_the_right_status_and_body(server, client):
         (dict(body=ok, key="wrong"), 401, "API key"),
         (dict(body={**ok, "model": "gpt-9"}), 404, "gpt-9"),
         (dict(body={**ok, "logit_bias": {"x": 1}}), 400, "logit_bias"),
+        (dict(body={**ok, "messages": [{"role": "wizard", "content": "hi"}]}), 400, "messages[0].role must be one of"),
+        (dict(body={**ok, "max_tokens": True}), 400, "max_tokens"),
+        (dict(raw=b'{"model": "SmolLM2", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'), 400, "finite"),
+        (dict(raw=b'{"model": "SmolLM2", "messages": [{"role": "user", "content": "\xff\xfe"}]}'), 400, ""),
     ]
     for kw, status, words in cases:
         r = _post(server, "/v1/chat/completions", kw.get("body"), key=kw.get("key", KEY), raw=kw.get("raw"))
         assert r.status_code == status, (kw, r.status_code, r.text)
         err = r.json()["error"]
         assert words in err["message"] and err["type"], (kw, err)
+    assert _post(server, "/v1/chat/completions", None, raw=b'{"model": "SmolLM2", "messages": [}').json()["error"]["param"] is None  # not a byte offset
+    echo = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hi", "max_tokens": 2, "echo": True})
+    assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo", echo.text
     long = _post(server, "/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": "word " * 3000}]}).json()["error"]["message"]
     assert re.search(r"1024.*\d{4}", long), long  # the context and the prompt's length
     assert client.chat.completions.create(**ok).choices[0].message.content is not None  # still serving
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def test_a_seed_outside_int32_touches_no_other_request(server, client):
+    """Any integer seed is accepted (``n: 2`` adds one to it for the second choice), and a request
+    running beside it keeps every token: such a seed had failed the step, ended every request in
+    flight and left /health degraded."""
+    greedy = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Count from one to fifty in words."}], "max_tokens": 80, "temperature": 0}
+    seeded = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Say something."}], "max_tokens": 12, "seed": 3_000_000_000, "n": 2}
+    alone = client.chat.completions.create(**greedy)
+    with ThreadPoolExecutor(3) as pool:
+        beside = pool.submit(client.chat.completions.create, **greedy)
+        big = [pool.submit(client.chat.completions.create, **{**seeded, "seed": s}) for s in (3_000_000_000, 2**31 - 1)]
+        answers = [f.result() for f in big]
+        beside = beside.result()
+    assert all(len(a.choices) == 2 and all(c.message.content for c in a.choices) for a in answers)
+    assert beside.choices[0].message.content == alone.choices[0].message.content
+    assert beside.choices[0].finish_reason == alone.choices[0].finish_reason
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
 
 
@@ -236,12 +269,17 @@ def test_a_full_queue_answers_429_and_recovers(smollm2_path):
     proc, base = _start("--max-batch", "1", "--max-queue", "1", "--matmul-precision", "medium")
     try:
         body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 40, "temperature": 0}
+        # an idle server takes one request of several choices or prompts: the queue counts requests
+        two = httpx.post(f"{base}/v1/chat/completions", json={**body, "n": 2, "max_tokens": 4}, timeout=300)
+        assert two.status_code == 200 and len(two.json()["choices"]) == 2, two.text
+        both = httpx.post(f"{base}/v1/completions", json={"model": "SmolLM2", "prompt": ["One", "Two"], "max_tokens": 4}, timeout=300)
+        assert both.status_code == 200 and len(both.json()["choices"]) == 2, both.text
         with ThreadPoolExecutor(6) as pool:
             codes = list(pool.map(lambda _: httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300), range(6)))
         statuses = sorted(r.status_code for r in codes)
         assert 429 in statuses and 200 in statuses, statuses
         err = next(r for r in codes if r.status_code == 429).json()["error"]
-        assert err["type"] == "rate_limit_exceeded" and "waiting" in err["message"]
+        assert err["type"] == "rate_limit_exceeded" and re.search(r"^[1-9]\d* requests are already waiting to run \(at most 1 may\)", err["message"]), err
         assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300).status_code == 200
     finally:
         _stop(proc)

@@ -27,7 +27,7 @@ from ..text.guided import Constraint, ConstraintCompiler
 from ..text.stop import StopMatcher
 from ..text.tokenizer import Tokenizer
 from .kv import BlockPool, BlockTable, OutOfBlocks
-from .params import ParameterError, SamplingParams
+from .params import ParameterError, SamplingParams, device_seed
 
 __all__ = ["Engine", "Event", "SequenceState"]
 
@@ -135,6 +135,8 @@ class Engine:
         if bad:
             raise ParameterError("prompt", f"token ids {bad[:5]} are outside the vocabulary of {self.vocab}")
         cap = self.max_blocks * self.blocks.block_size
+        if len(prompt) >= cap:  # the prompt alone: max_tokens (maybe its default) is not to blame
+            raise ParameterError("prompt", f"the prompt has {len(prompt)} tokens; the context holds {cap} positions (raise --context, or shorten the prompt)")
         if len(prompt) + params.max_tokens > cap:
             raise ParameterError("max_tokens", f"prompt of {len(prompt)} tokens + max_tokens {params.max_tokens} exceed the context of {cap} positions")
         need = -(-(len(prompt) + params.max_tokens) // self.blocks.block_size)
@@ -144,7 +146,7 @@ class Engine:
         if bad_bias:
             raise ParameterError("logit_bias", f"token ids {bad_bias[:5]} are outside the vocabulary of {self.vocab}")
         constraint = self._constraint(params)
-        seed = params.seed if params.seed is not None else int.from_bytes(os.urandom(4), "little", signed=True)
+        seed = device_seed(params.seed) if params.seed is not None else int.from_bytes(os.urandom(4), "little", signed=True)
         s = SequenceState(self._next_id, prompt, params, seed, constraint=constraint)
         s.detok = StreamingDetokenizer(self.tok, skip_special_tokens=True)
         s.stop = StopMatcher(list(params.stop))

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import ParameterError
 
-__all__ = ["SamplingParams", "ParameterError", "MAX_LOGPROBS"]
+__all__ = ["SamplingParams", "ParameterError", "MAX_LOGPROBS", "device_seed"]
 
 MAX_LOGPROBS = 20  # top-N log-probabilities per token at most (OpenAI's limit)
 
@@ -21,8 +21,8 @@ class SamplingParams:
     ``temperature`` 0 is greedy. Penalties read the sequence's history (prompt and generated tokens):
     ``repetition_penalty`` divides positive logits of seen tokens and multiplies negative ones;
     ``presence_penalty`` and ``frequency_penalty`` subtract once per seen token and per occurrence.
-    ``logit_bias`` adds to logits first. ``seed`` makes draws repeatable (the same seed gives the same
-    tokens); without one the engine picks a seed per request. ``logprobs``: the sampled token's
+    ``logit_bias`` adds to logits first. ``seed`` (any integer) makes draws repeatable (the same seed
+    gives the same tokens); without one the engine picks a seed per request. ``logprobs``: the sampled token's
     log-probability and the top-N alternatives. Exactly one of ``json_schema``, ``regex``,
     ``grammar`` (Lark) or ``choice`` constrains the output.
     """
@@ -75,3 +75,9 @@ class SamplingParams:
     @property
     def constrained(self) -> bool:
         return any(getattr(self, n) is not None for n in ("json_schema", "regex", "grammar", "choice"))
+
+
+def device_seed(seed: int) -> int:
+    """Any integer seed as the int32 the sampling kernels draw from: one in int32's range as it is,
+    another wrapped modulo 2**32 (as a C cast does), so every integer a client may send is a seed."""
+    return (int(seed) + (1 << 31)) % (1 << 32) - (1 << 31)

@@ -18,6 +18,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from ..errors import PootError
 from ..llm.engine import Event
@@ -26,7 +27,9 @@ from ..llm.params import ParameterError, SamplingParams
 from ..text.chat import ChatTemplateError
 from .protocol import ApiError, ChatRequest, CompletionRequest, error_body
 from .scheduler import QueueFull, Scheduler
-from .tools import check_tools, forced_call_schema, parse_tool_calls, tool_system_prompt
+from .tools import check_tools, forced_call_schema, parse_tool_calls, tool_calls_as_text, tool_system_prompt
+
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # the roles OpenAI's chat API defines
 
 __all__ = ["create_app"]
 
@@ -129,13 +132,19 @@ class _Api:
     def chat_prompt(self, req: ChatRequest) -> tuple[list[int], dict[str, Any], Mapping[str, Any] | None]:
         tpl = self.m.template
         if tpl is None:
-            raise ApiError(400, f"'{self.model_id}' has no chat template: use /v1/completions", param="messages")
+            why = f"its chat template does not compile ({self.m.template_error})" if self.m.template_error else "has no chat template"
+            raise ApiError(400, f"'{self.model_id}' {why}: use /v1/completions", param="messages")
         messages = []
         for i, msg in enumerate(req.messages):
-            if not isinstance(msg.get("role"), str):
-                raise ApiError(400, f"messages[{i}] needs a 'role'", param=f"messages[{i}].role")
+            if msg.get("role") not in ROLES:
+                raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {msg.get('role')!r}", param=f"messages[{i}].role")
             msg = dict(msg)
             content = msg.get("content")
+            if content is None:  # an assistant turn that only called tools, sent back as the server returned it
+                msg["content"] = content = ""
+            calls = msg.get("tool_calls")
+            if calls and isinstance(calls, list) and "tool_calls" not in tpl.source:
+                msg["content"] = content = "\n".join(t for t in (content, tool_calls_as_text(calls)) if t)
             if isinstance(content, list):  # content parts: text only
                 texts = []
                 for part in content:
@@ -297,6 +306,8 @@ class _Api:
         self.check_model(req.model)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
+        if req.echo:  # refused, not ignored: a client asking for it would read the completion as the prompt's
+            raise ApiError(400, "echo is not supported: the prompt is not returned with the completion", param="echo")
         prompts = self.completion_prompts(req)
         prompts = [p for p in prompts for _ in range(req.n)]
         for p in prompts:
@@ -423,9 +434,15 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
     async def _invalid(request: Request, e: RequestValidationError) -> JSONResponse:
         errs = e.errors()
         first = errs[0] if errs else {}
+        if first.get("type") == "json_invalid":  # (its location is a byte offset, not a parameter)
+            return JSONResponse(error_body(ApiError(400, f"the body is not valid JSON: {first.get('msg', '')}")), status_code=400)
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        msg = "the body is not valid JSON" if first.get("type") == "json_invalid" else f"{where or 'body'}: {first.get('msg', 'invalid')}"
-        return JSONResponse(error_body(ApiError(400, msg, param=where or None)), status_code=400)
+        return JSONResponse(error_body(ApiError(400, f"{where or 'body'}: {first.get('msg', 'invalid')}", param=where or None)), status_code=400)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:  # (a body that is not UTF-8, an unknown path ...)
+        kind = "invalid_request_error" if e.status_code < 500 else "server_error"
+        return JSONResponse(error_body(ApiError(e.status_code, str(e.detail), type=kind)), status_code=e.status_code)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:  # a bug: still the OpenAI shape, and the loop goes on

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, Strict
 
 __all__ = ["ApiError", "error_body", "StreamOptions", "CompletionRequest", "ChatRequest", "ResponseFormat"]
 
@@ -22,7 +22,11 @@ def error_body(e: ApiError) -> dict[str, Any]:
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and infinities are no numbers a client means; unknown fields are ignored, as OpenAI's are
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
+
+
+Int = Annotated[int, Strict()]  # an integer as JSON writes it: true is no max_tokens of 1
 
 
 class StreamOptions(_Body):
@@ -31,26 +35,26 @@ class StreamOptions(_Body):
 
 class _Sampling(_Body):
     model: str
-    n: int = Field(1, ge=1, le=16)
+    n: Int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
+    top_k: Int | None = Field(None, ge=0)
     min_p: float | None = Field(None, ge=0, le=1)
     repetition_penalty: float | None = Field(None, gt=0)
-    seed: int | None = None
+    seed: Int | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     logit_bias: dict[str, float] | None = None
-    max_tokens: int | None = Field(None, ge=1)
+    max_tokens: Int | None = Field(None, ge=1)
     user: str | None = None
 
 
 class CompletionRequest(_Sampling):
     prompt: str | list[str] | list[int] | list[list[int]]
-    logprobs: int | None = Field(None, ge=0, le=20)
+    logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
 
@@ -68,9 +72,9 @@ class ResponseFormat(_Body):
 
 class ChatRequest(_Sampling):
     messages: list[dict[str, Any]] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=1)
+    max_completion_tokens: Int | None = Field(None, ge=1)
     logprobs: bool = False
-    top_logprobs: int | None = Field(None, ge=0, le=20)
+    top_logprobs: Int | None = Field(None, ge=0, le=20)
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None

@@ -12,6 +12,7 @@ import collections
 import queue
 import threading
 import time
+import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -46,7 +47,8 @@ class Scheduler:
         self.engine, self.max_queue = engine, max_queue
         self._inbox: queue.Queue[tuple] = queue.Queue()
         self._subs: dict[int, tuple[Callable[[Event], None], float, list[bool]]] = {}
-        self._pending = 0  # accepted, not yet admitted into the engine
+        self._pending = 0  # requests accepted, not yet admitted into the engine
+        self._request_of: dict[int, int] = {}  # sequence id -> the request (its first sequence's id) it belongs to
         self._lock = threading.Lock()
         self._window: collections.deque[tuple[float, int]] = collections.deque()
         self._ttft: collections.deque[float] = collections.deque(maxlen=2048)
@@ -61,12 +63,17 @@ class Scheduler:
         """Queue sequences; the future gives their ids (or the ``ParameterError`` that refused
         them). ``on_event`` runs on the loop thread: it must only hand the event over."""
         with self._lock:
-            if self._pending + len(self.engine.waiting) + len(prompts) > self.max_queue:
-                raise QueueFull(f"{self.max_queue} requests are already waiting; try again later")
-            self._pending += len(prompts)
+            waiting = self._pending + self._waiting_requests()
+            if waiting + 1 > self.max_queue:
+                raise QueueFull(f"{waiting} requests are already waiting to run (at most {self.max_queue} may); try again later")
+            self._pending += 1
         fut: Future = Future()
         self._inbox.put(("add", list(prompts), list(params), on_event, fut))
         return fut
+
+    def _waiting_requests(self) -> int:
+        """Requests admitted whose sequences (choices, prompts) have not all started running."""
+        return len({self._request_of.get(s.id) for s in list(self.engine.waiting)})
 
     def cancel(self, seq_ids: Sequence[int]) -> None:
         self._inbox.put(("cancel", list(seq_ids)))
@@ -77,6 +84,11 @@ class Scheduler:
         self._thread.join(timeout=10)
 
     # -- the loop -----------------------------------------------------------------------------------
+    def _drop(self, seq_id: int) -> tuple[Callable[[Event], None], float, list[bool]] | None:
+        """Forget a finished or cancelled sequence: its subscriber (returned) and its request."""
+        self._request_of.pop(seq_id, None)
+        return self._subs.pop(seq_id, None)
+
     def _handle(self, cmd: tuple) -> None:
         if cmd[0] == "add":
             _, prompts, params, cb, fut = cmd
@@ -92,14 +104,15 @@ class Scheduler:
                 now = time.perf_counter()
                 for i in ids:
                     self._subs[i] = (cb, now, [False])
+                    self._request_of[i] = ids[0]
                 self._requests += 1
                 fut.set_result(ids)
             finally:
                 with self._lock:
-                    self._pending -= len(prompts)
+                    self._pending -= 1
         elif cmd[0] == "cancel":
             for i in cmd[1]:
-                sub = self._subs.pop(i, None)
+                sub = self._drop(i)
                 if self.engine.cancel(i) and sub is not None:
                     try:  # the request waiting on it ends too (a handler whose client left must not wait forever)
                         sub[0](Event(i, None, "", "cancelled"))
@@ -122,12 +135,14 @@ class Scheduler:
                 events = self.engine.step()
             except Exception as e:  # noqa: BLE001 - a failed step ends its sequences, not the server
                 self.error = e
+                traceback.print_exc()  # the server's log says what failed, not only /health
                 for s in list(self.engine.running) + list(self.engine.waiting):
-                    cb = self._subs.pop(s.id, None)
+                    cb = self._drop(s.id)
                     self.engine.cancel(s.id)
                     if cb is not None:
                         cb[0](Event(s.id, None, "", "error", error=f"the step failed: {e}"))
                 continue
+            self.error = None  # /health: degraded while steps fail, ok again once one succeeds
             now = time.perf_counter()
             n = 0
             for ev in events:
@@ -143,11 +158,11 @@ class Scheduler:
                         self._ttft_sum += now - t0
                         self._ttft_count += 1
                 if ev.finished is not None:
-                    del self._subs[ev.seq_id]
+                    self._drop(ev.seq_id)
                 try:
                     cb(ev)
                 except Exception:  # noqa: BLE001 - a broken subscriber loses its events only
-                    self._subs.pop(ev.seq_id, None)
+                    self._drop(ev.seq_id)
                     self.engine.cancel(ev.seq_id)
             self._tokens += n
             self._window.append((now, n))
@@ -164,7 +179,7 @@ class Scheduler:
         q = {p: (ttft[min(len(ttft) - 1, int(p * len(ttft)))] if ttft else 0.0) for p in (0.5, 0.9, 0.99)}
         blocks = self.engine.blocks
         return Stats(
-            self._pending + len(self.engine.waiting),
+            self._pending + self._waiting_requests(),
             len(self.engine.running),
             blocks.num_blocks - blocks.free_blocks,
             blocks.num_blocks,

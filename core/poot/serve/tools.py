@@ -93,3 +93,20 @@ def parse_tool_calls(text: str, functions: Mapping[str, Any]) -> tuple[str | Non
     except ValueError:
         c = None
     return (None, [c]) if c is not None else (text, [])
+
+
+def tool_calls_as_text(calls: Sequence[Mapping[str, Any]]) -> str:
+    """An assistant message's ``tool_calls`` written back in the call format the model was asked
+    for, for a chat template that does not render ``tool_calls`` itself."""
+    out = []
+    for c in calls:
+        fn = c.get("function") if isinstance(c, Mapping) else None
+        if not isinstance(fn, Mapping):
+            continue
+        args = fn.get("arguments", "{}")
+        try:
+            args = json.loads(args) if isinstance(args, str) else args
+        except ValueError:
+            pass  # as the client sent it
+        out.append(f"<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args})}</tool_call>")
+    return "\n".join(out)
