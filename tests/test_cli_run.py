@@ -20,6 +20,7 @@ def test_poot_run_answers_with_smollm2(smollm2_path):
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
     assert "ready in" in r.stderr and "prompt tokens" in r.stderr and "tok/s" in r.stderr
+    assert "\r" not in r.stderr and "compiling kernels" not in r.stderr  # a pipe gets lines, not a progress bar
 
 
 def test_poot_run_with_a_json_schema(smollm2_path, tmp_path):
@@ -51,3 +52,31 @@ def test_poot_chat_through_a_pipe(smollm2_path):
     r = _poot("chat", "SmolLM2", "--temperature", "0", "--max-tokens", "12", stdin="What is the capital of France?\n\n")
     assert r.returncode == 0, r.stderr
     assert "Paris" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "args,flag",
+    [
+        (["serve", "SmolLM2", "--port", "99999"], "--port"),
+        (["run", "SmolLM2", "hi", "--context", "5"], "--context"),
+        (["run", "SmolLM2", "hi", "--context", "-3"], "--context"),
+        (["run", "SmolLM2", "hi", "--context", "0"], "--context"),
+        (["serve", "SmolLM2", "--max-batch", "0"], "--max-batch"),
+        (["serve", "SmolLM2", "--max-queue", "x"], "--max-queue"),
+    ],
+)
+def test_a_bad_flag_is_named_before_the_model_loads(args, flag):
+    """A bad number is refused by the flag that carries it, in one line, before anything loads (they
+    had blamed --kv-memory, become 4096 silently, or come after the model loaded as tracebacks)."""
+    r = _poot(*args)
+    assert r.returncode == 2 and f"argument {flag}:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "loading" not in r.stderr
+
+
+def test_serve_on_a_port_in_use_says_so_before_loading():
+    import socket
+
+    with socket.create_server(("127.0.0.1", 0)) as s:
+        r = _poot("serve", "SmolLM2", "--port", str(s.getsockname()[1]))
+    assert r.returncode == 1 and "cannot serve on 127.0.0.1:" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    assert "serving" not in r.stdout and "loading" not in r.stderr

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 import poot
+from poot.errors import PootError
 from poot.llm import ParameterError, SamplingParams
 from poot.testing.references import hf_greedy
 
@@ -274,6 +275,9 @@ def test_requests_that_cannot_fit_are_refused(smollm2):
         smollm2.engine.add([1, 2, 3], SamplingParams(max_tokens=10_000))
     with pytest.raises(ParameterError, match="prompt"):
         smollm2.engine.add([10**7], SamplingParams())
+    with pytest.raises(ParameterError, match="the prompt has 600 tokens; the context holds 512") as e:  # not max_tokens' fault
+        smollm2.engine.add([1] * 600, SamplingParams(max_tokens=1))
+    assert e.value.name == "prompt"
     assert np.all(smollm2.pools["token_counts"] >= 0)
 
 
@@ -299,3 +303,50 @@ def test_the_kv_pool_fits_a_device_beside_its_weights():
     with pytest.raises(ParameterError, match="kv-memory") as e:
         kv_budget(40 * gib, 1 << 20, dev("nvptx", 16 * gib), 15 * gib, 64 * gib)
     assert e.value.name == "kv_memory"
+
+
+def test_any_integer_seed_is_a_seed(smollm2):
+    """A seed outside int32 (OpenAI clients send any integer) draws like its int32 wrap-around,
+    repeatably, and leaves the sequences beside it alone (it had failed the whole step)."""
+
+    def seeded(seed):
+        return SamplingParams(temperature=1.0, seed=seed, max_tokens=8, ignore_eos=True)
+
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    alone = smollm2.complete(["The ocean is"], greedy, raw=True)[0]
+    prompts = ["Once upon a time"] * 3 + ["The ocean is"]
+    big, wrapped, negative, beside = smollm2.complete(prompts, [seeded(3_000_000_000), seeded(3_000_000_000 - 2**32), seeded(-(2**70) + 5), greedy], raw=True)
+    assert big.tokens == wrapped.tokens and len(negative.tokens) == 8
+    assert beside.tokens == alone.tokens and beside.finish_reason == "length"
+    assert smollm2.complete(["Once upon a time"], seeded(3_000_000_000), raw=True)[0].tokens == big.tokens
+
+
+def test_a_handle_closes_as_a_context_manager_and_then_refuses():
+    with poot.load("SmolLM2", "cpu", max_seqs=1, max_context=64, progress=False) as m:
+        assert len(m.complete(["Hi"], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), raw=True)[0].tokens) == 2
+    with pytest.raises(PootError, match="closed"):
+        next(m.generate("Hi", SamplingParams(max_tokens=2)))
+    with pytest.raises(PootError, match="closed"):
+        m.complete(["Hi"])
+
+
+def test_a_checkpoint_without_a_template_takes_plain_prompts(gemma3_path):
+    """Gemma 3 270M (a base model) ships no chat template: prompts go in as plain text, chat
+    messages are refused, and the family's built-in template is used only when asked for (it had
+    been guessed, and the model answered garbage)."""
+    with poot.load(str(gemma3_path), "cpu", max_seqs=1, max_context=64, progress=False) as m:
+        assert m.template is None and m.encode("What is the capital of France?") == m.tokenizer.encode("What is the capital of France?")
+        with pytest.raises(ParameterError, match="no chat template"):
+            m.encode([{"role": "user", "content": "hi"}])
+    with poot.load(str(gemma3_path), "cpu", max_seqs=1, max_context=64, progress=False, chat_template="family") as m:
+        assert "<start_of_turn>user" in m.tokenizer.decode(m.encode("hi"))
+
+
+def test_a_template_that_does_not_compile_stops_chat_not_plain_prompts():
+    from poot.text.chat import ChatTemplateError
+
+    with poot.load("SmolLM2", "cpu", max_seqs=1, max_context=64, progress=False, chat_template="{% if %}") as m:
+        assert m.template is None and m.template_error is not None
+        assert len(m.complete(["Hi"], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), raw=True)[0].tokens) == 2
+        with pytest.raises(ChatTemplateError, match="line 1"):
+            m.encode("Hi")

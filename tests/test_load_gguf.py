@@ -227,3 +227,24 @@ def test_missing_file_and_empty_file(tmp_path):
     (tmp_path / "empty.gguf").write_bytes(b"")
     with pytest.raises(LoadError, match="not a GGUF file"):
         open_checkpoint(tmp_path / "empty.gguf")
+
+
+@pytest.mark.parametrize(
+    "key,value,words",
+    [
+        ("llama.block_count", 0, "no layers"),
+        ("llama.rope.freq_base", float("nan"), "RoPE frequency base"),
+        ("llama.attention.layer_norm_rms_epsilon", -1e-5, "norm_eps"),
+        ("llama.embedding_length", 0, "hidden"),
+    ],
+)
+def test_a_checkpoint_whose_numbers_describe_no_model_is_refused_by_field(smollm2_path, tmp_path, key, value, words):
+    """Numbers that parse but describe no model (no layers, a NaN RoPE base, a negative epsilon)
+    are a ConfigError naming the field, not a ZeroDivisionError or NaN logits later."""
+    from poot.models import family_for
+    from poot.models.config import ConfigError
+    from poot.testing.checkpoints import copy_gguf_header
+
+    ck = open_checkpoint(copy_gguf_header(smollm2_path, tmp_path / "bad.gguf", override={key: value}))
+    with pytest.raises(ConfigError, match=words):
+        family_for(ck.architecture).parse_config(ck)

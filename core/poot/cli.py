@@ -8,7 +8,7 @@ import os
 import shutil
 import sys
 import textwrap
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -181,6 +181,28 @@ def _sampling(args: argparse.Namespace, max_tokens: int | None = None) -> Any:
     )
 
 
+def _at_least(low: int, what: str = "") -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low`` (the error names the flag and the bound)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low:
+            raise argparse.ArgumentTypeError(f"must be at least {low}{f' ({what})' if what else ''}, got {value}")
+        return value
+
+    return parse
+
+
+def _port(text: str) -> int:
+    value = _at_least(0)(text)
+    if value > 65535:
+        raise argparse.ArgumentTypeError(f"a TCP port is 0-65535, got {value}")
+    return value
+
+
 def _load(args: argparse.Namespace, **options: Any) -> Any:
     from .llm import load
 
@@ -200,6 +222,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     params = _sampling(args)
     m = _load(args, max_seqs=1)
+    if m.template is None and m.template_error is None and not args.raw:
+        print(f"poot: {args.model} has no chat template: the prompt goes in as plain text", file=sys.stderr)
     ids = m.encode(args.prompt, raw=args.raw)
     t1 = time.perf_counter()
     first: float | None = None
@@ -226,16 +250,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_chat(args: argparse.Namespace) -> int:
     params = _sampling(args)
     m = _load(args, max_seqs=1)
+    if m.template_error is not None:
+        raise PootError(f"{args.model}: {m.template_error}; `poot run --raw` still gives plain completion")
     if m.template is None:
-        raise PootError(f"{args.model} has no chat template: use `poot run --raw` for plain completion")
+        raise PootError(f"{args.model} has no chat template (a base model?): use `poot run` for plain completion")
     messages: list[dict[str, str]] = []
     if args.system:
         messages.append({"role": "system", "content": args.system})
-    print("poot: chat with the model; an empty line or Ctrl-D ends, /reset starts over", file=sys.stderr)
+    print("poot: chat with the model; an empty line or Ctrl-D ends, /reset starts over, Ctrl-C stops an answer", file=sys.stderr)
     while True:
         try:
             line = input("> ")
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):
             print()
             break
         if not line.strip():
@@ -245,9 +271,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": line})
         answer = ""
-        for ev in m.generate(messages, params):
-            answer += ev.text
-            print(ev.text, end="", flush=True)
+        events = m.generate(messages, params)
+        try:
+            for ev in events:
+                answer += ev.text
+                print(ev.text, end="", flush=True)
+        except KeyboardInterrupt:  # the answer stops (its sequence cancelled); the chat goes on
+            events.close()
+            print(" [stopped]", end="", file=sys.stderr)
         print()
         messages.append({"role": "assistant", "content": answer})
     m.close()
@@ -370,8 +401,8 @@ def build_parser() -> argparse.ArgumentParser:
     ins.set_defaults(func=cmd_inspect)
     pn = sub.add_parser("plan", help="the compiled plan of one step: launches, kernels, grids, storage")
     pn.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
-    pn.add_argument("--tokens", type=int, default=1, help="tokens in the step (1: a decode step)")
-    pn.add_argument("--context", type=int, default=512, help="context the step sees, in tokens")
+    pn.add_argument("--tokens", type=_at_least(1), default=1, help="tokens in the step (1: a decode step)")
+    pn.add_argument("--context", type=_at_least(1), default=512, help="context the step sees, in tokens")
     pn.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
     pn.add_argument("--kv-dtype", choices=KV_DTYPES, default="f16", help="the KV cache's element type (default: f16)")
     precision_arg(pn)
@@ -380,7 +411,7 @@ def build_parser() -> argparse.ArgumentParser:
     def model_args(q: argparse.ArgumentParser) -> None:
         q.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
         q.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
-        q.add_argument("--context", type=int, default=2048, help="longest sequence, in tokens")
+        q.add_argument("--context", type=_at_least(16, "one KV block"), default=2048, help="longest sequence, in tokens (16 or more)")
         q.add_argument(
             "--kv-memory", default=None, help="KV cache budget, e.g. 512M or 2G (default: what the sequences need, at most a quarter of free memory)"
         )
@@ -423,10 +454,10 @@ def build_parser() -> argparse.ArgumentParser:
     srv = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs pip install 'poot[serve]')")
     model_args(srv)
     srv.add_argument("--host", default="127.0.0.1", help="interface to listen on (default: loopback only)")
-    srv.add_argument("--port", type=int, default=8000)
+    srv.add_argument("--port", type=_port, default=8000, help="TCP port, 1-65535 (0: any free one)")
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
-    srv.add_argument("--max-batch", type=int, default=16, help="sequences decoded together")
-    srv.add_argument("--max-queue", type=int, default=256, help="requests waiting beyond that get 429")
+    srv.add_argument("--max-batch", type=_at_least(1), default=16, help="sequences decoded together")
+    srv.add_argument("--max-queue", type=_at_least(1), default=256, help="requests waiting beyond that get 429")
     srv.add_argument("--name", default=None, help="the model id clients use (default: MODEL as given)")
     srv.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="prefill and decode tokens/s for a few batch sizes")
@@ -456,6 +487,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PootError as e:
         print(f"poot: error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("\npoot: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":  # pragma: no cover

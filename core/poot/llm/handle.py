@@ -28,7 +28,7 @@ from ..plugins import host
 from ..runtime import Device, get_device
 from ..runtime.executor import Executor
 from ..text import Tokenizer
-from ..text.chat import chat_template_for
+from ..text.chat import ChatTemplate, ChatTemplateError
 from .engine import Engine, Event
 from .kv import BlockPool
 from .params import MAX_LOGPROBS, ParameterError, SamplingParams
@@ -105,6 +105,7 @@ class ModelHandle:
         progress: bool | None = None,
         matmul_precision: str = "high",
         kv_dtype: str = "f16",
+        chat_template: str | None = None,
     ) -> None:
         self.matmul_precision = check_matmul_precision(matmul_precision)  # before anything is loaded
         if kv_dtype not in KV_DTYPES:
@@ -122,7 +123,20 @@ class ModelHandle:
         self.family = family_for(ck.architecture)
         self.config = self.family.parse_config(ck)
         self.tokenizer = Tokenizer.from_gguf(ck.metadata) if ck.format == "gguf" else Tokenizer.from_hf(ck.path)
-        self.template = chat_template_for(ck.chat_template or self.family.default_chat_template, ck.architecture, self.tokenizer.special_tokens)
+        # the checkpoint's own template, or the one asked for; never a guess: a family's template on a
+        # checkpoint that has none (a base model) makes it answer garbage
+        source = self.family.default_chat_template if chat_template == "family" else (chat_template or ck.chat_template)
+        if chat_template == "family" and not source:
+            raise ParameterError("chat_template", f"the {ck.architecture} family has no built-in chat template")
+        self.template: ChatTemplate | None = None
+        self.template_error: ChatTemplateError | None = None  # a template that fails to compile stops chat prompts, not raw ones
+        if source:
+            try:
+                self.template = ChatTemplate(
+                    source, self.tokenizer.special_tokens, "the checkpoint's chat template" if source == ck.chat_template else "the chat template"
+                )
+            except ChatTemplateError as e:
+                self.template_error = e
         self._say(f"tracing and planning its step for {self.device.name}")
         self._shapes = lambda lp: StepShapes(block_size=block_size, cache_dtype=kv_dtype, sample=True, logprobs=MAX_LOGPROBS if lp else 0)  # noqa: E731
         self._graphs: dict[bool, Any] = {}
@@ -150,6 +164,7 @@ class ModelHandle:
         self.pools["token_counts"] = np.zeros((max_seqs, self.vocab), np.int32)
         self.pools["last_tokens"] = np.zeros(max_seqs, np.int32)
         self._executors: dict[bool, Executor] = {}
+        self._closed = False
         self._executor(False)  # compile now; the log-probability variant when first asked
         self._constraint_compiler: Any = None
         self.engine = Engine(
@@ -183,6 +198,8 @@ class ModelHandle:
         return self._graphs[logprobs]
 
     def _executor(self, logprobs: bool) -> Executor:
+        if self._closed:
+            raise PootError("this model handle is closed: load the model again (poot.load) to generate")
         if self.device.kind != "cpu":
             logprobs = True  # one executor (its pools are device memory of its own): the variant with log-probabilities
         ex = self._executors.get(logprobs)
@@ -209,11 +226,13 @@ class ModelHandle:
         """Token ids for a prompt: ids as given, a string (through the chat template unless ``raw``
         or the model has none), or a list of chat messages."""
         if isinstance(prompt, str):
-            if raw or self.template is None:
+            if raw or (self.template is None and self.template_error is None):
                 return self.tokenizer.encode(prompt)
             prompt = [{"role": "user", "content": prompt}]
         prompt = list(prompt)
         if prompt and isinstance(prompt[0], Mapping):
+            if self.template_error is not None:
+                raise self.template_error
             if self.template is None:
                 raise ParameterError("messages", "this model has no chat template: give a plain prompt")
             text = self.template.render(prompt, add_generation_prompt=True)  # type: ignore[arg-type]
@@ -223,6 +242,7 @@ class ModelHandle:
     # -- generation ---------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], params: SamplingParams | None = None, raw: bool = False) -> Iterator[Event]:
         """Stream one sequence's events (other sequences added to ``engine`` advance alongside)."""
+        self._executor(False)  # (a closed handle refuses here)
         sid = self.engine.add(self.encode(prompt, raw), params)
         try:
             while True:
@@ -244,6 +264,7 @@ class ModelHandle:
         plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
         if len(plist) != len(prompts):
             raise ParameterError("params", f"{len(plist)} parameter sets for {len(prompts)} prompts")
+        self._executor(False)  # (a closed handle says so here)
         ids = [self.encode(p, raw) for p in prompts]
         sids = [self.engine.add(x, p) for x, p in zip(ids, plist)]
         out = {s: Completion("", [], "", len(x)) for s, x in zip(sids, ids)}
@@ -265,9 +286,17 @@ class ModelHandle:
         return [out[s] for s in sids]
 
     def close(self) -> None:
+        """Release the executors (device memory, captured steps); the handle generates no more."""
+        self._closed = True
         for ex in self._executors.values():
             ex.close()
         self._executors.clear()
+
+    def __enter__(self) -> ModelHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def load(model: str, device: str | None = None, **options: Any) -> ModelHandle:
@@ -277,5 +306,7 @@ def load(model: str, device: str | None = None, **options: Any) -> ModelHandle:
     ``matmul_precision`` ("highest", "high" (default) or "medium": how f32 activations meet
     tensor cores, where the device has them; docs/NUMERICS.md), ``kv_dtype`` ("f16" (default) or
     "f32": the KV cache's element type; f16 holds twice the tokens in the same memory, as llama.cpp's
-    default cache does)."""
+    default cache does), ``chat_template`` (a template's source to use instead of the checkpoint's,
+    or "family" for its family's built-in one; without either, a checkpoint with no template takes
+    plain prompts only)."""
     return ModelHandle(model, device, **options)

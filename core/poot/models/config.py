@@ -6,6 +6,7 @@ norms, soft-caps, sliding windows, MoE and MLA); the tracer in ``decoder.py`` re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -68,6 +69,21 @@ class DecoderConfig:
     mla: MlaConfig | None = None
     max_context: int = 4096
     extra: Mapping[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        """A checkpoint whose numbers cannot describe a model is refused here, by field, before any
+        of them sizes a buffer or divides anything."""
+        if not self.layers:
+            raise ConfigError(f"{self.architecture}: the checkpoint has no layers (its block count is 0)")
+        for name in ("vocab_size", "hidden", "heads", "kv_heads", "head_dim", "max_context"):
+            if not isinstance(getattr(self, name), int) or getattr(self, name) <= 0:
+                raise ConfigError(f"{self.architecture}: {name} must be a positive integer, got {getattr(self, name)!r}")
+        if not (math.isfinite(self.norm_eps) and self.norm_eps > 0):
+            raise ConfigError(f"{self.architecture}: the norms' epsilon (norm_eps) must be a positive number, got {self.norm_eps!r}")
+        for i, layer in enumerate(self.layers):
+            theta = layer.rope.theta if layer.rope is not None else 1.0
+            if not (math.isfinite(theta) and theta > 0):
+                raise ConfigError(f"{self.architecture}: layer {i}'s RoPE frequency base must be a positive number, got {theta!r}")
 
     @property
     def n_layers(self) -> int:

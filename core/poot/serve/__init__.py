@@ -31,7 +31,16 @@ def serve(
         from ..errors import PootError
 
         raise PootError("serving needs FastAPI and uvicorn: pip install 'poot[serve]'") from None
+    import socket
+
+    from ..errors import PootError
     from ..llm import load
+
+    try:  # before the model loads: a port in use is known at once, not after "serving"
+        with socket.create_server((host, port)):
+            pass
+    except OSError as e:
+        raise PootError(f"cannot serve on {host}:{port}: {e.strerror or e}; pick another --port or --host") from None
 
     opts = {"max_seqs": max_batch, "max_step_tokens": 256, "progress": True, "matmul_precision": matmul_precision, "kv_dtype": kv_dtype}
     if kv_memory is not None:

@@ -55,9 +55,10 @@ def _gguf_type(storage: str):  # type: ignore[no-untyped-def]
     return {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "i8": T.I8, "i16": T.I16, "i32": T.I32, "i64": T.I64, "f64": T.F64}.get(storage) or T[storage.upper()]
 
 
-def copy_gguf_header(src: str | Path, dst: str | Path, keep: int = 256) -> Path:
-    """A GGUF with ``src``'s real metadata (arrays cut to ``keep`` items) and real tensor table,
-    whose data region is a sparse hole of the right size: a real header that parses in milliseconds."""
+def copy_gguf_header(src: str | Path, dst: str | Path, keep: int = 256, override: Mapping[str, Any] | None = None) -> Path:
+    """A GGUF with ``src``'s real metadata (arrays cut to ``keep`` items; scalar keys in ``override``
+    given other values of their type) and real tensor table, whose data region is a sparse hole of
+    the right size: a real header that parses in milliseconds."""
     import gguf
 
     r = gguf.GGUFReader(str(src))
@@ -71,7 +72,7 @@ def copy_gguf_header(src: str | Path, dst: str | Path, keep: int = 256) -> Path:
         if vtype == gguf.GGUFValueType.ARRAY:
             w.add_key_value(key, list(val)[:keep], vtype, f.types[-1] if len(f.types) > 1 else None)
         else:
-            w.add_key_value(key, val, vtype)
+            w.add_key_value(key, (override or {}).get(key, val), vtype)
     for t in r.tensors:
         # a non-uint8 dtype makes the writer take the shape as the logical (numpy-order) shape
         w.add_tensor_info(t.name, [int(x) for x in t.shape[::-1]], np.dtype(np.float32), int(t.n_bytes), raw_dtype=t.tensor_type)

@@ -19,6 +19,7 @@ from poot.kernel.ir import Buffer
 from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array, weight_dtype
 from poot.plan.plan import Plan
 from poot.runtime.executor import Executor
+from poot.runtime.progress import compile_progress
 
 from .chain import NativeChain, ThreadTeam, records_table
 
@@ -84,14 +85,13 @@ class HostExecutor(Executor):
     def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
         super().__init__(plan)
         target = host_target()
-        from tqdm import tqdm
 
         by_value: dict[str, list[int]] = {}  # equal kernels (by value) share one compiled copy
         for k in {id(l.kernel): l.kernel for l in plan.launches}.values():
             by_value.setdefault(repr(k), []).append(id(k))
         objects = {id(l.kernel): l.kernel for l in plan.launches}
         self._kernels: dict[int, HostKernel] = {}  # by id of the plan's kernel objects (the plan keeps them alive)
-        for ids in tqdm(by_value.values(), desc="poot: compiling kernels", unit="kernel", disable=not progress, leave=False):
+        for ids in compile_progress(by_value.values(), progress, len(by_value)):
             kernel = objects[ids[0]]
             hk = HostKernel(kernel, compile_kernel(kernel, target))
             for i in ids:

@@ -37,6 +37,7 @@ from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
+from poot.runtime.progress import compile_progress
 from poot.runtime.regions import checked_weight
 
 from .device import CudaCallError, _check
@@ -102,14 +103,13 @@ class CudaExecutor(Executor):
         self.d = self.ctx.driver
         target = target_for(self.device)
         self.programmatic = target.startswith("nvptx:sm_90") and os.environ.get("POOT_CUDA_PDL", "1") != "0"
-        from tqdm import tqdm
 
         by_value: dict[str, list[int]] = {}
         objects = {id(l.kernel): l.kernel for l in plan.launches}
         for k in objects.values():
             by_value.setdefault(repr(k), []).append(id(k))
         self._kernels: dict[int, CudaKernel] = {}
-        for ids in tqdm(by_value.values(), desc="poot: compiling kernels", unit="kernel", disable=not progress, leave=False):
+        for ids in compile_progress(by_value.values(), progress, len(by_value)):
             ck = CudaKernel(self.ctx, objects[ids[0]], target)
             for i in ids:
                 self._kernels[i] = ck

@@ -29,6 +29,7 @@ from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
+from poot.runtime.progress import compile_progress
 from poot.runtime.regions import EAGER_READBACK, checked_pool, checked_weight, computed_outputs, require_pools, scalar_block, value_region
 
 from .runtime import WHOLE_SIZE, DeviceBuffer, HostBuffer, VulkanDevice, storage_buffer
@@ -107,14 +108,13 @@ class VulkanExecutor(Executor):
         limits = vk.vkGetPhysicalDeviceProperties(self.dev.physical).limits
         self.align = max(64, int(limits.minStorageBufferOffsetAlignment))
         self.max_range = int(limits.maxStorageBufferRange)
-        from tqdm import tqdm
 
         self._pipes: dict[int, _Pipeline] = {}
         by_value: dict[str, list[Kernel]] = {}
         for launch in plan.launches:
             by_value.setdefault(repr(launch.kernel), []).append(launch.kernel)
         try:
-            for ks in tqdm(by_value.values(), desc="poot: compiling kernels", unit="kernel", disable=not progress, leave=False):
+            for ks in compile_progress(by_value.values(), progress, len(by_value)):
                 pipe = _Pipeline(self.dev, ks[0])
                 for k in ks:
                     self._pipes[id(k)] = pipe

@@ -26,6 +26,7 @@ from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
 from poot.plan.plan import Plan
 from poot.runtime import get_device
 from poot.runtime.executor import Executor
+from poot.runtime.progress import compile_progress
 from poot.runtime.regions import EAGER_READBACK, checked_pool, checked_weight, computed_outputs, require_pools, scalar_block, value_region
 
 from .runtime import WgpuDevice, WgpuPipeline
@@ -58,13 +59,12 @@ class WgpuExecutor(Executor):
         self.dev = WgpuDevice(device.index)
         self.align = max(64, int(self.dev.limits["min-storage-buffer-offset-alignment"]))
         self.max_binding = int(self.dev.limits["max-storage-buffer-binding-size"])
-        from tqdm import tqdm
 
         self._pipes: dict[int, WgpuPipeline] = {}
         by_value: dict[str, list[Kernel]] = {}
         for launch in plan.launches:
             by_value.setdefault(repr(launch.kernel), []).append(launch.kernel)
-        for ks in tqdm(by_value.values(), desc="poot: compiling kernels", unit="kernel", disable=not progress, leave=False):
+        for ks in compile_progress(by_value.values(), progress, len(by_value)):
             pipe = WgpuPipeline(self.dev, ks[0])
             for k in ks:
                 self._pipes[id(k)] = pipe
