@@ -196,10 +196,12 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
     """Lower, optimise and emit ``k`` for ``tgt``; a second compile of the same kernel is a cache hit."""
     import llvmlite
 
+    # a dump shows every stage, so it compiles afresh: a cache hit would skip the later ones
+    use_cache = use_cache and not os.environ.get("POOT_DUMP")
     stamp = [CODEGEN_VERSION, _codegen_source_hash(), llvmlite.__version__, tgt.key, tgt.triple, tgt.features]
     # by the kernel itself first (Kernel IR is a deterministic value): a hit skips lowering too
     fast = _cache_dir() / "by-kernel" / (hashlib.sha256("\n".join(stamp + [repr(k)]).encode()).hexdigest() + f".{tgt.artifact}")
-    if use_cache and not os.environ.get("POOT_DUMP") and fast.exists():
+    if use_cache and fast.exists():
         return Artifact(k.name, tgt.key, tgt.artifact, fast.read_bytes(), cached=True)
     module = lower_kernel(k, tgt)
     ir_text = str(module)
