@@ -141,6 +141,19 @@ def test_disallowed_tokens_and_bad_constraints_are_errors(compiler):
         compiler.choice([])
 
 
+@pytest.mark.parametrize(
+    ("pattern", "says"),
+    [(r"[^\s\S]", "no text can match it"), (r"[a&&b]x(?!y)", "look-around, including look-ahead and look-behind, is not supported")],
+)
+def test_a_regex_nothing_can_follow_is_refused_in_one_line(compiler, pattern, says, recwarn):
+    """An unsatisfiable or unsupported regex is refused when compiled, in one line that says why:
+    not llguidance's parser state and grammar (two dozen lines), and no Python FutureWarning."""
+    with pytest.raises(ConstraintError) as e:
+        compiler.regex(pattern)
+    assert says in str(e.value) and "\n" not in str(e.value) and "<state>" not in str(e.value)
+    assert not [w for w in recwarn if issubclass(w.category, FutureWarning)]
+
+
 def test_mask_and_bitmask_agree(compiler):
     c = compiler.json_schema(SCHEMA)
     c.start()

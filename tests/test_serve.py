@@ -243,6 +243,9 @@ def test_errors_have_the_right_status_and_body(server, client):
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo", echo.text
     long = _post(server, "/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": "word " * 3000}]}).json()["error"]["message"]
     assert re.search(r"1024.*\d{4}", long), long  # the context and the prompt's length
+    huge = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hello world " * 90_000, "max_tokens": 2})  # a 1 MB prompt
+    assert huge.status_code == 400 and len(huge.text) < 400, huge.text[:1000]  # said in full, without the prompt
+    assert huge.json()["error"]["param"] == "prompt" and re.search(r"context is 1024 tokens; the prompt has 180001$", huge.json()["error"]["message"])
     assert client.chat.completions.create(**ok).choices[0].message.content is not None  # still serving
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
 

@@ -73,10 +73,12 @@ class _Api:
         if name != self.model_id:
             raise ApiError(404, f"the model '{name}' does not exist; this server serves '{self.model_id}'", param="model", code="model_not_found")
 
-    def budget(self, prompt_len: int, asked: int | None) -> int:
+    def budget(self, prompt_len: int, asked: int | None, field: str = "messages") -> int:
+        """Tokens the answer may take: what was asked, or the room the context leaves. A prompt that
+        fills the context blames ``field`` (the request's prompt field)."""
         room = self.context - prompt_len
         if room < 1:
-            raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len}", param="messages", code="context_length_exceeded")
+            raise ApiError(400, f"this model's context is {self.context} tokens; the prompt has {prompt_len}", param=field, code="context_length_exceeded")
         if asked is not None and asked > room:
             raise ApiError(
                 400,
@@ -313,7 +315,7 @@ class _Api:
         for p in prompts:
             if not p:
                 raise ApiError(400, "a prompt is empty", param="prompt")
-        budgets = [self.budget(len(p), req.max_tokens if req.max_tokens is not None else 16) for p in prompts]
+        budgets = [self.budget(len(p), req.max_tokens if req.max_tokens is not None else 16, "prompt") for p in prompts]
         base = [_params(req, b, req.logprobs) for b in budgets]
         params = [b if b.seed is None else SamplingParams(**{**b.__dict__, "seed": b.seed + (i % req.n)}) for i, b in enumerate(base)]
         ids, q = await self.run(prompts, params)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -29,6 +30,25 @@ class ConstraintError(PootError):
     """A constraint that cannot be compiled, or a token it does not allow."""
 
 
+_STOP_REASONS = {
+    "NoExtensionBias": "no text can match it (no token may begin a match)",
+    "NoExtension": "no text can match it",
+    "LexerTooComplex": "it is too large to compile (a repetition count too high?)",
+}
+
+
+def _matcher_error(err: str) -> str:
+    """llguidance's error in one line: its parser state and grammar dump (two dozen lines) cut off,
+    a bare stop reason said in words, a regex parser's caret diagram reduced to its ``error:`` line."""
+    lines = [line.strip() for line in err.split("<state>", 1)[0].splitlines() if line.strip()]
+    if not lines:
+        return "the constraint failed"
+    said = [line[len("error:") :].strip() for line in lines if line.startswith("error:")]
+    if said:
+        return said[0]
+    return _STOP_REASONS.get(lines[0], lines[0])
+
+
 class Constraint:
     """One sequence's constraint state."""
 
@@ -38,10 +58,13 @@ class Constraint:
         self.compiler, self.grammar, self.description = compiler, grammar, description
         self._matcher = llg.LLMatcher(compiler.ll_tokenizer, grammar, log_level=0)
         if self._matcher.is_error():
-            raise ConstraintError(f"{description}: {self._matcher.get_error()}")
+            raise ConstraintError(f"{description}: {_matcher_error(self._matcher.get_error())}")
         self._words = (compiler.vocab_size + 31) // 32
         self.tokens: list[int] = []
         self._ended = False
+        # a constraint no text satisfies is refused now, with the request, not after its first token
+        if not self.bitmask().any() and not self.is_accepting():
+            raise ConstraintError(f"{description}: {_STOP_REASONS['NoExtension']}")
 
     def start(self) -> None:
         """Back to the beginning (a constraint object can serve one sequence at a time)."""
@@ -54,7 +77,7 @@ class Constraint:
         out = np.empty(self._words, dtype=np.int32)
         self._matcher.unsafe_compute_mask_ptr(out.ctypes.data, out.nbytes)
         if self._matcher.is_error():
-            raise ConstraintError(f"{self.description}: {self._matcher.get_error()}")
+            raise ConstraintError(f"{self.description}: {_matcher_error(self._matcher.get_error())}")
         return out
 
     def mask(self) -> np.ndarray:
@@ -74,7 +97,7 @@ class Constraint:
         if self._matcher.is_stopped():
             raise ConstraintError(f"{self.description}: the text is complete; only an end token may follow, not {token_id}")
         if not self._matcher.consume_token(int(token_id)):
-            err = self._matcher.get_error() if self._matcher.is_error() else "not allowed here"
+            err = _matcher_error(self._matcher.get_error()) if self._matcher.is_error() else "not allowed here"
             raise ConstraintError(f"{self.description}: token {token_id} ({self.compiler.tokenizer.token_bytes[token_id]!r}) rejected: {err}")
         self.tokens.append(token_id)
 
@@ -105,7 +128,7 @@ class ConstraintCompiler:
         try:
             return make(arg)
         except (ValueError, TypeError, RuntimeError) as e:
-            raise ConstraintError(f"{what}: {e}") from None
+            raise ConstraintError(f"{what}: {_matcher_error(str(e))}") from None
 
     def json_schema(self, schema: Mapping[str, Any] | str | bool, whitespace: str = "compact") -> Constraint:
         """JSON matching ``schema``. ``whitespace='compact'`` (the default) allows exactly
@@ -141,7 +164,9 @@ class ConstraintCompiler:
         import llguidance as llg
 
         try:
-            re.compile(pattern)
+            with warnings.catch_warnings():  # Python's hints about its own future syntax are not the user's concern
+                warnings.simplefilter("ignore", FutureWarning)
+                re.compile(pattern)
         except re.error as e:
             raise ConstraintError(f"regex {pattern!r}: {e}") from None
         try:
