@@ -80,3 +80,47 @@ def test_serve_on_a_port_in_use_says_so_before_loading():
         r = _poot("serve", "SmolLM2", "--port", str(s.getsockname()[1]))
     assert r.returncode == 1 and "cannot serve on 127.0.0.1:" in r.stderr and "Traceback" not in r.stderr, r.stderr
     assert "serving" not in r.stdout and "loading" not in r.stderr
+
+
+def test_contexts_and_kv_memory_beyond_what_the_model_or_machine_has(smollm2_path):
+    """A context past the model's trained length (SmolLM2: 8192) runs with a one-line warning; one
+    that the KV pool cannot hold for even one sequence, and a --kv-memory beyond the machine's free
+    memory, are errors naming the flag (both had been accepted silently: --context 100000000 held
+    about 267k positions, --kv-memory 1T was taken on a 24 GiB machine)."""
+    r = _poot("run", "SmolLM2", "hi", "--raw", "--context", "9000", "--max-tokens", "2")
+    assert r.returncode == 0 and "poot: warning: a context of 9000 is past the 8192 positions" in r.stderr, r.stderr
+    r = _poot("run", "SmolLM2", "hi", "--context", "100000000", "--max-tokens", "2")
+    assert r.returncode == 1 and "max_context: a context of 100000000 needs" in r.stderr and "smaller --context" in r.stderr, r.stderr
+    r = _poot("run", "SmolLM2", "hi", "--kv-memory", "1T", "--max-tokens", "2")
+    assert r.returncode == 1 and "kv_memory: 1024.0 GiB is more than the" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_long_prompt_shows_progress_on_a_terminal_only(smollm2_path):
+    """Reading a long prompt shows a bar on a terminal (a 6,000-token prompt had shown nothing for
+    minutes); through a pipe the same run writes no bar and no carriage return."""
+    import fcntl
+    import os
+    import pty
+    import struct
+    import termios
+
+    prompt = " ".join(f"w{i}" for i in range(250))  # about 900 tokens: two 512-token steps
+    args = [sys.executable, "-m", "poot.cli", "run", "SmolLM2", prompt, "--raw", "--max-tokens", "1", "--context", "4096"]
+    main, sub = pty.openpty()
+    fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide: no room for a bar
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=sub, stdin=subprocess.DEVNULL)
+    os.close(sub)
+    seen = b""
+    while True:
+        try:
+            chunk = os.read(main, 4096)
+        except OSError:  # the other end closed
+            break
+        if not chunk:
+            break
+        seen += chunk
+    os.close(main)
+    assert proc.wait(timeout=600) == 0, seen.decode(errors="replace")
+    assert b"poot: reading the prompt" in seen and b"token" in seen, seen.decode(errors="replace")
+    piped = _poot("run", "SmolLM2", prompt, "--raw", "--max-tokens", "1", "--context", "4096")
+    assert piped.returncode == 0 and "reading the prompt" not in piped.stderr and "\r" not in piped.stderr, piped.stderr

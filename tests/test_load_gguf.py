@@ -248,3 +248,48 @@ def test_a_checkpoint_whose_numbers_describe_no_model_is_refused_by_field(smollm
     ck = open_checkpoint(copy_gguf_header(smollm2_path, tmp_path / "bad.gguf", override={key: value}))
     with pytest.raises(ConfigError, match=words):
         family_for(ck.architecture).parse_config(ck)
+
+
+@pytest.fixture(scope="module")
+def smollm2_reader(smollm2_path):
+    return gguf.GGUFReader(str(smollm2_path))
+
+
+@pytest.mark.parametrize(
+    "override,keep,error,words",
+    [
+        ({"llama.vocab_size": 60000}, 1 << 20, "ConfigError", "tensor token_embd.weight is [49152, 576], but the config's vocab_size 60000"),
+        ({"llama.block_count": 29}, 1 << 20, "ConfigError", "the config says 29 layers (block_count / num_hidden_layers), but there are tensors for 30"),
+        ({"llama.vocab_size": 1000}, 1 << 20, "ConfigError", "the tokenizer has 49152 tokens but the model's vocabulary (vocab_size) is 1000"),
+        ({}, 256, "TokenizerError", "tokenizer (tokenizer.ggml.tokens, merges, scores) does not build"),
+    ],
+)
+def test_numbers_that_disagree_with_the_tensors_are_refused_naming_both(smollm2_reader, tmp_path, override, keep, error, words):
+    """A vocab_size or layer count other than the tensors' (they had loaded, reading past the
+    embedding or dropping a layer), a tokenizer larger than the vocabulary, and a tokenizer that
+    cannot be built (a bare Exception from tokenizers) are typed errors naming the file."""
+    import poot
+    from poot.testing.checkpoints import copy_gguf_header
+
+    path = copy_gguf_header(smollm2_reader, tmp_path / "bad.gguf", keep=keep, override=override)
+    with pytest.raises(Exception) as e:
+        poot.load(str(path), "cpu", max_seqs=1, max_context=64, progress=False)
+    assert type(e.value).__name__ == error and str(e.value).startswith(str(path)) and words in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("where", ["blk.7.attn_norm.weight", "blk.11.ffn_up.weight"])
+def test_nan_weights_are_refused_at_load_by_tensor(smollm2_path, tmp_path, where):
+    """A NaN in an f32 norm, or in a Q4_1 block's scale, of a copy of the real checkpoint is a
+    LoadError naming the file and the tensor (it had loaded and answered arbitrary tokens)."""
+    import shutil
+
+    import poot
+
+    path = shutil.copy(smollm2_path, tmp_path / "nan.gguf")
+    t = open_checkpoint(path).tensors[where].info
+    assert t.storage in ("f32", "q4_1")
+    with open(path, "r+b") as f:
+        f.seek(t.offset + (4 * 100 if t.storage == "f32" else 20 * 100))  # element or block 100 (d is a Q4_1 block's first field)
+        f.write(np.float32(np.nan).tobytes() if t.storage == "f32" else np.float16(np.nan).tobytes())
+    with pytest.raises(LoadError, match=rf"^{path}: tensor {where} holds NaN or infinity at (element|block) 100"):
+        poot.load(str(path), "cpu", max_seqs=1, max_context=64, progress=False)

@@ -133,3 +133,45 @@ def test_partial_block_is_rejected(name):
         q.row_bytes(k)
     with pytest.raises(ValueError, match=message):
         q.packed_shape((3, k))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_a_nan_scale_or_value_is_found_where_gguf_dequantizes_nan(name, rng, tmp_path):
+    """The descriptor's scale offsets are ggml-common.h's, and a NaN (or, for MXFP4, E8M0's 0xFF)
+    poked into one of them in a random block is where gguf's own dequantizer gives NaN or infinity and where
+    the load's finiteness check points; a clean tensor passes it."""
+    from poot.load import open_checkpoint
+    from poot.load.finite import first_nonfinite
+    from poot.testing.checkpoints import write_gguf
+
+    q = quantization(name)
+    assert [at for at, kind in q.scales if kind == "f16"] == F16_FIELDS.get(name, [])
+    assert [kind for _, kind in q.scales if kind != "f16"] == (["e8m0"] if name == "mxfp4" else [])
+    rows, per_row = 3, 4 if q.block_size > 1 else 64
+    k = per_row * q.block_size
+    clean = random_blocks(rng, q, (rows,), per_row)
+    spots = [at for at, _ in q.scales] or [None]
+    for at in spots:
+        raw = clean.copy()
+        block = int(rng.integers(rows * per_row))
+        flat = raw.reshape(-1, q.block_bytes)
+        if at is None:  # plain floats: the value itself
+            nan = {"f32": np.float32(np.nan).tobytes(), "f16": np.float16(np.nan).tobytes(), "bf16": np.uint16(0x7FC0).tobytes()}[name]
+            flat[block] = np.frombuffer(nan, np.uint8)
+        elif name == "mxfp4":
+            flat[block, at] = 0xFF
+        else:
+            flat[block, at : at + 2] = np.frombuffer(np.float16(np.nan).tobytes(), np.uint8)
+        with np.errstate(over="ignore", invalid="ignore"):  # E8M0's 0xFF is 2^128 to gguf: infinite products
+            want = gq.dequantize(raw, gguf_type(name)).reshape(-1, q.block_size)
+        assert not np.isfinite(want[block]).all() and np.isfinite(np.delete(want, block, axis=0)).all()
+        stored = raw.view({"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[name]) if q.block_size == 1 else raw
+        path = write_gguf(tmp_path / f"{name}-{at}.gguf", "llama", {}, [("w.weight", name, (rows, k), stored)])
+        assert first_nonfinite(open_checkpoint(path).tensors["w.weight"]) == block
+    path = write_gguf(
+        tmp_path / f"{name}-clean.gguf",
+        "llama",
+        {},
+        [("w.weight", name, (rows, k), clean if q.block_size > 1 else clean.view({"f32": np.float32, "f16": np.float16, "bf16": np.uint16}[name]))],
+    )
+    assert first_nonfinite(open_checkpoint(path).tensors["w.weight"]) is None

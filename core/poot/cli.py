@@ -229,12 +229,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     first: float | None = None
     n = 0
     reason = ""
+    error: str | None = None
     for ev in m.generate(ids, params):
         if first is None:
             first = time.perf_counter() - t1
         n += ev.token is not None
         print(ev.text, end="", flush=True)
         reason = ev.finished or reason
+        error = ev.error or error
     print()
     total = time.perf_counter() - t1
     decode = n - 1
@@ -244,6 +246,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         file=sys.stderr,
     )
     m.close()
+    if error is not None:
+        print(f"poot: error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -473,12 +478,30 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _show_warnings_in_one_line() -> None:
+    """poot's own warnings as ``poot: warning: ...`` lines, not Python's file:line: form."""
+    import warnings
+
+    from .errors import PootWarning
+
+    shown = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # type: ignore[no-untyped-def]
+        if issubclass(category, PootWarning):
+            print(f"poot: warning: {message}", file=sys.stderr, flush=True)
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    warnings.showwarning = show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    _show_warnings_in_one_line()
     try:
         return args.func(args)
     except BrokenPipeError:  # output piped into head and the like

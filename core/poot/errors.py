@@ -14,11 +14,17 @@ __all__ = [
     "PluginError",
     "LoadError",
     "ParameterError",
+    "PootWarning",
 ]
 
 
 class PootError(Exception):
     """Base class of every error poot raises on purpose."""
+
+
+class PootWarning(UserWarning):
+    """Something poot does as asked but that the user should know: a context past the model's
+    trained length, a checkpoint quirk it worked around. The CLI prints these as ``poot: warning:``."""
 
 
 class GraphError(PootError):

@@ -177,6 +177,15 @@ class Engine:
                     return True
         return False
 
+    def prefilled(self, seq_id: int) -> int | None:
+        """How many of a sequence's prompt tokens are in its KV cache (or on their way, in a step in
+        flight); None once it has finished or if there is no such sequence."""
+        for lst in (self.running, self.waiting):
+            for s in lst:
+                if s.id == seq_id:
+                    return min(s.computed, len(s.prompt))
+        return None
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 

@@ -11,23 +11,26 @@ from __future__ import annotations
 import re
 import sys
 import time
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from ..errors import PootError
+from ..errors import PootError, PootWarning
 from ..graph.passes import DEFAULT_PASSES, PassManager
 from ..load import open_model
-from ..models import StepShapes, family_for
+from ..load.finite import check_finite
+from ..models import ConfigError, StepShapes, family_for
 from ..plan import compile_plan
 from ..plan.attention import POOL_TYPES
 from ..plan.common import check_matmul_precision
 from ..plugins import host
 from ..runtime import Device, get_device
 from ..runtime.executor import Executor
-from ..text import Tokenizer
+from ..runtime.progress import prefill_progress
+from ..text import Tokenizer, TokenizerError
 from ..text.chat import ChatTemplate, ChatTemplateError
 from .engine import Engine, Event
 from .kv import BlockPool
@@ -59,20 +62,37 @@ def _available_memory() -> int:
     return 2**31
 
 
-def kv_budget(want: int, per_block: int, device: Device, weight_bytes: int, host_available: int) -> int:
-    """Bytes for the KV pool when ``kv_memory`` is not given: what ``want`` (``max_seqs`` x
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"
+
+
+def kv_budget(want: int, per_block: int, device: Device, weight_bytes: int, host_available: int, asked: int | None = None) -> int:
+    """Bytes for the KV pool. Without ``asked`` (``kv_memory``): what ``want`` (``max_seqs`` x
     ``max_context``) needs, at most a quarter of the host's free memory (the pools' host arrays), and
     on a device with memory of its own (``Capabilities.memory_bytes``) at most what its weights leave
     there, less a tenth of it (at least 1 GiB) for activations, step scratch and the runtime. A device
-    whose weights leave no room for one block is an error that says what to do."""
-    budget = min(want, host_available // 4)
+    whose weights leave no room for one block is an error that says what to do. ``asked`` is taken as
+    given unless it is more than the host has free or the device has beside the weights: an error,
+    then, not a pool that fails (or swaps) once filled."""
     caps = device.capabilities
+    room: int | None = None
     if device.target != "host" and caps is not None and caps.memory_bytes > 0:
         room = caps.memory_bytes - weight_bytes - max(caps.memory_bytes // 10, 1 << 30)
+    if asked is not None:
+        if asked > host_available:
+            raise ParameterError("kv_memory", f"{_gib(asked)} is more than the {_gib(host_available)} of memory free on this machine: give less")
+        if room is not None and asked > room:
+            raise ParameterError(
+                "kv_memory",
+                f"{_gib(asked)} is more than {device.name} has beside the weights ({_gib(max(room, 0))} of {_gib(caps.memory_bytes)}): give less",  # type: ignore[union-attr]
+            )
+        return asked
+    budget = min(want, host_available // 4)
+    if room is not None:
         if room < per_block:
             raise ParameterError(
                 "kv_memory",
-                f"{device.name} has {caps.memory_bytes / 2**30:.1f} GiB; the weights take {weight_bytes / 2**30:.1f} GiB "
+                f"{device.name} has {_gib(caps.memory_bytes)}; the weights take {_gib(weight_bytes)} "  # type: ignore[union-attr]
                 f"and leave no room for the KV cache: load a smaller or more quantized model, or give --kv-memory",
             )
         budget = min(budget, room)
@@ -106,6 +126,7 @@ class ModelHandle:
         matmul_precision: str = "high",
         kv_dtype: str = "f16",
         chat_template: str | None = None,
+        check_weights: bool = True,
     ) -> None:
         self.matmul_precision = check_matmul_precision(matmul_precision)  # before anything is loaded
         if kv_dtype not in KV_DTYPES:
@@ -122,7 +143,17 @@ class ModelHandle:
         self.checkpoint = ck
         self.family = family_for(ck.architecture)
         self.config = self.family.parse_config(ck)
-        self.tokenizer = Tokenizer.from_gguf(ck.metadata) if ck.format == "gguf" else Tokenizer.from_hf(ck.path)
+        if check_weights:  # a NaN weight makes every answer NaN: refused by name before anything is built on it
+            check_finite(ck.weights.tensors.values(), str(ck.path))
+        try:
+            self.tokenizer = Tokenizer.from_gguf(ck.metadata) if ck.format == "gguf" else Tokenizer.from_hf(ck.path)
+        except TokenizerError as e:
+            raise TokenizerError(f"{ck.path}: {e}") if ck.format == "gguf" else e from None
+        if self.tokenizer.vocab_size > self.config.vocab_size:
+            raise ConfigError(
+                f"{ck.path}: the tokenizer has {self.tokenizer.vocab_size} tokens but the model's vocabulary (vocab_size) is "
+                f"{self.config.vocab_size}: ids from {self.config.vocab_size} on have no embedding"
+            )
         # the checkpoint's own template, or the one asked for; never a guess: a family's template on a
         # checkpoint that has none (a base model) makes it answer garbage
         source = self.family.default_chat_template if chat_template == "family" else (chat_template or ck.chat_template)
@@ -147,19 +178,39 @@ class ModelHandle:
         self.weights = {t.name: t.raw() for t in ck.weights.tensors.values()}  # as stored: bf16 as its bits
         # KV pool: a memory budget in blocks
         self.block_size = block_size
-        ctx = max_context or min(int(self.config.max_context or 4096), 4096)
-        self.max_context = ctx
+        if max_context is not None and max_context < block_size:
+            raise ParameterError("max_context", f"{max_context} is shorter than one KV block ({block_size} positions)")
+        trained = int(self.config.max_context or 0)
+        ctx = max_context or min(trained or 4096, 4096)
+        if trained and ctx > trained:
+            warnings.warn(
+                f"a context of {ctx} is past the {trained} positions {model} was trained on: expect poor text beyond position {trained}",
+                PootWarning,
+                stacklevel=2,
+            )
         per_block = 0
         cache_inputs = {n: v for n, v in g.inputs().items() if "_cache." in n}
         for v in cache_inputs.values():
             per_block += int(np.prod([d.value for d in v.shape[1:]])) * v.dtype.itemsize
         want = max_seqs * -(-ctx // block_size)
         weight_bytes = sum(int(a.nbytes) for a in self.weights.values())
-        budget = parse_bytes(kv_memory) if kv_memory is not None else kv_budget(want * per_block, per_block, self.device, weight_bytes, _available_memory())
+        asked = parse_bytes(kv_memory) if kv_memory is not None else None
+        budget = kv_budget(want * per_block, per_block, self.device, weight_bytes, _available_memory(), asked)
         blocks = budget // per_block
         if blocks < 1:
             raise ParameterError("kv_memory", f"{budget} bytes hold no KV block (one block is {per_block} bytes)")
         self.num_blocks = int(min(blocks, 1 << 20))
+        held = self.num_blocks * block_size
+        if held < ctx:  # one sequence could never reach its context
+            if max_context is not None:
+                need = -(-ctx // block_size) * per_block
+                raise ParameterError(
+                    "max_context",
+                    f"a context of {ctx} needs {_gib(need)} of KV cache for one sequence; the pool holds {held} positions "
+                    f"({_gib(self.num_blocks * per_block)}): give a smaller --context{'' if kv_memory is None else ' or a larger --kv-memory'}",
+                )
+            ctx = held
+        self.max_context = ctx
         self.pools = {n: np.zeros((self.num_blocks,) + tuple(d.value for d in v.shape[1:]), v.dtype.numpy) for n, v in cache_inputs.items()}
         self.pools["token_counts"] = np.zeros((max_seqs, self.vocab), np.int32)
         self.pools["last_tokens"] = np.zeros(max_seqs, np.int32)
@@ -243,15 +294,25 @@ class ModelHandle:
     def generate(self, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], params: SamplingParams | None = None, raw: bool = False) -> Iterator[Event]:
         """Stream one sequence's events (other sequences added to ``engine`` advance alongside)."""
         self._executor(False)  # (a closed handle refuses here)
-        sid = self.engine.add(self.encode(prompt, raw), params)
+        ids = self.encode(prompt, raw)
+        sid = self.engine.add(ids, params)
+        bar = prefill_progress(len(ids), self.progress)  # a long prompt takes a while before the first token
+        reading = True
         try:
             while True:
                 for ev in self.engine.step():
                     if ev.seq_id == sid:
+                        if reading:
+                            bar.close()
+                            reading = False
                         yield ev
                         if ev.finished is not None:
                             return
+                done = self.engine.prefilled(sid) if reading else None
+                if done is not None and done > bar.n:
+                    bar.update(done - bar.n)
         finally:
+            bar.close()
             self.engine.cancel(sid)
 
     def complete(

@@ -116,8 +116,25 @@ class _Tracer:
     def norm(self, x: Value, role: str, layer: int | None) -> Value:
         return rms_norm(self.b, x, self.f32(self.w(role, layer)), self.cfg.norm_eps, self.cfg.norm_unit_offset)
 
+    def check_tensors(self) -> None:
+        """The config's numbers against the tensors they describe, before either sizes anything: a
+        ``vocab_size`` other than the embedding's rows would read past its end or leave rows unread,
+        and a layer count other than the tensors' would drop layers silently."""
+        cfg, wm = self.cfg, self.wm
+        src = wm.source or "the checkpoint"
+        if wm.n_layers > cfg.n_layers:
+            raise ConfigError(f"{src}: the config says {cfg.n_layers} layers (block_count / num_hidden_layers), but there are tensors for {wm.n_layers}")
+        for role in ("token_embd", "output"):
+            t = wm.get(role)
+            if t is not None and tuple(t.shape) != (cfg.vocab_size, cfg.hidden):
+                raise ConfigError(
+                    f"{src}: tensor {wm.names.get(Role(role), t.name)} is {list(t.shape)}, but the config's vocab_size {cfg.vocab_size} "
+                    f"and hidden size {cfg.hidden} make it [{cfg.vocab_size}, {cfg.hidden}]"
+                )
+
     # -- the step -----------------------------------------------------------------------------------
     def trace(self) -> Graph:
+        self.check_tensors()
         b, cfg = self.b, self.cfg
         ins = {
             "tokens": b.input("tokens", "i32", [T]),

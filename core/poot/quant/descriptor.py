@@ -25,6 +25,9 @@ class Quantization:
     block_bytes: int
     dequantize: Callable[[np.ndarray], np.ndarray]
     quantize: Callable[[np.ndarray], np.ndarray]
+    # where each block keeps its float scales: (byte offset, "f16" or "e8m0"); a load checks them for
+    # NaN and infinity without dequantizing (a NaN scale makes its whole block NaN)
+    scales: tuple[tuple[int, str], ...] = ()
 
     def row_bytes(self, k: int) -> int:
         if k % self.block_size:

@@ -314,7 +314,7 @@ def _k4_layout(name: str, gguf_type: int, bits: int, rmin: float, nstep: int) ->
         out[:, qs_at:] = _join_nibble_chunks(q, 32)
         return out.reshape(shape)
 
-    return Quantization(name, gguf_type, QK_K, block_bytes, dequantize, quantize)
+    return Quantization(name, gguf_type, QK_K, block_bytes, dequantize, quantize, ((0, "f16"), (2, "f16")))
 
 
 # -- Q6_K (block_q6_K): ql[128] (low 4 bits), qh[64] (high 2 bits), int8 scales[16], f16 d ----------
@@ -347,8 +347,8 @@ def _quantize_q6_k(x: np.ndarray) -> np.ndarray:
     return out.reshape(shape)
 
 
-Q2_K = Quantization("q2_k", 10, QK_K, 84, _dequantize_q2_k, _quantize_q2_k)
-Q3_K = Quantization("q3_k", 11, QK_K, 110, _dequantize_q3_k, _quantize_q3_k)
+Q2_K = Quantization("q2_k", 10, QK_K, 84, _dequantize_q2_k, _quantize_q2_k, ((80, "f16"), (82, "f16")))
+Q3_K = Quantization("q3_k", 11, QK_K, 110, _dequantize_q3_k, _quantize_q3_k, ((108, "f16"),))
 Q4_K = _k4_layout("q4_k", 12, 4, rmin=-1.0, nstep=20)
 Q5_K = _k4_layout("q5_k", 13, 5, rmin=-0.5, nstep=15)
-Q6_K = Quantization("q6_k", 14, QK_K, 210, _dequantize_q6_k, _quantize_q6_k)
+Q6_K = Quantization("q6_k", 14, QK_K, 210, _dequantize_q6_k, _quantize_q6_k, ((208, "f16"),))

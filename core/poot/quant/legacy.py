@@ -184,11 +184,11 @@ def _small_block(name: str, gguf_type: int, bits: int, with_min: bool) -> Quanti
         out[:, qs_at:] = join_nibbles(codes)
         return out.reshape(shape)
 
-    return Quantization(name, gguf_type, 32, block_bytes, dequantize, quantize)
+    return Quantization(name, gguf_type, 32, block_bytes, dequantize, quantize, ((0, "f16"), (2, "f16")) if with_min else ((0, "f16"),))
 
 
 Q4_0 = _small_block("q4_0", 2, 4, with_min=False)
 Q4_1 = _small_block("q4_1", 3, 4, with_min=True)
 Q5_0 = _small_block("q5_0", 6, 5, with_min=False)
 Q5_1 = _small_block("q5_1", 7, 5, with_min=True)
-Q8_0 = Quantization("q8_0", 8, 32, 34, _dequantize_q8_0, _quantize_q8_0)
+Q8_0 = Quantization("q8_0", 8, 32, 34, _dequantize_q8_0, _quantize_q8_0, ((0, "f16"),))

@@ -130,6 +130,6 @@ def _quantize_mxfp4(x: np.ndarray) -> np.ndarray:
     return out.reshape(shape)
 
 
-IQ4_NL = Quantization("iq4_nl", 20, 32, 18, _dequantize_iq4_nl, _quantize_iq4_nl)
-IQ4_XS = Quantization("iq4_xs", 23, QK_K, 136, _dequantize_iq4_xs, _quantize_iq4_xs)
-MXFP4 = Quantization("mxfp4", 39, 32, 17, _dequantize_mxfp4, _quantize_mxfp4)
+IQ4_NL = Quantization("iq4_nl", 20, 32, 18, _dequantize_iq4_nl, _quantize_iq4_nl, ((0, "f16"),))
+IQ4_XS = Quantization("iq4_xs", 23, QK_K, 136, _dequantize_iq4_xs, _quantize_iq4_xs, ((0, "f16"),))
+MXFP4 = Quantization("mxfp4", 39, 32, 17, _dequantize_mxfp4, _quantize_mxfp4, ((0, "e8m0"),))

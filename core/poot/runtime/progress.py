@@ -1,12 +1,12 @@
-"""Progress of long work (compiling a plan's kernels) for people at a terminal."""
+"""Progress of long work (compiling a plan's kernels, reading a long prompt) for people at a terminal."""
 
 from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Iterator
-from typing import TypeVar
+from typing import Any, TypeVar
 
-__all__ = ["compile_progress"]
+__all__ = ["compile_progress", "prefill_progress"]
 
 T = TypeVar("T")
 
@@ -19,3 +19,13 @@ def compile_progress(items: Iterable[T], enabled: bool, total: int | None = None
 
     show = enabled and sys.stderr.isatty()
     yield from tqdm(items, total=total, desc="poot: compiling kernels", unit="kernel", disable=not show, leave=False, delay=1.0)
+
+
+def prefill_progress(total: int, enabled: bool) -> Any:
+    """A bar over a prompt's ``total`` tokens as they enter the KV cache (``update`` it with tokens
+    done, ``close`` it when the first new token comes): on a terminal only, and only after a second,
+    so a short prompt shows nothing."""
+    from tqdm import tqdm
+
+    show = enabled and sys.stderr.isatty()
+    return tqdm(total=total, desc="poot: reading the prompt", unit="token", disable=not show, leave=False, delay=1.0)

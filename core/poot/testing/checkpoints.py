@@ -55,13 +55,14 @@ def _gguf_type(storage: str):  # type: ignore[no-untyped-def]
     return {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "i8": T.I8, "i16": T.I16, "i32": T.I32, "i64": T.I64, "f64": T.F64}.get(storage) or T[storage.upper()]
 
 
-def copy_gguf_header(src: str | Path, dst: str | Path, keep: int = 256, override: Mapping[str, Any] | None = None) -> Path:
+def copy_gguf_header(src: Any, dst: str | Path, keep: int = 256, override: Mapping[str, Any] | None = None) -> Path:
     """A GGUF with ``src``'s real metadata (arrays cut to ``keep`` items; scalar keys in ``override``
     given other values of their type) and real tensor table, whose data region is a sparse hole of
-    the right size: a real header that parses in milliseconds."""
+    the right size: a real header that parses in milliseconds. ``src`` is a path or a
+    ``gguf.GGUFReader`` already open on one (reading a large vocabulary takes gguf seconds)."""
     import gguf
 
-    r = gguf.GGUFReader(str(src))
+    r = src if isinstance(src, gguf.GGUFReader) else gguf.GGUFReader(str(src))
     arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(str(dst), arch)
     for key, f in r.fields.items():

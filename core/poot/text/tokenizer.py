@@ -108,15 +108,20 @@ class Tokenizer:
         if len(types) != len(tokens):
             raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
         arch = str(metadata.get("general.architecture", ""))
-        if model == "gpt2":
-            backend = _byte_level(tokens, metadata)
-            kind, default_bos = "byte-level", False
-        elif model == "llama":
-            backend = _sentencepiece(tokens, metadata, gemma=arch in GEMMA_ARCHS)
-            kind, default_bos = "sentencepiece", True
-        else:
+        if model not in ("gpt2", "llama"):
             raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (supported: gpt2, llama)")
-        _add_special(backend, tokens, types, byte_level=kind == "byte-level")
+        try:
+            if model == "gpt2":
+                backend = _byte_level(tokens, metadata)
+                kind, default_bos = "byte-level", False
+            else:
+                backend = _sentencepiece(tokens, metadata, gemma=arch in GEMMA_ARCHS)
+                kind, default_bos = "sentencepiece", True
+            _add_special(backend, tokens, types, byte_level=kind == "byte-level")
+        except TokenizerError:
+            raise
+        except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exceptions for a vocabulary it cannot build
+            raise TokenizerError(f"the GGUF's tokenizer (tokenizer.ggml.tokens, merges, scores) does not build: {e}") from None
 
         def tid(key: str) -> int | None:
             v = metadata.get(key)
