@@ -1,109 +1,67 @@
-"""Corrupted checkpoints never escape as anything but LoadError: hypothesis mutates real GGUF headers
-(SmolLM2's and Gemma 3's, with their tensor tables and trimmed tokenizer arrays) and safetensors
-headers, 1,600 variants per run."""
+"""Corrupted checkpoints never escape as anything but poot's typed errors, within a time and memory
+bound: hypothesis mutates real GGUF headers (SmolLM2's and Gemma 3's, with their tensor tables and
+trimmed tokenizer arrays) and safetensors headers, 1,600 cases per run, each loaded as far as its
+weights (file, tensor views, roles, config, tokenizer, chat template). ``bench/fuzz_checkpoints.py``
+runs ten thousand more with the same property (``poot.testing.fuzz``)."""
 
 from __future__ import annotations
 
-import json
 import struct
-from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from poot.errors import LoadError
-from poot.load import open_checkpoint
-from poot.testing.checkpoints import copy_gguf_header
-
-INTERESTING = [0, 1, 2, 3, 31, 32, 255, 2**16, 2**31 - 1, 2**31, 2**32 - 1, 2**32, 2**40, 2**63 - 1, 2**63, 2**64 - 1]
+from poot.testing.fuzz import INTERESTING, CaseFailed, check_checkpoint, gguf_seed, mutate, safetensors_seed
 
 op = st.one_of(
     st.tuples(st.just("byte"), st.integers(0, 2**20), st.integers(0, 255)),
-    st.tuples(st.just("u32"), st.integers(0, 2**20), st.sampled_from(INTERESTING).map(lambda v: v % 2**32)),
+    st.tuples(st.just("u32"), st.integers(0, 2**20), st.sampled_from(INTERESTING)),
     st.tuples(st.just("u64"), st.integers(0, 2**20), st.sampled_from(INTERESTING)),
     st.tuples(st.just("cut"), st.integers(0, 2**20), st.just(0)),
     st.tuples(st.just("insert"), st.integers(0, 2**20), st.integers(1, 16)),
 )
 
 
-def mutate(data: bytes, ops, limit: int) -> bytes:
-    d = bytearray(data)
-    for kind, pos, val in ops:
-        if not d:
-            break
-        pos %= max(1, min(limit, len(d)))
-        if kind == "byte":
-            d[pos] = val
-        elif kind == "u32":
-            d[pos : pos + 4] = val.to_bytes(4, "little")
-        elif kind == "u64":
-            d[pos : pos + 8] = val.to_bytes(8, "little")
-        elif kind == "cut":
-            del d[pos:]
-        else:
-            d[pos:pos] = bytes(range(val))
-    return bytes(d)
-
-
-def check(path: Path) -> None:
-    try:
-        ck = open_checkpoint(path)
-    except LoadError:
-        return
-    for t in ck.tensors.values():  # a file that opens must give readable, in-bounds views
-        raw = t.raw()
-        assert raw.nbytes == t.info.nbytes
-        assert t.info.offset + t.info.nbytes <= path.stat().st_size
-    ck.weights.n_layers  # noqa: B018 - role mapping must not raise either
-
-
-class Headers(list):
-    def __repr__(self) -> str:  # hypothesis prints its arguments; the header bytes are not worth it
+class Seeds(list):
+    def __repr__(self) -> str:  # hypothesis prints its arguments; the headers are not worth it
         return f"<{len(self)} real GGUF headers>"
 
 
 @pytest.fixture(scope="module")
-def real_headers(tmp_path_factory, smollm2_path, gemma3_path):
-    d = tmp_path_factory.mktemp("headers")
-    out = Headers()
-    for src in (smollm2_path, gemma3_path):
-        dst = copy_gguf_header(src, d / (Path(src).stem + ".hdr.gguf"))
-        check(dst)
-        ck = open_checkpoint(dst)  # the unmutated copy must open, so mutations explore deep paths
-        assert len(ck.tensors) > 200
-        data = dst.read_bytes()
-        # keep only the header in memory; the data region is restored as a sparse hole per example
-        hdr_len = min(t.info.offset for t in ck.tensors.values())
-        out.append((data[:hdr_len], len(data), hdr_len))
-    return out
+def seeds(tmp_path_factory, smollm2_path, gemma3_path):
+    d = tmp_path_factory.mktemp("seeds")
+    return Seeds([gguf_seed(smollm2_path, d, "SmolLM2"), gguf_seed(gemma3_path, d, "gemma3")])
+
+
+def test_the_property_catches_what_it_should(seeds, tmp_path, monkeypatch):
+    """The check is not vacuous: the unmutated seeds load; a truncated one is refused with a typed
+    error; an untyped exception, a case past its time and one past its memory are failures."""
+    import time
+
+    import poot.testing.fuzz as fuzz
+
+    for s in seeds:
+        assert check_checkpoint(s.write(s.header, tmp_path)).refused is None
+        cut = check_checkpoint(s.write(s.header[: len(s.header) // 2], tmp_path))
+        assert cut.refused is not None and cut.refused.startswith("LoadError"), cut
+    bad = tmp_path / "fuzz.gguf"
+    bad.write_bytes(b"GGUF")
+    with pytest.raises(CaseFailed, match="Python allocations peaked"):
+        check_checkpoint(bad, memory_slack=-(1 << 30))  # an impossible budget: the memory bound is checked
+    monkeypatch.setattr(fuzz, "_load_as_far_as_weights", lambda p: {}["no such key"])
+    with pytest.raises(CaseFailed, match="KeyError escaped"):
+        check_checkpoint(bad)
+    monkeypatch.setattr(fuzz, "_load_as_far_as_weights", lambda p: time.sleep(5))
+    with pytest.raises(CaseFailed, match="still loading after 0.2 s"):
+        check_checkpoint(bad, time_limit=0.2)
 
 
 @settings(max_examples=1100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(which=st.integers(0, 1), ops=st.lists(op, min_size=1, max_size=4))
-def test_mutated_real_gguf_headers_give_only_load_errors(real_headers, tmp_path, which, ops):
-    header, total, hdr_len = real_headers[which]
-    bad = mutate(header, ops, hdr_len)
-    p = tmp_path / "fuzz.gguf"
-    with open(p, "wb") as f:
-        f.write(bad)
-        f.truncate(len(bad) + (total - hdr_len))
-    check(p)
-
-
-def _safetensors_bytes(rng_seed: int) -> bytes:
-    rng = np.random.default_rng(rng_seed)
-    tensors, off, blobs = {}, 0, []
-    for i, (dt, size) in enumerate([("F32", 4), ("F16", 2), ("BF16", 2), ("I32", 4)]):
-        shape = [int(rng.integers(1, 5)), int(rng.integers(1, 5))]
-        n = shape[0] * shape[1] * size
-        tensors[f"model.layers.{i}.mlp.up_proj.weight"] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + n]}
-        blobs.append(rng.integers(0, 256, n, dtype=np.uint8).tobytes())
-        off += n
-    tensors["__metadata__"] = {"format": "pt"}
-    h = json.dumps(tensors).encode()
-    return struct.pack("<Q", len(h)) + h + b"".join(blobs)
+def test_mutated_real_gguf_headers_give_only_typed_errors(seeds, tmp_path, which, ops):
+    s = seeds[which]
+    check_checkpoint(s.write(mutate(s.header, ops, len(s.header)), tmp_path))
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -112,14 +70,12 @@ def _safetensors_bytes(rng_seed: int) -> bytes:
     ops=st.lists(op, min_size=1, max_size=4),
     text_edit=st.one_of(st.none(), st.tuples(st.integers(0, 400), st.sampled_from(['"', "}", "-1", "1e99", "null", "[", "9999999999"]))),
 )
-def test_mutated_safetensors_headers_give_only_load_errors(tmp_path, seed, ops, text_edit):
-    data = _safetensors_bytes(seed)
+def test_mutated_safetensors_headers_give_only_typed_errors(tmp_path, seed, ops, text_edit):
+    s = safetensors_seed(seed)
+    data = s.header
     (n,) = struct.unpack_from("<Q", data)
     if text_edit is not None:  # edits inside the JSON text itself
-        pos, s = text_edit
+        pos, text = text_edit
         pos = 8 + pos % n
-        data = data[:pos] + s.encode() + data[pos + len(s) :]
-    bad = mutate(data, ops, 8 + n)
-    p = tmp_path / "fuzz.safetensors"
-    p.write_bytes(bad)
-    check(p)
+        data = data[:pos] + text.encode() + data[pos + len(text) :]
+    check_checkpoint(s.write(mutate(data, ops, 8 + n), tmp_path))

@@ -202,7 +202,7 @@ def _damage(good: bytes, kind: str) -> bytes:
         ("v1", "GGUF v1"),
         ("truncated-header", "truncated"),
         ("string-past-end", "truncated: metadata 'general.name'"),
-        ("key-past-end", r"truncated: metadata key #\d+ \(1000000000000 bytes\)"),
+        ("key-past-end", r"metadata key #\d+ is 1000000000000 bytes long; at most 65535"),
         ("array-past-end", "truncated: metadata 'tokenizer.ggml.tokens'"),
         ("tensor-count-lie", "truncated: 1000000000 tensor records"),
         ("offset-past-end", "runs past the end of the file"),
@@ -271,7 +271,7 @@ def test_numbers_that_disagree_with_the_tensors_are_refused_naming_both(smollm2_
     import poot
     from poot.testing.checkpoints import copy_gguf_header
 
-    path = copy_gguf_header(smollm2_reader, tmp_path / "bad.gguf", keep=keep, override=override)
+    path = copy_gguf_header(smollm2_reader, tmp_path / "bad.gguf", keep=keep, override=override, trim_merges=False)  # merges of tokens cut off
     with pytest.raises(Exception) as e:
         poot.load(str(path), "cpu", max_seqs=1, max_context=64, progress=False)
     assert type(e.value).__name__ == error and str(e.value).startswith(str(path)) and words in str(e.value), str(e.value)

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
-import subprocess
-import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -17,62 +14,28 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
+from poot.testing.server import ServerFailed, metrics, start_server, stop_server  # noqa: E402 - after the skips
+
 KEY = "test-key-123"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _start(*flags: str):  # type: ignore[no-untyped-def]
-    port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "poot.cli", "serve", "SmolLM2", "--port", str(port), "--context", "1024", *flags],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 300
-    while True:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            out = proc.stdout.read() if proc.stdout else ""
-            proc.kill()
-            pytest.fail(f"the server did not come up:\n{out[-3000:]}")
-        time.sleep(0.5)
-    return proc, base
-
-
-def _stop(proc) -> None:  # type: ignore[no-untyped-def]
-    proc.terminate()
     try:
-        proc.wait(timeout=20)  # (a server that ignored SIGTERM failed the test that checks it)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        return start_server("SmolLM2", *flags)
+    except ServerFailed as e:
+        pytest.fail(str(e))
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_path):
     proc, base = _start("--api-key", KEY, "--max-batch", "16", "--max-queue", "64")
     yield base
-    _stop(proc)
+    stop_server(proc)
 
 
 @pytest.fixture
 def client(server):
     return openai.OpenAI(base_url=f"{server}/v1", api_key=KEY, max_retries=0, timeout=300)
-
-
-def _metrics(server) -> dict[str, float]:
-    text = httpx.get(f"{server}/metrics").text
-    return {m.group(1): float(m.group(2)) for m in re.finditer(r"^(poot_[a-z_]+) ([0-9.e+-]+)$", text, re.M)}
 
 
 def test_models(client):
@@ -204,7 +167,7 @@ def test_thirty_two_streams_with_disconnects(client, server):
         assert alone.choices[0].message.content == results[i][1]
     deadline = time.time() + 30
     while True:
-        m = _metrics(server)
+        m = metrics(server)
         if m["poot_kv_blocks_used"] == 0 and m["poot_running_sequences"] == 0 and m["poot_queue_depth"] == 0:
             break
         assert time.time() < deadline, m
@@ -285,7 +248,7 @@ def test_a_full_queue_answers_429_and_recovers(smollm2_path):
         assert err["type"] == "rate_limit_exceeded" and re.search(r"^[1-9]\d* requests are already waiting to run \(at most 1 may\)", err["message"]), err
         assert httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300).status_code == 200
     finally:
-        _stop(proc)
+        stop_server(proc)
     assert "matmul precision medium" in (proc.stdout.read() if proc.stdout else "")  # the flag reached the model's plans
 
 
@@ -301,7 +264,7 @@ def test_a_non_streaming_client_that_leaves_frees_its_blocks(server):
     with pytest.raises(httpx.TimeoutException):
         httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}"}, json=body, timeout=1.5)
     left = time.time()
-    while _metrics(server)["poot_kv_blocks_used"] > 0:
+    while metrics(server)["poot_kv_blocks_used"] > 0:
         assert time.time() - left < 6, "the sequence kept its blocks after its client left"  # 900 tokens would take far longer
         time.sleep(0.2)
 

@@ -24,6 +24,9 @@ MAGIC = b"GGUF"
 DEFAULT_ALIGNMENT = 32
 MAX_DIMS = 4  # GGML_MAX_DIMS
 MAX_NESTING = 8
+MAX_KEY = 2**16 - 1  # the GGUF specification's limit on a key
+MAX_NAME = 255  # tensor names: ggml's own limit is 63 bytes (GGML_MAX_NAME); longer is damage
+MAX_ELEMENT = 2**16  # a string inside an array (a token, a merge): real ones are far shorter
 SPLIT_NAME = re.compile(r"^(?P<stem>.*)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
 
 # ggml types stored plainly (the others are packed quantizations from the registry)
@@ -67,18 +70,32 @@ class _Cursor:
         self.pos += n
         return v
 
-    def string(self, what: str) -> str:
+    def string(self, what: str, limit: int | None = None) -> str:
+        """A length-prefixed string; ``limit`` caps the length (keys and tensor names are short, so a
+        damaged length is refused, not read and then quoted in an error)."""
         n = self.unpack("<Q", f"length of {what}")
+        if limit is not None and n > limit:
+            raise self.fail(f"{what} is {n} bytes long; at most {limit} are allowed (a damaged length?)")
         self.need(n, f"{what} ({n} bytes)")
-        raw = self.buf[self.pos : self.pos + n]
+        raw = memoryview(self.buf)[self.pos : self.pos + n]  # decoded in place: no copy of the bytes
+        try:
+            text = str(raw, "utf-8")
+        except UnicodeDecodeError:
+            # short strings (tokens) may hold bytes that are not UTF-8, kept as surrogate escapes; a
+            # long one is damage, and escaping it would take four bytes a byte
+            if n > MAX_ELEMENT:
+                raise self.fail(f"{what} ({n} bytes) is not UTF-8 (a damaged length?)") from None
+            text = str(raw, "utf-8", "surrogateescape")
+        finally:
+            raw.release()
         self.pos += n
-        return raw.decode("utf-8", errors="surrogateescape")
+        return text
 
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             return self.unpack(_SCALARS[vtype], what)
         if vtype == STRING:
-            return self.string(what)
+            return self.string(what, MAX_ELEMENT if depth else None)
         if vtype == ARRAY:
             if depth >= MAX_NESTING:
                 raise self.fail(f"{what}: arrays nested deeper than {MAX_NESTING}")
@@ -142,7 +159,7 @@ def read_gguf(path: str | Path) -> GgufFile:
     c.need(n_kv * 12, f"{n_kv} metadata entries")
     metadata: dict[str, Any] = {}
     for i in range(n_kv):
-        key = c.string(f"metadata key #{i}")
+        key = c.string(f"metadata key #{i}", MAX_KEY)
         vtype = c.unpack("<I", f"type of metadata '{key}'")
         if key in metadata:
             raise LoadError(path, f"duplicate metadata key '{key}'")
@@ -153,7 +170,7 @@ def read_gguf(path: str | Path) -> GgufFile:
     c.need(n_tensors * 24, f"{n_tensors} tensor records")
     records = []
     for i in range(n_tensors):
-        name = c.string(f"name of tensor #{i}")
+        name = c.string(f"name of tensor #{i}", MAX_NAME)
         n_dims = c.unpack("<I", f"rank of tensor '{name}'")
         if not 1 <= n_dims <= MAX_DIMS:
             raise LoadError(path, f"tensor '{name}' has rank {n_dims}; GGUF allows 1..{MAX_DIMS}")

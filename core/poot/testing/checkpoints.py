@@ -55,8 +55,9 @@ def _gguf_type(storage: str):  # type: ignore[no-untyped-def]
     return {"f32": T.F32, "f16": T.F16, "bf16": T.BF16, "i8": T.I8, "i16": T.I16, "i32": T.I32, "i64": T.I64, "f64": T.F64}.get(storage) or T[storage.upper()]
 
 
-def copy_gguf_header(src: Any, dst: str | Path, keep: int = 256, override: Mapping[str, Any] | None = None) -> Path:
-    """A GGUF with ``src``'s real metadata (arrays cut to ``keep`` items; scalar keys in ``override``
+def copy_gguf_header(src: Any, dst: str | Path, keep: int = 256, override: Mapping[str, Any] | None = None, trim_merges: bool = True) -> Path:
+    """A GGUF with ``src``'s real metadata (arrays cut to ``keep`` items, BPE merges to those of the
+    kept tokens unless ``trim_merges`` is off, so the cut tokenizer still builds; scalar keys in ``override``
     given other values of their type) and real tensor table, whose data region is a sparse hole of
     the right size: a real header that parses in milliseconds. ``src`` is a path or a
     ``gguf.GGUFReader`` already open on one (reading a large vocabulary takes gguf seconds)."""
@@ -65,11 +66,14 @@ def copy_gguf_header(src: Any, dst: str | Path, keep: int = 256, override: Mappi
     r = src if isinstance(src, gguf.GGUFReader) else gguf.GGUFReader(str(src))
     arch = r.fields["general.architecture"].contents()
     w = gguf.GGUFWriter(str(dst), arch)
+    kept = set(r.fields["tokenizer.ggml.tokens"].contents()[:keep]) if "tokenizer.ggml.tokens" in r.fields else set()
     for key, f in r.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         vtype = f.types[0]
         val = f.contents()
+        if key == "tokenizer.ggml.merges" and trim_merges:
+            val = [m for m in val if len(m.split(" ")) == 2 and {*m.split(" "), m.replace(" ", "")} <= kept]
         if vtype == gguf.GGUFValueType.ARRAY:
             w.add_key_value(key, list(val)[:keep], vtype, f.types[-1] if len(f.types) > 1 else None)
         else:
