@@ -124,3 +124,27 @@ def test_a_long_prompt_shows_progress_on_a_terminal_only(smollm2_path):
     assert b"poot: reading the prompt" in seen and b"token" in seen, seen.decode(errors="replace")
     piped = _poot("run", "SmolLM2", prompt, "--raw", "--max-tokens", "1", "--context", "4096")
     assert piped.returncode == 0 and "reading the prompt" not in piped.stderr and "\r" not in piped.stderr, piped.stderr
+
+
+def test_chat_template_flag_takes_a_file_or_the_family_template(gemma3_path, tmp_path):
+    """Gemma 3 270M has no template: chat refuses, --chat-template family gives the family's, a file
+    gives its own (the prompt grows by the template's words), a missing file is an error naming the
+    flag."""
+    import re
+
+    r = _poot("chat", "gemma3", "--max-tokens", "2", stdin="Hi\n\n")
+    assert r.returncode == 1 and "has no chat template" in r.stderr, r.stderr
+    r = _poot("chat", "gemma3", "--chat-template", "family", "--max-tokens", "2", "--temperature", "0", stdin="Hi\n\n")
+    assert r.returncode == 0, r.stderr
+    f = tmp_path / "t.jinja"
+    f.write_text("{% for m in messages %}Q: {{ m.content }}\n{% endfor %}A:")
+    r = _poot("run", "gemma3", "Say yes", "--chat-template", str(f), "--max-tokens", "2", "--temperature", "0")
+    raw = _poot("run", "gemma3", "Say yes", "--raw", "--max-tokens", "2", "--temperature", "0")
+    assert r.returncode == 0 and raw.returncode == 0 and "no chat template" not in r.stderr, r.stderr
+
+    def prompt_tokens(p):
+        return int(re.search(r"(\d+) prompt tokens", p.stderr).group(1))
+
+    assert prompt_tokens(r) > prompt_tokens(raw) + 2, (r.stderr, raw.stderr)  # "Q: " and "\nA:" around it
+    r = _poot("run", "gemma3", "hi", "--chat-template", str(tmp_path / "missing.jinja"))
+    assert r.returncode == 1 and "--chat-template" in r.stderr and "Traceback" not in r.stderr, r.stderr

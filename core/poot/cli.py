@@ -206,7 +206,14 @@ def _port(text: str) -> int:
 def _load(args: argparse.Namespace, **options: Any) -> Any:
     from .llm import load
 
+    template = getattr(args, "chat_template", None)
+    if template is not None and template != "family":
+        try:
+            template = Path(template).read_text()
+        except (OSError, UnicodeDecodeError) as e:
+            raise PootError(f"--chat-template {args.chat_template}: cannot read it ({e}); give a Jinja file or 'family'") from None
     kw = {
+        "chat_template": template,
         "kv_memory": args.kv_memory,
         "max_context": args.context,
         "progress": True,
@@ -425,6 +432,12 @@ def build_parser() -> argparse.ArgumentParser:
             choices=KV_DTYPES,
             default="f16",
             help="the KV cache's element type: f16 (the default) holds twice the tokens of f32 in the same memory",
+        )
+        q.add_argument(
+            "--chat-template",
+            default=None,
+            metavar="FILE|family",
+            help="a Jinja chat template file, or 'family' for the model family's built-in one (default: the checkpoint's own; none means plain text)",
         )
         precision_arg(q)
 
