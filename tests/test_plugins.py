@@ -65,6 +65,8 @@ def test_broken_plugins_are_reported_by_name_and_others_still_load(third_party):
     assert "ModuleNotFoundError" in infos["broken"]["error"] and "poot_broken_missing_dependency" in infos["broken"]["error"]
     assert infos["badhook"]["status"] == "failed"
     assert "poot_executor" in infos["badhook"]["error"] and "dev" in infos["badhook"]["error"]
+    assert infos["typohook"]["status"] == "failed"  # pluggy's check_pending, per plugin, with the nearest hook
+    assert infos["typohook"]["error"] == "it implements 'poot_exectuor', which is no poot hook (did it mean 'poot_executor'?)"
     assert infos["example"]["status"] == "loaded"
     table = poot("plugins", site=third_party).stdout
     assert "broken" in table and "failed" in table

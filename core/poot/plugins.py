@@ -77,7 +77,30 @@ class PluginHost:
             msg = f"{type(e).__name__}: {e}{where}"
             self.infos.append(PluginInfo(ep.name, dist, ver, ep.value, "failed", msg))
             return
+        unknown = self._unknown_hooks(obj)
+        if unknown:  # a misspelled hook would otherwise register and never be called
+            self.pm.unregister(obj)
+            self.infos.append(PluginInfo(ep.name, dist, ver, ep.value, "failed", "; ".join(unknown)))
+            return
+        self.pm.check_pending()
         self.infos.append(PluginInfo(ep.name, dist, ver, ep.value, "loaded"))
+
+    def _unknown_hooks(self, plugin: object) -> list[str]:
+        """What pluggy's ``check_pending`` reports, for one plugin and in words: each implementation
+        of a hook that no specification declares (and that is not marked optional), with the
+        nearest real hook name."""
+        import difflib
+
+        known = sorted(name for name in dir(hookspecs) if name.startswith("poot_"))
+        out = []
+        for caller in self.pm.get_hookcallers(plugin) or []:
+            if caller.has_spec():
+                continue
+            for impl in caller.get_hookimpls():
+                if impl.plugin is plugin and not impl.optionalhook:
+                    near = difflib.get_close_matches(caller.name, known, n=1)
+                    out.append(f"it implements '{caller.name}', which is no poot hook" + (f" (did it mean '{near[0]}'?)" if near else ""))
+        return out
 
     @property
     def hook(self) -> pluggy.HookRelay:
