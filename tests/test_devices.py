@@ -81,3 +81,18 @@ def test_cpu_is_always_found_through_the_real_plugins():
 def test_unavailability_codes_are_checked():
     with pytest.raises(ValueError, match="unknown unavailability code"):
         Unavailable("broken", "x")
+
+
+def test_compile_only_devices_come_from_the_backends_and_are_listed():
+    """null:ARCH names resolve to the backends' compile-only devices (planned for, never run);
+    an unknown one lists those there are; `poot devices` names them under the table."""
+    from poot.runtime import null_devices
+
+    nulls = {d.name: d for d in null_devices()}
+    assert {"null:sm_80", "null:sm_90a", "null:gfx942", "null:vulkan"} <= set(nulls)
+    assert {d.plugin for d in nulls.values()} == {"ptx", "rocm", "vulkan"}
+    assert get_device("NULL:SM_90A") == nulls["null:sm_90a"] and nulls["null:sm_90a"].target == "nvptx"
+    with pytest.raises(UnknownDevice, match=r"unknown compile-only device 'null:sm_70'. Known: null:sm_80, null:sm_90a"):
+        get_device("null:sm_70")
+    table = subprocess.run([sys.executable, "-m", "poot.cli", "devices"], capture_output=True, text=True, timeout=120, check=True).stdout
+    assert "compile-only, for `poot plan MODEL --device NAME --compile`: null:sm_80, null:sm_90a" in table

@@ -33,7 +33,7 @@ def _table(rows: list[list[str]], header: list[str]) -> str:
 
 
 def cmd_devices(args: argparse.Namespace) -> int:
-    from .runtime import list_devices
+    from .runtime import list_devices, null_devices
 
     devices = list_devices()
     if args.json:
@@ -79,6 +79,9 @@ def cmd_devices(args: argparse.Namespace) -> int:
     print(_table(rows, ["DEVICE", "STATUS", "PLUGIN", "TARGET", "DETAILS"]))
     if not devices:
         print("no devices: install a backend plugin, e.g. `pip install poot-cpu`")
+    nulls = null_devices()
+    if nulls:
+        print(f"\ncompile-only, for `poot plan MODEL --device NAME --compile`: {', '.join(d.name for d in nulls)}")
     return 0
 
 
@@ -382,7 +385,29 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"step inputs {_fmt_bytes(sum(sp.nbytes(k, graph.inputs()[nm].dtype) for nm, k in sp.inputs.items()))}, "
         f"KV pools {_fmt_bytes(sum(a.nbytes for a in shapes.values()))} for {args.context} positions, weights {_fmt_bytes(weights)} (bound in place)"
     )
+    if args.compile:
+        _compile_plan_kernels(plan, device)
     return 0
+
+
+def _compile_plan_kernels(plan: Any, device: Any) -> None:
+    """Compile each distinct kernel of ``plan`` for ``device``'s codegen target (its backend's
+    ``poot_codegen_target``) and print how many there are and how large their code is."""
+    import time
+
+    from .codegen import compile_kernel
+    from .plugins import host
+    from .runtime.progress import compile_progress
+
+    tgt = host().hook.poot_codegen_target(device=device)
+    if tgt is None:
+        raise PootError(f"no installed plugin compiles kernels for {device.name} (target {device.target})")
+    kernels = {repr(l.kernel): l.kernel for l in plan.launches}
+    t0 = time.perf_counter()
+    sizes = [len(compile_kernel(k, tgt).data) for k in compile_progress(kernels.values(), True, len(kernels))]
+    print(
+        f"compiled {len(sizes)} kernels for {tgt.key} in {time.perf_counter() - t0:.1f} s: {_fmt_bytes(sum(sizes))} of {tgt.artifact}, the largest {_fmt_bytes(max(sizes, default=0))}"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -415,8 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     pn.add_argument("model", help="a .gguf file, a safetensors model directory, or a catalog model (SmolLM2, gemma3)")
     pn.add_argument("--tokens", type=_at_least(1), default=1, help="tokens in the step (1: a decode step)")
     pn.add_argument("--context", type=_at_least(1), default=512, help="context the step sees, in tokens")
-    pn.add_argument("--device", default=None, help="device name (default: POOT_DEVICE or cpu)")
+    pn.add_argument(
+        "--device", default=None, help="device name (default: POOT_DEVICE or cpu); null:ARCH (`poot devices` lists them) plans without the hardware"
+    )
     pn.add_argument("--kv-dtype", choices=KV_DTYPES, default="f16", help="the KV cache's element type (default: f16)")
+    pn.add_argument("--compile", action="store_true", help="also compile every kernel of the plan for the device's target, and say how large the code is")
     precision_arg(pn)
     pn.set_defaults(func=cmd_plan)
 

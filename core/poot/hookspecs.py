@@ -1,4 +1,5 @@
-"""Hook specifications: the four things a plugin can give poot.
+"""Hook specifications: the things a plugin can give poot (devices, compile-only devices, codegen
+targets, executors, kernel runners, model families, quantizations).
 
 A plugin is a module (or object) with functions named like these hooks and marked with
 ``poot.hookimpl``; it is found through the ``poot`` entry-point group of its package::
@@ -50,6 +51,23 @@ def poot_executor(device: "Device") -> Any:
     """Return an Executor for ``device`` if this plugin owns it, else None.
 
     Called when a plan is loaded onto a device. Stops at first non-None result.
+    """
+
+
+@hookspec
+def poot_null_devices() -> "list[Device]":
+    """Return compile-only devices: a target this plugin compiles for, with the capabilities of a
+    real device of it (``Device("null", "vulkan", ...)``) and no hardware behind it.
+
+    ``poot plan MODEL --device null:ARCH`` plans (and with ``--compile`` compiles) a model for the
+    target on any machine, as tinygrad's null device and IREE's null driver do; nothing runs there.
+    """
+
+
+@hookspec(firstresult=True)
+def poot_codegen_target(device: "Device") -> Any:
+    """Return the codegen ``Target`` (``poot.codegen.targets``) this plugin compiles ``device``'s
+    kernels for (its own devices and its null devices), or None if the device is not this plugin's.
     """
 
 

@@ -27,7 +27,7 @@ from ..plan import compile_plan
 from ..plan.attention import POOL_TYPES
 from ..plan.common import check_matmul_precision
 from ..plugins import host
-from ..runtime import Device, get_device
+from ..runtime import NULL_KIND, Device, get_device
 from ..runtime.executor import Executor
 from ..runtime.progress import prefill_progress
 from ..text import Tokenizer, TokenizerError
@@ -137,6 +137,10 @@ class ModelHandle:
         self.device = get_device(device)
         factory = host().hook.poot_executor(device=self.device)
         if factory is None:
+            if self.device.kind == NULL_KIND:
+                raise PootError(
+                    f"{self.device.name} is a compile-only device: `poot plan MODEL --device {self.device.name} --compile` plans and compiles for it"
+                )
             raise PootError(f"no installed plugin can run plans on {self.device.name}")
         self._say(f"loading {model}")
         ck = open_model(model)

@@ -15,7 +15,9 @@ from ..errors import DeviceUnavailable, UnknownDevice
 from ..plugins import host
 from .device import Device, Unavailable
 
-__all__ = ["list_devices", "get_device", "normalize_name", "DEFAULT_DEVICE"]
+__all__ = ["list_devices", "null_devices", "get_device", "normalize_name", "DEFAULT_DEVICE", "NULL_KIND"]
+
+NULL_KIND = "null"  # compile-only devices, null:ARCH (`poot devices` lists them)
 
 DEFAULT_DEVICE = "cpu"
 _GLUED = re.compile(r"^([a-z]+)(\d+)$")
@@ -44,12 +46,30 @@ def list_devices() -> list[Device]:
     return out
 
 
+def null_devices() -> list[Device]:
+    """Every compile-only device (``null:ARCH``) that installed backends offer, in plugin order."""
+    out: list[Device] = []
+    for plugin, result in host().call_each("poot_null_devices"):
+        if isinstance(result, Exception):
+            continue  # a backend whose null devices fail is simply without them; `poot plugins` shows why it failed to load
+        out.extend(dataclasses.replace(d, plugin=plugin) for d in result or () if isinstance(d, Device) and d.kind == NULL_KIND)
+    return out
+
+
 def get_device(name: str | None = None, devices: list[Device] | None = None) -> Device:
-    """The available device called ``name`` (else ``POOT_DEVICE``, else cpu).
+    """The available device called ``name`` (else ``POOT_DEVICE``, else cpu); ``null:ARCH`` is a
+    backend's compile-only device (``null_devices``).
 
     Raises ``UnknownDevice`` (listing the known names) or ``DeviceUnavailable`` (with the reason).
     """
     wanted = normalize_name(name or os.environ.get("POOT_DEVICE") or DEFAULT_DEVICE)
+    if wanted.split(":", 1)[0] == NULL_KIND and devices is None:
+        nulls = null_devices()
+        found = [d for d in nulls if d.name.lower() == wanted]
+        if not found:
+            known = ", ".join(d.name for d in nulls) or "none (no GPU backend plugin is installed)"
+            raise UnknownDevice(f"unknown compile-only device '{wanted}'. Known: {known}")
+        return found[0]
     devices = list_devices() if devices is None else devices
     kind = wanted.split(":", 1)[0]
     exact = [d for d in devices if d.name.lower() == wanted]

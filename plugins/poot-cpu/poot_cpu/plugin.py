@@ -14,6 +14,15 @@ def poot_devices() -> list[Device]:
 
 
 @hookimpl
+def poot_codegen_target(device: Device) -> Any:
+    if device.kind != "cpu":
+        return None
+    from poot.codegen import host_target
+
+    return host_target()
+
+
+@hookimpl
 def poot_executor(device: Device) -> Any:
     if device.kind != "cpu":
         return None

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from poot.runtime import Capabilities, Device, Unavailable
 
-__all__ = ["cuda_devices", "MIN_COMPUTE_CAPABILITY"]
+__all__ = ["cuda_devices", "null_devices", "MIN_COMPUTE_CAPABILITY"]
 
 MIN_COMPUTE_CAPABILITY = (8, 0)  # codegen emits PTX for sm_80 and newer
 
@@ -78,3 +78,28 @@ def cuda_devices() -> list[Device]:
             )
         out.append(Device("cuda", i, name, target="nvptx", capabilities=caps, unavailable=reason))
     return out
+
+
+def _null(arch: str, description: str, sms: int, dynamic_shared: int, matrix: set[str]) -> Device:
+    caps = Capabilities(
+        dtypes=frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"}),
+        compute_units=sms,
+        max_workgroup_size=1024,
+        shared_memory_bytes=48 * 1024,
+        subgroup_size=32,
+        memory_bytes=0,  # no memory: nothing is allocated on a compile-only device
+        dynamic_shared_bytes=dynamic_shared,
+        matrix_ops=frozenset(matrix),
+        details=(("arch", arch), ("compile only", "yes")),
+    )
+    return Device("null", arch, f"compile-only {description} ({arch}): plans and PTX, no hardware", target="nvptx", capabilities=caps)
+
+
+def null_devices() -> list[Device]:
+    """Compile-only NVIDIA devices with the capabilities a real one reports: an A100 (sm_80) and an
+    H100/H200 (sm_90a, with wgmma and 227 KiB of opt-in workgroup memory)."""
+    mma = {"mma.sync.f16", "mma.sync.bf16"}
+    return [
+        _null("sm_80", "NVIDIA Ampere", 108, 0, mma),
+        _null("sm_90a", "NVIDIA Hopper", 132, 227 * 1024, mma | {"wgmma"}),
+    ]

@@ -3,12 +3,28 @@
 from poot import hookimpl
 from poot.runtime import Device
 
-from .device import cuda_devices
+from .device import cuda_devices, null_devices
 
 
 @hookimpl
 def poot_devices() -> list[Device]:
     return cuda_devices()
+
+
+@hookimpl
+def poot_null_devices() -> list[Device]:
+    return null_devices()
+
+
+@hookimpl
+def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
+    if device.target != "nvptx":
+        return None
+    from poot.codegen import TARGETS
+
+    from .runtime import target_for
+
+    return TARGETS[target_for(device)]
 
 
 @hookimpl

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from poot.runtime import Capabilities, Device, Unavailable
 
-__all__ = ["rocm_devices", "SUPPORTED_ARCHS"]
+__all__ = ["rocm_devices", "null_devices", "SUPPORTED_ARCHS"]
 
 SUPPORTED_ARCHS = ("gfx90a", "gfx942", "gfx1100")  # the AMDGCN targets codegen links code objects for
 
@@ -50,3 +50,19 @@ def rocm_devices() -> list[Device]:
         name = props.name.decode(errors="replace") if isinstance(props.name, bytes) else str(props.name)
         out.append(Device("rocm", i, name, target="amdgcn", capabilities=caps, unavailable=reason))
     return out
+
+
+def null_devices() -> list[Device]:
+    """A compile-only AMD Instinct MI300 (gfx942) with the capabilities it reports: plans and code
+    objects, no hardware."""
+    caps = Capabilities(
+        dtypes=frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"}),
+        compute_units=304,
+        max_workgroup_size=1024,
+        shared_memory_bytes=64 * 1024,
+        subgroup_size=64,
+        memory_bytes=0,
+        matrix_ops=frozenset({"mfma"}),
+        details=(("arch", "gfx942"), ("compile only", "yes")),
+    )
+    return [Device("null", "gfx942", "compile-only AMD CDNA 3 (gfx942): plans and code objects, no hardware", target="amdgcn", capabilities=caps)]

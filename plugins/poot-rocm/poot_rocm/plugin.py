@@ -3,9 +3,24 @@
 from poot import hookimpl
 from poot.runtime import Device
 
-from .device import rocm_devices
+from .device import null_devices, rocm_devices
 
 
 @hookimpl
 def poot_devices() -> list[Device]:
     return rocm_devices()
+
+
+@hookimpl
+def poot_null_devices() -> list[Device]:
+    return null_devices()
+
+
+@hookimpl
+def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
+    if device.target != "amdgcn":
+        return None
+    from poot.codegen import TARGETS
+
+    arch = dict(device.capabilities.details).get("arch", "") if device.capabilities else ""
+    return TARGETS.get(f"amdgcn:{arch}")

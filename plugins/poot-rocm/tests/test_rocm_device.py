@@ -31,3 +31,21 @@ def test_runtime_present_gives_devices_or_no_device():
             assert d.capabilities.subgroup_size in (32, 64)
         else:
             assert d.unavailable.code in ("no-device", "unsupported", "no-driver")
+
+
+def test_the_null_gfx942_device_is_refused_by_the_planner_by_name():
+    """null:gfx942 carries an MI300's capabilities and its codegen target; the planner has no AMDGCN
+    schedules yet, and says so as a typed refusal naming the device and the target."""
+    from poot.errors import Refusal
+    from poot.graph.builder import GraphBuilder
+    from poot.plan import compile_plan
+    from poot.plugins import host
+    from poot.runtime import get_device
+
+    dev = get_device("null:gfx942")
+    assert dev.target == "amdgcn" and dev.capabilities.subgroup_size == 64
+    assert host().hook.poot_codegen_target(device=dev).key == "amdgcn:gfx942"
+    b = GraphBuilder()
+    graph = b.build({"y": b.mul(b.input("x", "f32", [4]), 2.0)})
+    with pytest.raises(Refusal, match="null:gfx942 refuses plan: .*target 'amdgcn'"):
+        compile_plan(graph, dev)

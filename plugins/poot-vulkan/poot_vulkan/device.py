@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from poot.runtime import Capabilities, Device, Unavailable
 
-__all__ = ["vulkan_devices", "subgroup_width", "MIN_API"]
+__all__ = ["null_device", "vulkan_devices", "subgroup_width", "MIN_API"]
 
 MIN_API = (1, 3)  # codegen emits SPIR-V for the vulkan1.3 environment
 _TYPES = {0: "other", 1: "integrated GPU", 2: "discrete GPU", 3: "virtual GPU", 4: "CPU"}
@@ -103,3 +103,21 @@ def _describe(vk, index: int, pd) -> Device:  # type: ignore[no-untyped-def]
     if api[:2] < MIN_API:
         reason = Unavailable("unsupported", f"Vulkan {api[0]}.{api[1]} is below the {MIN_API[0]}.{MIN_API[1]} poot's SPIR-V needs")
     return Device("vulkan", index, name, target="spirv", capabilities=caps, unavailable=reason)
+
+
+def null_device() -> Device:
+    """A compile-only Vulkan 1.3 device as a desktop GPU reports itself (subgroups of 32 with their
+    operations, 1,024 invocations a workgroup, storage buffers up to 4 GiB): plans and SPIR-V, no
+    hardware."""
+    caps = Capabilities(
+        dtypes=frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"}),
+        max_buffer_bytes=2**32 - 1,
+        compute_units=1,
+        max_workgroup_size=1024,
+        shared_memory_bytes=48 * 1024,
+        subgroup_size=32,
+        subgroup_ops=True,
+        memory_bytes=0,
+        details=(("api", "1.3"), ("compile only", "yes")),
+    )
+    return Device("null", "vulkan", "compile-only Vulkan 1.3 device: plans and SPIR-V, no hardware", target="spirv", capabilities=caps)

@@ -13,6 +13,23 @@ def poot_devices() -> list[Device]:
 
 
 @hookimpl
+def poot_null_devices() -> list[Device]:
+    from .device import null_device
+
+    return [null_device()]
+
+
+@hookimpl
+def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind not in ("vulkan", "null") or device.target != "spirv":
+        return None
+    from poot.codegen import spirv_target
+
+    caps = device.capabilities
+    return spirv_target(caps.subgroup_size if caps is not None and caps.subgroup_ops else 1)
+
+
+@hookimpl
 def poot_kernel_runner(device: Device):  # type: ignore[no-untyped-def]
     if device.kind != "vulkan" or not isinstance(device.index, int):
         return None

@@ -13,6 +13,16 @@ def poot_devices() -> list[Device]:
 
 
 @hookimpl
+def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind != "wgpu":
+        return None
+    from poot.codegen import spirv_target
+
+    caps = device.capabilities
+    return spirv_target(caps.subgroup_size if caps is not None and caps.subgroup_ops else 1)
+
+
+@hookimpl
 def poot_kernel_runner(device: Device):  # type: ignore[no-untyped-def]
     if device.kind != "wgpu" or not isinstance(device.index, int):
         return None

@@ -1,0 +1,20 @@
+"""null:vulkan: plans and SPIR-V for a desktop Vulkan 1.3 GPU on a machine without one."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+
+def _poot(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "poot.cli", *args], capture_output=True, text=True, timeout=600)
+
+
+def test_poot_plan_compiles_smollm2_and_plans_gemma3_for_vulkan(smollm2_path, gemma3_path):
+    r = _poot("plan", "SmolLM2", "--device", "null:vulkan", "--compile")
+    assert r.returncode == 0, r.stderr
+    m = re.search(r"compiled (\d+) kernels for spirv:subgroup32 in [\d.]+ s: [\d.]+ (KiB|MiB) of spirv", r.stdout)
+    assert m and int(m.group(1)) > 10, r.stdout[-500:]
+    r = _poot("plan", "gemma3", "--device", "null:vulkan", "--tokens", "8")
+    assert r.returncode == 0 and "tokens=8" in r.stdout and "activation arena" in r.stdout, r.stderr
