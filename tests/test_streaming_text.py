@@ -8,14 +8,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from poot.load import open_checkpoint
-from poot.text import Tokenizer
+from poot.models import family_for
 from poot.text.detok import StreamingDetokenizer
 from poot.text.stop import StopMatcher
 
 
 @pytest.fixture(scope="module", params=["smollm2", "gemma3"])
 def tok(request):
-    return Tokenizer.from_gguf(open_checkpoint(request.getfixturevalue(f"{request.param}_path")).metadata)
+    ck = open_checkpoint(request.getfixturevalue(f"{request.param}_path"))
+    return family_for(ck.architecture).tokenizer(ck)
 
 
 TRICKY = "日本語 🤖👍🏽 héllo  x\n\tdef f(): ü"

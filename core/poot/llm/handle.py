@@ -30,7 +30,7 @@ from ..plugins import host
 from ..runtime import NULL_KIND, Device, get_device
 from ..runtime.executor import Executor
 from ..runtime.progress import prefill_progress
-from ..text import Tokenizer, TokenizerError
+from ..text import TokenizerError
 from ..text.chat import ChatTemplate, ChatTemplateError
 from .engine import Engine, Event
 from .kv import BlockPool
@@ -150,7 +150,7 @@ class ModelHandle:
         if check_weights:  # a NaN weight makes every answer NaN: refused by name before anything is built on it
             check_finite(ck.weights.tensors.values(), str(ck.path))
         try:
-            self.tokenizer = Tokenizer.from_gguf(ck.metadata) if ck.format == "gguf" else Tokenizer.from_hf(ck.path)
+            self.tokenizer = self.family.tokenizer(ck)
         except TokenizerError as e:
             raise TokenizerError(f"{ck.path}: {e}") if ck.format == "gguf" else e from None
         if self.tokenizer.vocab_size > self.config.vocab_size:

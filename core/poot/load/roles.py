@@ -143,7 +143,7 @@ _HF_LAYER_RE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<rest>.+)\.(?P<pa
 _HF_EXPERT_RE = {re.compile("^" + re.escape(k).replace(r"\{E\}", r"(?P<expert>\d+)") + "$"): v for k, v in _HF_EXPERT.items()}
 
 
-def _from_hf(name: str, gemma_norms: bool) -> Role | None:
+def _from_hf(name: str, sandwich: bool) -> Role | None:
     if name.startswith("model.language_model."):  # multimodal wrappers around the text model
         name = "model." + name[len("model.language_model.") :]
     elif name.startswith("language_model."):
@@ -158,8 +158,9 @@ def _from_hf(name: str, gemma_norms: bool) -> Role | None:
     if param == "e_score_correction_bias":
         return Role("exp_probs_b", layer, None, "bias") if rest == "mlp.gate" else None
     if rest == "post_attention_layernorm":
-        # Gemma 2/3 normalise the attention output with it; everyone else the FFN input
-        return Role("attn_post_norm" if gemma_norms else "ffn_norm", layer, None, param)
+        # with sandwich norms (a pre_feedforward_layernorm beside it) it normalises the attention
+        # output; otherwise it is the FFN's input norm
+        return Role("attn_post_norm" if sandwich else "ffn_norm", layer, None, param)
     if rest in _HF_LAYER:
         return Role(_HF_LAYER[rest], layer, None, param)
     for rx, role in _HF_EXPERT_RE.items():
@@ -194,12 +195,12 @@ class WeightMap:
 
     @classmethod
     def from_hf(cls, tensors: Mapping[str, LazyTensor], source: str = "") -> "WeightMap":
-        gemma_norms = any(n.endswith("pre_feedforward_layernorm.weight") for n in tensors)
+        sandwich = any(n.endswith("pre_feedforward_layernorm.weight") for n in tensors)
         roles: dict[Role, LazyTensor] = {}
         names: dict[Role, str] = {}
         unknown, ignored = [], []
         for name, t in tensors.items():
-            r = _from_hf(name, gemma_norms)
+            r = _from_hf(name, sandwich)
             if r is None:
                 (ignored if _HF_IGNORED.search(name) else unknown).append(name)
                 continue

@@ -1,13 +1,15 @@
 """The ModelFamily contract and lookup by architecture.
 
 A family says which architectures it serves, parses a config from GGUF metadata or ``config.json``,
-maps checkpoint tensors to weight roles, and traces the Graph of a forward step.
+maps checkpoint tensors to weight roles, builds the tokenizer (with what it knows of its vocabulary),
+holds its chat template, and traces the Graph of a forward step.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from ..errors import PluginError, PootError
@@ -39,8 +41,21 @@ class ModelFamily(ABC):
     def trace(self, config: Any, weights: Any, shapes: Any = None) -> Any:
         """The Graph of one forward step over a batch of sequences."""
 
-    #: chat template for checkpoints of this family that carry none (jinja source), or None
+    #: chat template for checkpoints of this family that carry none (jinja source), or None; used
+    #: only when asked for (``chat_template="family"``), never guessed for a checkpoint without one
     default_chat_template: str | None = None
+    #: how a GGUF's tokenizer arrays are to be read (``Tokenizer.from_gguf``'s keyword options), for
+    #: what the file itself does not say: e.g. ``{"sentencepiece_spaces": "plain"}``
+    tokenizer_options: Mapping[str, Any] = MappingProxyType({})
+
+    def tokenizer(self, checkpoint: Any) -> Any:
+        """The checkpoint's tokenizer: from its GGUF arrays read with ``tokenizer_options``, or from
+        an HF directory's ``tokenizer.json``."""
+        from ..text import Tokenizer
+
+        if checkpoint.format == "gguf":
+            return Tokenizer.from_gguf(checkpoint.metadata, **self.tokenizer_options)
+        return Tokenizer.from_hf(checkpoint.path)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name}: {', '.join(self.gguf_architectures + self.hf_architectures)}>"

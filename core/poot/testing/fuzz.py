@@ -156,7 +156,6 @@ class _Timeout(BaseException):  # not an Exception: the code under test must not
 def _load_as_far_as_weights(path: Path) -> None:
     from ..load import open_checkpoint
     from ..models import family_for
-    from ..text import Tokenizer
     from ..text.chat import ChatTemplate
 
     ck = open_checkpoint(path)
@@ -168,7 +167,7 @@ def _load_as_far_as_weights(path: Path) -> None:
     ck.weights.n_layers  # noqa: B018 - mapping roles must not raise either
     family = family_for(ck.architecture)
     family.parse_config(ck)
-    tok = Tokenizer.from_gguf(ck.metadata) if ck.format == "gguf" else Tokenizer.from_hf(ck.path)
+    tok = family.tokenizer(ck)
     if ck.chat_template:
         ChatTemplate(ck.chat_template, tok.special_tokens, "the checkpoint's chat template")
 

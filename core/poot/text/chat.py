@@ -22,7 +22,7 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from ..errors import PootError
 
-__all__ = ["ChatTemplate", "ChatTemplateError", "BUILTIN_TEMPLATES", "chat_template_for"]
+__all__ = ["ChatTemplate", "ChatTemplateError"]
 
 
 class ChatTemplateError(PootError):
@@ -131,37 +131,3 @@ class ChatTemplate:
             raise ChatTemplateError(f"{self.name}: {e.message or type(e).__name__}") from None
         except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, RecursionError) as e:
             raise ChatTemplateError(f"{self.name} failed while rendering: {type(e).__name__}: {e}") from None
-
-
-# Templates for checkpoints that carry none, by GGUF architecture: the model makers' own formats.
-_GEMMA = (
-    "{{ bos_token }}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- if messages[0]['content'] is string -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
-    "{%- else -%}{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}{%- endif -%}"
-    "{%- set loop_messages = messages[1:] -%}"
-    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
-    "{%- for message in loop_messages -%}"
-    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
-    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
-    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
-    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
-    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
-    "{%- elif message['content'] is iterable -%}{%- for item in message['content'] -%}"
-    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}"
-    "{%- endfor -%}"
-    "{%- else -%}{{ raise_exception('Invalid content type') }}{%- endif -%}"
-    "{{ '<end_of_turn>\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
-)
-BUILTIN_TEMPLATES: dict[str, str] = {"gemma": _GEMMA, "gemma2": _GEMMA, "gemma3": _GEMMA}
-
-
-def chat_template_for(source: str | None, architecture: str, special_tokens: Mapping[str, str | None]) -> ChatTemplate | None:
-    """The checkpoint's own template, else the built-in one for its architecture, else None."""
-    if source:
-        return ChatTemplate(source, special_tokens, "the checkpoint's chat template")
-    if architecture in BUILTIN_TEMPLATES:
-        return ChatTemplate(BUILTIN_TEMPLATES[architecture], special_tokens, f"poot's {architecture} chat template")
-    return None

@@ -5,8 +5,10 @@ From GGUF (llama.cpp's ``tokenizer.ggml.*`` keys):
 - ``gpt2``: byte-level BPE with the file's merges; the pre-tokenizer split follows
   ``tokenizer.ggml.pre`` (llama-3, qwen2, ... regexes) or GPT-2's own;
 - ``llama``: SentencePiece-style BPE with byte fallback (``<0xNN>`` tokens); merges come from the
-  file or are rebuilt from the vocabulary ranked by score (Gemma: by file order, which is its merge
-  order); a Metaspace prefix space for Llama, spaces spelled ``▁`` for Gemma.
+  file or are rebuilt from the vocabulary ranked by score. ``sentencepiece_spaces`` says how the
+  vocabulary spells spaces: ``metaspace`` (the default: ``▁`` with a prefix space) or ``plain``
+  (runs of spaces kept as spaces, merges ranked by file order, no prefix space), which a model
+  family asks for through ``ModelFamily.tokenizer_options``.
 
 Tokens the file marks CONTROL become special tokens and USER_DEFINED ones added tokens, so both are
 matched whole in text. BOS/EOS follow ``add_bos_token`` / ``add_eos_token``.
@@ -57,7 +59,6 @@ PRE_SPLITS = {
     "gpt-4o": _GPT4O,
     "llama4": _GPT4O,
 }
-GEMMA_ARCHS = frozenset({"gemma", "gemma2", "gemma3"})
 
 
 class TokenizerError(PootError):
@@ -98,7 +99,9 @@ class Tokenizer:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, metadata: Mapping[str, Any]) -> "Tokenizer":
+    def from_gguf(cls, metadata: Mapping[str, Any], sentencepiece_spaces: str = "metaspace") -> "Tokenizer":
+        if sentencepiece_spaces not in ("metaspace", "plain"):
+            raise TokenizerError(f"sentencepiece_spaces must be 'metaspace' or 'plain', got {sentencepiece_spaces!r}")
         model = metadata.get("tokenizer.ggml.model")
         tokens = metadata.get("tokenizer.ggml.tokens")
         if not isinstance(tokens, list) or not tokens:
@@ -107,7 +110,6 @@ class Tokenizer:
         types = [int(t) for t in types] if types is not None else [NORMAL] * len(tokens)
         if len(types) != len(tokens):
             raise TokenizerError(f"tokenizer.ggml.token_type has {len(types)} entries for {len(tokens)} tokens")
-        arch = str(metadata.get("general.architecture", ""))
         if model not in ("gpt2", "llama"):
             raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (supported: gpt2, llama)")
         try:
@@ -115,7 +117,7 @@ class Tokenizer:
                 backend = _byte_level(tokens, metadata)
                 kind, default_bos = "byte-level", False
             else:
-                backend = _sentencepiece(tokens, metadata, gemma=arch in GEMMA_ARCHS)
+                backend = _sentencepiece(tokens, metadata, plain_spaces=sentencepiece_spaces == "plain")
                 kind, default_bos = "sentencepiece", True
             _add_special(backend, tokens, types, byte_level=kind == "byte-level")
         except TokenizerError:
@@ -286,8 +288,8 @@ def _byte_level(tokens: list[str], md: Mapping[str, Any]) -> Backend:
     return backend
 
 
-def _sentencepiece(tokens: list[str], md: Mapping[str, Any], gemma: bool) -> Backend:
-    if gemma:  # Gemma stores runs of spaces as spaces; its merges and normalizer expect ▁
+def _sentencepiece(tokens: list[str], md: Mapping[str, Any], plain_spaces: bool) -> Backend:
+    if plain_spaces:  # runs of spaces stored as spaces; the merges and normalizer expect ▁
         tokens = [SPACE * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab: dict[str, int] = {}
     for i, t in enumerate(tokens):
@@ -296,7 +298,7 @@ def _sentencepiece(tokens: list[str], md: Mapping[str, Any], gemma: bool) -> Bac
     if isinstance(merges, list):
         pairs = [tuple(m.split(" ", 1)) for m in merges]
     else:
-        if gemma:  # file order is Gemma's merge order (its scores are not)
+        if plain_spaces:  # file order is the merge order (the scores are not)
             rank = {t: -i for i, t in enumerate(tokens)}
         else:
             scores = md.get("tokenizer.ggml.scores")
@@ -307,7 +309,7 @@ def _sentencepiece(tokens: list[str], md: Mapping[str, Any], gemma: bool) -> Bac
     unk = md.get("tokenizer.ggml.unknown_token_id")
     unk_token = tokens[int(unk)] if unk is not None and 0 <= int(unk) < len(tokens) else None
     backend = Backend(BPE(vocab=vocab, merges=pairs, unk_token=unk_token, fuse_unk=True, byte_fallback=True, dropout=None))
-    if gemma:
+    if plain_spaces:
         backend.normalizer = normalizers.Replace(" ", SPACE)
         backend.pre_tokenizer = pre_tokenizers.Split(" ", behavior="merged_with_previous")
         backend.decoder = decoders.Sequence([decoders.Replace(SPACE, " "), decoders.ByteFallback(), decoders.Fuse()])

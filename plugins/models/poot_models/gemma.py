@@ -5,25 +5,51 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from poot.graph.rope import LinearScaling, RopeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily, LayerConfig
 from poot.models.config import hf_rope
-from poot.text.chat import BUILTIN_TEMPLATES
 
 from .common import Gguf, check_heads, hf_int
 
-__all__ = ["GemmaFamily"]
+__all__ = ["GemmaFamily", "GEMMA_CHAT_TEMPLATE"]
 
 LOCAL_THETA = 10000.0  # Gemma 3's sliding-window layers
+
+
+# Gemma's own format (its tokenizer_config.json), for checkpoints that carry no template
+GEMMA_CHAT_TEMPLATE = (
+    "{{ bos_token }}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages[0]['content'] is string -%}{%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}"
+    "{%- else -%}{%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}{%- endif -%}"
+    "{%- set loop_messages = messages[1:] -%}"
+    "{%- else -%}{%- set first_user_prefix = '' -%}{%- set loop_messages = messages -%}{%- endif -%}"
+    "{%- for message in loop_messages -%}"
+    "{%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{%- endif -%}"
+    "{%- if message['role'] == 'assistant' -%}{%- set role = 'model' -%}{%- else -%}{%- set role = message['role'] -%}{%- endif -%}"
+    "{{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else '') }}"
+    "{%- if message['content'] is string -%}{{ message['content'] | trim }}"
+    "{%- elif message['content'] is iterable -%}{%- for item in message['content'] -%}"
+    "{%- if item['type'] == 'image' -%}{{ '<start_of_image>' }}{%- elif item['type'] == 'text' -%}{{ item['text'] | trim }}{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- else -%}{{ raise_exception('Invalid content type') }}{%- endif -%}"
+    "{{ '<end_of_turn>\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}{{ '<start_of_turn>model\n' }}{%- endif -%}"
+)
 
 
 class GemmaFamily(DecoderFamily):
     name = "gemma"
     gguf_architectures = ("gemma2", "gemma3")
     hf_architectures = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
-    default_chat_template = BUILTIN_TEMPLATES["gemma3"]
+    default_chat_template = GEMMA_CHAT_TEMPLATE
+    # Gemma's SentencePiece vocabulary keeps runs of spaces as spaces and lists merges in rank order
+    tokenizer_options = MappingProxyType({"sentencepiece_spaces": "plain"})
 
     def config_from_gguf(self, md: Mapping[str, Any], weights: Any) -> DecoderConfig:
         g = Gguf(md)

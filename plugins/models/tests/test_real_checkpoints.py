@@ -12,7 +12,6 @@ from poot.load import open_checkpoint
 from poot.models import family_for
 from poot.testing.paged import PagedSequences
 from poot.testing.references import hf_model
-from poot.text import Tokenizer
 
 torch = pytest.importorskip("torch", reason="transformers (with torch) is the oracle for real checkpoints")
 transformers = pytest.importorskip("transformers")
@@ -34,7 +33,7 @@ def test_oracle_matches_transformers_on_real_gguf(which, request, rng):
     ck = open_checkpoint(path)
     fam = family_for(ck.architecture)
     cfg = fam.parse_config(ck)
-    tok = Tokenizer.from_gguf(ck.metadata)
+    tok = fam.tokenizer(ck)
     prompts = [tok.encode(p) for p in PROMPTS]
     assert all(len(p) >= 32 for p in prompts), [len(p) for p in prompts]
     model = PagedOracle(fam.trace(cfg, ck.weights), oracle_weights(ck.weights), num_blocks=32)

@@ -118,10 +118,10 @@ def test_smollm2_compiled_matches_the_oracle(smollm2_path, rng):
 
 @pytest.mark.slow
 def test_gemma3_compiled_matches_the_oracle(gemma3_path, rng):
-    from poot.text import Tokenizer
+    from poot.models import family_for
 
     ck = open_checkpoint(gemma3_path)
-    tok = Tokenizer.from_gguf(ck.metadata)
+    tok = family_for(ck.architecture).tokenizer(ck)
     worst = run_both(ck, rng, [tok.encode("The capital of France is"), tok.encode("Once upon a time")], steps=2)
     print(f"Gemma 3: max |dlogit| {worst:.2g}")
     assert worst < ATOL["real"]
