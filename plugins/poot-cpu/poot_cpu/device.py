@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from poot.runtime import Capabilities, Device, Unavailable
+from poot.backend import Capabilities, Device, Unavailable
 
 __all__ = ["host_device", "vector_bits"]
 

@@ -12,14 +12,22 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from poot.codegen import compile_kernel, host_target
-from poot.codegen.host_jit import HostKernel
+from poot.backend import (
+    Buffer,
+    Executor,
+    HostKernel,
+    Plan,
+    StoragePlan,
+    compile_kernel,
+    compile_progress,
+    host_target,
+    plan_storage,
+    storage_dtype,
+    stored_nbytes,
+    weight_array,
+    weight_dtype,
+)
 from poot.errors import PootError
-from poot.kernel.ir import Buffer
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype, stored_nbytes, weight_array, weight_dtype
-from poot.plan.plan import Plan
-from poot.runtime.executor import Executor
-from poot.runtime.progress import compile_progress
 
 from .chain import NativeChain, ThreadTeam, records_table
 

@@ -3,7 +3,7 @@
 from typing import Any
 
 from poot import hookimpl
-from poot.runtime import Device
+from poot.backend import Device
 
 from .device import host_device
 
@@ -17,7 +17,7 @@ def poot_devices() -> list[Device]:
 def poot_codegen_target(device: Device) -> Any:
     if device.kind != "cpu":
         return None
-    from poot.codegen import host_target
+    from poot.backend import host_target
 
     return host_target()
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from poot.runtime import Device, Unavailable
+from poot.backend import Device, Unavailable
 
 __all__ = ["npu_devices", "DRIVERS"]
 

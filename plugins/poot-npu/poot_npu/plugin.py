@@ -1,7 +1,7 @@
 """Entry point of poot-npu: registers the NPUs the kernel's accel drivers expose."""
 
 from poot import hookimpl
-from poot.runtime import Device
+from poot.backend import Device
 
 from .device import npu_devices
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from poot.runtime import Capabilities, Device, Unavailable
+from poot.backend import Capabilities, Device, Unavailable
 
 __all__ = ["cuda_devices", "null_devices", "MIN_COMPUTE_CAPABILITY"]
 

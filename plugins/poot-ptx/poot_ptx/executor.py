@@ -30,15 +30,8 @@ from typing import Any
 
 import numpy as np
 
+from poot.backend import Buffer, Executor, Plan, StoragePlan, checked_weight, compile_progress, get_device, movement, plan_storage, storage_dtype
 from poot.errors import PootError
-from poot.kernel.ir import Buffer
-from poot.kernel.library import movement
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
-from poot.plan.plan import Plan
-from poot.runtime import get_device
-from poot.runtime.executor import Executor
-from poot.runtime.progress import compile_progress
-from poot.runtime.regions import checked_weight
 
 from .device import CudaCallError, _check
 from .runtime import CudaContext, CudaKernel, target_for

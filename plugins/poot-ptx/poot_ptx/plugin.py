@@ -1,7 +1,7 @@
 """Entry point of poot-ptx: registers the CUDA devices found by the driver, and runs single kernels on them for the kernel tests."""
 
 from poot import hookimpl
-from poot.runtime import Device
+from poot.backend import Device
 
 from .device import cuda_devices, null_devices
 
@@ -20,7 +20,7 @@ def poot_null_devices() -> list[Device]:
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
     if device.target != "nvptx":
         return None
-    from poot.codegen import TARGETS
+    from poot.backend import TARGETS
 
     from .runtime import target_for
 

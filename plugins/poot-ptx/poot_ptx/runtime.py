@@ -10,11 +10,9 @@ from typing import Any
 
 import numpy as np
 
-from poot.codegen import TARGETS, compile_kernel, shared_layout
+from poot.backend import TARGETS, Buffer, Device, Kernel, compile_kernel, shared_layout
+from poot.backend import dtypes as dt
 from poot.errors import PootError, Refusal
-from poot.graph import dtypes as dt
-from poot.kernel.ir import Buffer, Kernel
-from poot.runtime import Device
 
 from .device import CudaCallError, _check
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from poot.runtime import Capabilities, Device, Unavailable
+from poot.backend import Capabilities, Device, Unavailable
 
 __all__ = ["rocm_devices", "null_devices", "SUPPORTED_ARCHS"]
 

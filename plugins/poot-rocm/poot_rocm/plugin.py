@@ -1,7 +1,7 @@
 """Entry point of poot-rocm: registers the HIP devices found by the runtime."""
 
 from poot import hookimpl
-from poot.runtime import Device
+from poot.backend import Device
 
 from .device import null_devices, rocm_devices
 
@@ -20,7 +20,7 @@ def poot_null_devices() -> list[Device]:
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
     if device.target != "amdgcn":
         return None
-    from poot.codegen import TARGETS
+    from poot.backend import TARGETS
 
     arch = dict(device.capabilities.details).get("arch", "") if device.capabilities else ""
     return TARGETS.get(f"amdgcn:{arch}")

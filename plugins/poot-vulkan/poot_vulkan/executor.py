@@ -21,16 +21,29 @@ from typing import Any
 
 import numpy as np
 
-from poot.codegen import compile_kernel, spirv_target
-from poot.codegen.spirv import SCALARS, bindings, scalar_words
+from poot.backend import (
+    EAGER_READBACK,
+    Executor,
+    Kernel,
+    Plan,
+    StoragePlan,
+    checked_pool,
+    checked_weight,
+    compile_kernel,
+    compile_progress,
+    computed_outputs,
+    get_device,
+    plan_storage,
+    require_pools,
+    scalar_block,
+    spirv_target,
+    storage_dtype,
+    value_region,
+)
+from poot.backend import SPIRV_SCALARS as SCALARS
+from poot.backend import spirv_bindings as bindings
+from poot.backend import spirv_scalar_words as scalar_words
 from poot.errors import PootError
-from poot.kernel.ir import Kernel
-from poot.plan.memory import StoragePlan, plan_storage, storage_dtype
-from poot.plan.plan import Plan
-from poot.runtime import get_device
-from poot.runtime.executor import Executor
-from poot.runtime.progress import compile_progress
-from poot.runtime.regions import EAGER_READBACK, checked_pool, checked_weight, computed_outputs, require_pools, scalar_block, value_region
 
 from .runtime import WHOLE_SIZE, DeviceBuffer, HostBuffer, VulkanDevice, storage_buffer
 

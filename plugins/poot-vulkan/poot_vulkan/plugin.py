@@ -2,7 +2,7 @@
 the kernel tests, and runs plans on them (``VulkanExecutor``)."""
 
 from poot import hookimpl
-from poot.runtime import Device
+from poot.backend import Device
 
 from .device import vulkan_devices
 
@@ -23,7 +23,7 @@ def poot_null_devices() -> list[Device]:
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
     if device.kind not in ("vulkan", "null") or device.target != "spirv":
         return None
-    from poot.codegen import spirv_target
+    from poot.backend import spirv_target
 
     caps = device.capabilities
     return spirv_target(caps.subgroup_size if caps is not None and caps.subgroup_ops else 1)

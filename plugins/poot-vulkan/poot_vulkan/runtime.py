@@ -18,11 +18,12 @@ from pathlib import Path
 
 import numpy as np
 
-from poot.codegen.spirv import ENTRY, SCALARS, bindings, scalar_words
+from poot.backend import SPIRV_ENTRY as ENTRY
+from poot.backend import SPIRV_SCALARS as SCALARS
+from poot.backend import Kernel, cache_dir, uses_subgroups
+from poot.backend import spirv_bindings as bindings
+from poot.backend import spirv_scalar_words as scalar_words
 from poot.errors import DeviceUnavailable
-from poot.kernel.ir import Kernel
-from poot.kernel.verify import uses_subgroups
-from poot.load import cache_dir
 
 from .device import subgroup_width
 
@@ -520,7 +521,7 @@ class VulkanKernel:
 def kernel_runner(device: VulkanDevice):  # type: ignore[no-untyped-def]
     """``run(kernel, grid, buffers, scalars)`` on ``device`` for the kernel tests: SPIR-V from codegen,
     one pipeline per kernel kept for reuse, writable buffers copied back into the arrays."""
-    from poot.codegen import compile_kernel, spirv_target
+    from poot.backend import compile_kernel, spirv_target
 
     loaded: dict[str, VulkanKernel] = {}
 

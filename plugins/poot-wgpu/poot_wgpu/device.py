@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import os
 
-from poot.runtime import Capabilities, Device, Unavailable
+from poot.backend import Capabilities, Device, Unavailable
 
 from .subgroups import subgroup_width
 

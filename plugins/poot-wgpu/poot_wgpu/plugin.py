@@ -2,7 +2,7 @@
 on them for the kernel tests, and runs plans on them (``WgpuExecutor``)."""
 
 from poot import hookimpl
-from poot.runtime import Device
+from poot.backend import Device
 
 from .device import wgpu_devices
 
@@ -16,7 +16,7 @@ def poot_devices() -> list[Device]:
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
     if device.kind != "wgpu":
         return None
-    from poot.codegen import spirv_target
+    from poot.backend import spirv_target
 
     caps = device.capabilities
     return spirv_target(caps.subgroup_size if caps is not None and caps.subgroup_ops else 1)

@@ -12,10 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from poot.codegen import compile_kernel, spirv_target
-from poot.codegen.spirv import ENTRY, SCALARS, bindings, for_wgpu, scalar_words
+from poot.backend import SPIRV_ENTRY as ENTRY
+from poot.backend import SPIRV_SCALARS as SCALARS
+from poot.backend import Kernel, compile_kernel, spirv_target
+from poot.backend import spirv_bindings as bindings
+from poot.backend import spirv_for_wgpu as for_wgpu
+from poot.backend import spirv_scalar_words as scalar_words
 from poot.errors import DeviceUnavailable, Refusal
-from poot.kernel.ir import Kernel
 
 from .device import COMPUTE_BACKENDS, _quiet_stderr, _restrict_backends
 from .subgroups import FEATURE, subgroup_width

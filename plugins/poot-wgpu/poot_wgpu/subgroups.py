@@ -18,8 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from poot.kernel import Out, i32, kernel
-from poot.load import cache_dir
+from poot.backend import Out, cache_dir, i32, kernel
 
 __all__ = ["subgroup_width", "FEATURE"]
 
@@ -36,7 +35,7 @@ def _probe(y: Out[i32]):
 
 def _key(adapter: Any) -> str:
     """The adapter, its driver and the codegen that compiled the probe."""
-    from poot.codegen.compile import CODEGEN_VERSION
+    from poot.backend import CODEGEN_VERSION
 
     info = adapter.info
     return "|".join([str(info.get(k, "")) for k in ("vendor_id", "device_id", "device", "description", "backend_type")] + [str(CODEGEN_VERSION)])
@@ -69,8 +68,9 @@ def _measure(adapter: Any) -> int | None:
     """The width the probe saw (1 for uneven or partial subgroups), None where it could not run."""
     import wgpu
 
-    from poot.codegen import compile_kernel, spirv_target
-    from poot.codegen.spirv import ENTRY, for_wgpu
+    from poot.backend import SPIRV_ENTRY as ENTRY
+    from poot.backend import compile_kernel, spirv_target
+    from poot.backend import spirv_for_wgpu as for_wgpu
 
     try:
         dev = adapter.request_device_sync(required_features=[FEATURE])

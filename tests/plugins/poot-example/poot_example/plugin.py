@@ -3,8 +3,8 @@
 from typing import Any
 
 from poot import hookimpl
+from poot.backend import Device, Unavailable
 from poot.models import ModelFamily
-from poot.runtime import Device, Unavailable
 
 
 class ExampleFamily(ModelFamily):
