@@ -75,6 +75,9 @@ def test_refusals_name_op_device_and_reason():
     gone = Device("cuda", 0, "no driver", target="nvptx:sm_90", unavailable=Unavailable("no-driver", "libcuda.so.1 is missing"))
     with pytest.raises(Refusal, match="unavailable.*libcuda"):
         compile_plan(g, gone)
+    alien = Device("tpu", 0, "a target no installed backend compiles for", target="xla", capabilities=_device().capabilities)
+    with pytest.raises(Refusal, match="tpu:0 refuses plan: no installed backend compiles kernels for its target 'xla'"):
+        compile_plan(g, alien)
 
 
 def test_small_workgroup_memory_falls_back_to_the_gemv_schedule():

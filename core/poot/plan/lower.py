@@ -448,12 +448,14 @@ def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -
     (``MATMUL_PRECISIONS``) says how activations meet tensor cores where the device has them."""
     if device.unavailable is not None:
         raise Refusal("plan", device.name, f"the device is unavailable ({device.unavailable})")
-    if device.capabilities is None or device.target not in ("host", "nvptx", "spirv"):
-        raise Refusal(
-            "plan",
-            device.name,
-            f"the planner has schedules for the host CPU, NVIDIA GPUs and Vulkan/WebGPU; target '{device.target}' gets them with its backend",
-        )
+    if device.capabilities is None:
+        raise Refusal("plan", device.name, "the device reports no capabilities to plan for")
+    # a device is planned for when its backend compiles for its target: the schedules are chosen
+    # from the capabilities it reports (subgroups, workgroup memory, matrix instructions)
+    from ..plugins import host
+
+    if host().hook.poot_codegen_target(device=device) is None:
+        raise Refusal("plan", device.name, f"no installed backend compiles kernels for its target '{device.target}' (poot_codegen_target)")
     caps = device.capabilities
     # schedules that reduce or shuffle across subgroups are chosen only where the device runs them
     # (a Vulkan device's SPIR-V is then compiled for its subgroup width: codegen.spirv_target)

@@ -15,7 +15,7 @@ def poot_devices() -> list[Device]:
 
 @hookimpl
 def poot_codegen_target(device: Device) -> Any:
-    if device.kind != "cpu":
+    if device.target != "host":
         return None
     from poot.backend import host_target
 

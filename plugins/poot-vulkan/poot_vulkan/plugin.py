@@ -21,7 +21,7 @@ def poot_null_devices() -> list[Device]:
 
 @hookimpl
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
-    if device.kind not in ("vulkan", "null") or device.target != "spirv":
+    if device.target != "spirv":
         return None
     from poot.backend import spirv_target
 

@@ -14,7 +14,7 @@ def poot_devices() -> list[Device]:
 
 @hookimpl
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
-    if device.kind != "wgpu":
+    if device.target != "spirv":
         return None
     from poot.backend import spirv_target
 
