@@ -79,7 +79,7 @@ def test_poot_plugins_restricts_what_loads(third_party):
     assert infos["broken"]["status"] == "filtered"
     assert all(i["status"] == "filtered" for n, i in infos.items() if n not in ("example", "poot.core"))
     devs = json.loads(poot("devices", "--json", site=third_party, POOT_PLUGINS="example").stdout)
-    assert [d["name"] for d in devs] == ["example:0"]
+    assert [d["name"] for d in devs] == ["example:0", "excpu:0"]
 
 
 def test_unknown_architecture_lists_installed_families(third_party):
@@ -88,3 +88,42 @@ def test_unknown_architecture_lists_installed_families(third_party):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, check=True).stdout
     assert out.startswith("UnknownArchitecture") and "example (example-arch, ExampleForCausalLM) from example" in out
     assert "poot_model_families" in out
+
+
+def test_a_third_party_backend_brings_its_own_target(third_party):
+    """tests/plugins/poot-example adds a device whose kernels compile for a target of its own (x86-64-v3,
+    not the host's own CPU model) through poot_codegen_target and run through its
+    poot_kernel_runner, using the backend SDK alone: the host kernel suite's RMSNorm, softmax and
+    GEMV cases pass on it against the oracle, and a model is planned for it."""
+    code = (
+        "from poot.plugins import host; from poot.runtime import get_device; d = get_device('excpu:0'); "
+        "t = host().hook.poot_codegen_target(device=d); print(t.key)"
+    )
+    e = dict(os.environ, PYTHONPATH=str(third_party))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=e, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[0] == "host:x86-64-v3", out.stdout + out.stderr
+    suite = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-o",
+            "addopts=",
+            "--import-mode=importlib",
+            str(HERE / "test_kernels_host.py"),
+            "-k",
+            "rms_norm or softmax or gemv",
+        ],
+        capture_output=True,
+        text=True,
+        env={**e, "POOT_TEST_DEVICE": "excpu:0"},
+        timeout=900,
+        cwd=HERE.parent,
+    )
+    tail = suite.stdout.strip().splitlines()[-1]
+    assert suite.returncode == 0 and " passed" in tail and "failed" not in tail, suite.stdout[-2000:] + suite.stderr[-2000:]
+    plan = poot("plan", "SmolLM2", "--device", "excpu:0", "--compile", site=third_party)
+    assert plan.returncode == 0 and "compiled" in plan.stdout and "for host:" in plan.stdout, plan.stderr

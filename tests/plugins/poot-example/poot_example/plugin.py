@@ -21,7 +21,27 @@ class ExampleFamily(ModelFamily):
 
 @hookimpl
 def poot_devices() -> list[Device]:
-    return [Device("example", 0, "example accelerator", unavailable=Unavailable("no-device", "the example plugin has no hardware"))]
+    from .backend import devices
+
+    return [Device("example", 0, "example accelerator", unavailable=Unavailable("no-device", "the example plugin has no hardware")), *devices()]
+
+
+@hookimpl
+def poot_codegen_target(device: Device) -> Any:
+    if device.kind != "excpu":
+        return None
+    from .backend import baseline_target
+
+    return baseline_target()
+
+
+@hookimpl
+def poot_kernel_runner(device: Device) -> Any:
+    if device.kind != "excpu":
+        return None
+    from .backend import kernel_runner
+
+    return kernel_runner()
 
 
 @hookimpl
