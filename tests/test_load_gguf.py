@@ -293,3 +293,33 @@ def test_nan_weights_are_refused_at_load_by_tensor(smollm2_path, tmp_path, where
         f.write(np.float32(np.nan).tobytes() if t.storage == "f32" else np.float16(np.nan).tobytes())
     with pytest.raises(LoadError, match=rf"^{path}: tensor {where} holds NaN or infinity at (element|block) 100"):
         poot.load(str(path), "cpu", max_seqs=1, max_context=64, progress=False)
+
+
+@pytest.mark.parametrize(
+    "kind,words",
+    [
+        ("name", r"name of tensor #0 is 300 bytes long; at most 255 are allowed"),
+        ("token", r"metadata 'tokenizer.ggml.tokens'\[1\] is 70000 bytes long; at most 65536 are allowed"),
+        ("not-utf8", r"metadata 'general.description' \(70000 bytes\) is not UTF-8"),
+    ],
+)
+def test_over_long_names_tokens_and_strings_are_refused_by_field(tmp_path, kind, words):
+    """A tensor name past 255 bytes, a token past 64 KiB, and a string past 64 KiB that is not UTF-8
+    are refused naming the field, before they are decoded (a damaged length had been decoded at
+    three bytes of memory a byte); a long UTF-8 string is read."""
+    import numpy as np
+
+    from poot.testing.checkpoints import write_gguf
+
+    name = "w" * 300 if kind == "name" else "w.weight"
+    md = {"tokenizer.ggml.tokens": ["a", "b" * 70_000]} if kind == "token" else {}
+    path = write_gguf(tmp_path / "long.gguf", "llama", {**md, "general.description": "x" * 70_000}, [(name, "f32", (4,), np.ones(4, np.float32))])
+    if kind == "not-utf8":
+        data = path.read_bytes()
+        at = data.index(b"x" * 70_000)
+        path.write_bytes(data[:at] + b"\xff" + data[at + 1 :])
+    with pytest.raises(LoadError, match=words):
+        open_checkpoint(path)
+    if kind == "name":
+        ok = write_gguf(tmp_path / "ok.gguf", "llama", {"general.description": "x" * 70_000}, [("w.weight", "f32", (4,), np.ones(4, np.float32))])
+        assert open_checkpoint(ok).metadata["general.description"] == "x" * 70_000

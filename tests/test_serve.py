@@ -14,7 +14,7 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from poot.testing.server import ServerFailed, metrics, start_server, stop_server  # noqa: E402 - after the skips
+from poot.testing.server import ServerFailed, metrics, start_server, stop_server, wait_idle  # noqa: E402 - after the skips
 
 KEY = "test-key-123"
 
@@ -165,13 +165,7 @@ def test_thirty_two_streams_with_disconnects(client, server):
             model="SmolLM2", messages=[{"role": "user", "content": f"Tell me about number {i}."}], temperature=0.8, seed=i, max_tokens=20
         )
         assert alone.choices[0].message.content == results[i][1]
-    deadline = time.time() + 30
-    while True:
-        m = metrics(server)
-        if m["poot_kv_blocks_used"] == 0 and m["poot_running_sequences"] == 0 and m["poot_queue_depth"] == 0:
-            break
-        assert time.time() < deadline, m
-        time.sleep(0.2)
+    m = wait_idle(server)  # no KV block held, nothing running or queued, within 30 s
     assert m["poot_time_to_first_token_seconds_count"] >= 21
 
 

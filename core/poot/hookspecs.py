@@ -66,7 +66,7 @@ def poot_null_devices() -> "list[Device]":
 
 @hookspec(firstresult=True)
 def poot_codegen_target(device: "Device") -> Any:
-    """Return the codegen ``Target`` (``poot.codegen.targets``) this plugin compiles ``device``'s
+    """Return the codegen ``Target`` (``poot.backend.Target``) this plugin compiles ``device``'s
     kernels for (its own devices and its null devices), or None if the device is not this plugin's.
     """
 
