@@ -11,12 +11,12 @@ import subprocess
 import pytest
 
 from poot.codegen import CompileError, compile_kernel, target
-from poot.codegen.compile import find_lld
 from poot.errors import Refusal
 from poot.graph import dtypes as dt
 from poot.kernel import ir as K
 from poot.kernel.library import catalogue
 from poot.testing.kernels import find_ptxas, ptxas_usage
+from poot_rocm.targets import find_lld
 
 KERNELS = catalogue()
 IDS = [k.name for k in KERNELS]
@@ -262,3 +262,40 @@ def test_asynchronous_copies_land_whole_on_every_target():
         from poot.kernel.library.linear_gpu import gemv_warp  # a GEMV whose weights are copied ahead, as Vulkan on an NVIDIA GPU runs it
 
         assert compile_kernel(gemv_warp("q4_k", 2048, 1, 4, staged=True, copied=1), spirv_target(32), use_cache=False).data[:4] == b"\x03\x02\x23\x07"
+
+
+def _wgmma_kernel() -> K.Kernel:
+    acc = tuple(f"a{i}" for i in range(4))
+    body = tuple(K.Let(nm, K.Const(0.0, dt.f32)) for nm in acc) + (K.Wgmma(acc, "sa", K.Const(0, dt.i32), "sb", K.Const(0, dt.i32), 128, 256),)
+    return K.Kernel("one_wgmma", (K.Buffer("y", dt.f32, readonly=False),), body, (128, 1, 1), (K.Shared("sa", dt.i32, 512), K.Shared("sb", dt.i32, 256)))
+
+
+def test_a_targets_own_statement_is_refused_elsewhere_by_name():
+    """A ``TargetStmt`` lowers where its target's lowering has ``lower_<name>`` (wgmma on sm_90a)
+    and is refused by name everywhere else, not miscompiled."""
+    from poot.codegen import host_target
+
+    k = _wgmma_kernel()
+    assert "wgmma.mma_async" in compile_kernel(k, target("nvptx:sm_90a"), use_cache=False).data.decode()
+    for t in (host_target(), target("spirv:vulkan1.3")):
+        with pytest.raises(Refusal, match="cannot lower Wgmma"):
+            compile_kernel(k, t, use_cache=False)
+    with pytest.raises(Refusal, match="wgmma"):
+        compile_kernel(k, target("nvptx:sm_80"), use_cache=False)
+
+
+def test_targets_come_from_backends_and_name_their_lowering():
+    """Targets past the host and SPIR-V are the backends' (``poot_targets``); one whose lowering
+    cannot be loaded is refused with what to do, and an unknown name lists the known ones."""
+    from dataclasses import replace
+
+    from poot.codegen.targets import TARGETS, backend_targets
+
+    theirs = backend_targets()
+    assert {"nvptx:sm_90a", "nvptx:sm_80", "amdgcn:gfx942"} <= set(theirs) and not set(theirs) & set(TARGETS)
+    assert theirs["nvptx:sm_90a"].lowering == "poot_ptx.lowering:NvptxLowering"
+    k = catalogue()[0]
+    with pytest.raises(Refusal, match="cannot be loaded.*backend installed"):
+        compile_kernel(k, replace(theirs["nvptx:sm_90"], lowering="poot_nowhere.lowering:Nothing"), use_cache=False)
+    with pytest.raises(Refusal, match=r"unknown target \(known: host, spirv:vulkan1.3, .*nvptx:sm_90a"):
+        target("metal:m3")

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from poot.codegen import compile_kernel, target
-from poot.codegen.compile import find_lld
 from poot.kernel import Const, In, KernelError, KernelSyntaxError, Out, f16, f32, i32, inline, kernel
 from poot.testing.kernels import poisoned, run_host
+from poot_rocm.targets import find_lld
 
 
 @kernel(workgroup=("BLOCK", 1, 1))

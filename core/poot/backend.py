@@ -14,7 +14,10 @@ What is here, by the stage it serves:
   (``checked_pool``, ``checked_weight``, ``computed_outputs``, ``require_pools``, ``scalar_block``,
   ``value_region``, ``EAGER_READBACK``);
 - executing: ``Executor`` (the contract), ``compile_progress``;
-- Kernel IR and codegen: ``Kernel``, ``Buffer``, ``dtypes``, ``kernel``/``Out``/``i32`` (the kernel
+- Kernel IR and codegen: ``Kernel``, ``Buffer``, ``kir`` (the Kernel IR module: its expressions
+  and statements), ``TargetStmt`` (the base of a target's own statements, checked through a
+  ``StmtCheck``), ``verify_kernel``, ``KernelLowering`` (the generic lowering a target subclasses),
+  ``target``/``backend_targets`` (targets by name), ``CompileError``, ``dtypes``, ``kernel``/``Out``/``i32`` (the kernel
   language), ``movement`` (the copy kernels), ``uses_subgroups``, ``compile_kernel``, ``Target``,
   ``TARGETS``, ``host_target``, ``spirv_target``, ``shared_layout``, ``CODEGEN_VERSION``,
   ``HostKernel`` (a host object loaded in-process), and SPIR-V's binding layout (``SPIRV_ENTRY``,
@@ -58,6 +61,14 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "compile_progress": ("poot.runtime.progress", "compile_progress"),
     # Kernel IR and codegen
     "Kernel": ("poot.kernel.ir", "Kernel"),
+    "kir": ("poot.kernel", "ir"),
+    "TargetStmt": ("poot.kernel.ir", "TargetStmt"),
+    "StmtCheck": ("poot.kernel.verify", "StmtCheck"),
+    "verify_kernel": ("poot.kernel.verify", "verify_kernel"),
+    "KernelLowering": ("poot.codegen.lower", "KernelLowering"),
+    "CompileError": ("poot.codegen.compile", "CompileError"),
+    "target": ("poot.codegen.targets", "target"),
+    "backend_targets": ("poot.codegen.targets", "backend_targets"),
     "Buffer": ("poot.kernel.ir", "Buffer"),
     "dtypes": ("poot.graph", "dtypes"),
     "kernel": ("poot.kernel", "kernel"),

@@ -71,6 +71,16 @@ def poot_codegen_target(device: "Device") -> Any:
     """
 
 
+@hookspec
+def poot_targets() -> "list[Any]":
+    """Return the codegen ``Target`` objects this plugin brings, by name (``nvptx:sm_90a``,
+    ``amdgcn:gfx942``): each names its LLVM triple, CPU and features, the lowering class that turns
+    Kernel IR into LLVM IR for it (``Target.lowering``, a ``poot.backend.KernelLowering``
+    subclass) and, where the emitted object needs one, the step that makes it an artifact
+    (``Target.link``). ``poot.backend.target(name)`` finds them here.
+    """
+
+
 @hookspec(firstresult=True)
 def poot_kernel_runner(device: "Device") -> Any:
     """Return ``run(kernel, grid, buffers, scalars)`` that runs one Kernel IR kernel on ``device``

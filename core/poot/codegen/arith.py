@@ -1,4 +1,4 @@
-"""Lowering of the Kernel IR's arithmetic (a mixin of the lowerer, ``lower._Lowerer``): binary and
+"""Lowering of the Kernel IR's arithmetic (a mixin of ``lower.KernelLowering``): binary and
 unary operations as each target computes them (the host calls libm and fuses a * b + c; NVIDIA
 uses its approximate ex2/lg2/sin/cos after range reduction), casts including bf16's rounding,
 dp4a and bf16 pair packing, and subgroup shuffles and reductions."""
@@ -53,11 +53,34 @@ class ArithmeticLowering:
     host: bool
     in_index: bool
 
-    def dot4_i8(self, a: L.Value, c: L.Value, acc: L.Value) -> L.Value:
-        """acc + the dot product of the signed bytes of a and c: dp4a on NVIDIA, byte arithmetic elsewhere."""
+    # how sin and cos are computed: reduced by 2 pi first where the target's own are accurate on
+    # [-pi, pi] only (``sincos_reduced``); a target with faster ones overrides ``approx``
+    sincos_reduced = False
+    approx_ops: frozenset[str] = frozenset()  # of exp2, log2, sin, cos: those ``approx`` computes
+    # exp and log by LLVM's own (the host's libm, SPIR-V's GLSL.std.450 Exp/Log) rather than
+    # through exp2 and log2, as GPU targets compute them
+    natural_exp = False
+
+    def approx(self, op: str, x: L.Value) -> L.Value:
+        """A target's fast f32 ``exp2``, ``log2``, ``sin`` or ``cos`` of ``x`` (``sin``/``cos``:
+        ``x`` already reduced to [-pi, pi]), for the ops in ``approx_ops``."""
+        raise NotImplementedError(op)
+
+    def reduce_turns(self, a: L.Value, k: L.Value) -> L.Value:
+        """``a - 2 pi k`` in two steps (Cody-Waite; k * 6.28125 is exact below 2**15 turns)."""
         b = self.b
-        if self.t.name == "nvptx":
-            return b.call(self.intrinsic("llvm.nvvm.idp4a.s.s", I32, [I32, I32, I32]), [a, c, acc])
+        r = b.fsub(a, b.fmul(k, L.Constant(F32, 6.28125)))
+        return b.fsub(r, b.fmul(k, L.Constant(F32, 0.0019353071795864769)))
+
+    def copysign(self, y: L.Value, x: L.Value) -> L.Value:
+        """``y`` (not negative) with the sign of ``x``."""
+        b = self.b
+        return b.select(b.fcmp_ordered("<", x, L.Constant(F32, 0.0)), b.fneg(y), y)
+
+    def dot4_i8(self, a: L.Value, c: L.Value, acc: L.Value) -> L.Value:
+        """acc + the dot product of the signed bytes of a and c, by byte arithmetic (targets with
+        an instruction for it override this)."""
+        b = self.b
         for i in range(4):
             up = L.Constant(I32, 24 - 8 * i)
             x = b.ashr(b.shl(a, up), L.Constant(I32, 24))
@@ -66,11 +89,9 @@ class ArithmeticLowering:
         return acc
 
     def pack_bf16x2(self, lo: L.Value, hi: L.Value) -> L.Value:
-        """The nearest bf16 of each of two f32, ``lo`` in the low half of an i32: one cvt on NVIDIA."""
+        """The nearest bf16 of each of two f32, ``lo`` in the low half of an i32, by integer
+        arithmetic (targets with an instruction for it override this)."""
         b = self.b
-        if self.t.name == "nvptx":  # cvt puts its first source in the upper half
-            asm = L.InlineAsm(L.FunctionType(I32, [F32, F32]), "cvt.rn.bf16x2.f32 $0, $1, $2;", "=r,f,f")
-            return b.call(asm, [hi, lo])
         halves = []
         for v in (lo, hi):  # round to nearest even in 32-bit integers (SPIR-V here has no 16-bit type)
             bits = b.bitcast(v, I32)
@@ -88,7 +109,7 @@ class ArithmeticLowering:
             if op in K.CMP_OPS:
                 return b.fcmp_ordered({"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}[op], a, c)
             if op == "pow":
-                if self.t.name == "host":
+                if self.host:
                     return self.fcall("llvm.pow", a, c)
                 return self.unary("exp2", b.fmul(c, self.unary("log2", a, t)), t)
             fn = {"add": b.fadd, "sub": b.fsub, "mul": b.fmul, "div": b.fdiv, "rem": b.frem}.get(op)
@@ -132,34 +153,27 @@ class ArithmeticLowering:
             return self.fcall("llvm.rint", a)
         if op == "erf":
             return self._erf(a)
-        gpu = self.t.name in ("nvptx", "amdgcn")
+        gpu = not (self.host or self.natural_exp)
         if op in ("exp", "exp2"):
             x = b.fmul(a, L.Constant(a.type, LOG2E)) if op == "exp" else a
-            if self.t.name == "nvptx":
-                return b.call(self.intrinsic("llvm.nvvm.ex2.approx.ftz.f", F32, [F32]), [x])
+            if "exp2" in self.approx_ops:
+                return self.approx("exp2", x)
             return self.fcall("llvm.exp2", x) if gpu or op == "exp2" else self.fcall("llvm.exp", a)
         if op in ("log", "log2"):
-            if self.t.name == "nvptx":
-                y = b.call(self.intrinsic("llvm.nvvm.lg2.approx.ftz.f", F32, [F32]), [a])
+            if "log2" in self.approx_ops:
+                y = self.approx("log2", a)
             elif gpu:
                 y = self.fcall("llvm.log2", a)
             else:
                 return self.fcall("llvm.log" if op == "log" else "llvm.log2", a)
             return b.fmul(y, L.Constant(a.type, LN2)) if op == "log" else y
         if op in ("sin", "cos"):
-            if self.t.name in ("nvptx", "spirv"):
-                # sin.approx (and Vulkan's sin/cos, whose precision the spec leaves open: NVIDIA's
-                # driver loses it at large angles) is accurate on [-pi, pi] only: reduce by 2*pi first
-                # (Cody-Waite, two constants; k * 6.28125 is exact below 2**15 turns), so large angles
-                # (RoPE at long positions) keep about 1e-6 absolute error
+            if self.sincos_reduced or op in self.approx_ops:
+                # reduced by 2*pi first, so large angles (RoPE at long positions) keep about 1e-6
+                # absolute error
                 k = self.fcall("llvm.rint", b.fmul(a, L.Constant(F32, 0.15915494309189535)))
-                if self.t.name == "spirv":
-                    r = b.fsub(a, b.fmul(k, L.Constant(F32, 6.28125)))
-                    r = b.fsub(r, b.fmul(k, L.Constant(F32, 0.0019353071795864769)))
-                    return self.fcall(f"llvm.{op}", r)
-                r = self.fcall("llvm.fma", b.fneg(k), L.Constant(F32, 6.28125), a)
-                r = self.fcall("llvm.fma", b.fneg(k), L.Constant(F32, 0.0019353071795864769), r)
-                return b.call(self.intrinsic(f"llvm.nvvm.{op}.approx.ftz.f", F32, [F32]), [r])
+                r = self.reduce_turns(a, k)
+                return self.approx(op, r) if op in self.approx_ops else self.fcall(f"llvm.{op}", r)
             return self.fcall(f"llvm.{op}", a)
         if op == "tanh":
             # tanh(x) = 1 - 2 / (exp(2x) + 1): exact at both tails, no libm call on any target
@@ -177,11 +191,7 @@ class ArithmeticLowering:
             poly = b.fadd(b.fmul(poly, tt), L.Constant(F32, c))
         poly = b.fmul(poly, tt)
         y = b.fsub(L.Constant(F32, 1.0), b.fmul(poly, self.unary("exp", b.fneg(b.fmul(ax, ax)), t)))
-        if self.t.name == "spirv":  # the sign bit moved by integer operations: LLVM 22's SPIR-V backend
-            # crashes on what InstCombine makes of select(x < 0, -y, y) when x is a product
-            sign = b.and_(b.bitcast(x, I32), L.Constant(I32, -0x80000000))
-            return b.bitcast(b.or_(b.bitcast(y, I32), sign), F32)
-        return b.select(b.fcmp_ordered("<", x, L.Constant(F32, 0.0)), b.fneg(y), y)
+        return self.copysign(y, x)
 
     def cast(self, v: L.Value, src: DType, dst: DType) -> L.Value:
         b = self.b
@@ -217,15 +227,11 @@ class ArithmeticLowering:
         return v
 
     def shuffle(self, v: L.Value, lane: L.Value, t: DType, xor: bool) -> L.Value:
-        b = self.b
         if self.host:
             return v  # one lane per subgroup
-        bits = b.bitcast(v, I32) if t == dt.f32 else v
-        if self.t.name == "nvptx":
-            name = "llvm.nvvm.shfl.sync.bfly.i32" if xor else "llvm.nvvm.shfl.sync.idx.i32"
-            r = b.call(self.intrinsic(name, I32, [I32, I32, I32, I32]), [L.Constant(I32, -1), bits, lane, L.Constant(I32, 0x1F)])
-        else:
-            me = self.builtin(K.Builtin("lane_id"))
-            src = b.xor(me, lane) if xor else lane
-            r = b.call(self.intrinsic("llvm.amdgcn.ds.bpermute", I32, [I32, I32]), [b.shl(src, L.Constant(I32, 2)), bits])
-        return b.bitcast(r, F32) if t == dt.f32 else r
+        return self.shuffle_word(v, lane, t, xor)
+
+    def shuffle_word(self, v: L.Value, lane: L.Value, t: DType, xor: bool) -> L.Value:
+        """A GPU target's subgroup shuffle of ``v`` (f32 or i32) from lane ``lane`` (or this lane
+        xor ``lane``)."""
+        raise Refusal(f"kernel {self.k.name}", self.t.key, "subgroup shuffles are not lowered for this target")

@@ -12,11 +12,9 @@ import functools
 import hashlib
 import os
 import pickle
-import shutil
 import struct
 import subprocess
 import sys
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -58,7 +56,7 @@ def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
 
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
-    if tgt.name == "spirv":
+    if tgt.artifact == "spirv":
         # SimplifyCFG sinks a store that sibling branches make to different buffers into their join,
         # through a phi of the two buffer handles, which LLVM 22's SPIR-V backend cannot select (it
         # asserts). The option is process-wide: this runs in a worker retired after each SPIR-V module.
@@ -66,8 +64,7 @@ def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
     mod = llvm.parse_assembly(ir_text)
     mod.verify()
     target = llvm.Target.from_triple(tgt.triple)
-    reloc = "pic" if tgt.name in ("amdgcn", "host") else "default"
-    tm = target.create_target_machine(cpu=tgt.cpu, features=tgt.features, opt=3, reloc=reloc, codemodel="default")
+    tm = target.create_target_machine(cpu=tgt.cpu, features=tgt.features, opt=3, reloc=tgt.reloc, codemodel="default")
     mod.triple = tgt.triple
     mod.data_layout = str(tm.target_data)
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
@@ -79,45 +76,20 @@ def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
     if tgt.artifact == "ptx":
         return tm.emit_assembly(mod).encode(), opt_ir
     obj = tm.emit_object(mod)
-    if tgt.artifact == "code-object":
-        return _link_amdgpu(obj, name), opt_ir
-    if tgt.artifact == "spirv":
-        from .spirv import post_pass
-
-        return post_pass(obj, name), opt_ir
+    if tgt.link:
+        return _load(tgt.link, tgt)(obj, name), opt_ir
     return obj, opt_ir
 
 
-def find_lld() -> list[str] | None:
-    """An ld.lld that links AMDGPU code object v5 (LLVM 22): Debian's lld-22, or PyPI's ziglang."""
-    for exe in ("ld.lld-22", "ld.lld"):
-        path = shutil.which(exe)
-        if path:
-            try:
-                out = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=10).stdout
-            except (OSError, subprocess.TimeoutExpired):
-                continue
-            if any(f"LLD {v}." in out for v in range(20, 40)):
-                return [path]
+def _load(ref: str, tgt: Target):  # type: ignore[no-untyped-def]
+    """The object ``module:name`` names (a target's link step)."""
+    import importlib
+
+    mod, _, attr = ref.partition(":")
     try:
-        import ziglang  # noqa: F401
-
-        return [sys.executable, "-m", "ziglang", "ld.lld"]
-    except ImportError:
-        return None
-
-
-def _link_amdgpu(obj: bytes, name: str) -> bytes:
-    lld = find_lld()
-    if lld is None:
-        raise CompileError(f"kernel {name}: linking an AMDGPU code object needs ld.lld from LLVM 20+ (apt install lld-22, or pip install ziglang)")
-    with tempfile.TemporaryDirectory() as d:
-        o, so = Path(d) / "k.o", Path(d) / "k.hsaco"
-        o.write_bytes(obj)
-        r = subprocess.run(lld + ["-shared", str(o), "-o", str(so)], capture_output=True, text=True, timeout=120)
-        if r.returncode:
-            raise CompileError(f"kernel {name}: ld.lld failed: {r.stderr.strip()[-500:]}")
-        return so.read_bytes()
+        return getattr(importlib.import_module(mod), attr)
+    except (ImportError, AttributeError) as e:
+        raise CompileError(f"target {tgt.key}: its link step {ref} cannot be loaded ({e}): is its backend installed?") from None
 
 
 class _Worker:
@@ -182,12 +154,23 @@ def _cache_dir() -> Path:
 
 
 @functools.cache
-def _codegen_source_hash() -> str:
-    """Artifacts depend on the stages after LLVM IR too (post-passes): their source is in the key,
-    with the kernel-layer helpers the lowering expands (f16 rounding and encoding, half widening)."""
+def _codegen_source_hash(lowering: str = "", link: str = "") -> str:
+    """Artifacts depend on the stages after LLVM IR too (post-passes, a target's link step): their
+    source is in the key, with the kernel-layer helpers the lowering expands (f16 rounding and
+    encoding, half widening) and the modules of the target's own lowering and link step."""
+    import importlib.util
+
     h = hashlib.sha256()
     here = Path(__file__).parent
-    for f in [*sorted(here.glob("*.py")), here.parent / "kernel" / "library" / "elementwise.py", here.parent / "kernel" / "translate.py"]:
+    files = [*sorted(here.glob("*.py")), here.parent / "kernel" / "library" / "elementwise.py", here.parent / "kernel" / "translate.py"]
+    for ref in (lowering, link):
+        try:
+            spec = importlib.util.find_spec(ref.partition(":")[0]) if ref else None
+        except (ImportError, ValueError):  # its package is missing: lowering it refuses, naming it
+            spec = None
+        if spec is not None and spec.origin and spec.origin not in map(str, files):
+            files.append(Path(spec.origin))
+    for f in files:
         h.update(f.read_bytes())
     return h.hexdigest()[:16]
 
@@ -198,7 +181,7 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
 
     # a dump shows every stage, so it compiles afresh: a cache hit would skip the later ones
     use_cache = use_cache and not os.environ.get("POOT_DUMP")
-    stamp = [CODEGEN_VERSION, _codegen_source_hash(), llvmlite.__version__, tgt.key, tgt.triple, tgt.features]
+    stamp = [CODEGEN_VERSION, _codegen_source_hash(tgt.lowering, tgt.link), llvmlite.__version__, tgt.key, tgt.triple, tgt.features]
     # by the kernel itself first (Kernel IR is a deterministic value): a hit skips lowering too
     fast = _cache_dir() / "by-kernel" / (hashlib.sha256("\n".join(stamp + [repr(k)]).encode()).hexdigest() + f".{tgt.artifact}")
     if use_cache and fast.exists():
@@ -215,7 +198,7 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
     try:
         data, opt_ir = _POOL.run(ir_text, tgt, k.name)
     finally:
-        if tgt.name == "spirv":
+        if tgt.artifact == "spirv":
             # LLVM 22's SPIR-V backend keeps a block -> label-id table in process-wide state keyed by
             # MachineFunction address; a later module can inherit earlier ids and come out with
             # duplicate labels (about one compile in thirty). Each SPIR-V module gets a fresh worker.

@@ -1,7 +1,10 @@
-"""Kernel IR -> LLVM IR (llvmlite.ir), for every target.
+"""Kernel IR -> LLVM IR (llvmlite.ir): the generic lowering every target shares.
 
-GPU targets get one kernel function per Kernel; thread and workgroup ids come from the target's
-intrinsics. The host target gets a workgroup function that runs the workgroup's threads as loops:
+``KernelLowering`` lowers the whole IR; a GPU target subclasses it (named by ``Target.lowering``)
+and supplies what is its own: thread and workgroup ids (``gpu_builtin``), barriers, the kernel
+function's calling convention and attributes, subgroup shuffles, fast math, and the lowering of
+its own statements (``lower_<name>`` for a ``TargetStmt``, ``lower_mma_tile``, asynchronous copies,
+waits for the launch before, prefetches). The host lowering is this class itself. The host target gets a workgroup function that runs the workgroup's threads as loops:
 statements between barriers become one loop over the threads, and variables that live across a
 barrier become per-thread arrays, so barriers, shared memory and uniform loops keep their meaning.
 A grid entry point runs a range of workgroups, so a thread pool can split the grid.
@@ -15,34 +18,31 @@ from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from ..kernel import ir as K
-from ..kernel.verify import awaits_prior, uses_barriers, uses_subgroups, uses_swizzle, verify_kernel
+from ..kernel.verify import awaits_prior, shared_alignment, uses_barriers, verify_kernel
 from .arith import I8, I32, ArithmeticLowering, llvm_type
 from .arith import mem_type as _mem_type
-from .matrix import MatrixLowering
 from .targets import SHARED_ALIGN, Target, shared_layout
 
-__all__ = ["lower_kernel", "llvm_type"]
+__all__ = ["KernelLowering", "lower_kernel", "llvm_type", "mem_type"]
+
+mem_type = _mem_type
 
 
-class _Lowerer(MatrixLowering, ArithmeticLowering):
+class KernelLowering(ArithmeticLowering):
+    """Lowers one kernel for one target: ``KernelLowering(kernel, target).lower()`` -> an LLVM
+    module. Subclasses for GPU targets override the hooks below; every other statement and
+    expression lowers the same way on every target."""
+
     def __init__(self, k: K.Kernel, tgt: Target) -> None:
         self.k, self.t = k, tgt
         self.m = L.Module(name=k.name)
         self.m.triple = tgt.triple
-        if tgt.name == "amdgcn":
-            self.m.data_layout = _datalayout(tgt)
         self.host = tgt.name == "host"
         if k.threads > tgt.max_threads:
             raise Refusal(f"kernel {k.name}", tgt.key, f"workgroup of {k.threads} threads exceeds the target's {tgt.max_threads}")
         shared_bytes = sum(s.size * max(1, s.dtype.bits // 8) for s in k.shared)
         if shared_bytes > tgt.max_shared:
             raise Refusal(f"kernel {k.name}", tgt.key, f"{shared_bytes} bytes of workgroup memory exceed the target's {tgt.max_shared}")
-        if uses_subgroups(k) and tgt.name == "spirv" and tgt.subgroup <= 1:
-            raise Refusal(
-                f"kernel {k.name}",
-                tgt.key,
-                "subgroup operations need the device's subgroup width: compile for spirv_target(n) on a Vulkan device whose subgroups run them",
-            )
         self.barriers = uses_barriers(k)
         self.vars: dict[str, tuple[str, L.Value, DType]] = {}  # name -> (kind, storage, type)
         self.values: dict[str, L.Value] = {}  # scalar params
@@ -58,11 +58,60 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
 
     def entry_alloca(self, ty: L.Type, name: str) -> L.Value:
         with self.b.goto_entry_block():
-            a = self.b.alloca(ty, name=name)
-        if self.t.name == "amdgcn":  # AMDGPU's private memory is address space 5
-            a.__class__ = _PrivateAlloca
-            a.type = L.PointerType(ty, 5)
-        return a
+            return self.b.alloca(ty, name=name)
+
+    # -- what a GPU target supplies -----------------------------------------------------------------
+    def kernel_function(self, fn: L.Function) -> None:
+        """Mark ``fn`` as the target's kernel entry (calling convention, attributes)."""
+
+    def gpu_builtin(self, e: K.Builtin) -> L.Value:
+        """A thread's id, its workgroup's, the grid's size or its lane, from the target's intrinsics."""
+        raise Refusal(f"kernel {self.k.name}", self.t.key, f"builtin {e.kind} is not lowered for this target")
+
+    def barrier(self) -> None:
+        """A workgroup barrier (memory ordered across it)."""
+        raise Refusal(f"kernel {self.k.name}", self.t.key, "workgroup barriers are not lowered for this target")
+
+    def fence(self) -> None:
+        """``Fence``: order this thread's memory operations for other workgroups."""
+        self.b.fence("acq_rel")
+
+    def await_prior(self) -> None:
+        """``AwaitPrior``: nothing where launches are not programmatic."""
+
+    def prefetch(self, st: K.Prefetch) -> None:
+        """``Prefetch``: a hint; nothing where the target has no engine for it."""
+
+    def copy_async(self, st: K.CopyAsync) -> None:
+        """``CopyAsync`` where the target has no copy engine: four loads and stores of the 4-byte
+        elements (``copy_same_type`` targets refuse copies between arrays of other element types)."""
+        b = self.b
+        for i in range(4):
+            frm, ft = self.address(st.buffer, K.Bin("add", st.index, K.Const(i, dt.i32)))
+            to, tt = self.address(st.shared, K.Bin("add", st.at, K.Const(i, dt.i32)))
+            if ft != tt and self.copy_same_type:
+                raise Refusal(
+                    f"kernel {self.k.name}",
+                    self.t.key,
+                    f"an asynchronous copy from {ft} '{st.buffer}' into {tt} '{st.shared}': this target copies between arrays of one element type",
+                )
+            v = b.load(frm)
+            b.store(v if ft == tt else b.bitcast(v, to.type.pointee), to)
+
+    copy_same_type = False
+
+    def copy_async_sync(self, st: K.CopyAsyncSync) -> None:
+        """``CopyAsyncSync``: nothing where copies were ordinary loads and stores."""
+
+    def lower_mma_tile(self, st: K.MmaTile) -> None:
+        raise Refusal(f"kernel {self.k.name}", self.t.key, "no matrix multiply-accumulate instructions are lowered for this target")
+
+    def target_stmt(self, st: K.TargetStmt) -> None:
+        """A target's own statement, by its ``lower_<lowering>`` method."""
+        method = getattr(self, f"lower_{st.lowering}", None) if st.lowering else None
+        if method is None:
+            raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower {type(st).__name__} (a statement of another target)")
+        method(st)
 
     # -- functions ----------------------------------------------------------------------------------
     def lower(self) -> L.Module:
@@ -82,7 +131,7 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
             g = L.GlobalVariable(self.m, L.ArrayType(_mem_type(sh.dtype), sh.size), f"{k.name}.{sh.name}", addrspace=self.t.shared_as)
             g.linkage = "internal"
             g.initializer = L.Constant(L.ArrayType(_mem_type(sh.dtype), sh.size), L.Undefined)
-            g.align = SHARED_ALIGN if uses_swizzle(k) else 16  # a swizzle atom at an address aligned to its size
+            g.align = SHARED_ALIGN if shared_alignment(k) > 16 else 16  # (a swizzle atom at an address aligned to its size)
             self.mem[sh.name] = (g, sh.dtype, sh.size)
         if self.host:
             self._host_functions(params)
@@ -103,42 +152,13 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
 
     def _gpu_function(self, params: list[L.Type]) -> None:
         fn = L.Function(self.m, L.FunctionType(L.VoidType(), params), self.k.name)
-        if self.t.name == "nvptx":
-            # no "nvvm.maxntid" by default: with it ptxas caps registers for occupancy and spills (sm_90)
-            fn.calling_convention = "ptx_kernel"
-            if self.k.min_groups:  # asked for: registers capped so that this many workgroups fit an SM
-                set.add(fn.attributes, f'"nvvm.maxntid"="{self.k.threads}"')
-                set.add(fn.attributes, f'"nvvm.minctasm"="{self.k.min_groups}"')
-        elif self.t.name == "amdgcn":
-            fn.calling_convention = "amdgpu_kernel"
-            set.add(fn.attributes, f'"amdgpu-flat-work-group-size"="1,{self.k.threads}"')
+        self.kernel_function(fn)
         self._bind_params(fn)
         self.b = L.IRBuilder(fn.append_basic_block("entry"))
         if not awaits_prior(self.k):  # a kernel that places no wait of its own waits first
             self.await_prior()
         self.block(self.k.body)
         self.b.ret_void()
-
-    def _hopper(self) -> bool:
-        """sm_90 or later: griddepcontrol and the bulk copy engine."""
-        return self.t.name == "nvptx" and int(self.t.cpu.removeprefix("sm_").rstrip("a")) >= 90
-
-    def await_prior(self) -> None:
-        """``AwaitPrior``: griddepcontrol where the target has it (sm_90+), the wait then the release
-        of the next launch; nothing elsewhere."""
-        if self._hopper():
-            text = "griddepcontrol.wait;\n\tgriddepcontrol.launch_dependents;"
-            self.b.call(L.InlineAsm(L.FunctionType(L.VoidType(), []), text, "~{memory}", side_effect=True), [])
-
-    def prefetch(self, st: K.Prefetch) -> None:
-        """``Prefetch``: the bulk copy engine's prefetch into the L2 where the target has it (sm_90+);
-        nothing elsewhere (a hint)."""
-        if self._hopper():
-            ptr, _ = self.address(st.buffer, st.index)
-            fn = L.InlineAsm(
-                L.FunctionType(L.VoidType(), [L.IntType(64), I32]), "cp.async.bulk.prefetch.L2.global [$0], $1;", "l,r,~{memory}", side_effect=True
-            )
-            self.b.call(fn, [self.b.ptrtoint(ptr, L.IntType(64)), self.expr(st.nbytes)])
 
     def _host_functions(self, params: list[L.Type]) -> None:
         k = self.k
@@ -296,8 +316,8 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
                 self.stmt(K.Let(st.old, K.Const(0, t)))
                 dst, _ = self._var_ptr(st.old)
                 b.store(old, dst)
-        elif isinstance(st, K.Fence):  # device scope where the target has scopes (NVPTX: fence.acq_rel.gpu)
-            b.fence("acq_rel", "device" if self.t.name == "nvptx" else None)
+        elif isinstance(st, K.Fence):
+            self.fence()
         elif isinstance(st, K.If):
             cond = self.expr(st.cond)
             if st.orelse:
@@ -329,13 +349,7 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
                 acc = b.insert_element(acc, self.expr(val), L.Constant(I32, i))
             b.store(acc, b.bitcast(ptr, L.PointerType(vec, ptr.type.addrspace)))
         elif isinstance(st, K.MmaTile):
-            self.mma(st)
-        elif isinstance(st, K.Mma):
-            self.mma_sync(st)
-        elif isinstance(st, K.Wgmma):
-            self.wgmma(st)
-        elif isinstance(st, K.WgmmaSync):
-            self.wgmma_sync(st)
+            self.lower_mma_tile(st)
         elif isinstance(st, K.CopyAsync):
             self.copy_async(st)
         elif isinstance(st, K.AwaitPrior):
@@ -343,11 +357,9 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
         elif isinstance(st, K.Prefetch):
             self.prefetch(st)
         elif isinstance(st, K.CopyAsyncSync):
-            if self.t.name == "nvptx":  # (elsewhere the copies were ordinary loads and stores: nothing to wait for)
-                if st.op == "commit":
-                    b.call(self.intrinsic("llvm.nvvm.cp.async.commit.group", L.VoidType(), []), [])
-                else:
-                    b.call(self.intrinsic("llvm.nvvm.cp.async.wait.group", L.VoidType(), [I32]), [L.Constant(I32, st.n)])
+            self.copy_async_sync(st)
+        elif isinstance(st, K.TargetStmt):
+            self.target_stmt(st)
         else:
             raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower statement {type(st).__name__}")
 
@@ -377,17 +389,6 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
         b.branch(head)
         b.position_at_end(done)
         del self.vars[st.var]
-
-    def barrier(self) -> None:
-        b = self.b
-        if self.t.name == "nvptx":
-            b.call(self.intrinsic("llvm.nvvm.barrier.cta.sync.aligned.all", L.VoidType(), [I32]), [L.Constant(I32, 0)])
-        elif self.t.name == "amdgcn":
-            b.fence("release", "workgroup")
-            b.call(self.intrinsic("llvm.amdgcn.s.barrier", L.VoidType(), []), [])
-            b.fence("acquire", "workgroup")
-        elif self.t.name == "spirv":
-            b.call(self.intrinsic("llvm.spv.group.memory.barrier.with.group.sync", L.VoidType(), []), [])
 
     # -- expressions --------------------------------------------------------------------------------
     def address(self, name: str, index: K.Expr) -> tuple[L.Value, DType]:
@@ -419,28 +420,7 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
             if e.kind == "lane_id":
                 return L.Constant(I32, 0)
             return (self.gid if e.kind == "group_id" else self.ngroups)[e.dim]
-        xyz = "xyz"[e.dim]
-        if self.t.name == "nvptx":
-            reg = {"thread_id": "tid", "group_id": "ctaid", "num_groups": "nctaid", "lane_id": "laneid"}[e.kind]
-            name = f"llvm.nvvm.read.ptx.sreg.{reg}" + ("" if reg == "laneid" else f".{xyz}")
-            return b.call(self.intrinsic(name, I32, []), [])
-        if self.t.name == "amdgcn":
-            if e.kind == "thread_id":
-                return b.call(self.intrinsic(f"llvm.amdgcn.workitem.id.{xyz}", I32, []), [])
-            if e.kind == "group_id":
-                return b.call(self.intrinsic(f"llvm.amdgcn.workgroup.id.{xyz}", I32, []), [])
-            if e.kind == "lane_id":
-                lo = b.call(self.intrinsic("llvm.amdgcn.mbcnt.lo", I32, [I32, I32]), [L.Constant(I32, -1), L.Constant(I32, 0)])
-                return b.call(self.intrinsic("llvm.amdgcn.mbcnt.hi", I32, [I32, I32]), [L.Constant(I32, -1), lo])
-            # num_groups: grid size (u32 at byte 12 + 4*dim of the dispatch packet) / workgroup size
-            dp = b.call(self.intrinsic("llvm.amdgcn.dispatch.ptr", L.PointerType(I8, 4), []), [])
-            gp = b.bitcast(b.gep(dp, [L.Constant(I32, 12 + 4 * e.dim)]), L.PointerType(I32, 4))
-            return b.udiv(b.load(gp), L.Constant(I32, k.workgroup[e.dim]))
-        # spirv
-        name = {"thread_id": "llvm.spv.thread.id.in.group.i32", "group_id": "llvm.spv.group.id.i32", "num_groups": "llvm.spv.num.workgroups.i32"}.get(e.kind)
-        if name is None:
-            raise Refusal(f"kernel {k.name}", self.t.key, f"builtin {e.kind} is not lowered for SPIR-V")
-        return b.call(self.intrinsic(name, I32, [I32]), [L.Constant(I32, e.dim)])
+        return self.gpu_builtin(e)
 
     def expr(self, e: K.Expr) -> L.Value:
         b = self.b
@@ -481,26 +461,26 @@ class _Lowerer(MatrixLowering, ArithmeticLowering):
         raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower expression {type(e).__name__}")
 
 
-class _PrivateAlloca(L.instructions.AllocaInstr):
-    """An alloca printed with ``addrspace(5)`` (llvmlite's own has no address space)."""
-
-    def descr(self, buf: list[str]) -> None:
-        super().descr(buf)
-        buf.append(", addrspace(5)")
-
-
 def lower_kernel(k: K.Kernel, tgt: Target) -> L.Module:
-    """Verify ``k`` and lower it for ``tgt`` (a Refusal when the target cannot do something)."""
+    """Verify ``k`` and lower it for ``tgt`` by the target's lowering (``Target.lowering``; a
+    Refusal when the target cannot do something)."""
     verify_kernel(k, tgt.max_threads)
-    if tgt.name == "spirv":
-        from .spirv import SpirvLowerer
-
-        return SpirvLowerer(k, tgt).lower()
-    return _Lowerer(k, tgt).lower()
+    return lowering_class(tgt)(k, tgt).lower()
 
 
-def _datalayout(tgt: Target) -> str:
-    import llvmlite.binding as llvm
+def lowering_class(tgt: Target) -> type[KernelLowering]:
+    """The ``KernelLowering`` subclass ``tgt`` names (``module:Class``), or the host's."""
+    if not tgt.lowering:
+        if tgt.name != "host":
+            raise Refusal("compile", tgt.key, "the target names no lowering (Target.lowering): its backend must bring one")
+        return KernelLowering
+    import importlib
 
-    llvm.initialize_all_targets()
-    return str(llvm.Target.from_triple(tgt.triple).create_target_machine(cpu=tgt.cpu).target_data)
+    mod, _, name = tgt.lowering.partition(":")
+    try:
+        cls = getattr(importlib.import_module(mod), name)
+    except (ImportError, AttributeError) as e:
+        raise Refusal("compile", tgt.key, f"its lowering {tgt.lowering} cannot be loaded ({e}): is its backend installed?") from None
+    if not (isinstance(cls, type) and issubclass(cls, KernelLowering)):
+        raise Refusal("compile", tgt.key, f"its lowering {tgt.lowering} is not a KernelLowering")
+    return cls

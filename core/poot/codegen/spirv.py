@@ -64,9 +64,10 @@ from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.dtypes import DType
 from ..kernel import ir as K
+from ..kernel.verify import uses_subgroups
 from .arith import F32, I32, llvm_type
 from .arith import mem_type as _mem_type
-from .lower import _Lowerer
+from .lower import KernelLowering
 
 __all__ = ["SpirvLowerer", "SpirvModule", "ENTRY", "SCALARS", "bindings", "scalar_words", "post_pass", "for_wgpu", "validate", "BARRIER_SEMANTICS"]
 
@@ -176,11 +177,21 @@ def _stmts(body):  # type: ignore[no-untyped-def]
             yield from _stmts(getattr(st, f, ()))
 
 
-class SpirvLowerer(_Lowerer):
+class SpirvLowerer(KernelLowering):
     """Kernel IR -> a Vulkan compute shader module (its interface: the module docstring)."""
 
+    copy_same_type = True  # LLVM's SPIR-V backend cannot lower the bitcast of a loaded value
+    sincos_reduced = True  # Vulkan's sin/cos keep their precision on [-pi, pi] only
+    natural_exp = True
+
     def __init__(self, k: K.Kernel, tgt) -> None:  # type: ignore[no-untyped-def]
-        super().__init__(k, tgt)  # refuses oversized workgroups / shared memory, and subgroup operations at width 1
+        super().__init__(k, tgt)  # refuses oversized workgroups / shared memory
+        if uses_subgroups(k) and tgt.subgroup <= 1:
+            raise Refusal(
+                f"kernel {k.name}",
+                tgt.key,
+                "subgroup operations need the device's subgroup width: compile for spirv_target(n) on a Vulkan device whose subgroups run them",
+            )
         self.m = SpirvModule(k.name)
         self.m.triple = tgt.triple
         self._getptr: dict[str, L.Function] = {}
@@ -302,10 +313,18 @@ class SpirvLowerer(_Lowerer):
         return self.b.call(make, args, name=f"h.{name}"), getp
 
     # -- subgroups (spirv_target(n)): GroupNonUniform operations at Subgroup scope ----------------------
-    def builtin(self, e: K.Builtin) -> L.Value:
+    def gpu_builtin(self, e: K.Builtin) -> L.Value:
         if e.kind == "lane_id":  # the SubgroupLocalInvocationId input
             return self.b.call(self.intrinsic("llvm.spv.subgroup.local.invocation.id", I32, []), [])
-        return super().builtin(e)
+        name = {"thread_id": "llvm.spv.thread.id.in.group.i32", "group_id": "llvm.spv.group.id.i32", "num_groups": "llvm.spv.num.workgroups.i32"}[e.kind]
+        return self.b.call(self.intrinsic(name, I32, [I32]), [L.Constant(I32, e.dim)])
+
+    def copysign(self, y: L.Value, x: L.Value) -> L.Value:
+        """y with x's sign by integer operations: LLVM 22's SPIR-V backend crashes on what
+        InstCombine makes of select(x < 0, -y, y) when x is a product."""
+        b = self.b
+        sign = b.and_(b.bitcast(x, I32), L.Constant(I32, -0x80000000))
+        return b.bitcast(b.or_(b.bitcast(y, I32), sign), F32)
 
     def subgroup_reduce(self, op: str, v: L.Value, t: DType) -> L.Value:
         """OpGroupNonUniform{F,I}Add / {F,S}Max / {F,S}Min, Reduce: every active lane gets the result."""

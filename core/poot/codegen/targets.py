@@ -17,12 +17,12 @@ from ..errors import Refusal
 if TYPE_CHECKING:
     from ..kernel.ir import Kernel
 
-__all__ = ["Target", "TARGETS", "target", "host_target", "spirv_target", "shared_layout", "SHARED_ALIGN"]
+__all__ = ["Target", "TARGETS", "target", "backend_targets", "host_target", "spirv_target", "shared_layout", "SHARED_ALIGN"]
 
 
 @dataclass(frozen=True)
 class Target:
-    name: str  # "host" | "nvptx" | "amdgcn" | "spirv"
+    name: str  # "host" | "spirv" | a backend's ("nvptx", "amdgcn", ...)
     triple: str
     cpu: str
     features: str = ""
@@ -36,6 +36,13 @@ class Target:
     # workgroup memory a kernel may declare statically; beyond it (up to max_shared) its arrays are
     # placed in the launch's dynamic workgroup memory (``shared_layout``). None: max_shared
     static_shared: int | None = None
+    # "module:Class" of the KernelLowering subclass that lowers Kernel IR for this target ("": the
+    # host's); a backend's own targets name a class of the backend's
+    lowering: str = ""
+    # "module:function" turning the emitted object into the artifact (function(obj, kernel name) ->
+    # bytes: a linker run, say); "": the object (or assembly) is the artifact
+    link: str = ""
+    reloc: str = "default"  # LLVM's relocation model: "pic" for shared objects
 
     @property
     def key(self) -> str:
@@ -51,28 +58,46 @@ def host_target() -> Target:
     llvm.initialize_all_targets()
     llvm.initialize_all_asmprinters()
     feats = llvm.get_host_cpu_features().flatten()
-    return Target("host", llvm.get_process_triple(), llvm.get_host_cpu_name(), feats, 0, 0, 1, 1024, 1 << 30, "object")
+    return Target("host", llvm.get_process_triple(), llvm.get_host_cpu_name(), feats, 0, 0, 1, 1024, 1 << 30, "object", reloc="pic")
 
 
+# the core's own targets past the host; backends bring theirs (``poot_targets``)
 TARGETS: dict[str, Target] = {
-    "nvptx:sm_80": Target("nvptx", "nvptx64-nvidia-cuda", "sm_80", "+ptx78", 1, 3, 32, 1024, 48 * 1024, "ptx", ("mma.sync",)),
-    "nvptx:sm_90": Target("nvptx", "nvptx64-nvidia-cuda", "sm_90", "+ptx80", 1, 3, 32, 1024, 48 * 1024, "ptx", ("mma.sync",)),
-    # a Hopper SM gives a workgroup up to 227 KiB, past the 48 KiB PTX declares statically
-    "nvptx:sm_90a": Target("nvptx", "nvptx64-nvidia-cuda", "sm_90a", "+ptx80", 1, 3, 32, 1024, 227 * 1024, "ptx", ("mma.sync", "wgmma"), 48 * 1024),
-    "amdgcn:gfx90a": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx90a", "", 1, 3, 64, 1024, 64 * 1024, "code-object", ("mfma",)),
-    "amdgcn:gfx942": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx942", "", 1, 3, 64, 1024, 64 * 1024, "code-object", ("mfma",)),
-    "amdgcn:gfx1100": Target("amdgcn", "amdgcn-amd-amdhsa", "gfx1100", "", 1, 3, 32, 1024, 64 * 1024, "code-object", ("wmma",)),
-    "spirv:vulkan1.3": Target("spirv", "spirv-unknown-vulkan1.3-compute", "", "", 11, 3, 1, 1024, 32 * 1024, "spirv"),
+    "spirv:vulkan1.3": Target(
+        "spirv",
+        "spirv-unknown-vulkan1.3-compute",
+        "",
+        "",
+        11,
+        3,
+        1,
+        1024,
+        32 * 1024,
+        "spirv",
+        lowering="poot.codegen.spirv:SpirvLowerer",
+        link="poot.codegen.spirv:post_pass",
+    ),
 }
 
 
 def target(name: str) -> Target:
-    """A target by name: 'host', 'nvptx:sm_90', 'amdgcn:gfx942', 'spirv:vulkan1.3', ..."""
+    """A target by name: 'host', 'spirv:vulkan1.3', or one an installed backend brings
+    ('nvptx:sm_90', 'amdgcn:gfx942', ...: ``poot_targets``)."""
     if name == "host":
         return host_target()
-    if name not in TARGETS:
-        raise Refusal("compile", name, f"unknown target (known: host, {', '.join(TARGETS)})")
-    return TARGETS[name]
+    if name in TARGETS:
+        return TARGETS[name]
+    known = backend_targets()
+    if name not in known:
+        raise Refusal("compile", name, f"unknown target (known: host, {', '.join([*TARGETS, *known])}; a backend plugin brings the others)")
+    return known[name]
+
+
+def backend_targets() -> dict[str, Target]:
+    """The targets installed backends bring, by key."""
+    from ..plugins import host
+
+    return {t.key: t for ts in host().hook.poot_targets() for t in ts}
 
 
 def spirv_target(subgroup: int = 1) -> Target:
@@ -87,7 +112,7 @@ def spirv_target(subgroup: int = 1) -> Target:
     return replace(base, subgroup=subgroup)
 
 
-SHARED_ALIGN = 1024  # bytes: each array of dynamic workgroup memory starts at a multiple (a wgmma swizzle atom)
+SHARED_ALIGN = 1024  # bytes: each array of dynamic workgroup memory starts at a multiple (a matrix unit's swizzle atom)
 
 
 def shared_layout(k: Kernel, tgt: Target) -> tuple[dict[str, int], int]:

@@ -14,7 +14,6 @@ from .ir import (
     CMP_OPS,
     COPY_SYNC,
     UN_OPS,
-    WGMMA_SYNC,
     Assign,
     AtomicAdd,
     AwaitPrior,
@@ -36,7 +35,6 @@ from .ir import (
     Kernel,
     Let,
     Load,
-    Mma,
     MmaTile,
     PackBf16x2,
     Prefetch,
@@ -48,14 +46,13 @@ from .ir import (
     Store,
     SubgroupReduce,
     SubgroupShuffle,
+    TargetStmt,
     Un,
     VecLoad,
     VecStore,
-    Wgmma,
-    WgmmaSync,
 )
 
-__all__ = ["KernelError", "verify_kernel", "awaits_prior", "uses_barriers", "uses_subgroups", "uses_swizzle"]
+__all__ = ["KernelError", "StmtCheck", "verify_kernel", "awaits_prior", "uses_barriers", "uses_subgroups", "shared_alignment"]
 
 SCALAR_TYPES = (dt.f32, dt.f16, dt.bf16, dt.i32, dt.i64, dt.i8, dt.u8, dt.boolean, dt.f64)
 FLOAT_ONLY = {"exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "floor", "rint", "erf", "recip", "pow"}
@@ -173,6 +170,33 @@ def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
     raise s.fail(where, f"not an expression: {e!r}")
 
 
+class StmtCheck:
+    """What a target's own statement (``TargetStmt.check``) sees of the kernel around it: the
+    types of its locals and workgroup arrays, its expressions' types, whether the threads of a
+    workgroup may differ in reaching it (``divergent``), and ``fail`` for its error."""
+
+    def __init__(self, s: _Scope, where: str, divergent: bool) -> None:
+        self._s, self._where, self.divergent = s, where, divergent
+        self.threads = s.k.threads
+
+    def fail(self, reason: str) -> KernelError:
+        """The error to raise: the kernel, the statement's place and ``reason``."""
+        return self._s.fail(self._where, reason)
+
+    def local(self, name: str) -> dt.DType | None:
+        """The type of local ``name`` where it is declared, else None."""
+        return self._s.vars.get(name)
+
+    def shared(self, name: str) -> Shared | None:
+        """Workgroup array ``name``, else None."""
+        sh = self._s.shared.get(name)
+        return sh if isinstance(sh, Shared) else None
+
+    def expr(self, e: Expr) -> dt.DType:
+        """The type of expression ``e`` (checked as any other)."""
+        return _expr(self._s, e, self._where)[0]
+
+
 def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None:
     declared: list[str] = []
     for i, st in enumerate(body):
@@ -275,37 +299,6 @@ def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None
                     raise s.fail(w, f"mma operand '{name}' must be a shared {t} array of at least {size} elements")
             if (st.m, st.n, st.k) != (16, 16, 16):
                 raise s.fail(w, f"mma tile must be 16x16x16, got {st.m}x{st.n}x{st.k}")
-        elif isinstance(st, Mma):
-            if st.dtype not in (dt.bf16, dt.f16):
-                raise s.fail(w, f"mma operands must be bf16 or f16 pairs, got {st.dtype}")
-            if len(st.acc) != 4 or len(st.a) != 4 or len(st.b) != 2:
-                raise s.fail(w, "mma takes four accumulators, four A and two B registers")
-            for nm in st.acc:
-                if s.vars.get(nm) != dt.f32:
-                    raise s.fail(w, f"mma accumulator '{nm}' must be an f32 local")
-            for e in st.a + st.b:
-                if _expr(s, e, w)[0] != dt.i32:
-                    raise s.fail(w, "mma registers are i32 (two 16-bit values each)")
-        elif isinstance(st, Wgmma):
-            if divergent:
-                raise s.fail(w, "a warpgroup matrix product must be reached by every thread")
-            if s.k.threads % 128:
-                raise s.fail(w, f"warpgroup matrix products need whole warpgroups of 128 threads, the workgroup has {s.k.threads}")
-            if not st.acc or len(st.acc) % 4 or len(st.acc) > 128:
-                raise s.fail(w, f"wgmma takes n / 2 accumulators for n a multiple of 8 up to 256, got {len(st.acc)}")
-            for nm in st.acc:
-                if s.vars.get(nm) != dt.f32:
-                    raise s.fail(w, f"wgmma accumulator '{nm}' must be an f32 local")
-            for name, off in ((st.a, st.a_offset), (st.b, st.b_offset)):
-                if not isinstance(s.shared.get(name), Shared):
-                    raise s.fail(w, f"wgmma operand '{name}' must be a shared array")
-                if _expr(s, off, w)[0] != dt.i32:
-                    raise s.fail(w, f"wgmma offset into '{name}' must be i32 bytes")
-            if st.swizzle not in (0, 32, 64, 128):
-                raise s.fail(w, f"wgmma swizzle is 0, 32, 64 or 128 bytes, got {st.swizzle}")
-            for what, v in (("lbo", st.lbo), ("sbo", st.sbo)):
-                if v % 16 or not 0 <= v < 1 << 18:
-                    raise s.fail(w, f"wgmma {what} must be a multiple of 16 below 2^18 bytes, got {v}")
         elif isinstance(st, CopyAsync):
             sh, buf = s.shared.get(st.shared), s.buffers.get(st.buffer)
             if not isinstance(sh, Shared) or not isinstance(buf, Buffer):
@@ -328,11 +321,8 @@ def _block(s: _Scope, body: Iterable[Stmt], where: str, divergent: bool) -> None
         elif isinstance(st, AwaitPrior):
             if where != "body":
                 raise s.fail(w, "the wait for the launch before must be at the kernel body's top level (every thread reaches it once)")
-        elif isinstance(st, WgmmaSync):
-            if divergent:
-                raise s.fail(w, "wgmma ordering must be reached by every thread")
-            if st.op not in WGMMA_SYNC or not 0 <= st.n <= 7:
-                raise s.fail(w, f"wgmma ordering is one of {WGMMA_SYNC} with 0 <= n <= 7, got {st.op!r} {st.n}")
+        elif isinstance(st, TargetStmt):
+            st.check(StmtCheck(s, w, divergent))
         else:
             raise s.fail(w, f"not a statement: {st!r}")
     for name in declared:
@@ -413,10 +403,10 @@ def uses_barriers(k: Kernel) -> bool:
     return any(isinstance(st, Barrier) for st in _walk(k.body))
 
 
-def uses_swizzle(k: Kernel) -> bool:
-    """Whether a warpgroup product of ``k`` reads swizzled operands (whose atoms must lie at
-    addresses aligned to their size: ``codegen.targets.SHARED_ALIGN``)."""
-    return any(isinstance(st, Wgmma) and st.swizzle for st in _walk(k.body))
+def shared_alignment(k: Kernel) -> int:
+    """The bytes ``k``'s workgroup arrays must be aligned to: 16, or more where a target statement
+    reads them so (``TargetStmt.shared_alignment``: a matrix unit's swizzled operands)."""
+    return max([16] + [st.shared_alignment for st in _walk(k.body) if isinstance(st, TargetStmt)])
 
 
 def uses_subgroups(k: Kernel) -> bool:

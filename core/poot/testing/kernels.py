@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..codegen import compile_kernel, host_target
+from ..codegen import compile_kernel, host_target, target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
@@ -80,12 +80,11 @@ def _assembler(arch: str):  # type: ignore[no-untyped-def]
     """A runner that compiles a kernel for ``nvptx:ARCH``, assembles it with ptxas, checks what a
     launch would refuse (registers times threads past the SM's 65,536, workgroup memory past the
     opt-in maximum) and raises ``Assembled``."""
-    from ..codegen import TARGETS
     from ..codegen.targets import shared_layout
 
     if arch not in _ASSEMBLE_FOR:
         raise RuntimeError(f"POOT_TEST_DEVICE=ptxas:{arch}: no such architecture here (one of {', '.join(_ASSEMBLE_FOR)})")
-    tgt = TARGETS[f"nvptx:{arch}"]
+    tgt = target(f"nvptx:{arch}")
 
     def run(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, float | int]) -> None:
         missing = [p.name for p in k.params if not isinstance(p, Buffer) and p.name not in scalars]

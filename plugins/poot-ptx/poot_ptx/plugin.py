@@ -17,12 +17,18 @@ def poot_null_devices() -> list[Device]:
 
 
 @hookimpl
+def poot_targets() -> list:  # type: ignore[type-arg]
+    from .targets import TARGETS
+
+    return list(TARGETS.values())
+
+
+@hookimpl
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
     if device.target != "nvptx":
         return None
-    from poot.backend import TARGETS
-
     from .runtime import target_for
+    from .targets import TARGETS
 
     return TARGETS[target_for(device)]
 

@@ -10,11 +10,12 @@ from typing import Any
 
 import numpy as np
 
-from poot.backend import TARGETS, Buffer, Device, Kernel, compile_kernel, shared_layout
+from poot.backend import Buffer, Device, Kernel, compile_kernel, shared_layout
 from poot.backend import dtypes as dt
 from poot.errors import PootError, Refusal
 
 from .device import CudaCallError, _check
+from .targets import TARGETS
 
 __all__ = ["CudaContext", "CudaKernel", "run_cuda", "target_for"]
 

@@ -17,10 +17,17 @@ def poot_null_devices() -> list[Device]:
 
 
 @hookimpl
+def poot_targets() -> list:  # type: ignore[type-arg]
+    from .targets import TARGETS
+
+    return list(TARGETS.values())
+
+
+@hookimpl
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
     if device.target != "amdgcn":
         return None
-    from poot.backend import TARGETS
+    from .targets import TARGETS
 
     arch = dict(device.capabilities.details).get("arch", "") if device.capabilities else ""
     return TARGETS.get(f"amdgcn:{arch}")
