@@ -19,7 +19,7 @@ What is here, by the stage it serves:
   ``StmtCheck``), ``verify_kernel``, ``KernelLowering`` (the generic lowering a target subclasses),
   ``target``/``backend_targets`` (targets by name), ``CompileError``, ``dtypes``, ``kernel``/``Out``/``i32`` (the kernel
   language), ``movement`` (the copy kernels), ``uses_subgroups``, ``compile_kernel``, ``Target``,
-  ``TARGETS``, ``host_target``, ``spirv_target``, ``shared_layout``, ``CODEGEN_VERSION``,
+  ``TARGETS``, ``host_target``, ``spirv_target``, ``spirv_target_for`` (a device's SPIR-V target), ``shared_layout``, ``CODEGEN_VERSION``,
   ``HostKernel`` (a host object loaded in-process), and SPIR-V's binding layout (``SPIRV_ENTRY``,
   ``SPIRV_SCALARS``, ``spirv_bindings``, ``spirv_scalar_words``, ``spirv_for_wgpu``);
 - the kernel cache's folder: ``cache_dir``.
@@ -81,6 +81,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "TARGETS": ("poot.codegen", "TARGETS"),
     "host_target": ("poot.codegen", "host_target"),
     "spirv_target": ("poot.codegen", "spirv_target"),
+    "spirv_target_for": ("poot.codegen.targets", "spirv_target_for"),
     "shared_layout": ("poot.codegen", "shared_layout"),
     "CODEGEN_VERSION": ("poot.codegen.compile", "CODEGEN_VERSION"),
     "HostKernel": ("poot.codegen.host_jit", "HostKernel"),

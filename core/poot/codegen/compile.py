@@ -21,7 +21,7 @@ from pathlib import Path
 from ..errors import PootError
 from ..kernel.ir import Kernel
 from .lower import lower_kernel
-from .targets import Target
+from .targets import Target, import_ref
 
 __all__ = ["CompileError", "Artifact", "compile_kernel", "compile_ir", "CODEGEN_VERSION"]
 
@@ -77,19 +77,12 @@ def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
         return tm.emit_assembly(mod).encode(), opt_ir
     obj = tm.emit_object(mod)
     if tgt.link:
-        return _load(tgt.link, tgt)(obj, name), opt_ir
+        try:
+            link = import_ref(tgt.link)
+        except (ImportError, AttributeError) as e:
+            raise CompileError(f"target {tgt.key}: its link step {tgt.link} cannot be loaded ({e}): is its backend installed?") from None
+        return link(obj, name), opt_ir
     return obj, opt_ir
-
-
-def _load(ref: str, tgt: Target):  # type: ignore[no-untyped-def]
-    """The object ``module:name`` names (a target's link step)."""
-    import importlib
-
-    mod, _, attr = ref.partition(":")
-    try:
-        return getattr(importlib.import_module(mod), attr)
-    except (ImportError, AttributeError) as e:
-        raise CompileError(f"target {tgt.key}: its link step {ref} cannot be loaded ({e}): is its backend installed?") from None
 
 
 class _Worker:

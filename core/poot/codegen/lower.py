@@ -21,7 +21,7 @@ from ..kernel import ir as K
 from ..kernel.verify import awaits_prior, shared_alignment, uses_barriers, verify_kernel
 from .arith import I8, I32, ArithmeticLowering, llvm_type
 from .arith import mem_type as _mem_type
-from .targets import SHARED_ALIGN, Target, shared_layout
+from .targets import SHARED_ALIGN, Target, import_ref, shared_layout
 
 __all__ = ["KernelLowering", "lower_kernel", "llvm_type", "mem_type"]
 
@@ -474,11 +474,8 @@ def lowering_class(tgt: Target) -> type[KernelLowering]:
         if tgt.name != "host":
             raise Refusal("compile", tgt.key, "the target names no lowering (Target.lowering): its backend must bring one")
         return KernelLowering
-    import importlib
-
-    mod, _, name = tgt.lowering.partition(":")
     try:
-        cls = getattr(importlib.import_module(mod), name)
+        cls = import_ref(tgt.lowering)
     except (ImportError, AttributeError) as e:
         raise Refusal("compile", tgt.key, f"its lowering {tgt.lowering} cannot be loaded ({e}): is its backend installed?") from None
     if not (isinstance(cls, type) and issubclass(cls, KernelLowering)):

@@ -16,8 +16,9 @@ from ..errors import Refusal
 
 if TYPE_CHECKING:
     from ..kernel.ir import Kernel
+    from ..runtime.device import Capabilities
 
-__all__ = ["Target", "TARGETS", "target", "backend_targets", "host_target", "spirv_target", "shared_layout", "SHARED_ALIGN"]
+__all__ = ["Target", "TARGETS", "target", "backend_targets", "spirv_target_for", "import_ref", "host_target", "spirv_target", "shared_layout", "SHARED_ALIGN"]
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,21 @@ def target(name: str) -> Target:
     if name not in known:
         raise Refusal("compile", name, f"unknown target (known: host, {', '.join([*TARGETS, *known])}; a backend plugin brings the others)")
     return known[name]
+
+
+def spirv_target_for(caps: Capabilities | None) -> Target:
+    """The SPIR-V target a Vulkan-like device's kernels compile for: its subgroup width where it
+    runs subgroup operations in compute shaders, else the one that serves every device."""
+    return spirv_target(caps.subgroup_size if caps is not None and caps.subgroup_ops else 1)
+
+
+def import_ref(ref: str) -> object:
+    """The object a target names by ``"module:name"`` (its lowering class, its link step);
+    ImportError or AttributeError where it cannot be loaded."""
+    import importlib
+
+    mod, _, name = ref.partition(":")
+    return getattr(importlib.import_module(mod), name)
 
 
 def backend_targets() -> dict[str, Target]:

@@ -23,10 +23,9 @@ def poot_null_devices() -> list[Device]:
 def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
     if device.target != "spirv":
         return None
-    from poot.backend import spirv_target
+    from poot.backend import spirv_target_for
 
-    caps = device.capabilities
-    return spirv_target(caps.subgroup_size if caps is not None and caps.subgroup_ops else 1)
+    return spirv_target_for(device.capabilities)
 
 
 @hookimpl
