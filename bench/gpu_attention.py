@@ -27,7 +27,7 @@ def main() -> int:
     ap.add_argument("--only", default="", help="schedules whose name contains this (under a profiler, say)")
     args = ap.parse_args()
     from poot.kernel.library import attention as attn_lib
-    from poot.kernel.library.attention_gpu import MMA_QROWS, attention_mma
+    from poot_ptx.kernels.attention_mma import MMA_QROWS, attention_mma
     from poot_ptx.runtime import CudaKernel, target_for
 
     opened = open_cuda0()

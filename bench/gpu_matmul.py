@@ -26,8 +26,8 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
     """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows (the
     warpgroup GEMMs too with ``wgmma``: a Hopper GPU)."""
     from poot.kernel.library import linear_gpu as G
-    from poot.kernel.library import linear_mma as M
-    from poot.kernel.library import linear_wgmma as W
+    from poot_ptx.kernels import mma as M
+    from poot_ptx.kernels import wgmma as W
 
     out = []
     if qtype not in ("bf16", "q4_k"):  # other packed types, few rows: the GEMV splitting K across a workgroup vs a warp a feature

@@ -15,7 +15,8 @@ from poot.errors import Refusal
 from poot.graph import dtypes as dt
 from poot.kernel import ir as K
 from poot.kernel.library import catalogue
-from poot.testing.kernels import find_ptxas, ptxas_usage
+from poot_ptx.assembler import find_ptxas, ptxas_usage
+from poot_ptx.statements import Wgmma
 from poot_rocm.targets import find_lld
 
 KERNELS = catalogue()
@@ -266,7 +267,7 @@ def test_asynchronous_copies_land_whole_on_every_target():
 
 def _wgmma_kernel() -> K.Kernel:
     acc = tuple(f"a{i}" for i in range(4))
-    body = tuple(K.Let(nm, K.Const(0.0, dt.f32)) for nm in acc) + (K.Wgmma(acc, "sa", K.Const(0, dt.i32), "sb", K.Const(0, dt.i32), 128, 256),)
+    body = tuple(K.Let(nm, K.Const(0.0, dt.f32)) for nm in acc) + (Wgmma(acc, "sa", K.Const(0, dt.i32), "sb", K.Const(0, dt.i32), 128, 256),)
     return K.Kernel("one_wgmma", (K.Buffer("y", dt.f32, readonly=False),), body, (128, 1, 1), (K.Shared("sa", dt.i32, 512), K.Shared("sb", dt.i32, 256)))
 
 

@@ -12,7 +12,7 @@ SUITE_FILE = """
 import os, pytest
 
 def test_sees_the_device():
-    assert os.environ["POOT_TEST_DEVICE"] == "ptxas:sm_90a"
+    assert os.environ["POOT_TEST_DEVICE"] == "null:sm_90a"
 
 def test_skips():
     pytest.skip("not on this device")
@@ -35,7 +35,7 @@ def test_after_death():
 
 def test_each_case_reports_as_it_ended(tmp_path):
     (tmp_path / "test_suite.py").write_text(SUITE_FILE)
-    suite = DeviceSuite("ptxas:sm_90a", ("test_suite.py",), str(tmp_path))
+    suite = DeviceSuite("null:sm_90a", ("test_suite.py",), str(tmp_path))
     if device_unavailable(suite.device):
         pytest.skip("no ptxas here: the device name this test uses is not available")
     cases = suite_cases(suite)
@@ -67,9 +67,9 @@ def test_each_case_reports_as_it_ended(tmp_path):
 
 
 def test_a_device_ci_expects_fails_where_it_cannot_run(monkeypatch):
-    monkeypatch.setenv("POOT_EXPECT_DEVICE_RUNS", "ptxas:sm_90a")
+    monkeypatch.setenv("POOT_EXPECT_DEVICE_RUNS", "null:sm_90a")
     with pytest.raises(pytest.skip.Exception, match="vulkan:7"):
         device_run_or_skip("vulkan:7")
-    monkeypatch.setenv("POOT_EXPECT_DEVICE_RUNS", "ptxas:sm_90a,vulkan:7")
+    monkeypatch.setenv("POOT_EXPECT_DEVICE_RUNS", "null:sm_90a,vulkan:7")
     with pytest.raises(AssertionError, match="vulkan:7 must run its suites here"):
         device_run_or_skip("vulkan:7")

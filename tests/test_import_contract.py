@@ -1,6 +1,7 @@
 """The import contract between the core and its plugins: a plugin's package imports only the core's
-documented public modules (``poot``, ``poot.errors``, the backend SDK ``poot.backend``, for model
-families ``poot.models`` and ``poot.graph``, for quantizations ``poot.quant``), and the core imports
+documented public modules (``poot``, ``poot.errors``, the backend SDK ``poot.backend`` with
+``poot.kernel.build`` for a backend's own kernels and ``poot.plan.schedules`` for its plan choices,
+for model families ``poot.models`` and ``poot.graph``, for quantizations ``poot.quant``), and the core imports
 no plugin. Each rule is
 checked on every module's syntax tree, so an import inside a function counts too."""
 
@@ -22,6 +23,8 @@ PUBLIC = {
     "poot.graph.dims",
     "poot.graph.rope",
     "poot.quant",
+    "poot.kernel.build",
+    "poot.plan.schedules",
 }
 
 

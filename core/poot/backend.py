@@ -13,7 +13,8 @@ What is here, by the stage it serves:
   ``stored_nbytes``, ``weight_array``, ``weight_dtype``, and the region helpers executors share
   (``checked_pool``, ``checked_weight``, ``computed_outputs``, ``require_pools``, ``scalar_block``,
   ``value_region``, ``EAGER_READBACK``);
-- executing: ``Executor`` (the contract), ``compile_progress``;
+- executing: ``Executor`` (the contract), ``compile_progress``, ``Assembled`` (what a compile-only
+  device's kernel runner raises once a test's kernel is compiled and assembled);
 - Kernel IR and codegen: ``Kernel``, ``Buffer``, ``kir`` (the Kernel IR module: its expressions
   and statements), ``TargetStmt`` (the base of a target's own statements, checked through a
   ``StmtCheck``), ``verify_kernel``, ``KernelLowering`` (the generic lowering a target subclasses),
@@ -23,6 +24,10 @@ What is here, by the stage it serves:
   ``HostKernel`` (a host object loaded in-process), and SPIR-V's binding layout (``SPIRV_ENTRY``,
   ``SPIRV_SCALARS``, ``spirv_bindings``, ``spirv_scalar_words``, ``spirv_for_wgpu``);
 - the kernel cache's folder: ``cache_dir``.
+
+Two more public modules serve a backend that brings schedules of its own: ``poot.plan.schedules``
+(``Schedules``, returned by ``poot_plan_schedules``, and the planning names its launches are built
+from) and ``poot.kernel.build`` (the helpers its Kernel IR kernels are written with).
 
 Names load on first use, so a plugin's entry point that imports only ``Device`` does not pull in
 LLVM.
@@ -58,6 +63,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "value_region": ("poot.runtime.regions", "value_region"),
     # executing
     "Executor": ("poot.runtime.executor", "Executor"),
+    "Assembled": ("poot.testing.kernels", "Assembled"),
     "compile_progress": ("poot.runtime.progress", "compile_progress"),
     # Kernel IR and codegen
     "Kernel": ("poot.kernel.ir", "Kernel"),

@@ -73,11 +73,19 @@ def poot_codegen_target(device: "Device") -> Any:
 
 @hookspec
 def poot_targets() -> "list[Any]":
-    """Return the codegen ``Target`` objects this plugin brings, by name (``nvptx:sm_90a``,
-    ``amdgcn:gfx942``): each names its LLVM triple, CPU and features, the lowering class that turns
+    """Return the codegen ``Target`` objects this plugin brings, by name (``amdgcn:gfx942``,
+    ``amdgcn:gfx1100``): each names its LLVM triple, CPU and features, the lowering class that turns
     Kernel IR into LLVM IR for it (``Target.lowering``, a ``poot.backend.KernelLowering``
     subclass) and, where the emitted object needs one, the step that makes it an artifact
     (``Target.link``). ``poot.backend.target(name)`` finds them here.
+    """
+
+
+@hookspec(firstresult=True)
+def poot_plan_schedules(device: "Device") -> Any:
+    """Return the ``Schedules`` subclass (``poot.plan.schedules``) whose choices plan ``device``'s
+    GPU plans (its own kernels for many-row products and long prompts, how its GEMVs read x, its
+    passes over the finished plan), or None to plan it with the generic GPU schedules alone.
     """
 
 

@@ -1,7 +1,7 @@
 """Attention planned as kernel launches: the operands of an ``attention`` node (pools, block tables,
-heads), the host's lane schedule and the GPU schedules (decode a warp a position on NVIDIA, the
-context split across workgroups and merged for long contexts, prefill in blocks of query tokens or
-on tensor cores)."""
+heads), the host's lane schedule and the GPU schedules (decode a thread or, where the backend says
+so, a warp a position, the context split across workgroups and merged for long contexts, prefill in
+blocks of query tokens or by the backend's own kernel for long prompts)."""
 
 from __future__ import annotations
 
@@ -20,11 +20,14 @@ from .common import Env, Limits
 from .common import key as _key
 from .common import shape as _shape
 from .plan import Launch, Plan, When
+from .schedules import Schedules
 
 
 @dataclass(frozen=True)
-class _Attn:
-    """An attention node's operands and sizes, as every schedule reads them."""
+class AttentionOperands:
+    """An attention node's operands and sizes, as every schedule reads them: the spec, operands by
+    name, query and KV heads, key, value and shared-key widths, the pools' block size, the scale,
+    the buffers every attention kernel takes and the pools' element type."""
 
     spec: Any
     ops: dict[str, Value]
@@ -50,7 +53,7 @@ def pool_type(v: Value, op: str) -> str:
     return v.dtype.name
 
 
-def _attention_operands(n: Node, device: str) -> _Attn:
+def _attention_operands(n: Node, device: str) -> AttentionOperands:
     spec = n.attrs["spec"]
     if not spec.paged:
         raise Refusal("attention", device, "the planner runs paged attention only")
@@ -72,13 +75,13 @@ def _attention_operands(n: Node, device: str) -> _Attn:
         "block_tables": _key(ops["block_tables"]),
         "out": _key(n.outputs[0]),
     }
-    return _Attn(spec, ops, hq, hkv, dk, dv, dr, bs, scale, bufs, pool_type(k, "attention"))
+    return AttentionOperands(spec, ops, hq, hkv, dk, dv, dr, bs, scale, bufs, pool_type(k, "attention"))
 
 
 HOST_SPLIT_GROUPS = 32  # a host step whose tokens x KV heads is below this splits each context in SPLITS
 
 
-def _context_splits(n: Node, a: _Attn, plan: Plan, tokens: Callable[[Env], int], when: When, block: int) -> tuple[dict[str, Any], Launch]:
+def _context_splits(n: Node, a: AttentionOperands, plan: Plan, tokens: Callable[[Env], int], when: When, block: int) -> tuple[dict[str, Any], Launch]:
     """For attention with each context split in ``SPLITS`` shares under ``when``: the split kernel's
     output buffers (partial outputs, maxima and sums of every (token, query head, share) in the
     plan's scratch memory) and the ``attention_merge`` launch (``block`` threads) that combines them."""
@@ -138,14 +141,16 @@ SPLITS = 8
 DECODE_WIDE_PAIRS = 128
 
 
-def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict[Any, tuple[Launch, Any, Any]] | None = None) -> list[Launch]:
+def attention_launches_gpu(
+    n: Node, limits: Limits, plan: Plan, quantizing: dict[Any, tuple[Launch, Any, Any]] | None = None, sched: Schedules | None = None
+) -> list[Launch]:
     """One workgroup per (token, head) scoring a tile of positions per pass (a thread each), then
-    one output dimension per thread; on NVIDIA GPUs (mma.sync) with heads of 64 or 128, a warp per
-    position instead (``attention_gpu.attention_decode``). Decode over a long context (block tables
+    one output dimension per thread; with heads of 64 or 128 where the backend says so
+    (``Schedules.warp_decode``), a warp per position instead (``attention_gpu.attention_decode``). Decode over a long context (block tables
     of ``SPLIT_CONTEXT`` positions or more) with few (token, head) pairs splits the context in
     ``SPLITS`` parts, each a workgroup writing its partial sums to scratch memory, merged by a second
     launch (flash-decoding); prefill takes blocks of 16 query tokens that share each key/value tile,
-    or of 64 on tensor cores for long prompts there. ``quantizing`` gets the decode launch that can
+    or the backend's own kernel for long prompts (``Schedules.attention_prefill``). ``quantizing`` gets the decode launch that can
     also write its output quantized for the dp4a GEMVs, with that kernel, by the output's key."""
     a = _attention_operands(n, "gpu")
     spec, ops = a.spec, a.ops
@@ -154,9 +159,10 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
     block = 64 if a.dv <= 64 else (128 if a.dv <= 128 else 256)
     kern = attn_lib.attention.instantiate(CAUSAL=spec.causal, SPLITS=1, BLOCK=block, PT=a.pool_type)
     # heads of 64 or 128 values on 32-lane subgroups: a warp a position (coalesced key and value
-    # rows). Chosen where mma.sync is (NVIDIA through PTX, where it is verified); Vulkan and WebGPU
-    # devices keep the thread-a-position schedule until it has run there
-    warp_decode = limits.subgroup == 32 and "mma.sync.bf16" in limits.matrix and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0 and ops["q"].dtype == dt.f32
+    # rows), where the backend has verified it (``Schedules.warp_decode``); other devices keep the
+    # thread-a-position schedule until it has run there
+    fits = limits.subgroup == 32 and a.dk == a.dv and a.dk in (64, 128) and a.dr == 0 and ops["q"].dtype == dt.f32
+    warp_decode = fits and sched is not None and sched.warp_decode(a)
     if warp_decode:
         kern = attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, softcap=bool(spec.softcap))
     dummy = np.zeros(1, np.float32)
@@ -223,26 +229,25 @@ def attention_launches_gpu(n: Node, limits: Limits, plan: Plan, quantizing: dict
             )
         return [per_token, *split]
     # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new
-    # tokens); on tensor cores (mma.sync), blocks of 64 (FlashAttention-2) where the heads suit them
-    # and sequences average 64+ new tokens (its workgroups walk a block's sequences one by one, each
-    # found by a serial scan that short prompts do not repay)
+    # tokens); the backend's own kernel of larger blocks where it has one and sequences average as
+    # many new tokens as a block takes (its workgroups walk a block's sequences one by one, each found
+    # by a serial scan that short prompts do not repay)
     prefill = lambda env: tokens(env) >= 8 * batch(env)  # noqa: E731
     blocks = Launch(
         n, bk, a.buffers, lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)}, When("tokens >= 8 * batch", prefill)
     )
-    if not warp_decode:
+    own = sched.attention_prefill(a) if sched is not None else None
+    if own is None:
         return [per_token, *split, blocks]
-    if limits.matmul_precision == "highest":  # no tensor cores
-        return [per_token, *split, blocks]
-    long_prompts = lambda env: tokens(env) >= attn_gpu.MMA_QROWS * batch(env)  # noqa: E731
-    blocks.when = When(f"8 * batch <= tokens < {attn_gpu.MMA_QROWS} * batch", lambda env: prefill(env) and not long_prompts(env))
-    mk = attn_gpu.attention_mma(a.dk, spec.causal, split=limits.matmul_precision == "high", block=a.bs, softcap=bool(spec.softcap), pt=a.pool_type)
-    mma = Launch(
+    qrows, mk = own
+    long_prompts = lambda env: tokens(env) >= qrows * batch(env)  # noqa: E731
+    blocks.when = When(f"8 * batch <= tokens < {qrows} * batch", lambda env: prefill(env) and not long_prompts(env))
+    big = Launch(
         n,
         mk,
         a.buffers,
-        lambda env: (-(-tokens(env) // attn_gpu.MMA_QROWS), a.hq),
+        lambda env: (-(-tokens(env) // qrows), a.hq),
         lambda env: {"ntok": tokens(env), **scalars(env)},
-        When(f"tokens >= {attn_gpu.MMA_QROWS} * batch", long_prompts),
+        When(f"tokens >= {qrows} * batch", long_prompts),
     )
-    return [per_token, *split, blocks, mma]
+    return [per_token, *split, blocks, big]

@@ -3,15 +3,19 @@ symbol environment."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..errors import ParameterError
 from ..graph.dims import Dim
 from ..graph.ir import Value
 from ..kernel.library.elementwise import MAX_RANK
 
-__all__ = ["Env", "Limits", "MATMUL_PRECISIONS", "check_matmul_precision", "key", "shape", "strides", "pad"]
+if TYPE_CHECKING:
+    from .plan import When
+
+__all__ = ["Env", "Limits", "MATMUL_PRECISIONS", "check_matmul_precision", "key", "shape", "strides", "pad", "between"]
 
 # Where a device multiplies on tensor cores (bf16 inputs, f32 sums), what its f32 activations become,
 # after torch.set_float32_matmul_precision: "highest" no tensor cores (f32 arithmetic throughout, as
@@ -66,3 +70,15 @@ def strides(shape: tuple[int, ...]) -> list[int]:
 
 def pad(xs: list[int], fill: int) -> list[int]:
     return [fill] * (MAX_RANK - len(xs)) + xs
+
+
+def between(lo: int, hi: int | None, rows: Callable[[Env], int]) -> When:
+    """A launch's condition on the rows of x (``rows(env)``): ``lo < rows <= hi`` (no upper bound
+    for ``hi`` None, no lower for ``lo`` 0)."""
+    from .plan import When
+
+    if hi is None:
+        return When(f"rows > {lo}", lambda env: rows(env) > lo)
+    if lo == 0:
+        return When(f"rows <= {hi}", lambda env: rows(env) <= hi)
+    return When(f"{lo} < rows <= {hi}", lambda env: lo < rows(env) <= hi)

@@ -1,12 +1,12 @@
 """Products the GPU planner fuses for few rows of x: the gated MLP's two halves in one warp GEMV
 (``find_glus``, ``glu_launches``: silu(x wg^T) * (x wu^T), for one row also quantizing its output
-for the down projection; beyond a few rows ``glu_split_launches`` writes it as the bf16 terms the
-tensor-core GEMMs read) and several products of one x in one launch (``find_siblings``,
+for the down projection; beyond a few rows a backend may compute it its own way,
+``Schedules.glu_split``) and several products of one x in one launch (``find_siblings``,
 ``siblings_launches``: q, k and v)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -14,14 +14,15 @@ from typing import Any
 import numpy as np
 
 from ..graph.ir import Graph, Node, Value
-from ..kernel.library import linear_gpu, linear_mma
-from .common import Limits
+from ..kernel.library import linear_gpu
+from .common import Limits, between
 from .common import key as _key
 from .common import shape as _shape
-from .matmul import QuantizedX, SplitX, _early, _gemv_rows, _on_tensor_cores, _reading, _warp_gemv_fits, _wide, _x_once, between
+from .matmul import QuantizedX, _gemv_rows, _reading, _warp_gemv_fits, _x_once, gemv_choice
 from .plan import Launch
+from .schedules import Schedules
 
-__all__ = ["Glu", "find_glus", "glu_launches", "glu_split_launches", "find_siblings", "siblings_launches", "GLU_Q8_WARPS", "PARTS_ONE_ROW_GROUPS"]
+__all__ = ["Glu", "find_glus", "glu_launches", "find_siblings", "siblings_launches", "GLU_Q8_WARPS", "PARTS_ONE_ROW_GROUPS"]
 
 # the one-row q/k/v GEMV (several products of one x, 16 warps): registers capped for three
 # workgroups an SM, so that Llama 3's 384 workgroups (6144 features) are one wave of 396 rather than
@@ -80,7 +81,12 @@ def find_glus(graph: Graph, groups: Mapping[int, list[Node]], limits: Limits) ->
 
 
 def glu_launches(
-    glu: Glu, out: Value, limits: Limits, qx: QuantizedX | None = None, quantizing: dict[Any, tuple[Launch, Any, Any]] | None = None
+    glu: Glu,
+    out: Value,
+    limits: Limits,
+    sched: Schedules | None = None,
+    qx: QuantizedX | None = None,
+    quantizing: dict[Any, tuple[Launch, Any, Any]] | None = None,
 ) -> list[Launch]:
     """The gated MLP's first half as one warp GEMV over both weights, for few rows of x; ``quantizing``
     gets the one-row launch with its kernel that also writes y quantized (``q8``) and its grid."""
@@ -93,8 +99,9 @@ def glu_launches(
     f = linear_gpu.gemv_warp(wg.dtype.name, kk, 1, glu=True, shared_sums=ss).threads // 32  # features a workgroup
     launches = []
     for mr, lo, hi in _gemv_rows(wg.dtype.name, kk, limits):
-        xs, pre = _x_once(glu.gate, x, kk, mr, rows, between(lo, hi, rows), limits, qx)
-        make = partial(linear_gpu.gemv_warp, wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=_wide(mr, limits), staged=bool(xs), early=_early(xs))
+        choice = gemv_choice(sched, wg.dtype.name, kk, nn, mr)
+        xs, pre = _x_once(glu.gate, x, kk, mr, rows, between(lo, hi, rows), choice, qx)
+        make = partial(linear_gpu.gemv_warp, wg.dtype.name, kk, mr, glu=True, shared_sums=ss, wide=choice.wide, staged=bool(xs))
         launches += [
             *pre,
             Launch(
@@ -110,7 +117,7 @@ def glu_launches(
         ]
         if quantizing is not None and xs and mr == 1 and nn % 32 == 0:  # the down projection's x quantized here (the kernel's maker)
             q8 = partial(
-                linear_gpu.gemv_warp, wg.dtype.name, kk, 1, GLU_Q8_WARPS, glu=True, wide=_wide(1, limits), staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True
+                linear_gpu.gemv_warp, wg.dtype.name, kk, 1, GLU_Q8_WARPS, glu=True, wide=choice.wide, staged=True, per_warp=32 // GLU_Q8_WARPS, q8=True
             )
             quantizing[_key(out)] = (launches[-1], q8, lambda env: (nn // 32, rows(env)))
     return launches
@@ -137,7 +144,7 @@ def find_siblings(graph: Graph, limits: Limits, taken: Mapping[int, Any]) -> dic
     return out
 
 
-def siblings_launches(ns: list[Node], limits: Limits, qx: QuantizedX | None = None) -> list[Launch]:
+def siblings_launches(ns: list[Node], limits: Limits, sched: Schedules | None = None, qx: QuantizedX | None = None) -> list[Launch]:
     x, w = ns[0].inputs
     kk = w.shape[1].value
     parts = tuple(m.inputs[1].shape[0].value for m in ns)
@@ -149,10 +156,9 @@ def siblings_launches(ns: list[Node], limits: Limits, qx: QuantizedX | None = No
     f = linear_gpu.gemv_warp(w.dtype.name, kk, 1, parts=parts).threads // 32  # features a workgroup
     launches = []
     for mr, lo, hi in _gemv_rows(w.dtype.name, kk, limits):
-        xs, pre = _x_once(ns[0], x, kk, mr, rows, between(lo, hi, rows), limits, qx)
-        make = partial(
-            linear_gpu.gemv_warp, w.dtype.name, kk, mr, parts=parts, wide=_wide(mr, limits), staged=bool(xs), min_groups=PARTS_ONE_ROW_GROUPS if xs else 0
-        )
+        choice = gemv_choice(sched, w.dtype.name, kk, total, mr)
+        xs, pre = _x_once(ns[0], x, kk, mr, rows, between(lo, hi, rows), choice, qx)
+        make = partial(linear_gpu.gemv_warp, w.dtype.name, kk, mr, parts=parts, wide=choice.wide, staged=bool(xs), min_groups=PARTS_ONE_ROW_GROUPS if xs else 0)
         launches += [
             *pre,
             Launch(
@@ -167,29 +173,3 @@ def siblings_launches(ns: list[Node], limits: Limits, qx: QuantizedX | None = No
             ),
         ]
     return launches
-
-
-def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits, split: SplitX) -> list[Launch]:
-    """Beyond a few rows, silu(g) * u (the value ``h``) written straight as its bf16 terms for the
-    products that read it (``glu_split``), instead of the elementwise kernel then ``split_bf16x2``;
-    none where those products do not all take the tensor-core GEMMs (the caller keeps the
-    elementwise kernel then)."""
-    nn = h.shape[-1].value
-    if not users or nn % 8 or any(u.op != "matmul" or _key(u.inputs[0]) != _key(h) or not _on_tensor_cores(u, limits) for u in users):
-        return []
-    x = glu.gate.inputs[0]
-    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
-    xs = split.area(h, nn, rows)
-    kern = linear_mma.glu_split(nn, split.terms)
-    bufs = {"g": _key(glu.gate.outputs[0]), "u": _key(glu.up.outputs[0]), "xs": xs}
-    return [
-        Launch(
-            glu.up,
-            kern,
-            bufs,
-            lambda env: (-(-rows(env) * nn // 8 // linear_mma.SPLIT_THREADS),),
-            lambda env: {"m": rows(env)},
-            between(4, None, rows),
-            label="glu_split",
-        )
-    ]

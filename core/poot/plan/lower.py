@@ -25,12 +25,12 @@ from ..kernel.verify import before_wait
 from ..quant.bodies import BODIES, LUTS
 from ..runtime.device import Device
 from .attention import attention_launches_gpu, attention_launches_host, pool_type
-from .common import Env, Limits
+from .common import Env, Limits, between
 from .common import key as _key
 from .common import pad as _pad
 from .common import shape as _shape
 from .common import strides as _strides
-from .fused_gemv import find_glus, find_siblings, glu_launches, glu_split_launches, siblings_launches
+from .fused_gemv import find_glus, find_siblings, glu_launches, siblings_launches
 from .fusion import (
     Into,
     RmsNorm,
@@ -43,12 +43,12 @@ from .fusion import (
     view_of,
     virtual_views,
 )
-from .matmul import QuantizedX, SplitX, between, matmul_gpu, matmul_host
+from .matmul import QuantizedX, matmul_gpu, matmul_host
 from .memory import stored_nbytes
-from .norm_fold import FOLD_NORMS, fold_norms
 from .plan import WANT_LOGPROBS, Launch, Plan, When
+from .schedules import Schedules
 
-__all__ = ["Launch", "Limits", "Plan", "When", "compile_plan", "plan_graph"]
+__all__ = ["Launch", "Limits", "Plan", "Schedules", "When", "compile_plan", "plan_graph"]
 
 
 def _is_bf16_weight(v: Value) -> bool:
@@ -445,7 +445,10 @@ def _rope_cache(rc: RopeCache, gpu: bool) -> Launch:
 def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -> Plan:
     """Plan ``graph`` for ``device``: schedules chosen from its capabilities; a ``Refusal`` names
     the op, the device and the reason when something cannot run there. ``matmul_precision``
-    (``MATMUL_PRECISIONS``) says how activations meet tensor cores where the device has them."""
+    (``MATMUL_PRECISIONS``) says how activations meet tensor cores where the device has them. The
+    device's backend is asked for the target it compiles for (``poot_codegen_target``) and for its
+    own choices in a GPU plan (``poot_plan_schedules``: a ``Schedules`` subclass; the generic
+    schedules where it has none)."""
     if device.unavailable is not None:
         raise Refusal("plan", device.name, f"the device is unavailable ({device.unavailable})")
     if device.capabilities is None:
@@ -454,8 +457,10 @@ def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -
     # from the capabilities it reports (subgroups, workgroup memory, matrix instructions)
     from ..plugins import host
 
-    if host().hook.poot_codegen_target(device=device) is None:
+    hooks = host().hook
+    if hooks.poot_codegen_target(device=device) is None:
         raise Refusal("plan", device.name, f"no installed backend compiles kernels for its target '{device.target}' (poot_codegen_target)")
+    schedules = hooks.poot_plan_schedules(device=device) or Schedules
     caps = device.capabilities
     # schedules that reduce or shuffle across subgroups are chosen only where the device runs them
     # (a Vulkan device's SPIR-V is then compiled for its subgroup width: codegen.spirv_target)
@@ -470,6 +475,7 @@ def compile_plan(graph: Graph, device: Device, matmul_precision: str = "high") -
             caps.max_workgroup_size, shared, caps.dtypes, subgroup, caps.matrix_ops, caps.max_buffer_bytes, matmul_precision, caps.dynamic_shared_bytes
         ),
         gpu=device.target != "host",
+        schedules=schedules,
     )
 
 
@@ -522,13 +528,16 @@ def _check(plan: Plan, limits: Limits) -> None:
                 )
 
 
-def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Limits | None = None, gpu: bool = False) -> Plan:
+def plan_graph(
+    graph: Graph, fuse: bool = True, device: str = "host", limits: Limits | None = None, gpu: bool = False, schedules: type[Schedules] = Schedules
+) -> Plan:
     """Lower every node of ``graph`` to kernel launches with host schedules, or GPU schedules with
-    ``gpu`` (a ``Refusal`` names what cannot be run). With ``fuse`` (the default), elementwise
-    chains, norms and views are fused."""
+    ``gpu`` (a ``Refusal`` names what cannot be run), asking ``schedules`` (a backend's
+    ``Schedules`` class, made once for the plan) where a device's own kernels may serve. With
+    ``fuse`` (the default), elementwise chains, norms and views are fused."""
     limits = limits or Limits()
     try:
-        plan = _plan(graph, fuse, limits, gpu)
+        plan = _plan(graph, fuse, limits, gpu, schedules)
     except Refusal as e:
         raise Refusal(e.op, device, e.reason) from None
     plan.device = device
@@ -536,9 +545,9 @@ def plan_graph(graph: Graph, fuse: bool = True, device: str = "host", limits: Li
     return plan
 
 
-def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
+def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules: type[Schedules] = Schedules) -> Plan:
     plan = Plan(graph, [])
-    split = SplitX(plan, 2 if limits.matmul_precision == "high" else 1)
+    sched = schedules(plan, limits)
     qx = QuantizedX(plan)
     norms_at = recognise_rms_norms(graph) if fuse else {}
     inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
@@ -590,23 +599,23 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
                 ew = _elementwise(n, groups[n.id], virtual, in_place.get(_key(n.outputs[0])))
                 glu = next((gl for gl in glus.values() if gl.root == n.id), None)
                 if glu is not None and ew.buffers["out"] == _key(n.outputs[0]):  # few rows: one warp GEMV over both weights
-                    fused = glu_launches(glu, n.outputs[0], limits, qx, quantizing)
+                    fused = glu_launches(glu, n.outputs[0], limits, sched, qx, quantizing)
                     ew.when = between(4, None, lambda env, x=glu.gate.inputs[0]: int(np.prod(_shape(x, env)[:-1])))
                     plan.launches.extend(fused)
-                    # more rows: the product straight into the bf16 terms the down projection reads
+                    # more rows: the product in the form its readers take, where the backend has one
                     h = n.outputs[0]
-                    into_split = [] if _key(h) in outputs else glu_split_launches(glu, h, users.get(n.id, []), limits, split)
-                    if into_split:
-                        plan.launches.extend(into_split)
+                    own = [] if _key(h) in outputs else sched.glu_split(glu, h, users.get(n.id, []))
+                    if own:
+                        plan.launches.extend(own)
                         continue
                 plan.launches.append(ew)
         elif n.op == "matmul":
             fused_few = n.id in glus or n.id in in_siblings  # few rows: a fused launch computes this product (or its use), reading x its own way
-            ls = matmul_gpu(n, limits, split, None if fused_few else qx) if gpu else matmul_host(n, limits.shared_bytes)
+            ls = matmul_gpu(n, limits, sched, None if fused_few else qx) if gpu else matmul_host(n, limits.shared_bytes)
             if fused_few:
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
             if n.id in siblings:
-                plan.launches.extend(siblings_launches(siblings[n.id], limits, qx))
+                plan.launches.extend(siblings_launches(siblings[n.id], limits, sched, qx))
             plan.launches.extend(ls)
         elif n.op == "gather":
             plan.launches.append(_gather(n))
@@ -617,14 +626,14 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False) -> Plan:
         elif n.op == "rope":
             plan.launches.append(_rope(n, gpu))
         elif n.op == "attention":
-            plan.launches.extend(attention_launches_gpu(n, limits, plan, quantizing) if gpu else attention_launches_host(n, plan))
+            plan.launches.extend(attention_launches_gpu(n, limits, plan, quantizing, sched) if gpu else attention_launches_host(n, plan))
         elif n.op == "topk":
             plan.launches.append(_topk(n))
         else:
             raise Refusal(n.op, "host", "the planner has no kernel for this op yet")
     _quantize_in_producers(plan, quantizing)
-    if gpu and FOLD_NORMS:
-        fold_norms(plan)
+    if gpu:
+        sched.finish()
     return plan
 
 

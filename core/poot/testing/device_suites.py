@@ -8,7 +8,7 @@ device run's report, under its own name. Cases a device cannot be given (a stati
 32-lane subgroups", or a case marked ``device_independent``) are left out of its suite.
 
 The runs start when collection ends, beside the rest of the suite with a core left for it, and side
-by side on every core once this run only waits for them (Mesa and ptxas compile on one thread each).
+by side on every core once this run only waits for them (Mesa and NVIDIA's assembler compile on one thread each).
 This module is a pytest plugin (the repository's conftest loads it): the scheduling hooks run in the
 outer run; the reporting hook in a device run, where ``POOT_CASE_REPORT`` names the file it writes.
 """
@@ -52,13 +52,12 @@ class DeviceSuite:
 
 
 def device_unavailable(device: str) -> str | None:
-    """Why kernels cannot run on ``device`` here, or None where they can (``ptxas:ARCH``: they are
-    compiled and assembled for ARCH where NVIDIA's assembler is installed)."""
-    if device.startswith("ptxas:"):
-        from .kernels import find_ptxas
-
-        return None if find_ptxas() else "no ptxas here (pip install nvidia-cuda-nvcc-cu12, or the CUDA toolkit)"
+    """Why kernels cannot run on ``device`` here, or None where they can: the device is here and
+    available, and an installed plugin runs single kernels on it (``poot_kernel_runner``; for a
+    compile-only ``null:ARCH`` device, one that compiles and assembles them, which may
+    need its toolchain)."""
     from ..errors import DeviceUnavailable
+    from ..plugins import host
     from ..runtime import get_device
 
     try:
@@ -66,7 +65,13 @@ def device_unavailable(device: str) -> str | None:
     except DeviceUnavailable as e:
         return f"no device {device} here: {e}"
     reason = dev.available()
-    return None if reason else f"{device} is unavailable: {reason}"
+    if not reason:
+        return f"{device} is unavailable: {reason}"
+    try:
+        runner = host().hook.poot_kernel_runner(device=dev)
+    except DeviceUnavailable as e:
+        return f"{device} runs no kernels here: {e}"
+    return None if runner is not None else f"no installed plugin runs single kernels on {device}"
 
 
 def device_run_or_skip(device: str) -> None:
@@ -335,7 +340,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    """A case that ended by assembling its kernel (``Assembled``: ``POOT_TEST_DEVICE=ptxas:ARCH``)
+    """A case that ended by assembling its kernel (``Assembled``: a compile-only device, ``POOT_TEST_DEVICE=null:ARCH``)
     passed: compiling and assembling is what such a run checks."""
     outcome = yield
     from .kernels import Assembled

@@ -4,14 +4,11 @@ outputs poisoned first so that an element a kernel never wrote shows up as NaN (
 from __future__ import annotations
 
 import os
-import re
-import shutil
-import subprocess
 from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..codegen import compile_kernel, host_target, target
+from ..codegen import compile_kernel, host_target
 from ..codegen.host_jit import HostKernel
 from ..kernel.ir import Buffer, Kernel
 
@@ -26,12 +23,11 @@ __all__ = [
     "random_bf16",
     "assert_f32_sum_close",
     "features_under_test",
-    "find_ptxas",
-    "ptxas_usage",
+    "paged_block_tables",
+    "pools_as",
     "Assembled",
     "DEVICE_KERNEL_SUITES",
     "GPU_SCHEDULES",
-    "NVIDIA_SCHEDULES",
 ]
 
 _LOADED: dict[str, HostKernel] = {}
@@ -65,47 +61,19 @@ def q8x2_reference(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 class Assembled(Exception):
-    """A case's kernel compiled to PTX and assembled by ptxas, where the GPU it is for is not here
-    (``POOT_TEST_DEVICE=ptxas:sm_90a``): the case ends there, and a device run counts it as passed
-    (``poot.testing.device_suites``). A kernel that fails to compile, that ptxas refuses, or whose
-    registers or workgroup memory exceed what its workgroup may have fails the case instead."""
-
-
-# what kernels may use on ``ptxas:ARCH``: the matrix instructions and dynamic workgroup memory a
-# workgroup may have on that architecture's GPUs (sm_90a: H100/H200's 227 KiB opt-in)
-_ASSEMBLE_FOR = {"sm_90a": (frozenset({"mma.sync.f16", "mma.sync.bf16", "wgmma"}), 232448), "sm_80": (frozenset({"mma.sync.f16", "mma.sync.bf16"}), 166912)}
-
-
-def _assembler(arch: str):  # type: ignore[no-untyped-def]
-    """A runner that compiles a kernel for ``nvptx:ARCH``, assembles it with ptxas, checks what a
-    launch would refuse (registers times threads past the SM's 65,536, workgroup memory past the
-    opt-in maximum) and raises ``Assembled``."""
-    from ..codegen.targets import shared_layout
-
-    if arch not in _ASSEMBLE_FOR:
-        raise RuntimeError(f"POOT_TEST_DEVICE=ptxas:{arch}: no such architecture here (one of {', '.join(_ASSEMBLE_FOR)})")
-    tgt = target(f"nvptx:{arch}")
-
-    def run(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, float | int]) -> None:
-        missing = [p.name for p in k.params if not isinstance(p, Buffer) and p.name not in scalars]
-        assert not missing, f"kernel {k.name}: no value for scalars {missing}"
-        regs, spills, _ = ptxas_usage(compile_kernel(k, tgt).data, arch)
-        assert regs * k.threads <= 65536, f"{k.name}: {regs} registers a thread x {k.threads} threads exceed an SM's 65,536"
-        dynamic = shared_layout(k, tgt)[1]
-        assert dynamic <= _ASSEMBLE_FOR[arch][1], f"{k.name}: {dynamic} bytes of workgroup memory, more than {arch} gives a workgroup"
-        raise Assembled(f"{k.name} assembled for {arch}: {regs} registers, {spills} bytes spilled")
-
-    return run
+    """Raised by the kernel runner of a compile-only device (``POOT_TEST_DEVICE=null:ARCH``)
+    once a case's kernel is compiled (and assembled, where the target has an assembler) for a GPU
+    that is not here: the case ends there, and a device run counts it as passed
+    (``poot.testing.device_suites``). A kernel that fails to compile, that the assembler refuses, or
+    whose registers or workgroup memory exceed what its workgroup may have fails the case instead."""
 
 
 def _device_runner():  # type: ignore[no-untyped-def]
-    """The runner of ``POOT_TEST_DEVICE`` (a device name), from the plugin that owns it; for
-    ``ptxas:ARCH``, the assembler above."""
+    """The runner of ``POOT_TEST_DEVICE`` (a device name), from the plugin that owns it (for a
+    compile-only device, one that compiles and raises ``Assembled``)."""
     name = os.environ.get("POOT_TEST_DEVICE")
     if not name or name == "cpu":
         return None
-    if name.startswith("ptxas:"):
-        return _RUNNERS.setdefault(name, _assembler(name.removeprefix("ptxas:")))
     if name not in _RUNNERS:
         from ..plugins import host
         from ..runtime import get_device
@@ -175,8 +143,6 @@ def features_under_test() -> tuple[int, frozenset[str]]:
     name = os.environ.get("POOT_TEST_DEVICE", "cpu")
     if name == "cpu":
         return 0, frozenset()
-    if name.startswith("ptxas:"):
-        return 32, _ASSEMBLE_FOR.get(name.removeprefix("ptxas:"), (frozenset(), 0))[0]
     from ..runtime import get_device
 
     caps = get_device(name).capabilities
@@ -207,36 +173,24 @@ def run_host(k: Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], 
 # The kernel suites every device runs (``poot.testing.device_suites``): the host schedules' kernels
 # serve host plans only, so a device runs one of them as a canary that the lowering takes them.
 DEVICE_KERNEL_SUITES = ("tests/test_kernels_host.py", "tests/test_kernels_dequant.py", "tests/test_kernels_host_schedules.py::test_gemv_lanes_f32[37]")
-GPU_SCHEDULES = ("tests/test_kernels_gpu_schedules.py",)  # the cases a device's subgroups (or tensor cores) allow
-NVIDIA_SCHEDULES = ("tests/test_kernels_gpu_schedules.py", "tests/test_kernels_wgmma.py")  # assembled for sm_90a where no GPU is
+GPU_SCHEDULES = ("tests/test_kernels_gpu_schedules.py",)  # the cases a device's subgroups allow
 
 
-def find_ptxas() -> str | None:
-    """NVIDIA's PTX assembler, for checks of the PTX that codegen emits where no GPU is (registers,
-    spills, PTX the driver would refuse): the CUDA toolkit's on PATH, else the one in PyPI's
-    ``nvidia-cuda-nvcc-cu12`` where that is installed; None where neither is."""
-    path = shutil.which("ptxas")
-    if path:
-        return path
-    try:
-        import nvidia.cuda_nvcc as nvcc  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    for base in getattr(nvcc, "__path__", []):
-        exe = os.path.join(base, "bin", "ptxas")
-        if os.access(exe, os.X_OK):
-            return exe
-    return None
+def paged_block_tables(rng: np.random.Generator, ctx: Sequence[int], bs: int) -> tuple[int, int, np.ndarray]:
+    """Block tables for contexts ``ctx`` over shuffled blocks of ``bs`` (two spare): (blocks, table width, tables)."""
+    nblk = [(c + bs - 1) // bs for c in ctx]
+    nb, mb = sum(nblk) + 2, max(nblk) + 1
+    order, tables, at = rng.permutation(nb), np.zeros((len(ctx), mb), np.int32), 0
+    for s in range(len(ctx)):
+        tables[s, : nblk[s]] = order[at : at + nblk[s]]
+        at += nblk[s]
+    return nb, mb, tables
 
 
-def ptxas_usage(ptx: bytes, arch: str) -> tuple[int, int, str]:
-    """``ptx`` assembled by ``find_ptxas()`` for ``arch`` (sm_90a, say): (registers a thread, bytes of
-    spill stores and loads, ptxas's report); AssertionError with its message where it refuses it."""
-    exe = find_ptxas()
-    assert exe is not None, "no ptxas here (pip install nvidia-cuda-nvcc-cu12, or the CUDA toolkit)"
-    r = subprocess.run([exe, f"-arch={arch}", "-v", "-o", os.devnull, "-"], input=ptx, capture_output=True)
-    out = r.stderr.decode(errors="replace")
-    assert r.returncode == 0, f"ptxas refused the PTX for {arch}: {out}"
-    regs = int(re.search(r"Used (\d+) registers", out).group(1))  # type: ignore[union-attr]
-    spills = sum(int(x) for x in re.findall(r"(\d+) bytes spill (?:stores|loads)", out))
-    return regs, spills, out
+def pools_as(data: dict, pt: str) -> tuple[dict, dict]:
+    """(the kernel's pools, the case with its pools as the kernel reads them, widened to f32): f16
+    pools hold the case's values rounded to halves, which the reference then takes exactly."""
+    if pt == "f32":
+        return {"k_pool": data["k"], "v_pool": data["v"], "ks_pool": np.zeros(1, np.float32)}, data
+    k, v = data["k"].astype(np.float16), data["v"].astype(np.float16)
+    return {"k_pool": k, "v_pool": v, "ks_pool": np.zeros(1, np.float16)}, {**data, "k": k.astype(np.float32), "v": v.astype(np.float32)}

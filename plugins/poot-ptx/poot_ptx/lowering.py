@@ -13,6 +13,8 @@ from poot.backend import dtypes as dt
 from poot.backend import kir as K
 from poot.errors import Refusal
 
+from .statements import Mma, Wgmma, WgmmaSync
+
 __all__ = ["NvptxLowering"]
 
 I8, I32, F32 = L.IntType(8), L.IntType(32), L.FloatType()
@@ -122,7 +124,7 @@ class NvptxLowering(KernelLowering):
                 [ptr(st.c, F32)] + outs + [L.Constant(I32, st.n)],
             )
 
-    def lower_mma(self, st: K.Mma) -> None:
+    def lower_mma(self, st: Mma) -> None:
         self._matrix()
         b = self.b
         name = "llvm.nvvm.mma.m16n8k16.row.col.bf16" if st.dtype == dt.bf16 else "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
@@ -143,7 +145,7 @@ class NvptxLowering(KernelLowering):
         if "wgmma" not in self.t.matrix:
             raise Refusal(f"kernel {self.k.name}", self.t.key, "warpgroup matrix products (wgmma) are lowered for nvptx:sm_90a only")
 
-    def lower_wgmma(self, st: K.Wgmma) -> None:
+    def lower_wgmma(self, st: Wgmma) -> None:
         """wgmma.mma_async by inline PTX (LLVM has no intrinsic for it): the two operands' matrix
         descriptors (start address / 16, lbo / 16, sbo / 16, the swizzle mode) built from the shared
         arrays' addresses, the accumulators read and written in place."""
@@ -169,7 +171,7 @@ class NvptxLowering(KernelLowering):
         for i, p in enumerate(ptrs):
             b.store(b.extract_value(out, i), p)
 
-    def lower_wgmma_sync(self, st: K.WgmmaSync) -> None:
+    def lower_wgmma_sync(self, st: WgmmaSync) -> None:
         self._wgmma_target()
         text = {
             "fence": "wgmma.fence.sync.aligned;",

@@ -1,4 +1,6 @@
-"""Entry point of poot-ptx: registers the CUDA devices found by the driver, and runs single kernels on them for the kernel tests."""
+"""Entry point of poot-ptx: registers the CUDA devices found by the driver and the compile-only
+NVIDIA devices, brings the nvptx targets and NVIDIA's plan schedules, and runs single kernels for
+the kernel tests (on a GPU; on a compile-only device, compiled and assembled by ptxas)."""
 
 from poot import hookimpl
 from poot.backend import Device
@@ -34,7 +36,20 @@ def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
 
 
 @hookimpl
+def poot_plan_schedules(device: Device):  # type: ignore[no-untyped-def]
+    if device.target != "nvptx":
+        return None
+    from .schedules import NvidiaSchedules
+
+    return NvidiaSchedules
+
+
+@hookimpl
 def poot_kernel_runner(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind == "null" and device.target == "nvptx":
+        from .assembler import assembler
+
+        return assembler(str(device.index))
     if device.kind != "cuda":
         return None
     from .runtime import run_cuda

@@ -1,7 +1,8 @@
-"""Every NVIDIA schedule case compiled and assembled where no GPU is: the GPU schedule and wgmma
-suites run with ``POOT_TEST_DEVICE=ptxas:sm_90a``, where each case's first kernel is compiled to PTX
-for Hopper, assembled by ptxas, and checked against what a launch would refuse (registers times
-threads, workgroup memory), each case reported as a case here. On a GPU the same suites run their
+"""Every NVIDIA schedule case compiled and assembled where no GPU is: the GPU schedule suites (the
+shared ones and NVIDIA's own) run with ``POOT_TEST_DEVICE=null:sm_90a``, the compile-only Hopper,
+whose kernel runner compiles each case's first kernel to PTX, assembles it with ptxas, and checks
+it against what a launch would refuse (registers times threads, workgroup memory), each case
+reported as a case here. On a GPU the same suites run their
 sums against the oracle (``scripts/gpu-check``)."""
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ from pathlib import Path
 import pytest
 
 from poot.testing.device_suites import DeviceSuite, case_id, device_run_or_skip, suite_cases
-from poot.testing.kernels import NVIDIA_SCHEDULES
 
-SUITE = DeviceSuite("ptxas:sm_90a", NVIDIA_SCHEDULES, str(Path(__file__).resolve().parents[3]))
+# the shared GPU schedules and NVIDIA's own kernels, from the repository's root
+NVIDIA_SCHEDULES = ("tests/test_kernels_gpu_schedules.py", "plugins/poot-ptx/tests/test_kernels_mma.py", "plugins/poot-ptx/tests/test_kernels_wgmma.py")
+SUITE = DeviceSuite("null:sm_90a", NVIDIA_SCHEDULES, str(Path(__file__).resolve().parents[3]))
 
 CASES = suite_cases(SUITE)
 

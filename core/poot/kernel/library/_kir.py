@@ -1,6 +1,6 @@
 """Helpers that build Kernel IR expressions for the GPU schedule modules (``linear_gpu``,
-``linear_mma``, ``linear_simt``, ``attention_gpu``): constants, references, integer arithmetic,
-bf16 bit manipulation and a thread's place in an mma.sync fragment."""
+``linear_simt``, ``attention_gpu``; public as ``poot.kernel.build``): constants, references,
+integer arithmetic and bf16 bit manipulation."""
 
 from __future__ import annotations
 
@@ -71,15 +71,3 @@ def _silu_mul(g: K.Expr, u: K.Expr) -> K.Expr:
 
 def _pair(lo: K.Expr, hi: K.Expr) -> K.Expr:
     return _b("or", lo, _b("shl", hi, 16))
-
-
-def _mma_lanes() -> list[K.Stmt]:
-    """A thread's place in an mma.sync fragment: ``tid``, ``lane``, ``warp``, and the lane's group
-    ``g`` (lane / 4: its rows) and ``t4`` (lane % 4: its pair of columns)."""
-    return [
-        K.Let("tid", K.Builtin("thread_id", 0)),
-        K.Let("lane", _b("rem", _r("tid"), 32)),
-        K.Let("warp", _b("div", _r("tid"), 32)),
-        K.Let("g", _b("div", _r("lane"), 4)),
-        K.Let("t4", _b("rem", _r("lane"), 4)),
-    ]

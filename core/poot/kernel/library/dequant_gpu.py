@@ -1,9 +1,9 @@
 """Packed weights dequantized to bf16 on a GPU, so that products of many rows (prefill, batched decode)
-of a quantized model run on the tensor-core GEMMs of ``linear_mma``, as bf16 weights do: llama.cpp
+of a quantized model run on a backend's tensor-core GEMMs, as bf16 weights do: llama.cpp
 dequantizes to f16 for its large-batch products the same way.
 
 ``dequantize_bf16(qtype, k)`` writes an [n, k] weight as rows of bf16 pairs (i32 words, the layout
-``gemm_warp`` and ``gemm_mma`` read), each value the nearest bf16 of the type's f32 dequantization.
+the tensor-core GEMMs read), each value the nearest bf16 of the type's f32 dequantization.
 Q4_K has a schedule of its own: eight lanes a block, each reading 16 bytes of quants and the block's
 16-byte head (the GEMV's layout, ``linear_gpu``), and storing its 32 values as four 16-byte stores.
 Any other type of ``quant.bodies`` goes through its generic body, eight values a thread.

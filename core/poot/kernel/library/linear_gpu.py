@@ -8,7 +8,8 @@ memory to two int8 terms per value (per 32 values a scale, as llama.cpp's Q8_1, 
 for the remainder: about 15 bits of each value) and sums quants by ``dp4a``: dequantizing nibbles
 to floats costs more instructions than the chip can issue at full memory bandwidth (that
 quantization is ``q8x``'s; its public names are re-exported here, as are ``gemv_packed``'s
-GEMVs for the other packed types). Tensor-core products for more rows are in ``linear_mma``.
+GEMVs for the other packed types). Tensor-core products for more rows are a backend's own
+(``Schedules.matmul_many_rows``).
 
 Weight rows are bound as i32 words (pairs of bf16 values; the words of Q4_K blocks).
 """
@@ -396,8 +397,8 @@ def gemv_warp(
     order, and x's block scales and sums are staged times rsqrt(sum / K + ``eps``), so the sums come
     out scaled (for ``glu``, before silu) and no register holds the scale across them: the norm's
     own launch, and its place on the step's path, saved (q8's int8 terms, d and block sums are
-    scale-free: x's quantization is the norm's output's, up to rounding). (``plan.norm_fold``
-    plans both.)
+    scale-free: x's quantization is the norm's output's, up to rounding). (A backend's plan
+    pass plans both: poot-ptx's norm fold.)
     With ``q8`` (one row of x, one product or a gated pair, ``warps * per_warp`` = 32: a workgroup's
     features are one block of 32 consecutive values of y; n a multiple of 32) y is also written
     quantized for the dp4a GEMVs that read it (``yq``, ``yr``, ``yds``, laid out as ``quantize_q8x2``

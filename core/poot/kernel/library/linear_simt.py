@@ -1,6 +1,6 @@
 """A register-tiled GEMM on f32 FMAs for GPUs without matrix instructions (Vulkan, WebGPU) and for
-packed weights: many rows (prefill, batched decode) where the tensor-core schedules of
-``linear_mma`` do not apply.
+packed weights: many rows (prefill, batched decode) where a backend's tensor-core
+schedules do not apply.
 
 Each workgroup computes a 64 x 64 tile of y, each of its 256 threads a 4 x 4 block of it, over K in
 steps of ``bk``: the step's x (64 rows, 16-byte loads) and weights are staged in workgroup memory

@@ -1,4 +1,4 @@
-"""Hopper's warpgroup GEMM (``linear_wgmma.gemm_wgmma``: wgmma on operands in workgroup memory,
+"""Hopper's warpgroup GEMM (``poot_ptx.kernels.wgmma.gemm_wgmma``: wgmma on operands in workgroup memory,
 fed by cp.async through a ring of stages, K optionally split among workgroups): its PTX and its
 refusal off sm_90a everywhere; its sums against float64 numpy where ``POOT_TEST_DEVICE`` names a
 GPU with wgmma (``cuda:0`` on an H100 or H200, through ``scripts/gpu-check``)."""
@@ -14,11 +14,11 @@ import pytest
 
 from poot.codegen import compile_kernel
 from poot.codegen.targets import target
-from poot.kernel.library.linear_mma import SPLIT_THREADS, sum_parts
-from poot.kernel.library.linear_wgmma import Q4_K_WGMMA_BN, WGMMA_BM, gemm_wgmma, gemm_wgmma_q4_k, wgmma_config
 from poot.testing.kernels import assert_f32_sum_close as _close
 from poot.testing.kernels import bf16_round, features_under_test, poisoned, run_host, split_reference
 from poot.testing.kernels import random_bf16 as _bf16
+from poot_ptx.kernels.mma import SPLIT_THREADS, sum_parts
+from poot_ptx.kernels.wgmma import Q4_K_WGMMA_BN, WGMMA_BM, gemm_wgmma, gemm_wgmma_q4_k, wgmma_config
 
 SUBGROUP, MATRIX = features_under_test()
 wgmma_only = pytest.mark.skipif(

@@ -18,10 +18,22 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .. import ir as K
-from ..verify import verify_kernel
-from ._kir import F32, I32, _add, _b, _bf16_bits, _bf16_rest, _c, _f, _mma_lanes, _mul, _pair, _r, _silu_mul
-from .linear_gpu import q4_k_bf16_pairs, q4_k_lane_scales
+from poot.backend import kir as K
+from poot.backend import verify_kernel
+from poot.kernel.build import F32, I32, q4_k_bf16_pairs, q4_k_lane_scales
+from poot.kernel.build import add as _add
+from poot.kernel.build import b as _b
+from poot.kernel.build import bf16_bits as _bf16_bits
+from poot.kernel.build import bf16_rest as _bf16_rest
+from poot.kernel.build import c as _c
+from poot.kernel.build import f as _f
+from poot.kernel.build import mul as _mul
+from poot.kernel.build import pair as _pair
+from poot.kernel.build import r as _r
+from poot.kernel.build import silu_mul as _silu_mul
+
+from ..statements import Mma
+from ._fragments import mma_lanes as _mma_lanes
 
 __all__ = ["gemm_mma", "gemm_warp", "glu_split", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS"]
 
@@ -230,7 +242,7 @@ def gemm_mma(k: int, wm: int = 2, wn: int = 2, tm: int = 2, tn: int = 4, split: 
             for j in range(tn):
                 for h in halves:
                     loop.append(
-                        K.Mma(
+                        Mma(
                             acc[i, j],
                             tuple(_r(f"fa{h}{ks}_{i}_{q}") for q in range(4)),  # type: ignore[arg-type]
                             (_r(f"fb{ks}_{j}_0"), _r(f"fb{ks}_{j}_1")),
@@ -378,7 +390,7 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
                 for j in range(tn):
                     for hl in halves:
                         loop.append(
-                            K.Mma(
+                            Mma(
                                 acc[i, j],
                                 tuple(_r(f"fa{hl}{u}{half}_{i}_{q}") for q in range(4)),  # type: ignore[arg-type]
                                 (_r(f"{cur}p{u}_{j}_{2 * half}"), _r(f"{cur}p{u}_{j}_{2 * half + 1}")),

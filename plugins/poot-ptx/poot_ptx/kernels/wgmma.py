@@ -26,10 +26,17 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .. import ir as K
-from ..verify import verify_kernel
-from ._kir import F32, I32, _add, _b, _c, _f, _mul, _r
-from .linear_gpu import q4_k_bf16_pairs, q4_k_lane_scales
+from poot.backend import kir as K
+from poot.backend import verify_kernel
+from poot.kernel.build import F32, I32, q4_k_bf16_pairs, q4_k_lane_scales
+from poot.kernel.build import add as _add
+from poot.kernel.build import b as _b
+from poot.kernel.build import c as _c
+from poot.kernel.build import f as _f
+from poot.kernel.build import mul as _mul
+from poot.kernel.build import r as _r
+
+from ..statements import Wgmma, WgmmaSync
 
 __all__ = ["gemm_wgmma", "gemm_wgmma_q4_k", "WGMMA_BM", "WGMMA_SHARED", "Q4_K_WGMMA_BN", "wgmma_bn", "wgmma_config"]
 
@@ -169,20 +176,20 @@ def gemm_wgmma(
         body.append(K.CopyAsyncSync("commit"))
     loop: list[K.Stmt] = [
         K.CopyAsyncSync("wait", ahead - 1),  # step s is in
-        K.WgmmaSync("proxy"),
+        WgmmaSync("proxy"),
         # every thread's copies of step s are in, and every warpgroup's products of step s - 2 are
         # done (each waited for them at the end of its step s - 1): their stage takes step s + ahead
         K.Barrier(),
         K.If(K.Bin("lt", _add(_r("s"), ahead), _c(steps)), tuple(copies(_add(_r("s"), ahead)))),
         K.CopyAsyncSync("commit"),
         K.Let("cur", _b("rem", _r("s"), stages)),
-        K.WgmmaSync("fence"),
+        WgmmaSync("fence"),
     ]
     for kk in range(bk // 16):  # a step's 16-wide slices of K: core matrices 2 kk and 2 kk + 1, or 32 bytes along the rows
         at = 2 * lbo * kk if swizzle == 0 else 32 * kk
         for p in planes:
             loop.append(
-                K.Wgmma(
+                Wgmma(
                     tuple(acc),
                     f"A{p}",
                     _add(_mul(_r("cur"), a_words * 4), _mul(_r("wg"), 64 // 8 * sbo), at),
@@ -193,9 +200,9 @@ def gemm_wgmma(
                     swizzle,
                 )
             )
-    loop += [K.WgmmaSync("commit"), K.WgmmaSync("wait", 1)]  # step s - 1's products are done
+    loop += [WgmmaSync("commit"), WgmmaSync("wait", 1)]  # step s - 1's products are done
     body.append(K.For("s", _c(0), _c(steps), tuple(loop)))
-    body.append(K.WgmmaSync("wait", 0))
+    body.append(WgmmaSync("wait", 0))
     body += _stores(acc, _add(_r("row0"), _mul(_r("wg"), 64)), ksplit)
     shared = [K.Shared(f"A{p}", I32, stages * a_words) for p in planes] + [K.Shared("Bw", I32, stages * b_words)]
     params = (K.Buffer("xs", I32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32))
@@ -304,23 +311,23 @@ def gemm_wgmma_q4_k(k: int, split: bool = True, ksplit: int = 1, stages: int = 4
     for j in range(4):  # the step's values 8 j.. of this feature: tile chunk j
         loop.append(K.VecStore("Bw", _add(_mul(_r("tile"), b_words), swizzled(_r("tid"), _c(j))), tuple(words[4 * j : 4 * j + 4])))
     loop += [
-        K.WgmmaSync("proxy"),  # this thread's copies and tile stores, to the tensor cores (after the barrier: everyone's)
+        WgmmaSync("proxy"),  # this thread's copies and tile stores, to the tensor cores (after the barrier: everyone's)
         # every thread's copies of step s are in and its tile row written; every warp's products of
         # step s - 2 are done (each waited for them at the end of step s - 1): their stage takes step
         # s + ahead, and tile (s + 1) % 3 (that of step s - 2) is free for the next step
         K.Barrier(),
         K.If(K.Bin("lt", _add(_r("s"), ahead), _c(steps)), tuple(copies(_add(_r("s"), ahead)))),
         K.CopyAsyncSync("commit"),
-        K.WgmmaSync("fence"),
+        WgmmaSync("fence"),
     ]
     for kk in range(bk // 16):
         for p in planes:
             loop.append(
-                K.Wgmma(tuple(acc), f"A{p}", _add(_mul(_r("cur"), a_words * 4), 32 * kk), "Bw", _add(_mul(_r("tile"), b_words * 4), 32 * kk), 16, sbo, swizzle)
+                Wgmma(tuple(acc), f"A{p}", _add(_mul(_r("cur"), a_words * 4), 32 * kk), "Bw", _add(_mul(_r("tile"), b_words * 4), 32 * kk), 16, sbo, swizzle)
             )
-    loop += [K.WgmmaSync("commit"), K.WgmmaSync("wait", 1)]
+    loop += [WgmmaSync("commit"), WgmmaSync("wait", 1)]
     body.append(K.For("s", _c(0), _c(steps), tuple(loop)))
-    body.append(K.WgmmaSync("wait", 0))
+    body.append(WgmmaSync("wait", 0))
     body += _stores(acc, _r("row0"), ksplit)
     shared = [K.Shared(f"A{p}", I32, stages * a_words) for p in planes] + [K.Shared("Bw", I32, tiles * b_words), K.Shared("Rq", I32, stages * r_words)]
     params = (K.Buffer("xs", I32), K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32))

@@ -1,5 +1,5 @@
 """The RMSNorm between two one-row Q4_K products folded into both, where the GEMVs stage x
-quantized once (``matmul._staged``: Hopper). Planned (``FOLD_NORMS``).
+quantized once (``NvidiaSchedules.gemv``'s ``staged``: Hopper). Planned (``FOLD_NORMS``).
 
 A decoder layer's batch-1 step runs o -> add + RMSNorm -> q/k/v and down -> add + RMSNorm -> gate/up.
 The norm is one workgroup: a chain of memory latencies (wait for o, read the row, sum its squares,
@@ -24,9 +24,8 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from ..kernel import ir as K
-from .common import Env
-from .plan import Launch, Plan, When
+from poot.backend import kir as K
+from poot.plan.schedules import Env, Launch, Plan, When
 
 __all__ = ["FOLD_NORMS", "FOLD_WARPS", "fold_norms"]
 
