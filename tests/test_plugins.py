@@ -127,3 +127,20 @@ def test_a_third_party_backend_brings_its_own_target(third_party):
     assert suite.returncode == 0 and " passed" in tail and "failed" not in tail, suite.stdout[-2000:] + suite.stderr[-2000:]
     plan = poot("plan", "SmolLM2", "--device", "excpu:0", "--compile", site=third_party)
     assert plan.returncode == 0 and "compiled" in plan.stdout and "for host:" in plan.stdout, plan.stderr
+
+
+def test_a_third_party_family_brings_its_names_config_and_template(third_party, tmp_path, rng):
+    """tests/plugins/poot-example's family, written against ``poot.models`` alone: a checkpoint with
+    its own architecture, config.json keys and tensor names maps every tensor to a role, and runs on
+    the oracle to the very logits of the same weights under transformers' Llama names (the roles are
+    the model); its chat template renders a conversation."""
+    seed = int(rng.integers(0, 2**31))
+    e = dict(os.environ, PYTHONPATH=str(third_party))
+    r = subprocess.run(
+        [sys.executable, str(HERE / "plugins" / "example_family_check.py"), str(tmp_path), str(seed)], capture_output=True, text=True, env=e, timeout=300
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    report = json.loads(r.stdout.strip().splitlines()[-1])
+    assert report["family"] == "example" and report["unknown"] == [] and report["roles"] == 3 + 2 * 9
+    assert report["finite"] and report["max_diff"] == 0.0, report
+    assert report["chat"] == "[user] hi\n[assistant] ", report["chat"]

@@ -1,4 +1,5 @@
-"""Weight roles from GGUF names and from Hugging Face names of every family, with unknown tensors reported."""
+"""Weight roles from GGUF names and from Hugging Face names (those every decoder shares, and a family's
+own), with unknown tensors reported. Each family's own names are tested with it."""
 
 from __future__ import annotations
 
@@ -38,46 +39,43 @@ LLAMA_HF = {
     "model.layers.0.mlp.up_proj.weight": Role("ffn_up", 0),
     "model.layers.0.mlp.down_proj.weight": Role("ffn_down", 0),
 }
-GEMMA_HF = {
-    "model.layers.3.post_attention_layernorm.weight": Role("attn_post_norm", 3),
-    "model.layers.3.pre_feedforward_layernorm.weight": Role("ffn_norm", 3),
-    "model.layers.3.post_feedforward_layernorm.weight": Role("ffn_post_norm", 3),
-    "model.layers.3.self_attn.q_norm.weight": Role("attn_q_norm", 3),
-    "model.layers.3.self_attn.k_norm.weight": Role("attn_k_norm", 3),
+# a family's own names (``ModelFamily.hf_tensor_names``), here a made-up one: they add to the shared
+# names and may override them; ``{E}`` is an expert's index, "module.parameter" another parameter
+OWN_NAMES = {
+    "post_attention_layernorm": "attn_post_norm",
+    "block.router": "ffn_gate_inp",
+    "block.router.score_bias": "exp_probs_b",
+    "block.experts.{E}.w_in": "ffn_up_exps",
+}
+OWN_HF = {
+    "model.layers.2.post_attention_layernorm.weight": Role("attn_post_norm", 2),
+    "model.layers.2.block.router.weight": Role("ffn_gate_inp", 2),
+    "model.layers.2.block.router.score_bias": Role("exp_probs_b", 2, None, "bias"),
+    "model.layers.2.block.experts.0.w_in.weight": Role("ffn_up_exps", 2, 0),
+    "model.layers.2.block.experts.1.w_in.weight": Role("ffn_up_exps", 2, 1),
     "model.language_model.embed_tokens.weight": Role("token_embd"),
 }
-MOE_HF = {
-    "model.layers.1.block_sparse_moe.gate.weight": Role("ffn_gate_inp", 1),
-    "model.layers.1.block_sparse_moe.experts.0.w1.weight": Role("ffn_gate_exps", 1, 0),
-    "model.layers.1.block_sparse_moe.experts.1.w1.weight": Role("ffn_gate_exps", 1, 1),
-    "model.layers.1.block_sparse_moe.experts.0.w3.weight": Role("ffn_up_exps", 1, 0),
-    "model.layers.1.block_sparse_moe.experts.0.w2.weight": Role("ffn_down_exps", 1, 0),
-    "model.layers.2.mlp.experts.5.gate_proj.weight": Role("ffn_gate_exps", 2, 5),
-    "model.layers.2.mlp.shared_expert.up_proj.weight": Role("ffn_up_shexp", 2),
-    "model.layers.2.mlp.shared_expert_gate.weight": Role("ffn_gate_inp_shexp", 2),
-    "model.layers.4.mlp.shared_experts.down_proj.weight": Role("ffn_down_shexp", 4),
-    "model.layers.4.mlp.gate.e_score_correction_bias": Role("exp_probs_b", 4, None, "bias"),
-}
-MLA_HF = {
-    "model.layers.0.self_attn.q_a_proj.weight": Role("attn_q_a", 0),
-    "model.layers.0.self_attn.q_a_layernorm.weight": Role("attn_q_a_norm", 0),
-    "model.layers.0.self_attn.q_b_proj.weight": Role("attn_q_b", 0),
-    "model.layers.0.self_attn.kv_a_proj_with_mqa.weight": Role("attn_kv_a_mqa", 0),
-    "model.layers.0.self_attn.kv_a_layernorm.weight": Role("attn_kv_a_norm", 0),
-    "model.layers.0.self_attn.kv_b_proj.weight": Role("attn_kv_b", 0),
-}
-PHI3_HF = {
-    "model.layers.0.self_attn.qkv_proj.weight": Role("attn_qkv", 0),
-    "model.layers.0.mlp.gate_up_proj.weight": Role("ffn_up", 0),
-}
 
 
-@pytest.mark.parametrize("table", [LLAMA_HF, GEMMA_HF, MOE_HF, MLA_HF, PHI3_HF], ids=["llama", "gemma", "moe", "mla", "phi3"])
-def test_hf_names_map_to_roles(table):
-    wm = wm_hf(list(table))
+def test_hf_names_every_decoder_shares_map_to_roles():
+    wm = wm_hf(list(LLAMA_HF))
     assert not wm.unknown
-    for name, role in table.items():
+    for name, role in LLAMA_HF.items():
         assert wm.tensors[role].name == name
+
+
+def test_a_familys_own_hf_names_add_to_and_override_the_shared_ones():
+    wm = WeightMap.from_hf({n: T(n) for n in OWN_HF}, "test", OWN_NAMES)
+    assert not wm.unknown
+    for name, role in OWN_HF.items():
+        assert wm.tensors[role].name == name
+    assert [t.name for t in wm.experts("ffn_up_exps", 2)] == ["model.layers.2.block.experts.0.w_in.weight", "model.layers.2.block.experts.1.w_in.weight"]
+    # without them, the shared meaning (the FFN's input norm) and the rest unknown, by name
+    plain = wm_hf(list(OWN_HF))
+    assert plain.tensors[Role("ffn_norm", 2)].name == "model.layers.2.post_attention_layernorm.weight"
+    assert "model.layers.2.block.router.weight" in plain.unknown
+    with pytest.raises(LoadError, match="roles that do not exist: \\['ffn_nonsense'\\]"):
+        WeightMap.from_hf({}, "test", {"x": "ffn_nonsense"})
 
 
 def test_unknown_and_ignored_tensors_are_reported():
@@ -87,13 +85,14 @@ def test_unknown_and_ignored_tensors_are_reported():
 
 
 def test_experts_in_order_and_gaps_are_errors():
-    wm = wm_hf(list(MOE_HF))
-    assert [t.name for t in wm.experts("ffn_gate_exps", 1)] == [
-        "model.layers.1.block_sparse_moe.experts.0.w1.weight",
-        "model.layers.1.block_sparse_moe.experts.1.w1.weight",
+    names = list(OWN_HF) + ["model.layers.3.block.experts.1.w_in.weight"]
+    wm = WeightMap.from_hf({n: T(n) for n in names}, "test", OWN_NAMES)
+    assert [t.name for t in wm.experts("ffn_up_exps", 2)] == [
+        "model.layers.2.block.experts.0.w_in.weight",
+        "model.layers.2.block.experts.1.w_in.weight",
     ]
     with pytest.raises(LoadError, match="not numbered 0..0"):
-        wm.experts("ffn_gate_exps", 2)
+        wm.experts("ffn_up_exps", 3)
 
 
 def test_gguf_names_and_the_reverse_mapping():

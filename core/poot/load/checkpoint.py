@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -75,7 +76,7 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
             except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
                 raise LoadError(tk, f"cannot read tokenizer config: {e}") from None
         ck = Checkpoint(p, "safetensors", config, tensors, files)
-        ck.weights = WeightMap.from_hf(tensors, str(p))
+        ck.weights = WeightMap.from_hf(tensors, str(p), _family_names(ck))
         return ck
     with open(p, "rb") as f:
         head = f.read(4)
@@ -87,6 +88,17 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
     if p.suffix == ".safetensors":
         tensors, meta = read_safetensors(p)
         ck = Checkpoint(p, "safetensors", dict(meta), tensors, [p])
-        ck.weights = WeightMap.from_hf(tensors, str(p))
+        ck.weights = WeightMap.from_hf(tensors, str(p), _family_names(ck))
         return ck
     raise LoadError(p, f"not a checkpoint poot can read: expected a .gguf file or a safetensors model directory (starts with {head!r})")
+
+
+def _family_names(ck: Checkpoint) -> Mapping[str, str]:
+    """The Hugging Face tensor names of the family serving ``ck``'s architecture, if it names one."""
+    from ..models.family import hf_tensor_names_for
+
+    try:
+        arch = ck.architecture
+    except LoadError:
+        return {}
+    return hf_tensor_names_for(arch)

@@ -2,7 +2,9 @@
 
 Canonical role names follow GGUF's tensor names (``token_embd``, ``attn_q``, ``ffn_gate_exps`` ...),
 the de-facto vocabulary of the field. GGUF names map directly; Hugging Face names map through the
-patterns below. Tensors that match no role are reported by name, never silently dropped.
+names every transformers decoder shares (below) and the model family's own
+(``ModelFamily.hf_tensor_names``). Tensors that match no role are reported by name, never silently
+dropped.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from dataclasses import dataclass, field
 from ..errors import LoadError
 from .tensor import LazyTensor
 
-__all__ = ["Role", "WeightMap", "GLOBAL_ROLES", "LAYER_ROLES", "EXPERT_ROLES", "gguf_name"]
+__all__ = ["Role", "WeightMap", "GLOBAL_ROLES", "LAYER_ROLES", "EXPERT_ROLES", "HF_GLOBAL_NAMES", "HF_LAYER_NAMES", "gguf_name"]
 
 GLOBAL_ROLES = frozenset({"token_embd", "token_embd_norm", "output", "output_norm", "rope_freqs"})
 LAYER_ROLES = frozenset(
@@ -93,77 +95,65 @@ def _from_gguf(name: str) -> Role | None:
     return None
 
 
-# Hugging Face names, after stripping a multimodal wrapper prefix; {L} a layer, {E} an expert
-_HF_GLOBAL = {
+# Hugging Face names every transformers decoder shares, after stripping a multimodal wrapper prefix:
+# global modules, and a layer's (after ``model.layers.{L}.``). A family adds its own
+# (``ModelFamily.hf_tensor_names``), which may override these.
+HF_GLOBAL_NAMES = {
     "model.embed_tokens": "token_embd",
     "lm_head": "output",
     "model.norm": "output_norm",
 }
-_HF_LAYER = {
+HF_LAYER_NAMES = {
     "input_layernorm": "attn_norm",
-    "pre_feedforward_layernorm": "ffn_norm",
-    "post_feedforward_layernorm": "ffn_post_norm",
+    "post_attention_layernorm": "ffn_norm",
     "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k",
     "self_attn.v_proj": "attn_v",
-    "self_attn.qkv_proj": "attn_qkv",
     "self_attn.o_proj": "attn_output",
-    "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm",
-    "self_attn.q_a_proj": "attn_q_a",
-    "self_attn.q_a_layernorm": "attn_q_a_norm",
-    "self_attn.q_b_proj": "attn_q_b",
-    "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
-    "self_attn.kv_a_layernorm": "attn_kv_a_norm",
-    "self_attn.kv_b_proj": "attn_kv_b",
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
-    "mlp.gate_up_proj": "ffn_up",  # Phi-3 keeps gate and up fused, as its GGUF does
     "mlp.down_proj": "ffn_down",
-    "mlp.gate": "ffn_gate_inp",
-    "block_sparse_moe.gate": "ffn_gate_inp",
-    "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
-    "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
-    "mlp.shared_expert.up_proj": "ffn_up_shexp",
-    "mlp.shared_expert.down_proj": "ffn_down_shexp",
-    "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
-    "mlp.shared_experts.up_proj": "ffn_up_shexp",
-    "mlp.shared_experts.down_proj": "ffn_down_shexp",
-}
-_HF_EXPERT = {
-    "mlp.experts.{E}.gate_proj": "ffn_gate_exps",
-    "mlp.experts.{E}.up_proj": "ffn_up_exps",
-    "mlp.experts.{E}.down_proj": "ffn_down_exps",
-    "block_sparse_moe.experts.{E}.w1": "ffn_gate_exps",
-    "block_sparse_moe.experts.{E}.w3": "ffn_up_exps",
-    "block_sparse_moe.experts.{E}.w2": "ffn_down_exps",
 }
 _HF_IGNORED = re.compile(r"(rotary_emb\.inv_freq|\.masked_bias|\.attn\.bias)$")
-_HF_LAYER_RE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<rest>.+)\.(?P<param>weight|bias|e_score_correction_bias)$")
-_HF_EXPERT_RE = {re.compile("^" + re.escape(k).replace(r"\{E\}", r"(?P<expert>\d+)") + "$"): v for k, v in _HF_EXPERT.items()}
+_HF_LAYER_RE = re.compile(r"^model\.layers\.(?P<layer>\d+)\.(?P<rest>.+)\.(?P<param>[a-z_]+)$")
 
 
-def _from_hf(name: str, sandwich: bool) -> Role | None:
+@dataclass(frozen=True)
+class _HfNames:
+    """A family's layer names joined to the shared ones: plain names, per-expert patterns
+    (``{E}``), and parameters other than weight and bias (``module.parameter``)."""
+
+    layer: dict[str, str]
+    experts: tuple[tuple[re.Pattern[str], str], ...]
+
+    @classmethod
+    def of(cls, extra: Mapping[str, str]) -> "_HfNames":
+        merged = {**HF_LAYER_NAMES, **extra}
+        unknown = sorted(set(merged.values()) - LAYER_ROLES - EXPERT_ROLES)
+        if unknown:
+            raise LoadError("model family", f"hf_tensor_names maps to roles that do not exist: {unknown}")
+        experts = tuple((re.compile("^" + re.escape(k).replace(r"\{E\}", r"(?P<expert>\d+)") + "$"), v) for k, v in merged.items() if "{E}" in k)
+        return cls({k: v for k, v in merged.items() if "{E}" not in k}, experts)
+
+
+def _from_hf(name: str, names: _HfNames) -> Role | None:
     if name.startswith("model.language_model."):  # multimodal wrappers around the text model
         name = "model." + name[len("model.language_model.") :]
     elif name.startswith("language_model."):
         name = name[len("language_model.") :]
     base, _, param = name.rpartition(".")
-    if base in _HF_GLOBAL and param == "weight":
-        return Role(_HF_GLOBAL[base], None, None, "weight")
+    if base in HF_GLOBAL_NAMES and param == "weight":
+        return Role(HF_GLOBAL_NAMES[base], None, None, "weight")
     m = _HF_LAYER_RE.match(name)
     if not m:
         return None
     layer, rest, param = int(m["layer"]), m["rest"], m["param"]
-    if param == "e_score_correction_bias":
-        return Role("exp_probs_b", layer, None, "bias") if rest == "mlp.gate" else None
-    if rest == "post_attention_layernorm":
-        # with sandwich norms (a pre_feedforward_layernorm beside it) it normalises the attention
-        # output; otherwise it is the FFN's input norm
-        return Role("attn_post_norm" if sandwich else "ffn_norm", layer, None, param)
-    if rest in _HF_LAYER:
-        return Role(_HF_LAYER[rest], layer, None, param)
-    for rx, role in _HF_EXPERT_RE.items():
+    if param not in ("weight", "bias"):  # another parameter of a module: the role's bias, where named
+        role = names.layer.get(f"{rest}.{param}")
+        return Role(role, layer, None, "bias") if role else None
+    if rest in names.layer:
+        return Role(names.layer[rest], layer, None, param)
+    for rx, role in names.experts:
         e = rx.match(rest)
         if e:
             return Role(role, layer, int(e["expert"]), param)
@@ -194,13 +184,15 @@ class WeightMap:
         return cls(roles, tuple(sorted(unknown)), (), names, source)
 
     @classmethod
-    def from_hf(cls, tensors: Mapping[str, LazyTensor], source: str = "") -> "WeightMap":
-        sandwich = any(n.endswith("pre_feedforward_layernorm.weight") for n in tensors)
+    def from_hf(cls, tensors: Mapping[str, LazyTensor], source: str = "", names: Mapping[str, str] | None = None) -> "WeightMap":
+        """Roles of Hugging Face tensors: the names every decoder shares, and ``names`` (the model
+        family's ``hf_tensor_names``)."""
+        table = _HfNames.of(names or {})
         roles: dict[Role, LazyTensor] = {}
         names: dict[Role, str] = {}
         unknown, ignored = [], []
         for name, t in tensors.items():
-            r = _from_hf(name, sandwich)
+            r = _from_hf(name, table)
             if r is None:
                 (ignored if _HF_IGNORED.search(name) else unknown).append(name)
                 continue

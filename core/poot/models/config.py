@@ -1,7 +1,9 @@
 """The shared description of a decoder-only transformer that every family parses its checkpoint into.
 
 Families differ in how they spell their configs and in a handful of switches (norm offsets, sandwich
-norms, soft-caps, sliding windows, MoE and MLA); the tracer in ``decoder.py`` reads only this.
+norms, soft-caps, sliding windows, MoE and MLA); the tracer in ``decoder.py`` reads only this. The
+helpers below (``Gguf``, ``hf_int``, ``hf_rope``, ``layers_uniform``, ``check_heads``) are what a
+family's config parsing needs from either format.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from ..errors import PootError
 from ..graph.compose import MoeConfig
 from ..graph.rope import LinearScaling, Llama3Scaling, RopeConfig, YarnScaling
 
-__all__ = ["ConfigError", "LayerConfig", "MlaConfig", "DecoderConfig", "hf_rope"]
+__all__ = ["ConfigError", "LayerConfig", "MlaConfig", "DecoderConfig", "hf_rope", "Gguf", "hf_int", "layers_uniform", "check_heads"]
 
 
 class ConfigError(PootError):
@@ -129,3 +131,61 @@ def hf_rope(cfg: Mapping[str, Any], dim: int, layout: str = "neox", layer_type: 
     else:
         raise ConfigError(f"RoPE scaling {kind!r} is not supported (supported: default, linear, llama3, yarn)")
     return RopeConfig(dim, theta, layout, scaling)
+
+
+class Gguf:
+    """``{arch}.key`` lookups in GGUF metadata (the architecture's own keys) with clear errors."""
+
+    def __init__(self, md: Mapping[str, Any]) -> None:
+        self.md = md
+        self.arch = str(md.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        v = self.md.get(f"{self.arch}.{key}")
+        return default if v is None else v
+
+    def need(self, key: str) -> Any:
+        v = self.md.get(f"{self.arch}.{key}")
+        if v is None:
+            raise ConfigError(f"GGUF metadata has no {self.arch}.{key}")
+        return v
+
+    def int(self, key: str, default: int | None = None) -> int:
+        v = self.get(key, default)
+        if v is None:
+            raise ConfigError(f"GGUF metadata has no {self.arch}.{key}")
+        if hasattr(v, "__len__"):  # per-layer arrays: these families use one value for all layers
+            vals = {int(x) for x in v}
+            if len(vals) != 1:
+                raise ConfigError(f"{self.arch}.{key} varies per layer ({sorted(vals)}), which this family does not support")
+            return vals.pop()
+        return int(v)
+
+    def float(self, key: str, default: float | None = None) -> float:
+        v = self.get(key, default)
+        if v is None:
+            raise ConfigError(f"GGUF metadata has no {self.arch}.{key}")
+        return float(v)
+
+    def vocab(self) -> int:
+        v = self.get("vocab_size")
+        return int(v) if v is not None else len(self.md.get("tokenizer.ggml.tokens") or [])
+
+
+def hf_int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
+    """An integer field of ``config.json`` (``default`` where absent; ConfigError naming it if neither)."""
+    v = cfg.get(key, default)
+    if v is None:
+        raise ConfigError(f"config.json has no '{key}'")
+    return int(v)
+
+
+def layers_uniform(n: int, rope: RopeConfig | None, window: int | None = None, moe: bool = False) -> tuple[LayerConfig, ...]:
+    """``n`` layers alike: the same window, RoPE and MoE choice."""
+    return tuple(LayerConfig(window, rope, moe) for _ in range(n))
+
+
+def check_heads(heads: int, kv_heads: int, where: str) -> None:
+    """ConfigError naming ``where`` unless the query heads are a positive multiple of the KV heads."""
+    if heads <= 0 or kv_heads <= 0 or heads % kv_heads:
+        raise ConfigError(f"{where}: {heads} attention heads are not a multiple of {kv_heads} KV heads")

@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import PluginError, PootError
 from ..plugins import host
 
-__all__ = ["ModelFamily", "DecoderFamily", "UnknownArchitecture", "model_families", "family_for"]
+__all__ = ["ModelFamily", "DecoderFamily", "UnknownArchitecture", "model_families", "family_for", "pre_tokenizer_splits", "hf_tensor_names_for"]
 
 
 class UnknownArchitecture(PootError):
@@ -47,14 +47,25 @@ class ModelFamily(ABC):
     #: how a GGUF's tokenizer arrays are to be read (``Tokenizer.from_gguf``'s keyword options), for
     #: what the file itself does not say: e.g. ``{"sentencepiece_spaces": "plain"}``
     tokenizer_options: Mapping[str, Any] = MappingProxyType({})
+    #: the pre-tokenizer splits of byte-level vocabularies this family knows, by GGUF
+    #: ``tokenizer.ggml.pre`` name: the regex their merges were learned with (from the models' own
+    #: tokenizer.json). Every installed family's are offered to every GGUF (a model of one family may
+    #: carry another's vocabulary); a name none knows splits as GPT-2 does.
+    pre_tokenizers: Mapping[str, str] = MappingProxyType({})
+    #: Hugging Face tensor names of a layer's modules (after ``model.layers.{L}.``, before
+    #: ``.weight``/``.bias``) mapped to weight roles, past those every transformers decoder shares
+    #: (``poot.load.roles.HF_LAYER_NAMES``; an entry here overrides one there): ``{E}`` stands for
+    #: an expert's index, and ``"<module>.<parameter>"`` names a parameter other than weight or bias
+    #: (stored as the role's bias).
+    hf_tensor_names: Mapping[str, str] = MappingProxyType({})
 
     def tokenizer(self, checkpoint: Any) -> Any:
-        """The checkpoint's tokenizer: from its GGUF arrays read with ``tokenizer_options``, or from
-        an HF directory's ``tokenizer.json``."""
+        """The checkpoint's tokenizer: from its GGUF arrays read with ``tokenizer_options`` and the
+        installed families' ``pre_tokenizers``, or from an HF directory's ``tokenizer.json``."""
         from ..text import Tokenizer
 
         if checkpoint.format == "gguf":
-            return Tokenizer.from_gguf(checkpoint.metadata, **self.tokenizer_options)
+            return Tokenizer.from_gguf(checkpoint.metadata, pre_splits=pre_tokenizer_splits(), **self.tokenizer_options)
         return Tokenizer.from_hf(checkpoint.path)
 
     def __repr__(self) -> str:
@@ -85,6 +96,28 @@ def family_for(architecture: str) -> ModelFamily:
         f"no installed model family serves architecture '{architecture}'. Installed: {listed}. "
         "Add one with a plugin implementing the poot_model_families hook (see docs/PLUGINS.md)."
     )
+
+
+def pre_tokenizer_splits() -> dict[str, str]:
+    """Every installed family's pre-tokenizer splits by ``tokenizer.ggml.pre`` name (the first family
+    to name one wins)."""
+    out: dict[str, str] = {}
+    for _, fam in model_families():
+        for name, regex in fam.pre_tokenizers.items():
+            out.setdefault(name, regex)
+    return out
+
+
+def hf_tensor_names_for(architecture: str | None) -> Mapping[str, str]:
+    """The Hugging Face tensor names (``ModelFamily.hf_tensor_names``) of the family serving
+    ``architecture``; none where no installed family serves it (its tensors then map by the names
+    every decoder shares, and ``family_for`` says what is missing when the model is run)."""
+    if not architecture:
+        return {}
+    try:
+        return family_for(architecture).hf_tensor_names
+    except UnknownArchitecture:
+        return {}
 
 
 class DecoderFamily(ModelFamily):

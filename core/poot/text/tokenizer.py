@@ -3,7 +3,7 @@
 From GGUF (llama.cpp's ``tokenizer.ggml.*`` keys):
 
 - ``gpt2``: byte-level BPE with the file's merges; the pre-tokenizer split follows
-  ``tokenizer.ggml.pre`` (llama-3, qwen2, ... regexes) or GPT-2's own;
+  ``tokenizer.ggml.pre`` (the regexes the model families bring) or GPT-2's own;
 - ``llama``: SentencePiece-style BPE with byte fallback (``<0xNN>`` tokens); merges come from the
   file or are rebuilt from the vocabulary ranked by score. ``sentencepiece_spaces`` says how the
   vocabulary spells spaces: ``metaspace`` (the default: ``▁`` with a prefix space) or ``plain``
@@ -33,32 +33,6 @@ __all__ = ["Tokenizer", "TokenizerError", "byte_level_alphabet"]
 
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 SPACE = "\u2581"
-
-# pre-tokenizer splits of byte-level vocabularies, by ``tokenizer.ggml.pre`` (the regexes their
-# merges were learned with; from each model's own tokenizer.json)
-_LLAMA3 = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2 = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-_GPT4O = (
-    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
-    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-PRE_SPLITS = {
-    "llama3": _LLAMA3,
-    "llama-v3": _LLAMA3,
-    "llama-bpe": _LLAMA3,
-    "falcon3": _LLAMA3,
-    "smaug-bpe": _LLAMA3,
-    "dbrx": _LLAMA3,
-    "qwen2": _QWEN2,
-    "deepseek-r1-qwen": _QWEN2,
-    "megrez": _QWEN2,
-    "gpt-4o": _GPT4O,
-    "llama4": _GPT4O,
-}
 
 
 class TokenizerError(PootError):
@@ -99,7 +73,11 @@ class Tokenizer:
 
     # -- construction ------------------------------------------------------------------------------
     @classmethod
-    def from_gguf(cls, metadata: Mapping[str, Any], sentencepiece_spaces: str = "metaspace") -> "Tokenizer":
+    def from_gguf(cls, metadata: Mapping[str, Any], sentencepiece_spaces: str = "metaspace", pre_splits: Mapping[str, str] | None = None) -> "Tokenizer":
+        """The tokenizer a GGUF carries. A byte-level vocabulary is split before its merges by the
+        regex ``pre_splits`` holds for its ``tokenizer.ggml.pre`` name (the model families'
+        ``pre_tokenizers``), else as GPT-2 splits; ``sentencepiece_spaces`` says how a
+        SentencePiece vocabulary spells spaces."""
         if sentencepiece_spaces not in ("metaspace", "plain"):
             raise TokenizerError(f"sentencepiece_spaces must be 'metaspace' or 'plain', got {sentencepiece_spaces!r}")
         model = metadata.get("tokenizer.ggml.model")
@@ -114,7 +92,7 @@ class Tokenizer:
             raise TokenizerError(f"tokenizer.ggml.model {model!r} is not supported (supported: gpt2, llama)")
         try:
             if model == "gpt2":
-                backend = _byte_level(tokens, metadata)
+                backend = _byte_level(tokens, metadata, pre_splits or {})
                 kind, default_bos = "byte-level", False
             else:
                 backend = _sentencepiece(tokens, metadata, plain_spaces=sentencepiece_spaces == "plain")
@@ -259,7 +237,7 @@ class Tokenizer:
 _END_OF_TURN = ("<|im_end|>", "<end_of_turn>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|end_of_text|>", "</s>")
 
 
-def _byte_level(tokens: list[str], md: Mapping[str, Any]) -> Backend:
+def _byte_level(tokens: list[str], md: Mapping[str, Any], pre_splits: Mapping[str, str]) -> Backend:
     merges = md.get("tokenizer.ggml.merges")
     if not isinstance(merges, list):
         raise TokenizerError("a gpt2 (byte-level BPE) tokenizer needs tokenizer.ggml.merges")
@@ -277,7 +255,7 @@ def _byte_level(tokens: list[str], md: Mapping[str, Any]) -> Backend:
             raise TokenizerError(f"merge {m!r} is not two tokens separated by a space")
         pairs.append((a, b))
     backend = Backend(BPE(vocab=vocab, merges=pairs, dropout=None, fuse_unk=False))
-    split = PRE_SPLITS.get(str(md.get("tokenizer.ggml.pre", "")))
+    split = pre_splits.get(str(md.get("tokenizer.ggml.pre", "")))
     if split is None:
         backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
     else:

@@ -4,16 +4,17 @@ sigmoid gate) and Qwen3-MoE."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from poot.graph.compose import MoeConfig
 from poot.graph.rope import RopeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily, LayerConfig
-from poot.models.config import hf_rope
-
-from .common import Gguf, check_heads, hf_int
+from poot.models.config import Gguf, check_heads, hf_int, hf_rope
 
 __all__ = ["QwenFamily"]
+
+QWEN2_SPLIT = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 
 GGUF_ARCHS = ("qwen2", "qwen3", "qwen2moe", "qwen3moe")
 
@@ -22,6 +23,22 @@ class QwenFamily(DecoderFamily):
     name = "qwen"
     gguf_architectures = GGUF_ARCHS
     hf_architectures = ("Qwen2ForCausalLM", "Qwen3ForCausalLM", "Qwen2MoeForCausalLM", "Qwen3MoeForCausalLM")
+    hf_tensor_names = MappingProxyType(
+        {
+            "self_attn.q_norm": "attn_q_norm",
+            "self_attn.k_norm": "attn_k_norm",
+            "mlp.gate": "ffn_gate_inp",
+            "mlp.shared_expert_gate": "ffn_gate_inp_shexp",
+            "mlp.shared_expert.gate_proj": "ffn_gate_shexp",
+            "mlp.shared_expert.up_proj": "ffn_up_shexp",
+            "mlp.shared_expert.down_proj": "ffn_down_shexp",
+            "mlp.experts.{E}.gate_proj": "ffn_gate_exps",
+            "mlp.experts.{E}.up_proj": "ffn_up_exps",
+            "mlp.experts.{E}.down_proj": "ffn_down_exps",
+        }
+    )
+    # byte-level vocabularies split as Qwen2's tokenizer.json splits (single digits)
+    pre_tokenizers = MappingProxyType(dict.fromkeys(("qwen2", "deepseek-r1-qwen", "megrez"), QWEN2_SPLIT))
 
     def config_from_gguf(self, md: Mapping[str, Any], weights: Any) -> DecoderConfig:
         g = Gguf(md)

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from poot.graph.rope import RopeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily
-from poot.models.config import hf_rope
-
-from .common import Gguf, check_heads, hf_int, layers_uniform
+from poot.models.config import Gguf, check_heads, hf_int, hf_rope, layers_uniform
 
 __all__ = ["Phi3Family"]
 
@@ -18,6 +17,8 @@ class Phi3Family(DecoderFamily):
     name = "phi3"
     gguf_architectures = ("phi3",)
     hf_architectures = ("Phi3ForCausalLM",)
+    # q, k and v in one tensor, gate and up in one (as its GGUF keeps them)
+    hf_tensor_names = MappingProxyType({"self_attn.qkv_proj": "attn_qkv", "mlp.gate_up_proj": "ffn_up"})
 
     def config_from_gguf(self, md: Mapping[str, Any], weights: Any) -> DecoderConfig:
         g = Gguf(md)

@@ -10,9 +10,7 @@ from typing import Any
 
 from poot.graph.rope import LinearScaling, RopeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily, LayerConfig
-from poot.models.config import hf_rope
-
-from .common import Gguf, check_heads, hf_int
+from poot.models.config import Gguf, check_heads, hf_int, hf_rope
 
 __all__ = ["GemmaFamily", "GEMMA_CHAT_TEMPLATE"]
 
@@ -47,6 +45,17 @@ class GemmaFamily(DecoderFamily):
     name = "gemma"
     gguf_architectures = ("gemma2", "gemma3")
     hf_architectures = ("Gemma2ForCausalLM", "Gemma3ForCausalLM")
+    # sandwich norms: post_attention_layernorm normalises the attention's output, the FFN has its own
+    # pre and post norms; Gemma 3's q/k norms
+    hf_tensor_names = MappingProxyType(
+        {
+            "post_attention_layernorm": "attn_post_norm",
+            "pre_feedforward_layernorm": "ffn_norm",
+            "post_feedforward_layernorm": "ffn_post_norm",
+            "self_attn.q_norm": "attn_q_norm",
+            "self_attn.k_norm": "attn_k_norm",
+        }
+    )
     default_chat_template = GEMMA_CHAT_TEMPLATE
     # Gemma's SentencePiece vocabulary keeps runs of spaces as spaces and lists merges in rank order
     tokenizer_options = MappingProxyType({"sentencepiece_spaces": "plain"})

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from poot.graph.compose import MoeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily, LayerConfig, MlaConfig
-from poot.models.config import hf_rope
-
-from .common import hf_int
+from poot.models.config import hf_int, hf_rope
 
 __all__ = ["DeepseekFamily"]
 
@@ -20,6 +19,26 @@ class DeepseekFamily(DecoderFamily):
     name = "deepseek"
     gguf_architectures = ("deepseek2",)
     hf_architectures = ("DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM")
+    # multi-head latent attention's projections and norms; the router (V3: with a score bias), the
+    # shared experts and the routed ones
+    hf_tensor_names = MappingProxyType(
+        {
+            "self_attn.q_a_proj": "attn_q_a",
+            "self_attn.q_a_layernorm": "attn_q_a_norm",
+            "self_attn.q_b_proj": "attn_q_b",
+            "self_attn.kv_a_proj_with_mqa": "attn_kv_a_mqa",
+            "self_attn.kv_a_layernorm": "attn_kv_a_norm",
+            "self_attn.kv_b_proj": "attn_kv_b",
+            "mlp.gate": "ffn_gate_inp",
+            "mlp.gate.e_score_correction_bias": "exp_probs_b",
+            "mlp.shared_experts.gate_proj": "ffn_gate_shexp",
+            "mlp.shared_experts.up_proj": "ffn_up_shexp",
+            "mlp.shared_experts.down_proj": "ffn_down_shexp",
+            "mlp.experts.{E}.gate_proj": "ffn_gate_exps",
+            "mlp.experts.{E}.up_proj": "ffn_up_exps",
+            "mlp.experts.{E}.down_proj": "ffn_down_exps",
+        }
+    )
 
     def config_from_gguf(self, md: Mapping[str, Any], weights: Any) -> DecoderConfig:
         raise ConfigError(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 import numpy as np
@@ -10,17 +11,41 @@ import numpy as np
 from poot.graph.compose import MoeConfig
 from poot.graph.rope import LinearScaling, RopeConfig, YarnScaling
 from poot.models import ConfigError, DecoderConfig, DecoderFamily
-from poot.models.config import hf_rope
-
-from .common import Gguf, check_heads, hf_int, layers_uniform
+from poot.models.config import Gguf, check_heads, hf_int, hf_rope, layers_uniform
 
 __all__ = ["LlamaFamily"]
+
+LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 
 
 class LlamaFamily(DecoderFamily):
     name = "llama"
     gguf_architectures = ("llama", "mistral")
     hf_architectures = ("LlamaForCausalLM", "MistralForCausalLM", "MixtralForCausalLM")
+    # Mixtral's experts and router
+    hf_tensor_names = MappingProxyType(
+        {
+            "block_sparse_moe.gate": "ffn_gate_inp",
+            "block_sparse_moe.experts.{E}.w1": "ffn_gate_exps",
+            "block_sparse_moe.experts.{E}.w3": "ffn_up_exps",
+            "block_sparse_moe.experts.{E}.w2": "ffn_down_exps",
+        }
+    )
+    # byte-level vocabularies split as Llama 3's (and Llama 4's, GPT-4o's) tokenizer.json split
+    pre_tokenizers = MappingProxyType(
+        {
+            **dict.fromkeys(("llama3", "llama-v3", "llama-bpe", "falcon3", "smaug-bpe", "dbrx"), LLAMA3_SPLIT),
+            **dict.fromkeys(("gpt-4o", "llama4"), GPT4O_SPLIT),
+        }
+    )
 
     def config_from_gguf(self, md: Mapping[str, Any], weights: Any) -> DecoderConfig:
         g = Gguf(md)

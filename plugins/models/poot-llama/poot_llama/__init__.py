@@ -1,0 +1,1 @@
+"""poot-llama: the Llama, Mistral and Mixtral model family for poot."""

@@ -1,0 +1,61 @@
+"""The Llama, Mistral and Mixtral family (poot-llama): registered through its entry point, its Hugging Face tensor
+names, and every synthetic checkpoint of its architectures against transformers' forward of the
+same weights, and a real checkpoint."""
+
+from __future__ import annotations
+
+import pytest
+
+from poot.load.roles import Role, WeightMap
+from poot.models import family_for, model_families
+from poot.plugins import host
+from poot.testing.families import check_real_checkpoint, check_synthetic, synthetic_cases
+from poot_llama.family import LlamaFamily
+
+FAMILY = LlamaFamily()
+
+
+def test_registered_through_its_entry_point():
+    info = {i.name: i for i in host().infos}["llama"]
+    assert info.status == "loaded" and info.distribution == "poot-llama"
+    assert [f for p, f in model_families() if p == "llama"] and all(
+        isinstance(family_for(a), LlamaFamily) for a in FAMILY.gguf_architectures + FAMILY.hf_architectures
+    )
+
+
+class T:
+    """A stand-in for LazyTensor: roles only look at names."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+
+HF_NAMES = {
+    "model.layers.1.block_sparse_moe.gate.weight": Role("ffn_gate_inp", 1),
+    "model.layers.1.block_sparse_moe.experts.0.w1.weight": Role("ffn_gate_exps", 1, 0),
+    "model.layers.1.block_sparse_moe.experts.1.w1.weight": Role("ffn_gate_exps", 1, 1),
+    "model.layers.1.block_sparse_moe.experts.0.w3.weight": Role("ffn_up_exps", 1, 0),
+    "model.layers.1.block_sparse_moe.experts.0.w2.weight": Role("ffn_down_exps", 1, 0),
+    "model.layers.1.post_attention_layernorm.weight": Role("ffn_norm", 1),
+}
+
+
+def test_its_hf_tensor_names_map_to_roles():
+    wm = WeightMap.from_hf({n: T(n) for n in HF_NAMES}, "test", FAMILY.hf_tensor_names)
+    assert not wm.unknown, wm.unknown
+    for name, role in HF_NAMES.items():
+        assert wm.tensors[role].name == name
+
+
+@pytest.mark.parametrize("name", synthetic_cases(FAMILY.hf_architectures))
+def test_matches_transformers_on_a_synthetic_checkpoint(name, tmp_path, rng):
+    pytest.importorskip("torch", reason="transformers (with torch) is the oracle for the families")
+    pytest.importorskip("transformers")
+    check_synthetic(name, tmp_path, rng)
+
+
+@pytest.mark.slow
+def test_matches_transformers_on_the_real_checkpoint(smollm2_path, rng):
+    pytest.importorskip("torch", reason="transformers (with torch) is the oracle for real checkpoints")
+    pytest.importorskip("transformers")
+    check_real_checkpoint(smollm2_path, "smollm2", rng)

@@ -1,0 +1,1 @@
+"""poot-phi3: the Phi-3 model family for poot."""

@@ -1,1 +1,0 @@
-"""poot-models: the model families poot ships (llama, qwen, gemma, phi, mistral, MoE, MLA)."""
