@@ -18,13 +18,18 @@ def _poot(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "poot.cli", *args], capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("model", ["SmolLM2", "gemma3"])
-def test_poot_plan_compiles_real_models_for_hopper_without_one(smollm2_path, gemma3_path, model):
-    r = _poot("plan", model, "--device", "null:sm_90a", "--tokens", "1", "--compile")
-    assert r.returncode == 0, r.stderr
-    assert "gemv_warp" in r.stdout and "activation arena" in r.stdout  # the GPU schedules, not the host's
-    m = re.search(r"compiled (\d+) kernels for nvptx:sm_90a in [\d.]+ s: [\d.]+ (KiB|MiB) of ptx", r.stdout)
-    assert m and int(m.group(1)) > 10, r.stdout[-500:]
+def test_poot_plan_compiles_real_models_for_a_gpu_not_here(smollm2_path, gemma3_path, model, arch):
+    """Both real models planned (one token, and a 64-token prompt, which takes the tensor-core
+    GEMMs) and compiled for an A100 and an H100/H200 on this machine."""
+    for tokens in ("1", "64"):
+        r = _poot("plan", model, "--device", f"null:{arch}", "--tokens", tokens, "--compile")
+        assert r.returncode == 0, r.stderr
+        assert "activation arena" in r.stdout
+        assert ("gemv_warp" if tokens == "1" else "gemm_") in r.stdout  # the GPU schedules, not the host's
+        m = re.search(rf"compiled (\d+) kernels for nvptx:{arch} in [\d.]+ s: [\d.]+ (KiB|MiB) of ptx", r.stdout)
+        assert m and int(m.group(1)) > 10, r.stdout[-500:]
 
 
 @pytest.mark.parametrize("name,arch", [("null:sm_80", "sm_80"), ("null:sm_90a", "sm_90a")])
