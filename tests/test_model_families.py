@@ -44,3 +44,14 @@ def test_a_gguf_splits_by_the_pre_tokenizer_its_family_brings():
     assert pieces("llama-bpe", splits) == ["year", "Ġ", "202", "45", "!"]
     assert pieces("nobody-knows", splits) == ["year", "Ġ20245", "!"]
     assert pieces("qwen2", None) == pieces("nobody-knows", splits)  # no families given: GPT-2's split
+
+
+def test_the_meta_package_installs_every_family_here():
+    """poot-models (plugins/models) holds no code and requires each family distribution beside it."""
+    import tomllib
+    from pathlib import Path
+
+    models = Path(__file__).resolve().parents[1] / "plugins" / "models"
+    meta = tomllib.loads((models / "pyproject.toml").read_text())["project"]
+    families = sorted(tomllib.loads((d / "pyproject.toml").read_text())["project"]["name"] for d in models.glob("poot-*"))
+    assert len(families) >= 5 and sorted(r.split(">=")[0] for r in meta["dependencies"]) == families
