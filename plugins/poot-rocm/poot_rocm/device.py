@@ -7,6 +7,9 @@ from poot.backend import Capabilities, Device, Unavailable
 __all__ = ["rocm_devices", "null_devices", "SUPPORTED_ARCHS"]
 
 SUPPORTED_ARCHS = ("gfx90a", "gfx942", "gfx1100")  # the AMDGCN targets codegen links code objects for
+# why a supported GPU cannot run a plan yet: the AQL executor is built piece by piece (packets and ring:
+# ``aql``), and a device is offered as available only once a step can run there
+NO_EXECUTOR = "poot-rocm compiles plans for this GPU (poot plan MODEL --device null:ARCH) but has no executor to run them yet"
 
 
 def _placeholder(code: str, message: str) -> list[Device]:
@@ -41,28 +44,35 @@ def rocm_devices() -> list[Device]:
             shared_memory_bytes=props.sharedMemPerBlock,
             subgroup_size=props.warpSize,
             memory_bytes=props.totalGlobalMem,
-            matrix_ops=frozenset({"mfma"} if arch.startswith("gfx9") else {"wmma"} if arch.startswith("gfx11") else set()),
+            matrix_ops=frozenset(),  # MFMA (gfx9) and WMMA (gfx11) have no lowering yet: no schedule may ask for them
             details=(("arch", arch),),
         )
         reason = (
-            None if arch in SUPPORTED_ARCHS else Unavailable("unsupported", f"{arch} is not one of the targets poot links for ({', '.join(SUPPORTED_ARCHS)})")
+            Unavailable("unsupported", NO_EXECUTOR)
+            if arch in SUPPORTED_ARCHS
+            else Unavailable("unsupported", f"{arch} is not one of the targets poot links for ({', '.join(SUPPORTED_ARCHS)})")
         )
         name = props.name.decode(errors="replace") if isinstance(props.name, bytes) else str(props.name)
         out.append(Device("rocm", i, name, target="amdgcn", capabilities=caps, unavailable=reason))
     return out
 
 
-def null_devices() -> list[Device]:
-    """A compile-only AMD Instinct MI300 (gfx942) with the capabilities it reports: plans and code
-    objects, no hardware."""
+def _null(arch: str, description: str, units: int, wave: int, shared: int) -> Device:
     caps = Capabilities(
         dtypes=frozenset({"f32", "f16", "bf16", "i8", "u8", "i32", "i64", "bool"}),
-        compute_units=304,
+        compute_units=units,
         max_workgroup_size=1024,
-        shared_memory_bytes=64 * 1024,
-        subgroup_size=64,
+        shared_memory_bytes=shared,
+        subgroup_size=wave,
         memory_bytes=0,
-        matrix_ops=frozenset({"mfma"}),
-        details=(("arch", "gfx942"), ("compile only", "yes")),
+        matrix_ops=frozenset(),
+        details=(("arch", arch), ("compile only", "yes")),
     )
-    return [Device("null", "gfx942", "compile-only AMD CDNA 3 (gfx942): plans and code objects, no hardware", target="amdgcn", capabilities=caps)]
+    return Device("null", arch, f"compile-only {description} ({arch}): plans and code objects, no hardware", target="amdgcn", capabilities=caps)
+
+
+def null_devices() -> list[Device]:
+    """Compile-only AMD GPUs with the capabilities a real one reports: an Instinct MI300 (gfx942,
+    CDNA 3, 64-lane wavefronts) and a Radeon RX 7900 XTX (gfx1100, RDNA 3, 32-lane wavefronts):
+    plans and code objects, no hardware."""
+    return [_null("gfx942", "AMD CDNA 3", 304, 64, 64 * 1024), _null("gfx1100", "AMD RDNA 3", 96, 32, 64 * 1024)]

@@ -15,7 +15,7 @@ from poot.backend import CompileError, Target
 __all__ = ["TARGETS", "find_lld", "link_code_object"]
 
 
-def _amdgcn(arch: str, wave: int, matrix: str) -> Target:
+def _amdgcn(arch: str, wave: int) -> Target:
     return Target(
         "amdgcn",
         "amdgcn-amd-amdhsa",
@@ -27,7 +27,7 @@ def _amdgcn(arch: str, wave: int, matrix: str) -> Target:
         1024,
         64 * 1024,
         "code-object",
-        (matrix,),
+        (),  # MFMA / WMMA: no lowering yet
         lowering="poot_rocm.lowering:AmdgpuLowering",
         link="poot_rocm.targets:link_code_object",
         reloc="pic",
@@ -35,9 +35,9 @@ def _amdgcn(arch: str, wave: int, matrix: str) -> Target:
 
 
 TARGETS: dict[str, Target] = {
-    "amdgcn:gfx90a": _amdgcn("gfx90a", 64, "mfma"),
-    "amdgcn:gfx942": _amdgcn("gfx942", 64, "mfma"),
-    "amdgcn:gfx1100": _amdgcn("gfx1100", 32, "wmma"),
+    "amdgcn:gfx90a": _amdgcn("gfx90a", 64),
+    "amdgcn:gfx942": _amdgcn("gfx942", 64),
+    "amdgcn:gfx1100": _amdgcn("gfx1100", 32),
 }
 
 

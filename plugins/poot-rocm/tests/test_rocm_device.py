@@ -33,10 +33,12 @@ def test_runtime_present_gives_devices_or_no_device():
             assert d.unavailable.code in ("no-device", "unsupported", "no-driver")
 
 
-def test_poot_plan_compiles_real_models_for_an_mi300_without_one(smollm2_path, gemma3_path):
-    """null:gfx942 carries an MI300's capabilities (wave64) and its codegen target: SmolLM2 and
-    Gemma 3 are planned with the subgroup GPU schedules and compile to AMDGPU code objects (ELF);
-    nothing here can run them."""
+@pytest.mark.parametrize("arch,wave", [("gfx942", 64), ("gfx1100", 32)])
+def test_poot_plan_compiles_real_models_for_an_amd_gpu_not_here(smollm2_path, gemma3_path, arch, wave):
+    """null:gfx942 (an MI300, wave64) and null:gfx1100 (an RX 7900, wave32) carry the capabilities
+    those GPUs report, no matrix instructions (MFMA and WMMA have no lowering yet), and their codegen
+    targets: SmolLM2 and Gemma 3 are planned with the subgroup GPU schedules at the wave's width and
+    every launch links into an AMDGPU code object (ELF); nothing here can run them."""
     import re
     import subprocess
     import sys
@@ -44,13 +46,15 @@ def test_poot_plan_compiles_real_models_for_an_mi300_without_one(smollm2_path, g
     from poot.plugins import host
     from poot.runtime import get_device
 
-    dev = get_device("null:gfx942")
-    assert dev.target == "amdgcn" and dev.capabilities.subgroup_size == 64
-    assert host().hook.poot_codegen_target(device=dev).key == "amdgcn:gfx942"
+    dev = get_device(f"null:{arch}")
+    assert dev.target == "amdgcn" and dev.capabilities.subgroup_size == wave and not dev.capabilities.matrix_ops
+    tgt = host().hook.poot_codegen_target(device=dev)
+    assert tgt.key == f"amdgcn:{arch}" and tgt.subgroup == wave and not tgt.matrix
     for model in ("SmolLM2", "gemma3"):
         r = subprocess.run(
-            [sys.executable, "-m", "poot.cli", "plan", model, "--device", "null:gfx942", "--compile"], capture_output=True, text=True, timeout=600
+            [sys.executable, "-m", "poot.cli", "plan", model, "--device", f"null:{arch}", "--compile"], capture_output=True, text=True, timeout=600
         )
         assert r.returncode == 0, r.stderr
-        m = re.search(r"compiled (\d+) kernels for amdgcn:gfx942 in [\d.]+ s: [\d.]+ (KiB|MiB) of code-object", r.stdout)
+        assert f"SUBGROUP{wave}" in r.stdout  # norms reduce across the wave's lanes
+        m = re.search(rf"compiled (\d+) kernels for amdgcn:{arch} in [\d.]+ s: [\d.]+ (KiB|MiB) of code-object", r.stdout)
         assert m and int(m.group(1)) > 10, r.stdout[-500:]
