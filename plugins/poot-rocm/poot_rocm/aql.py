@@ -33,6 +33,7 @@ __all__ = [
     "encode",
     "RingMemory",
     "AqlRing",
+    "barriers",
 ]
 
 PACKET_BYTES = 64
@@ -158,3 +159,31 @@ class AqlRing:
             self.memory.store_fence()
         self.memory.ring_doorbell(self.write_index - 1)
         return self.write_index - 1
+
+
+Range = tuple[object, int, int]  # (memory it lies in: the arena, a bound buffer..., first byte, end)
+
+
+def _overlap(a: Range, b: Range) -> bool:
+    return a[0] == b[0] and a[1] < b[2] and b[1] < a[2]
+
+
+def barriers(accesses: list[tuple[list[Range], list[Range]]]) -> list[bool]:
+    """Which launches of a step need the barrier bit, from each launch's (reads, writes) byte
+    ranges: packets between two barriers may run at once, so a launch waits for all before it where
+    it reads what one of them writes, writes what one of them reads or writes (ranges, not values:
+    the arena gives a dead value's bytes to a later one). The first launch always waits (for what
+    the step's inputs and the step before left)."""
+    out: list[bool] = []
+    group_reads: list[Range] = []
+    group_writes: list[Range] = []
+    for reads, writes in accesses:
+        conflict = (
+            not out or any(_overlap(r, w) for r in reads for w in group_writes) or any(_overlap(w, x) for w in writes for x in group_writes + group_reads)
+        )
+        if conflict:
+            group_reads, group_writes = [], []
+        out.append(conflict)
+        group_reads += reads
+        group_writes += writes
+    return out

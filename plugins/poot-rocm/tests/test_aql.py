@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from poot.errors import DeviceUnavailable
-from poot_rocm.aql import PACKET_BYTES, AqlRing, DispatchPacket, encode
+from poot_rocm.aql import PACKET_BYTES, AqlRing, DispatchPacket, barriers, encode
 
 
 class HsaKernelDispatchPacket(ctypes.LittleEndianStructure):
@@ -198,3 +198,45 @@ def test_an_integrated_gpu_refuses_a_ring_in_device_memory():
     AqlRing(RecordingRing(8), 8, in_device_memory=False, apu=True)  # a host-coherent ring serves it
     with pytest.raises(ValueError, match="power of two"):
         AqlRing(RecordingRing(6), 6)
+
+
+def _conflict(a: tuple[list, list], b: tuple[list, list]) -> bool:
+    """Two launches conflict where one writes bytes the other reads or writes (the oracle, by pairs)."""
+
+    def over(x, y):  # type: ignore[no-untyped-def]
+        return x[0] == y[0] and max(x[1], y[1]) < min(x[2], y[2])
+
+    return any(over(w, r) for w in a[1] for r in b[0] + b[1]) or any(over(w, r) for w in b[1] for r in a[0])
+
+
+def test_barriers_order_exactly_the_launches_that_touch_each_others_bytes(rng):
+    """Random steps of launches reading and writing byte ranges of a few memories: between two
+    barriers no two launches conflict (so they may run at once), and every barrier is needed (its
+    launch conflicts with one since the last barrier)."""
+    for _ in range(300):
+        n = int(rng.integers(1, 12))
+        steps = []
+        for _ in range(n):
+
+            def ranges(k: int) -> list:
+                out = []
+                for _ in range(k):
+                    start = int(rng.integers(0, 256))
+                    out.append((str(rng.choice(["arena", "arena", "pool", "x"])), start, start + int(rng.integers(1, 64))))
+                return out
+
+            steps.append((ranges(int(rng.integers(0, 4))), ranges(int(rng.integers(0, 3)))))
+        bits = barriers(steps)
+        assert len(bits) == n and bits[0]
+        start = 0
+        for i in range(n):
+            if bits[i]:
+                if i:
+                    assert any(_conflict(steps[j], steps[i]) for j in range(start, i)), (i, steps)
+                start = i
+            else:
+                assert not any(_conflict(steps[j], steps[i]) for j in range(start, i)), (i, steps)
+    # a dead value's bytes reused by a later one: the later write waits for the read
+    assert barriers([([("arena", 0, 64)], [("arena", 64, 128)]), ([("x", 0, 8)], [("arena", 0, 32)])]) == [True, True]
+    # two products of one x into separate outputs run together
+    assert barriers([([("arena", 0, 64)], [("arena", 64, 96)]), ([("arena", 0, 64)], [("arena", 96, 128)])]) == [True, False]
