@@ -17,7 +17,7 @@ from ..errors import PootError
 from ..graph.compose import MoeConfig
 from ..graph.rope import LinearScaling, Llama3Scaling, RopeConfig, YarnScaling
 
-__all__ = ["ConfigError", "LayerConfig", "MlaConfig", "DecoderConfig", "hf_rope", "Gguf", "hf_int", "layers_uniform", "check_heads"]
+__all__ = ["ConfigError", "LayerConfig", "MlaConfig", "DecoderConfig", "hf_rope", "Gguf", "hf_int", "hf_layers", "layer_count", "layers_uniform", "check_heads"]
 
 
 class ConfigError(PootError):
@@ -167,6 +167,11 @@ class Gguf:
             raise ConfigError(f"GGUF metadata has no {self.arch}.{key}")
         return float(v)
 
+    def layers(self, weights: Any = None) -> int:
+        """``{arch}.block_count``, checked against the layers ``weights`` has tensors for
+        (``layer_count``)."""
+        return layer_count(self.int("block_count"), weights, f"GGUF {self.arch}.block_count")
+
     def vocab(self) -> int:
         v = self.get("vocab_size")
         return int(v) if v is not None else len(self.md.get("tokenizer.ggml.tokens") or [])
@@ -178,6 +183,22 @@ def hf_int(cfg: Mapping[str, Any], key: str, default: int | None = None) -> int:
     if v is None:
         raise ConfigError(f"config.json has no '{key}'")
     return int(v)
+
+
+def layer_count(n: int, weights: Any, where: str) -> int:
+    """A config's layer count ``n`` (read from ``where``), refused with a ConfigError where it names
+    more layers than the checkpoint has tensors for (``weights.n_layers``, where known), before it
+    sizes anything: a corrupted count must not build millions of layers. Fewer pass here (the
+    tracer says what is wrong with them; none is ``DecoderConfig``'s to refuse)."""
+    have = getattr(weights, "n_layers", 0) or 0
+    if have and n > have:
+        raise ConfigError(f"the config says {n} layers ({where}), but there are tensors for {have}")
+    return n
+
+
+def hf_layers(cfg: Mapping[str, Any], weights: Any = None) -> int:
+    """config.json's ``num_hidden_layers``, checked against the layers ``weights`` has tensors for."""
+    return layer_count(hf_int(cfg, "num_hidden_layers"), weights, "config.json num_hidden_layers")
 
 
 def layers_uniform(n: int, rope: RopeConfig | None, window: int | None = None, moe: bool = False) -> tuple[LayerConfig, ...]:

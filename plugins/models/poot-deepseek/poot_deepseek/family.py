@@ -10,7 +10,7 @@ from typing import Any
 
 from poot.graph.compose import MoeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily, LayerConfig, MlaConfig
-from poot.models.config import hf_int, hf_rope
+from poot.models.config import hf_int, hf_layers, hf_rope
 
 __all__ = ["DeepseekFamily"]
 
@@ -48,7 +48,7 @@ class DeepseekFamily(DecoderFamily):
     def config_from_hf(self, cfg: Mapping[str, Any], weights: Any) -> DecoderConfig:
         arch = str((cfg.get("architectures") or ["DeepseekV2ForCausalLM"])[0])
         v3 = "V3" in arch
-        heads, hidden, n = hf_int(cfg, "num_attention_heads"), hf_int(cfg, "hidden_size"), hf_int(cfg, "num_hidden_layers")
+        heads, hidden, n = hf_int(cfg, "num_attention_heads"), hf_int(cfg, "hidden_size"), hf_layers(cfg, weights)
         mla = MlaConfig(
             cfg.get("q_lora_rank"), hf_int(cfg, "kv_lora_rank"), hf_int(cfg, "qk_nope_head_dim"), hf_int(cfg, "qk_rope_head_dim"), hf_int(cfg, "v_head_dim")
         )

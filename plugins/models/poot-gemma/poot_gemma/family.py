@@ -10,7 +10,7 @@ from typing import Any
 
 from poot.graph.rope import LinearScaling, RopeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily, LayerConfig
-from poot.models.config import Gguf, check_heads, hf_int, hf_rope
+from poot.models.config import Gguf, check_heads, hf_int, hf_layers, hf_rope
 
 __all__ = ["GemmaFamily", "GEMMA_CHAT_TEMPLATE"]
 
@@ -66,7 +66,7 @@ class GemmaFamily(DecoderFamily):
         heads = g.int("attention.head_count")
         kv = g.int("attention.head_count_kv", heads)
         check_heads(heads, kv, f"GGUF {g.arch}")
-        hidden, n = g.int("embedding_length"), g.int("block_count")
+        hidden, n = g.int("embedding_length"), g.layers(weights)
         head_dim = g.int("attention.key_length", hidden // heads)
         window = g.int("attention.sliding_window", 4096)
         glob = RopeConfig(head_dim, g.float("rope.freq_base", 10000.0), "neox", _gguf_scaling(g))
@@ -104,7 +104,7 @@ class GemmaFamily(DecoderFamily):
         kv = hf_int(cfg, "num_key_value_heads", heads)
         check_heads(heads, kv, "config.json")
         head_dim = int(cfg.get("head_dim") or hidden // heads)
-        n = hf_int(cfg, "num_hidden_layers")
+        n = hf_layers(cfg, weights)
         types = cfg.get("layer_types") or [("sliding_attention" if (i + 1) % (6 if gen == 3 else 2) else "full_attention") for i in range(n)]
         window = int(cfg.get("sliding_window") or 4096)
         layers = []

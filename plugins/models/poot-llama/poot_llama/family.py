@@ -11,7 +11,7 @@ import numpy as np
 from poot.graph.compose import MoeConfig
 from poot.graph.rope import LinearScaling, RopeConfig, YarnScaling
 from poot.models import ConfigError, DecoderConfig, DecoderFamily
-from poot.models.config import Gguf, check_heads, hf_int, hf_rope, layers_uniform
+from poot.models.config import Gguf, check_heads, hf_int, hf_layers, hf_rope, layers_uniform
 
 __all__ = ["LlamaFamily"]
 
@@ -81,7 +81,7 @@ class LlamaFamily(DecoderFamily):
             kv,
             head_dim,
             g.int("feed_forward_length"),
-            layers_uniform(g.int("block_count"), rope, int(window) if window else None, moe is not None),
+            layers_uniform(g.layers(weights), rope, int(window) if window else None, moe is not None),
             g.float("attention.layer_norm_rms_epsilon", 1e-5),
             moe=moe,
             moe_ffn=g.int("feed_forward_length") if moe else 0,
@@ -107,7 +107,7 @@ class LlamaFamily(DecoderFamily):
             kv,
             head_dim,
             ffn,
-            layers_uniform(hf_int(cfg, "num_hidden_layers"), rope, int(window) if window else None, moe is not None),
+            layers_uniform(hf_layers(cfg, weights), rope, int(window) if window else None, moe is not None),
             float(cfg.get("rms_norm_eps", 1e-6)),
             activation=_act(cfg),
             moe=moe,

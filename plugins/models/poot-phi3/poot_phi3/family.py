@@ -8,7 +8,7 @@ from typing import Any
 
 from poot.graph.rope import RopeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily
-from poot.models.config import Gguf, check_heads, hf_int, hf_rope, layers_uniform
+from poot.models.config import Gguf, check_heads, hf_int, hf_layers, hf_rope, layers_uniform
 
 __all__ = ["Phi3Family"]
 
@@ -40,7 +40,7 @@ class Phi3Family(DecoderFamily):
             kv,
             head_dim,
             g.int("feed_forward_length"),
-            layers_uniform(g.int("block_count"), rope, int(window) if window else None),
+            layers_uniform(g.layers(weights), rope, int(window) if window else None),
             g.float("attention.layer_norm_rms_epsilon", 1e-5),
             max_context=g.int("context_length", 4096),
         )
@@ -64,7 +64,7 @@ class Phi3Family(DecoderFamily):
             kv,
             head_dim,
             hf_int(cfg, "intermediate_size"),
-            layers_uniform(hf_int(cfg, "num_hidden_layers"), hf_rope(cfg, rot), int(window) if window else None),
+            layers_uniform(hf_layers(cfg, weights), hf_rope(cfg, rot), int(window) if window else None),
             float(cfg.get("rms_norm_eps", 1e-5)),
             max_context=int(cfg.get("max_position_embeddings", 4096)),
         )

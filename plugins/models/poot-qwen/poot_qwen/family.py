@@ -10,7 +10,7 @@ from typing import Any
 from poot.graph.compose import MoeConfig
 from poot.graph.rope import RopeConfig
 from poot.models import ConfigError, DecoderConfig, DecoderFamily, LayerConfig
-from poot.models.config import Gguf, check_heads, hf_int, hf_rope
+from poot.models.config import Gguf, check_heads, hf_int, hf_layers, hf_rope
 
 __all__ = ["QwenFamily"]
 
@@ -53,7 +53,7 @@ class QwenFamily(DecoderFamily):
         if experts:
             # llama.cpp normalises Qwen3-MoE's chosen weights and leaves Qwen2-MoE's as they are
             moe = MoeConfig(experts, g.int("expert_used_count"), "softmax", g.arch == "qwen3moe")
-        n = g.int("block_count")
+        n = g.layers(weights)
         return DecoderConfig(
             self.name,
             g.arch,
@@ -79,7 +79,7 @@ class QwenFamily(DecoderFamily):
         check_heads(heads, kv, "config.json")
         head_dim = int(cfg.get("head_dim") or hidden // heads)
         rope = hf_rope(cfg, head_dim)
-        n = hf_int(cfg, "num_hidden_layers")
+        n = hf_layers(cfg, weights)
         if cfg.get("use_sliding_window"):
             raise ConfigError("config.json: Qwen's use_sliding_window is not supported")
         if cfg.get("hidden_act", "silu") != "silu":
