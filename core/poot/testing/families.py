@@ -7,6 +7,7 @@ transformers (with torch) is the oracle: the callers skip where it is not instal
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,16 @@ from .paged import PagedSequences
 from .references import hf_model
 from .synthetic import SYNTHETIC, build_synthetic
 
-__all__ = ["synthetic_cases", "check_synthetic", "check_real_checkpoint", "REAL_PROMPTS", "SYNTHETIC_ATOL", "REAL_BOUND"]
+__all__ = [
+    "assert_registered",
+    "assert_hf_names_map",
+    "synthetic_cases",
+    "check_synthetic",
+    "check_real_checkpoint",
+    "REAL_PROMPTS",
+    "SYNTHETIC_ATOL",
+    "REAL_BOUND",
+]
 
 # f32 on both sides with the same weights: only summation order differs (measured ~5e-6 on logits
 # of magnitude ~4); 1e-4 leaves room for it and still catches any real difference
@@ -32,6 +42,31 @@ REAL_PROMPTS = [
 # Both sides use the same dequantized weights in float32; only summation order differs. Measured:
 # 9e-5 (SmolLM2), 4e-5 (Gemma 3). The bound is 10x that and far below any top-1/top-2 gap we rely on.
 REAL_BOUND = 1e-3
+
+
+def assert_registered(family: Any, plugin: str, distribution: str) -> None:
+    """``family``'s plugin loaded from its own distribution, and every architecture it names found
+    back to a family of its class."""
+    from ..plugins import host
+
+    info = {i.name: i for i in host().infos}[plugin]
+    assert info.status == "loaded" and info.distribution == distribution, info
+    assert all(isinstance(family_for(a), type(family)) for a in family.gguf_architectures + family.hf_architectures)
+
+
+def assert_hf_names_map(family: Any, table: Mapping[str, Any]) -> None:
+    """Each Hugging Face tensor name of ``table`` maps to its role (a ``poot.load.roles.Role``) with
+    ``family``'s ``hf_tensor_names``, and none is left unknown."""
+    from ..load.roles import WeightMap
+
+    class _Named:  # roles look at names only
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+    wm = WeightMap.from_hf({n: _Named(n) for n in table}, "test", family.hf_tensor_names)  # type: ignore[misc]
+    assert not wm.unknown, wm.unknown
+    for name, role in table.items():
+        assert wm.tensors[role].name == name
 
 
 def synthetic_cases(hf_architectures: tuple[str, ...]) -> list[str]:

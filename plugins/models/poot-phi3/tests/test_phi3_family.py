@@ -6,28 +6,15 @@ from __future__ import annotations
 
 import pytest
 
-from poot.load.roles import Role, WeightMap
-from poot.models import family_for, model_families
-from poot.plugins import host
-from poot.testing.families import check_synthetic, synthetic_cases
+from poot.load.roles import Role
+from poot.testing.families import assert_hf_names_map, assert_registered, check_synthetic, synthetic_cases
 from poot_phi3.family import Phi3Family
 
 FAMILY = Phi3Family()
 
 
 def test_registered_through_its_entry_point():
-    info = {i.name: i for i in host().infos}["phi3"]
-    assert info.status == "loaded" and info.distribution == "poot-phi3"
-    assert [f for p, f in model_families() if p == "phi3"] and all(
-        isinstance(family_for(a), Phi3Family) for a in FAMILY.gguf_architectures + FAMILY.hf_architectures
-    )
-
-
-class T:
-    """A stand-in for LazyTensor: roles only look at names."""
-
-    def __init__(self, name: str) -> None:
-        self.name = name
+    assert_registered(FAMILY, "phi3", "poot-phi3")
 
 
 HF_NAMES = {
@@ -37,10 +24,7 @@ HF_NAMES = {
 
 
 def test_its_hf_tensor_names_map_to_roles():
-    wm = WeightMap.from_hf({n: T(n) for n in HF_NAMES}, "test", FAMILY.hf_tensor_names)
-    assert not wm.unknown, wm.unknown
-    for name, role in HF_NAMES.items():
-        assert wm.tensors[role].name == name
+    assert_hf_names_map(FAMILY, HF_NAMES)
 
 
 @pytest.mark.parametrize("name", synthetic_cases(FAMILY.hf_architectures))
