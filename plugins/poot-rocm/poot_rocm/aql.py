@@ -138,13 +138,17 @@ class AqlRing:
         self.memory, self.slots, self.in_device_memory = memory, slots, in_device_memory
         self.write_index = 0
 
+    def free(self) -> int:
+        """Slots the packet processor has released for new packets."""
+        return self.slots - (self.write_index - self.memory.read_index())
+
     def publish(self, packets: list[bytes]) -> int:
         """Publish encoded packets (``encode``) in order and ring the doorbell once; returns the
         index of the last. Raises RuntimeError where the ring has too few free slots: a step longer
         than the ring is split by its caller."""
         if not packets:
             return self.write_index - 1
-        free = self.slots - (self.write_index - self.memory.read_index())
+        free = self.free()
         if len(packets) > free:
             raise RuntimeError(f"{len(packets)} packets for {free} free slots of an AQL ring of {self.slots}")
         for raw in packets:

@@ -7,9 +7,8 @@ from poot.backend import Capabilities, Device, Unavailable
 __all__ = ["rocm_devices", "null_devices", "SUPPORTED_ARCHS"]
 
 SUPPORTED_ARCHS = ("gfx90a", "gfx942", "gfx1100")  # the AMDGCN targets codegen links code objects for
-# why a supported GPU cannot run a plan yet: the AQL executor is built piece by piece (packets and ring:
-# ``aql``), and a device is offered as available only once a step can run there
-NO_EXECUTOR = "poot-rocm compiles plans for this GPU (poot plan MODEL --device null:ARCH) but has no executor to run them yet"
+# what `poot devices` says of a supported GPU: the executor has run on a simulated GPU, not on one
+STATUS = "experimental: the AQL executor is verified on a simulated GPU, not yet on AMD hardware (scripts/rocm-check)"
 
 
 def _placeholder(code: str, message: str) -> list[Device]:
@@ -29,6 +28,9 @@ def rocm_devices() -> list[Device]:
         name = getattr(err, "name", str(err))
         code = "no-device" if count == 0 or name == "hipErrorNoDevice" else "no-driver"
         return _placeholder(code, f"hipGetDeviceCount returned {name}: no usable AMD GPU (check rocm-smi and /dev/kfd)")
+    from .hsa import find_library
+
+    hsa = find_library()
     out = []
     for i in range(count):
         props = hip.hipDeviceProp_t()
@@ -45,13 +47,13 @@ def rocm_devices() -> list[Device]:
             subgroup_size=props.warpSize,
             memory_bytes=props.totalGlobalMem,
             matrix_ops=frozenset(),  # MFMA (gfx9) and WMMA (gfx11) have no lowering yet: no schedule may ask for them
-            details=(("arch", arch),),
+            details=(("arch", arch), ("status", STATUS)),
         )
-        reason = (
-            Unavailable("unsupported", NO_EXECUTOR)
-            if arch in SUPPORTED_ARCHS
-            else Unavailable("unsupported", f"{arch} is not one of the targets poot links for ({', '.join(SUPPORTED_ARCHS)})")
-        )
+        reason = None
+        if arch not in SUPPORTED_ARCHS:
+            reason = Unavailable("unsupported", f"{arch} is not one of the targets poot links for ({', '.join(SUPPORTED_ARCHS)})")
+        elif hsa is None:
+            reason = Unavailable("no-driver", "HIP finds this GPU but the HSA runtime (libhsa-runtime64) is not found: set ROCM_PATH")
         name = props.name.decode(errors="replace") if isinstance(props.name, bytes) else str(props.name)
         out.append(Device("rocm", i, name, target="amdgcn", capabilities=caps, unavailable=reason))
     return out
