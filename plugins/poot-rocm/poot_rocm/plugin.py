@@ -1,4 +1,6 @@
-"""Entry point of poot-rocm: registers the HIP devices found by the runtime."""
+"""Entry point of poot-rocm: registers the AMD GPUs HIP finds and the compile-only AMD devices,
+brings the AMDGCN targets, runs plans on a GPU through the AQL executor, and runs single kernels
+for the kernel tests (on a GPU; on a compile-only device, compiled, linked and read back)."""
 
 from poot import hookimpl
 from poot.backend import Device
@@ -31,3 +33,25 @@ def poot_codegen_target(device: Device):  # type: ignore[no-untyped-def]
 
     arch = dict(device.capabilities.details).get("arch", "") if device.capabilities else ""
     return TARGETS.get(f"amdgcn:{arch}")
+
+
+@hookimpl
+def poot_executor(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind != "rocm":
+        return None
+    from .executor import RocmExecutor
+
+    return RocmExecutor
+
+
+@hookimpl
+def poot_kernel_runner(device: Device):  # type: ignore[no-untyped-def]
+    if device.kind == "null" and device.target == "amdgcn":
+        from .kernel_runner import linker
+
+        return linker(str(device.index))
+    if device.kind != "rocm":
+        return None
+    from .kernel_runner import run_rocm
+
+    return run_rocm(device)
