@@ -5,6 +5,7 @@ ids. Medians over rounds after a warm-up round."""
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -54,7 +55,10 @@ _PEER = textwrap.dedent(
     import numpy as np
     from llama_cpp import Llama
     path, threads, prompt, decode, rounds = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
-    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512, n_ubatch=512, verbose=False)
+    gpu_layers = int(sys.argv[6])
+    if gpu_layers and not __import__("llama_cpp").llama_supports_gpu_offload():
+        sys.exit("this llama-cpp-python was built without a GPU backend: reinstall it with CMAKE_ARGS=-DGGML_HIP=ON (or -DGGML_CUDA=ON)")
+    llm = Llama(model_path=path, n_threads=threads, n_threads_batch=threads, n_ctx=2048, n_batch=512, n_ubatch=512, n_gpu_layers=gpu_layers, verbose=False)
     # the last evaluated token's logits, from the context (llama-cpp-python keeps its ``scores`` only with logits_all)
     last = lambda: int(np.ctypeslib.as_array(llm._ctx.get_logits(), shape=(llm.n_vocab(),)).argmax())
     pre, dec = [], []
@@ -73,9 +77,13 @@ _PEER = textwrap.dedent(
 )
 
 
-def llamacpp_python(given: str | None = None, install: bool = True) -> str:
+LLAMACPP_BUILDS = {"cpu": "", "hip": "-DGGML_HIP=ON", "cuda": "-DGGML_CUDA=ON"}  # llama.cpp's CMake switch for each backend
+
+
+def llamacpp_python(given: str | None = None, install: bool = True, build: str = "cpu") -> str:
     """An interpreter that can import llama_cpp: ``given``, or this one (installing llama-cpp-python,
-    a source build of several minutes, when ``install``)."""
+    a source build of several minutes, when ``install``; ``build`` picks llama.cpp's backend: cpu,
+    hip or cuda, which needs that toolkit on the machine)."""
     if given:
         return given
     import importlib.util
@@ -84,14 +92,17 @@ def llamacpp_python(given: str | None = None, install: bool = True) -> str:
         if not install:
             raise PootError("llama-cpp-python is not installed: pip install llama-cpp-python (or pass the interpreter that has it)") from None
         print("poot: installing llama-cpp-python (builds llama.cpp from source; several minutes) ...", file=sys.stderr, flush=True)
-        subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "llama-cpp-python"])
+        env = dict(os.environ, CMAKE_ARGS=(os.environ.get("CMAKE_ARGS", "") + " " + LLAMACPP_BUILDS[build]).strip())
+        subprocess.check_call([sys.executable, "-m", "pip", "install", "--quiet", "--no-cache-dir", "llama-cpp-python"], env=env)
     return sys.executable
 
 
-def measure_llamacpp(python: str, model_path: str, threads: int, prompt: Sequence[int], decode: int, rounds: int = 3) -> dict:
+def measure_llamacpp(python: str, model_path: str, threads: int, prompt: Sequence[int], decode: int, rounds: int = 3, gpu_layers: int = 0) -> dict:
     """llama.cpp on one sequence: prefill of ``prompt``, then ``decode`` greedy tokens (its own argmax
-    over the logits it returns, as poot's engine samples greedily on its device)."""
-    out = subprocess.run([python, "-c", _PEER, model_path, str(threads), json.dumps(list(prompt)), str(decode), str(rounds)], capture_output=True, text=True)
+    over the logits it returns, as poot's engine samples greedily on its device); ``gpu_layers``
+    layers offloaded to its GPU backend (-1: all), refused by a build without one."""
+    cmd = [python, "-c", _PEER, model_path, str(threads), json.dumps(list(prompt)), str(decode), str(rounds), str(gpu_layers)]
+    out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         raise PootError(f"llama.cpp run failed: {out.stderr.strip()[-500:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
