@@ -6,7 +6,7 @@ from poot.backend import Capabilities, Device, Unavailable
 
 __all__ = ["rocm_devices", "null_devices", "SUPPORTED_ARCHS"]
 
-SUPPORTED_ARCHS = ("gfx90a", "gfx942", "gfx1100")  # the AMDGCN targets codegen links code objects for
+SUPPORTED_ARCHS = ("gfx90a", "gfx942", "gfx1100", "gfx1151", "gfx1201")  # the AMDGCN targets codegen links code objects for
 # what `poot devices` says of a supported GPU: the executor has run on a simulated GPU, not on one
 STATUS = "experimental: the AQL executor is verified on a simulated GPU, not yet on AMD hardware (scripts/rocm-check)"
 

@@ -21,7 +21,7 @@ from .targets import TARGETS
 
 __all__ = ["linker", "run_rocm"]
 
-VGPRS = {"gfx90a": 512, "gfx942": 512, "gfx1100": 1536}  # vector registers a SIMD lane has (wave64 on CDNA, wave32 on RDNA 3)
+VGPRS = {"gfx90a": 512, "gfx942": 512, "gfx1100": 1536, "gfx1151": 1536, "gfx1201": 1536}  # vector registers a SIMD lane has (wave64 on CDNA, wave32 on RDNA 3)
 
 
 def linker(arch: str) -> Callable[..., None]:

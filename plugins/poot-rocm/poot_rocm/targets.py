@@ -1,5 +1,6 @@
 """The AMDGCN targets this backend brings (``poot_targets``; facts: shared/TARGETS.md): code
-objects (v5) for gfx90a, gfx942 and gfx1100, lowered by ``lowering.AmdgpuLowering`` and linked by
+objects (v5) for gfx90a and gfx942 (CDNA 2 and 3, wave64), gfx1100, gfx1151 and gfx1201 (RDNA 3,
+3.5 and 4, wave32), lowered by ``lowering.AmdgpuLowering`` and linked by
 ld.lld (``link_code_object``)."""
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ TARGETS: dict[str, Target] = {
     "amdgcn:gfx90a": _amdgcn("gfx90a", 64),
     "amdgcn:gfx942": _amdgcn("gfx942", 64),
     "amdgcn:gfx1100": _amdgcn("gfx1100", 32),
+    "amdgcn:gfx1151": _amdgcn("gfx1151", 32),  # RDNA 3.5 (Strix Halo, an APU)
+    "amdgcn:gfx1201": _amdgcn("gfx1201", 32),  # RDNA 4
 }
 
 

@@ -110,3 +110,23 @@ def test_a_malformed_code_object_is_refused_by_name():
     elf[:6] = b"\x7fELF\x02\x01"
     with pytest.raises(LoadError, match="no AMDGPU metadata"):
         read_code_object(bytes(elf), "empty.co")
+
+
+@pytest.mark.parametrize("arch", ["gfx90a", "gfx942", "gfx1100", "gfx1151", "gfx1201"])
+def test_every_target_links_a_models_kernels(arch, tmp_path, rng):
+    """Every AMDGCN target poot offers links the kernels of a synthetic Llama planned at its wave's
+    width (the wave64 plan of null:gfx942 for CDNA, the wave32 one of null:gfx1100 for RDNA), and
+    each code object reads back as that target's: its wave size, the kernel's arguments in order."""
+    from poot.testing.paged import synthetic_graph
+    from poot_rocm.targets import TARGETS
+
+    tgt = TARGETS[f"amdgcn:{arch}"]
+    g, _ = synthetic_graph("llama", tmp_path / "llama", int(rng.integers(0, 2**31)))
+    plan = compile_plan(g, get_device("null:gfx942" if tgt.subgroup == 64 else "null:gfx1100"))
+    kernels = {repr(l.kernel): l.kernel for l in plan.launches}
+    for k in kernels.values():
+        data = compile_kernel(k, tgt).data
+        assert data[:4] == b"\x7fELF"
+        info = read_code_object(data, k.name)[k.name]
+        assert info.wavefront == tgt.subgroup and [a.name for a in info.args] == [p.name for p in k.params], (arch, k.name)
+    assert len(kernels) > 10
