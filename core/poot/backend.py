@@ -17,7 +17,9 @@ What is here, by the stage it serves:
   device's kernel runner raises once a test's kernel is compiled and assembled);
 - Kernel IR and codegen: ``Kernel``, ``Buffer``, ``kir`` (the Kernel IR module: its expressions
   and statements), ``TargetStmt`` (the base of a target's own statements, checked through a
-  ``StmtCheck``), ``verify_kernel``, ``KernelLowering`` (the generic lowering a target subclasses),
+  ``StmtCheck``), ``verify_kernel``, ``KernelLowering`` (the generic lowering a target subclasses)
+  and ``lower_kernel`` (Kernel IR to an LLVM module for a target), ``grid_to_loops`` (a kernel as
+  one thread of work over a range of its workgroups, with ``group_range``/``GROUPS``),
   ``target``/``backend_targets`` (targets by name), ``CompileError``, ``dtypes``, ``kernel``/``Out``/``i32`` (the kernel
   language), ``movement`` (the copy kernels), ``uses_subgroups``, ``compile_kernel``, ``Target``,
   ``TARGETS``, ``host_target``, ``spirv_target``, ``spirv_target_for`` (a device's SPIR-V target), ``shared_layout``, ``CODEGEN_VERSION``,
@@ -72,6 +74,10 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "StmtCheck": ("poot.kernel.verify", "StmtCheck"),
     "verify_kernel": ("poot.kernel.verify", "verify_kernel"),
     "KernelLowering": ("poot.codegen.lower", "KernelLowering"),
+    "lower_kernel": ("poot.codegen.lower", "lower_kernel"),
+    "grid_to_loops": ("poot.kernel.loops", "grid_to_loops"),
+    "group_range": ("poot.kernel.loops", "group_range"),
+    "GROUPS": ("poot.kernel.loops", "GROUPS"),
     "CompileError": ("poot.codegen.compile", "CompileError"),
     "target": ("poot.codegen.targets", "target"),
     "backend_targets": ("poot.codegen.targets", "backend_targets"),
