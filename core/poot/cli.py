@@ -385,7 +385,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         f"step inputs {_fmt_bytes(sum(sp.nbytes(k, graph.inputs()[nm].dtype) for nm, k in sp.inputs.items()))}, "
         f"KV pools {_fmt_bytes(sum(a.nbytes for a in shapes.values()))} for {args.context} positions, weights {_fmt_bytes(weights)} (bound in place)"
     )
-    if args.compile:
+    from .plugins import host
+
+    report = host().hook.poot_plan_report(device=device, plan=plan, env=env, compile=args.compile)
+    if report is not None:
+        print(f"\n{report}")
+    elif args.compile:
         _compile_plan_kernels(plan, device)
     return 0
 

@@ -90,6 +90,15 @@ def poot_plan_schedules(device: "Device") -> Any:
 
 
 @hookspec(firstresult=True)
+def poot_plan_report(device: "Device", plan: Any, env: Any, compile: bool) -> Any:
+    """Return what ``poot plan`` prints after the plan's listing for ``device`` (the launches an
+    offloading device takes, how far its compile stages go, where they stop and why), or None. With
+    ``compile`` (``poot plan --compile``) the backend compiles what it takes itself, and the other
+    launches are compiled for the host.
+    """
+
+
+@hookspec(firstresult=True)
 def poot_kernel_runner(device: "Device") -> Any:
     """Return ``run(kernel, grid, buffers, scalars)`` that runs one Kernel IR kernel on ``device``
     with numpy arrays in and out (outputs copied back into the arrays given), or None.

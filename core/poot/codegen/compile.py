@@ -51,7 +51,14 @@ def _dump(name: str, stage: str, data: str | bytes) -> None:
 
 
 def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
-    """Run LLVM on ``ir_text`` for ``tgt`` (in this process): (artifact bytes, optimised IR)."""
+    """Run LLVM on ``ir_text`` for ``tgt`` (in this process): (artifact bytes, optimised IR); a
+    target with a toolchain of its own (``Target.emit``) gets the IR as lowered."""
+    if tgt.emit:
+        try:
+            emit = import_ref(tgt.emit)
+        except (ImportError, AttributeError) as e:
+            raise CompileError(f"target {tgt.key}: its toolchain step {tgt.emit} cannot be loaded ({e}): is its backend installed?") from None
+        return emit(ir_text, tgt, name), ir_text
     import llvmlite.binding as llvm
 
     llvm.initialize_all_targets()
@@ -147,7 +154,7 @@ def _cache_dir() -> Path:
 
 
 @functools.cache
-def _codegen_source_hash(lowering: str = "", link: str = "") -> str:
+def _codegen_source_hash(lowering: str = "", link: str = "", emit: str = "") -> str:
     """Artifacts depend on the stages after LLVM IR too (post-passes, a target's link step): their
     source is in the key, with the kernel-layer helpers the lowering expands (f16 rounding and
     encoding, half widening) and the modules of the target's own lowering and link step."""
@@ -156,7 +163,7 @@ def _codegen_source_hash(lowering: str = "", link: str = "") -> str:
     h = hashlib.sha256()
     here = Path(__file__).parent
     files = [*sorted(here.glob("*.py")), here.parent / "kernel" / "library" / "elementwise.py", here.parent / "kernel" / "translate.py"]
-    for ref in (lowering, link):
+    for ref in (lowering, link, emit):
         try:
             spec = importlib.util.find_spec(ref.partition(":")[0]) if ref else None
         except (ImportError, ValueError):  # its package is missing: lowering it refuses, naming it
@@ -174,7 +181,7 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
 
     # a dump shows every stage, so it compiles afresh: a cache hit would skip the later ones
     use_cache = use_cache and not os.environ.get("POOT_DUMP")
-    stamp = [CODEGEN_VERSION, _codegen_source_hash(tgt.lowering, tgt.link), llvmlite.__version__, tgt.key, tgt.triple, tgt.features]
+    stamp = [CODEGEN_VERSION, _codegen_source_hash(tgt.lowering, tgt.link, tgt.emit), llvmlite.__version__, tgt.key, tgt.triple, tgt.features]
     # by the kernel itself first (Kernel IR is a deterministic value): a hit skips lowering too
     fast = _cache_dir() / "by-kernel" / (hashlib.sha256("\n".join(stamp + [repr(k)]).encode()).hexdigest() + f".{tgt.artifact}")
     if use_cache and fast.exists():
@@ -197,7 +204,7 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
             # duplicate labels (about one compile in thirty). Each SPIR-V module gets a fresh worker.
             _POOL.retire()
     _dump(k.name, f"{tgt.name}.opt.ll", opt_ir)
-    _dump(k.name, f"{tgt.name}.{ {'ptx': 'ptx', 'object': 'o', 'code-object': 'hsaco', 'spirv': 'spv'}[tgt.artifact] }", data)
+    _dump(k.name, f"{tgt.name}.{ {'ptx': 'ptx', 'object': 'o', 'code-object': 'hsaco', 'spirv': 'spv'}.get(tgt.artifact, 'bin') }", data)
     if use_cache:
         _store(path, data)
         _store(fast, data)

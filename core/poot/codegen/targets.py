@@ -44,6 +44,10 @@ class Target:
     # bytes: a linker run, say); "": the object (or assembly) is the artifact
     link: str = ""
     reloc: str = "default"  # LLVM's relocation model: "pic" for shared objects
+    # "module:function" that turns the kernel's LLVM IR into its artifact with a toolchain of the
+    # backend's own (function(ir text, target, kernel name) -> bytes), for a target the LLVM here
+    # has no backend for (AIE: AMD's Peano); "": LLVM here optimises and emits it
+    emit: str = ""
 
     @property
     def key(self) -> str:

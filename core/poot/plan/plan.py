@@ -55,6 +55,7 @@ class Launch:
     when: Callable[[Env], bool] | None = None  # a schedule for some shapes only: exactly one of a node's launches runs
     label: str = ""  # what the launch computes when it is more than its node's op (a recognised pattern)
     variant: Callable[..., K.Kernel] | None = None  # the call that made ``kernel``: a later pass may make it with more options
+    place: str = ""  # where it runs: "" on the plan's device; "host" on the host CPU (an offloading device serves only some ops)
 
 
 def _name(graph_names: Mapping[tuple[int, int], str], key: tuple[int, int], v_type: object) -> str:
@@ -132,7 +133,8 @@ class Plan:
                 (reads if p.readonly else writes).append(label)
             grid = "x".join(str(d) for d in l.grid(env)) if env is not None else "by shape"
             cond = f" [{getattr(l.when, 'doc', 'some shapes')}]" if l.when is not None and env is None else ""
-            lines.append(f"{i:4d} {l.label or l.node.op:11s} {l.kernel.name}{cond}  grid {grid}\n       {', '.join(reads)} -> {', '.join(writes)}")
+            where = f" [on {l.place}]" if l.place else ""
+            lines.append(f"{i:4d} {l.label or l.node.op:11s} {l.kernel.name}{cond}{where}  grid {grid}\n       {', '.join(reads)} -> {', '.join(writes)}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
