@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -89,10 +90,10 @@ def test_compile_only_devices_come_from_the_backends_and_are_listed():
     from poot.runtime import null_devices
 
     nulls = {d.name: d for d in null_devices()}
-    assert {"null:sm_80", "null:sm_90a", "null:gfx942", "null:vulkan"} <= set(nulls)
-    assert {d.plugin for d in nulls.values()} == {"ptx", "rocm", "vulkan"}
+    assert {"null:sm_80", "null:sm_90a", "null:gfx942", "null:gfx1100", "null:vulkan", "null:xdna2"} <= set(nulls)
+    assert {d.plugin for d in nulls.values()} == {"ptx", "rocm", "vulkan", "npu"}
     assert get_device("NULL:SM_90A") == nulls["null:sm_90a"] and nulls["null:sm_90a"].target == "nvptx"
-    with pytest.raises(UnknownDevice, match=r"unknown compile-only device 'null:sm_70'. Known: null:sm_80, null:sm_90a"):
+    with pytest.raises(UnknownDevice, match=r"unknown compile-only device 'null:sm_70'. Known: (null:\w+, )*null:sm_80, null:sm_90a"):
         get_device("null:sm_70")
     table = subprocess.run([sys.executable, "-m", "poot.cli", "devices"], capture_output=True, text=True, timeout=120, check=True).stdout
-    assert "compile-only, for `poot plan MODEL --device NAME --compile`: null:sm_80, null:sm_90a" in table
+    assert re.search(r"compile-only, for `poot plan MODEL --device NAME --compile`: (null:\w+, )*null:sm_80, null:sm_90a", table)
