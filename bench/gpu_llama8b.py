@@ -8,7 +8,10 @@ and random bf16 weights: one random layer's tensors written for every layer (eac
 tensor in the files and in device memory, so nothing is shared or cached between layers), random
 embeddings and output head. The Q4_K model is that model quantized to Q4_K (norms kept f32), with
 poot's quantizer; ``--q4-k-m`` adds it quantized as llama.cpp's Q4_K_M mixes types (the output head,
-and v and down in every second layer, at Q6_K), what a downloaded Q4_K_M file holds. Figures are medians of rounds after a warm-up; the decode roofline is the
+and v and down in every second layer, at Q6_K), what a downloaded Q4_K_M file holds.
+``--vs-llamacpp SRC`` runs llama.cpp's CUDA build on the same GGUF files in the same run
+(``llama-bench`` for batch 1 and prefill, ``llama-batched-bench`` with 128-token prompts for the
+larger batches; poot's batches decode after 16-token prompts). Figures are medians of rounds after a warm-up; the decode roofline is the
 weight bytes a token reads divided by the copy bandwidth (bytes read plus bytes written per second
 of a large device-to-device copy).
 """
@@ -379,11 +382,20 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
-    ap.add_argument("--only", choices=["bf16", "q4_k", "q4_k_m"], help="measure one of poot's models")
+    ap.add_argument("--only", nargs="+", choices=["bf16", "q4_k", "q4_k_m"], help="measure only these of poot's models")
     ap.add_argument(
         "--q4-k-m", action="store_true", help="also the model quantized as llama.cpp's Q4_K_M mixes types (Q6_K head, v and down in half the layers)"
     )
     ap.add_argument("--json", help="write the figures here too")
+    ap.add_argument(
+        "--vs-llamacpp",
+        metavar="SRC",
+        type=Path,
+        help="llama.cpp's source (a tarball, its tree, or llama-cpp-python's sdist folder): built once for CUDA (bench/llamacpp_cuda.py) "
+        "and run on the same GGUF files (Q4_K, and the Q4_K_M mix with --q4-k-m): one table with both sides",
+    )
+    ap.add_argument("--llamacpp-dir", type=Path, default=Path("/tmp/llamacpp-cuda"), help="where llama.cpp is built (kept for the next run)")
+    ap.add_argument("--llamacpp-arch", default="90a", help="the CUDA architecture llama.cpp is built for")
     ap.add_argument(
         "--matmul-precision",
         nargs="+",
@@ -410,9 +422,10 @@ def main() -> None:
     dims = SMALL if args.small else LLAMA3_8B
     d = Path(args.dir) / f"{'small' if args.small else '8b'}-L{args.layers}"
     bf16_dir, q4k, q4km = d / "bf16", d / "q4_k.gguf", d / "q4_k_m.gguf"
-    want_mix = args.q4_k_m or args.only == "q4_k_m"
-    need_bf16 = not (bf16_dir / "model.safetensors").exists() and (args.only not in ("q4_k", "q4_k_m") or not args.no_peer)
-    need_q4k = not q4k.exists() and args.only in (None, "q4_k")
+    only = set(args.only or ("bf16", "q4_k", "q4_k_m"))
+    want_mix = args.q4_k_m or (args.only is not None and "q4_k_m" in only)
+    need_bf16 = not (bf16_dir / "model.safetensors").exists() and ("bf16" in only or not args.no_peer)
+    need_q4k = not q4k.exists() and "q4_k" in only
     need_mix = not q4km.exists() and want_mix
     if need_bf16 or need_q4k or need_mix:
         say(f"writing the models under {d}")
@@ -433,7 +446,7 @@ def main() -> None:
     if not args.no_peer:
         res["transformers"] = measure_transformers(bf16_dir, dims.vocab, args.batches, args.prefill, args.rounds)
     for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256), ("q4_k_m", q4km, 0.0)):
-        if (args.only and args.only != name) or (name == "q4_k_m" and not want_mix):
+        if name not in only or (name == "q4_k_m" and not want_mix):
             continue
         res[f"poot_{name}"] = r = measure_poot(
             path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0], args.kv_dtype
@@ -442,12 +455,12 @@ def main() -> None:
             roof = bw / (decode_weight_bytes(dims, args.layers, bpv) if bpv else mixed_weight_bytes(dims, args.layers))
             res[f"roofline_{name}"] = roof
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
-    extra = args.matmul_precision[1:] if args.only in (None, "bf16") else []
+    extra = args.matmul_precision[1:] if "bf16" in only else []
     for prec in extra:  # the bf16 model at the other precisions: only the steps of more than 4 rows differ
         res[f"poot_bf16_{prec}"] = measure_poot(
             bf16_dir, dims.vocab, args.device, [b for b in args.batches if b > 4] or [1], args.prefill, args.rounds, args.profile, prec, args.kv_dtype
         )
-    models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)) if (not args.only or args.only == n) and (n != "q4_k_m" or want_mix)]
+    models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)) if n in only and (n != "q4_k_m" or want_mix)]
     for name, path in models:  # the same model's batch-1 decode on the other devices
         for other in args.also:
             try:
@@ -460,9 +473,35 @@ def main() -> None:
             base = res.get(f"poot_{name}", {}).get("decode_b1")  # type: ignore[union-attr]
             if base:
                 say(f"{other}: {name} batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / base:.2f}x {args.device}'s")
+    if args.vs_llamacpp:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import llamacpp_cuda as lc
+
+        bindir = lc.build(args.vs_llamacpp, args.llamacpp_dir, args.llamacpp_arch)
+        res["llamacpp_version"] = lc.version(bindir)
+        for name, path in (("q4_k", q4k), ("q4_k_m", q4km)):
+            if f"poot_{name}" not in res:
+                continue
+            say(f"llama.cpp: {name}: llama-bench and llama-batched-bench")
+            peer = lc.llama_bench(bindir, path, args.prefill, 128, args.rounds)
+            more = [b for b in args.batches if b > 1]
+            if more:
+                peer.update({f"decode_b{b}": v for b, v in lc.batched_bench(bindir, path, more).items()})
+            if args.prefill:
+                peer[f"prefill_{args.prefill}"] = peer.pop("prefill")
+            res[f"llamacpp_{name}"] = peer
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
+    if args.vs_llamacpp:
+        print(f"\n| file | measure | poot | llama.cpp CUDA ({res['llamacpp_version']}) | poot / llama.cpp |")
+        print("|---|---|---|---|---|")
+        for name in ("q4_k", "q4_k_m"):
+            ours, peer = res.get(f"poot_{name}", {}), res.get(f"llamacpp_{name}", {})
+            for key in [f"decode_b{b}" for b in args.batches] + ([f"prefill_{args.prefill}"] if args.prefill else []):
+                a, b = ours.get(key), peer.get(key)  # type: ignore[union-attr]
+                if a and b:
+                    print(f"| {name} | {key} tok/s | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
     # the short table
     hf = res.get("transformers", {})
     first = args.matmul_precision[0]
