@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
-from poot.backend import Plan, compile_kernel, grid_to_loops, host_target, lower_kernel
+import numpy as np
+
+from poot.backend import Plan, compile_kernel, grid_to_loops, group_range, host_target, lower_kernel
 from poot.errors import Refusal
 from poot.plan.schedules import Schedules
 
@@ -23,7 +26,7 @@ from .stages import AieCoreObject, BufferPlacement, CorePlacement, LinkedArtifac
 from .targets import CORE_MEMORY
 from .toolchain import ToolchainMissing, require_toolchain
 
-__all__ = ["NpuSchedules", "served", "offloaded", "report", "COLUMNS"]
+__all__ = ["NpuSchedules", "served", "offloaded", "report", "core_plan", "core_ranges", "COLUMNS"]
 
 COLUMNS = 8  # an XDNA2 array's columns given to one launch: a core a column (row 2, the first compute row)
 
@@ -109,9 +112,8 @@ def link_recipe(plan: Plan, env: Mapping[str, int], mine: list[int], objects: li
     for i in mine:
         launch = plan.launches[i]
         abi = shape_abi(plan, i, env)
-        per = -(-abi.tiles // COLUMNS)
-        for c in range(min(COLUMNS, abi.tiles)):
-            cores.append(CorePlacement(launch.kernel.name, c, 2, (c * per, min(abi.tiles, (c + 1) * per))))
+        for c, groups in enumerate(core_ranges(abi.tiles)):
+            cores.append(CorePlacement(launch.kernel.name, c, 2, groups))
         for a in abi.args:
             if a.kind == "buffer":
                 buffers.setdefault(a.name, BufferPlacement(a.name, "host", 0))
@@ -138,3 +140,33 @@ def link(recipe: LinkRecipe, abi: list[Any]) -> LinkedArtifact:
         if r.returncode:
             raise Refusal("link", recipe.target, f"ld.lld failed: {r.stderr.strip()[-800:]}")
         return LinkedArtifact(recipe, tuple(abi), out.read_bytes())
+
+
+def core_ranges(tiles: int, cores: int = COLUMNS) -> list[tuple[int, int]]:
+    """The workgroups [start, stop) each of ``cores`` cores runs of a launch of ``tiles`` (as the
+    link recipe places them: a core a column, consecutive ranges)."""
+    per = -(-tiles // cores)
+    return [(c * per, min(tiles, (c + 1) * per)) for c in range(cores) if c * per < tiles]
+
+
+def core_plan(plan: Plan, cores: int = COLUMNS) -> Plan:
+    """``plan`` as the NPU's cores run it: each launch the NPU takes becomes, for each core, its
+    looped kernel over that core's range of workgroups; the host's launches stay as they are. The
+    looped kernels compile for any LLVM target, so the host runs this plan as the NPU would split
+    it: how the offload is checked without an NPU."""
+    launches = []
+    for launch in plan.launches:
+        if launch.place:
+            launches.append(launch)
+            continue
+        looped = grid_to_loops(launch.kernel)
+        for c in range(cores):
+
+            def scalars(env, launch=launch, c=c):  # type: ignore[no-untyped-def]
+                grid = tuple(launch.grid(env))
+                ranges = core_ranges(int(np.prod(grid)), cores)
+                start, stop = ranges[c] if c < len(ranges) else (0, 0)
+                return {**launch.scalars(env), **group_range(grid, start, stop)}
+
+            launches.append(replace(launch, kernel=looped, grid=lambda env: (1,), scalars=scalars, variant=None))
+    return replace(plan, launches=launches)
