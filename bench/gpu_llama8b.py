@@ -295,9 +295,9 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
     if not hasattr(ex, "profile"):
         say(f"profile: {type(ex).__name__} has no per-launch timing; not profiled")
         return
-    replay, seen = ex.replay, set()
+    replay, launch, seen = ex.replay, ex.launch, set()
 
-    def profiled(step, inputs):  # type: ignore[no-untyped-def]
+    def once(step, inputs):  # type: ignore[no-untyped-def]
         if id(step) not in seen:
             seen.add(id(step))
             times = ex.profile(step, inputs)
@@ -323,9 +323,16 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
                 for name, _ in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
                     saved = whole - ex.graph_seconds(step, lambda n, name=name: n == name)
                     say(f"    {saved * 1e3:8.3f} ms  {name} ({sum(n == name for n, _ in times)} launches)")
+
+    def profiled(step, inputs):  # type: ignore[no-untyped-def]
+        once(step, inputs)
         return replay(step, inputs)
 
-    ex.replay = profiled
+    def profiled_launch(step, inputs, keep=()):  # type: ignore[no-untyped-def]
+        once(step, inputs)  # the engine queues steps through launch on an asynchronous executor
+        return launch(step, inputs, keep)
+
+    ex.replay, ex.launch = profiled, profiled_launch
 
 
 def measure_poot(
