@@ -164,7 +164,7 @@ def sample(
         lo = -2147483647 - 1
         hi = 2147483647
         if k > 0 and k < vocab:
-            for _ in static_range(32):
+            for _ in range(32):
                 mid = (lo >> 1) + (hi >> 1) + (((lo & 1) + (hi & 1) + 1) >> 1)  # ceil((lo + hi) / 2), no i32 overflow
                 n = 0
                 for i in range(t, vocab, BLOCK):
@@ -193,7 +193,7 @@ def sample(
             reduce_shared(red, "add")
             total = red[0]
             barrier()
-            for _ in static_range(32):
+            for _ in range(32):
                 mid2 = (plo >> 1) + (phi >> 1) + (((plo & 1) + (phi & 1) + 1) >> 1)
                 acc = 0.0
                 for i in range(t, vocab, BLOCK):
