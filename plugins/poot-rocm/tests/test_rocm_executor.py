@@ -92,8 +92,8 @@ def test_smollm2_through_aql_packets_matches_the_oracle(sim, smollm2_path, rng):
 def test_packets_of_a_subgroup_plan_point_at_its_buffers(sim, smollm2_path, arch):
     """SmolLM2's decode step planned for null:ARCH itself (wave64 / wave32 subgroup kernels, which
     the host cannot run): captured and published, every packet's kernel is loaded, its workgroup is
-    the kernel's, and every buffer address it passes lies inside device memory for all the bytes the
-    launch's value takes."""
+    the kernel's, its kernel arguments lie in kernarg memory, and every buffer address among them
+    lies inside an allocation of device memory."""
     from poot.backend import get_device, storage_dtype
     from poot.graph.dims import Dim
     from poot.graph.passes import DEFAULT_PASSES, PassManager
