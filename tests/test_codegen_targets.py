@@ -60,6 +60,51 @@ def test_second_compile_is_a_cache_hit(tmp_path, monkeypatch):
     assert not first.cached and second.cached and first.data == second.data
 
 
+def test_kernels_compiled_together_are_the_ones_compiled_alone(tmp_path, monkeypatch):
+    # compile_kernels runs several workers at once: every artifact comes back in the kernels' order,
+    # with the bytes a lone compile gives, and lands in the cache
+    from poot.codegen import compile_kernels
+
+    monkeypatch.setenv("POOT_CACHE", str(tmp_path / "together"))
+    ks, tgt = KERNELS[:6], target("nvptx:sm_90")
+    together = compile_kernels(ks, tgt, jobs=3)
+    assert [a.kernel for a in together] == [k.name for k in ks] and not any(a.cached for a in together)
+    assert all(a.cached for a in compile_kernels(ks, tgt, jobs=3))
+    monkeypatch.setenv("POOT_CACHE", str(tmp_path / "alone"))
+    assert [a.data for a in together] == [compile_kernel(k, tgt).data for k in ks]
+
+
+def test_compile_jobs_come_from_the_environment(monkeypatch):
+    from poot.codegen.compile import compile_jobs
+    from poot.errors import PootError
+
+    monkeypatch.setenv("POOT_COMPILE_JOBS", "3")
+    assert compile_jobs() == 3
+    monkeypatch.setenv("POOT_COMPILE_JOBS", "none")
+    with pytest.raises(PootError, match="POOT_COMPILE_JOBS='none'"):
+        compile_jobs()
+
+
+def test_a_kernel_without_the_loop_vectorizer_is_its_own_artifact(tmp_path, monkeypatch):
+    # the loop vectorizer's switch is not in the IR text, so it is in the cache key: the two
+    # compiles of one kernel differ (the host's 16-lane loop stays scalar without it) and neither
+    # is the other's cache hit
+    import dataclasses
+
+    from poot.codegen import host_target
+
+    monkeypatch.setenv("POOT_CACHE", str(tmp_path))
+    loop = K.For(
+        "i", K.const(0), K.Ref("n", K.i32), (K.Store("y", K.Ref("i", K.i32), K.Bin("mul", K.Load("x", K.Ref("i", K.i32), dt.f32), K.Const(2.0, dt.f32))),)
+    )
+    params = (K.Buffer("x", dt.f32), K.Buffer("y", dt.f32, readonly=False), K.ScalarParam("n", K.i32))
+    k = K.Kernel("scale", params, (loop,), (1, 1, 1))
+    plain = dataclasses.replace(k, loop_vectorize=False)
+    a, b = compile_kernel(k, host_target()), compile_kernel(plain, host_target())
+    assert not a.cached and not b.cached and a.data != b.data
+    assert compile_kernel(plain, host_target()).cached
+
+
 def test_dump_stages(tmp_path, monkeypatch):
     monkeypatch.setenv("POOT_DUMP", str(tmp_path))
     compile_kernel(KERNELS[0], target("nvptx:sm_90"), use_cache=False)

@@ -21,7 +21,7 @@ What is here, by the stage it serves:
   and ``lower_kernel`` (Kernel IR to an LLVM module for a target), ``grid_to_loops`` (a kernel as
   one thread of work over a range of its workgroups, with ``group_range``/``GROUPS``),
   ``target``/``backend_targets`` (targets by name), ``CompileError``, ``dtypes``, ``kernel``/``Out``/``i32`` (the kernel
-  language), ``movement`` (the copy kernels), ``uses_subgroups``, ``compile_kernel``, ``Target``,
+  language), ``movement`` (the copy kernels), ``uses_subgroups``, ``compile_kernel`` (``compile_kernels``: many at once), ``Target``,
   ``TARGETS``, ``host_target``, ``spirv_target``, ``spirv_target_for`` (a device's SPIR-V target), ``shared_layout``, ``CODEGEN_VERSION``,
   ``HostKernel`` (a host object loaded in-process), and SPIR-V's binding layout (``SPIRV_ENTRY``,
   ``SPIRV_SCALARS``, ``spirv_bindings``, ``spirv_scalar_words``, ``spirv_for_wgpu``);
@@ -89,6 +89,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "movement": ("poot.kernel.library", "movement"),
     "uses_subgroups": ("poot.kernel.verify", "uses_subgroups"),
     "compile_kernel": ("poot.codegen", "compile_kernel"),
+    "compile_kernels": ("poot.codegen", "compile_kernels"),
     "Target": ("poot.codegen", "Target"),
     "TARGETS": ("poot.codegen", "TARGETS"),
     "host_target": ("poot.codegen", "host_target"),

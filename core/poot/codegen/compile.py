@@ -15,6 +15,7 @@ import pickle
 import struct
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,7 +24,7 @@ from ..kernel.ir import Kernel
 from .lower import lower_kernel
 from .targets import Target, import_ref
 
-__all__ = ["CompileError", "Artifact", "compile_kernel", "compile_ir", "CODEGEN_VERSION"]
+__all__ = ["CompileError", "Artifact", "compile_kernel", "compile_kernels", "compile_jobs", "compile_ir", "CODEGEN_VERSION"]
 
 CODEGEN_VERSION = "2"
 
@@ -50,9 +51,10 @@ def _dump(name: str, stage: str, data: str | bytes) -> None:
     (p / f"{name}.{stage}").write_bytes(data if isinstance(data, bytes) else data.encode())
 
 
-def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
+def compile_ir(ir_text: str, tgt: Target, name: str, loop_vectorize: bool = True) -> tuple[bytes, str]:
     """Run LLVM on ``ir_text`` for ``tgt`` (in this process): (artifact bytes, optimised IR); a
-    target with a toolchain of its own (``Target.emit``) gets the IR as lowered."""
+    target with a toolchain of its own (``Target.emit``) gets the IR as lowered. ``loop_vectorize``
+    False keeps LLVM's loop vectorizer off (``Kernel.loop_vectorize``)."""
     if tgt.emit:
         try:
             emit = import_ref(tgt.emit)
@@ -75,7 +77,7 @@ def compile_ir(ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
     mod.triple = tgt.triple
     mod.data_layout = str(tm.target_data)
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
+    pto.loop_vectorization = loop_vectorize
     pto.slp_vectorization = True
     pb = llvm.create_pass_builder(tm, pto)
     pb.getModulePassManager().run(mod, pb)
@@ -120,9 +122,9 @@ class _Worker:
             if pipe is not None:
                 pipe.close()
 
-    def run(self, ir_text: str, tgt: Target, name: str) -> tuple[bytes, str]:
+    def run(self, ir_text: str, tgt: Target, name: str, loop_vectorize: bool = True) -> tuple[bytes, str]:
         proc = self._start()
-        msg = pickle.dumps((ir_text, tgt, name))
+        msg = pickle.dumps((ir_text, tgt, name, loop_vectorize))
         try:
             assert proc.stdin is not None and proc.stdout is not None
             proc.stdin.write(struct.pack("<Q", len(msg)) + msg)
@@ -175,13 +177,25 @@ def _codegen_source_hash(lowering: str = "", link: str = "", emit: str = "") -> 
     return h.hexdigest()[:16]
 
 
-def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
-    """Lower, optimise and emit ``k`` for ``tgt``; a second compile of the same kernel is a cache hit."""
+@dataclass(frozen=True)
+class _Pending:
+    """A kernel lowered to LLVM IR and missing from the cache: what its compile needs and where its
+    artifact is kept."""
+
+    kernel: Kernel
+    ir_text: str
+    paths: tuple[Path, ...]  # by IR, by kernel (empty: not cached)
+
+
+def _lookup(k: Kernel, tgt: Target, use_cache: bool) -> Artifact | _Pending:
+    """``k``'s artifact from the cache, or the kernel lowered and ready to compile."""
     import llvmlite
 
     # a dump shows every stage, so it compiles afresh: a cache hit would skip the later ones
     use_cache = use_cache and not os.environ.get("POOT_DUMP")
     stamp = [CODEGEN_VERSION, _codegen_source_hash(tgt.lowering, tgt.link, tgt.emit), llvmlite.__version__, tgt.key, tgt.triple, tgt.features]
+    if not k.loop_vectorize:  # (the IR text does not say it)
+        stamp.append("no-loop-vectorize")
     # by the kernel itself first (Kernel IR is a deterministic value): a hit skips lowering too
     fast = _cache_dir() / "by-kernel" / (hashlib.sha256("\n".join(stamp + [repr(k)]).encode()).hexdigest() + f".{tgt.artifact}")
     if use_cache and fast.exists():
@@ -195,20 +209,85 @@ def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
         data = path.read_bytes()
         _store(fast, data)
         return Artifact(k.name, tgt.key, tgt.artifact, data, cached=True)
+    return _Pending(k, ir_text, (path, fast) if use_cache else ())
+
+
+def _build(job: _Pending, tgt: Target, worker: _Worker) -> Artifact:
+    """Compile ``job`` in ``worker`` and keep its artifact in the cache."""
+    k = job.kernel
     try:
-        data, opt_ir = _POOL.run(ir_text, tgt, k.name)
+        data, opt_ir = worker.run(job.ir_text, tgt, k.name, k.loop_vectorize)
     finally:
         if tgt.artifact == "spirv":
             # LLVM 22's SPIR-V backend keeps a block -> label-id table in process-wide state keyed by
             # MachineFunction address; a later module can inherit earlier ids and come out with
             # duplicate labels (about one compile in thirty). Each SPIR-V module gets a fresh worker.
-            _POOL.retire()
+            worker.retire()
     _dump(k.name, f"{tgt.name}.opt.ll", opt_ir)
     _dump(k.name, f"{tgt.name}.{ {'ptx': 'ptx', 'object': 'o', 'code-object': 'hsaco', 'spirv': 'spv'}.get(tgt.artifact, 'bin') }", data)
-    if use_cache:
+    for path in job.paths:
         _store(path, data)
-        _store(fast, data)
     return Artifact(k.name, tgt.key, tgt.artifact, data)
+
+
+def compile_kernel(k: Kernel, tgt: Target, use_cache: bool = True) -> Artifact:
+    """Lower, optimise and emit ``k`` for ``tgt``; a second compile of the same kernel is a cache hit."""
+    found = _lookup(k, tgt, use_cache)
+    return found if isinstance(found, Artifact) else _build(found, tgt, _POOL)
+
+
+def compile_jobs() -> int:
+    """Compile workers ``compile_kernels`` runs at once: ``POOT_COMPILE_JOBS``, else the CPUs this
+    process may run on."""
+    env = os.environ.get("POOT_COMPILE_JOBS", "").strip()
+    if env:
+        try:
+            jobs = int(env)
+        except ValueError:
+            raise PootError(f"POOT_COMPILE_JOBS={env!r}: give a whole number of compile workers (1 or more)") from None
+        if jobs < 1:
+            raise PootError(f"POOT_COMPILE_JOBS={env!r}: give a whole number of compile workers (1 or more)")
+        return jobs
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # (not on every platform)
+        return os.cpu_count() or 1
+
+
+def compile_kernels(kernels: Sequence[Kernel], tgt: Target, progress: bool = False, jobs: int | None = None) -> list[Artifact]:
+    """``compile_kernel`` of each of ``kernels`` (their artifacts in order): cache hits first, then
+    the rest in ``jobs`` worker processes at once (``compile_jobs()``), the largest modules first, so
+    that a plan's first load waits for its longest compiles side by side rather than one after
+    another. ``progress``: a bar on a terminal (``compile_progress``)."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from ..runtime.progress import compile_progress
+
+    found = [_lookup(k, tgt, True) for k in kernels]
+    todo = sorted((i for i, f in enumerate(found) if isinstance(f, _Pending)), key=lambda i: -len(found[i].ir_text))  # type: ignore[union-attr]
+    out: list[Artifact | None] = [f if isinstance(f, Artifact) else None for f in found]
+    if not todo:
+        return out  # type: ignore[return-value]
+    n = max(1, min(jobs or compile_jobs(), len(todo)))
+    workers = [_POOL] + [_Worker() for _ in range(n - 1)]
+    free = list(workers)
+
+    def one(i: int) -> tuple[int, Artifact]:
+        w = free.pop()  # (list.pop and append are atomic: each thread holds one worker at a time)
+        try:
+            return i, _build(found[i], tgt, w)  # type: ignore[arg-type]
+        finally:
+            free.append(w)
+
+    try:
+        with ThreadPoolExecutor(n) as ex:
+            for fut in compile_progress(as_completed([ex.submit(one, i) for i in todo]), progress, len(todo)):
+                i, art = fut.result()
+                out[i] = art
+    finally:
+        for w in workers[1:]:
+            w.retire()
+    return out  # type: ignore[return-value]
 
 
 def _store(path: Path, data: bytes) -> None:

@@ -32,6 +32,7 @@ The translation itself (syntax tree to Kernel IR) is ``poot.kernel.translate``.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import textwrap
 from collections.abc import Callable
@@ -83,12 +84,10 @@ def _source(fn: Callable[..., Any], what: str) -> tuple[ast.FunctionDef, str, in
 class KernelTemplate:
     """A kernel as written; ``instantiate(**constants)`` gives verified Kernel IR."""
 
-    def __init__(self, fn: Callable[..., Any], workgroup: tuple[int | str, int | str, int | str], name: str | None) -> None:
-        self.fn, self.workgroup = fn, workgroup
+    def __init__(self, fn: Callable[..., Any], workgroup: tuple[int | str, int | str, int | str], name: str | None, loop_vectorize: bool = True) -> None:
+        self.fn, self.workgroup, self.loop_vectorize = fn, workgroup, loop_vectorize
         self._instances: dict[tuple[tuple[str, str], ...], ir.Kernel] = {}
         self.name = name or fn.__name__
-        self.tree, self.file, self.line0 = _source(fn, "@kernel")
-        fdef = self.tree
         sig = inspect.signature(fn)
         hints = inspect.get_annotations(fn, eval_str=True)
         self.params: list[tuple[str, Any, Any]] = []
@@ -96,9 +95,27 @@ class KernelTemplate:
             ann = hints.get(p.name)
             if ann is None:
                 raise KernelSyntaxError(
-                    f"{self.file}:{self.line0 + fdef.lineno - 1}: parameter '{p.name}' needs an annotation (In[T], Out[T], a dtype, or Const)"
+                    f"{self.file}:{self.line0 + self.tree.lineno - 1}: parameter '{p.name}' needs an annotation (In[T], Out[T], a dtype, or Const)"
                 )
             self.params.append((p.name, ann, p.default))
+
+    @functools.cached_property
+    def _parsed(self) -> tuple[ast.FunctionDef, str, int]:
+        # read when first instantiated, not when the module defining the kernel is imported: a
+        # process that loads a model from the kernel cache instantiates few of the library's kernels
+        return _source(self.fn, "@kernel")
+
+    @property
+    def tree(self) -> ast.FunctionDef:
+        return self._parsed[0]
+
+    @property
+    def file(self) -> str:
+        return self._parsed[1]
+
+    @property
+    def line0(self) -> int:
+        return self._parsed[2]
 
     def instantiate(self, **constants: Any) -> ir.Kernel:
         """Kernel IR for these compile-time constants (the same constants give the same, cached, kernel)."""
@@ -145,16 +162,18 @@ class KernelTemplate:
         defaults = {name: d for name, ann, d in self.params if isinstance(ann, _ConstAnn)}
         # numbers name every instance; a string (a dtype, an op) only where it is not the default
         suffix = "_".join(f"{k}{v}" for k, v in sorted(consts.items()) if isinstance(v, (int, bool)) or (isinstance(v, str) and v != defaults.get(k)))
-        k = ir.Kernel(f"{self.name}_{suffix}" if suffix else self.name, tuple(order), tuple(body), wg, tuple(ctx.shared.values()))  # type: ignore[arg-type]
+        name = f"{self.name}_{suffix}" if suffix else self.name
+        k = ir.Kernel(name, tuple(order), tuple(body), wg, tuple(ctx.shared.values()), loop_vectorize=self.loop_vectorize)  # type: ignore[arg-type]
         verify_kernel(k)
         return k
 
 
-def kernel(fn: Callable[..., Any] | None = None, *, workgroup: tuple = (64, 1, 1), name: str | None = None) -> Any:
-    """Decorator: turn a Python function in the kernel subset into a KernelTemplate."""
+def kernel(fn: Callable[..., Any] | None = None, *, workgroup: tuple = (64, 1, 1), name: str | None = None, loop_vectorize: bool = True) -> Any:
+    """Decorator: turn a Python function in the kernel subset into a KernelTemplate (``loop_vectorize``:
+    whether LLVM's loop vectorizer runs on its instances, ``Kernel.loop_vectorize``)."""
 
     def wrap(f: Callable[..., Any]) -> KernelTemplate:
-        return KernelTemplate(f, workgroup, name)
+        return KernelTemplate(f, workgroup, name, loop_vectorize)
 
     return wrap(fn) if fn is not None else wrap
 

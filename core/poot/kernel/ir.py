@@ -439,6 +439,9 @@ class Kernel:
     shared: tuple[Shared, ...] = ()
     meta: tuple[tuple[str, str], ...] = field(default=(), compare=False)
     min_groups: int = 0  # workgroups an SM should hold at once: registers capped for it where the target can (NVPTX); 0: no bound
+    # LLVM's loop vectorizer on this kernel; off for kernels whose loops are already lane-shaped (the
+    # host's 16-lane loops, unrolled and packed by the SLP vectorizer), where it only adds code and compile time
+    loop_vectorize: bool = True
 
     @property
     def threads(self) -> int:

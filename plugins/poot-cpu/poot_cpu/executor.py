@@ -18,8 +18,7 @@ from poot.backend import (
     HostKernel,
     Plan,
     StoragePlan,
-    compile_kernel,
-    compile_progress,
+    compile_kernels,
     host_target,
     plan_storage,
     storage_dtype,
@@ -99,9 +98,10 @@ class HostExecutor(Executor):
             by_value.setdefault(repr(k), []).append(id(k))
         objects = {id(l.kernel): l.kernel for l in plan.launches}
         self._kernels: dict[int, HostKernel] = {}  # by id of the plan's kernel objects (the plan keeps them alive)
-        for ids in compile_progress(by_value.values(), progress, len(by_value)):
-            kernel = objects[ids[0]]
-            hk = HostKernel(kernel, compile_kernel(kernel, target))
+        groups = list(by_value.values())
+        arts = compile_kernels([objects[ids[0]] for ids in groups], target, progress)  # in parallel: the first load waits for the longest
+        for ids, art in zip(groups, arts):
+            hk = HostKernel(objects[ids[0]], art)
             for i in ids:
                 self._kernels[i] = hk
         self.threads = threads or default_threads()

@@ -30,7 +30,20 @@ from typing import Any
 
 import numpy as np
 
-from poot.backend import Buffer, Executor, Plan, StoragePlan, checked_weight, compile_progress, get_device, movement, plan_storage, storage_dtype
+from poot.backend import (
+    TARGETS,
+    Buffer,
+    Executor,
+    Plan,
+    StoragePlan,
+    checked_weight,
+    compile_kernels,
+    compile_progress,
+    get_device,
+    movement,
+    plan_storage,
+    storage_dtype,
+)
 from poot.errors import PootError
 
 from .device import CudaCallError, _check
@@ -102,6 +115,8 @@ class CudaExecutor(Executor):
         for k in objects.values():
             by_value.setdefault(repr(k), []).append(id(k))
         self._kernels: dict[int, CudaKernel] = {}
+        # compiled side by side first (each CudaKernel then finds its PTX in the cache)
+        compile_kernels([objects[ids[0]] for ids in by_value.values()], TARGETS[target], progress)
         for ids in compile_progress(by_value.values(), progress, len(by_value)):
             ck = CudaKernel(self.ctx, objects[ids[0]], target)
             for i in ids:

@@ -30,6 +30,7 @@ from poot.backend import (
     checked_pool,
     checked_weight,
     compile_kernel,
+    compile_kernels,
     compile_progress,
     computed_outputs,
     get_device,
@@ -127,6 +128,8 @@ class VulkanExecutor(Executor):
         for launch in plan.launches:
             by_value.setdefault(repr(launch.kernel), []).append(launch.kernel)
         try:
+            # compiled side by side first (the pipelines then find them in the cache)
+            compile_kernels([ks[0] for ks in by_value.values()], spirv_target(self.dev.subgroup), progress)
             for ks in compile_progress(by_value.values(), progress, len(by_value)):
                 pipe = _Pipeline(self.dev, ks[0])
                 for k in ks:

@@ -27,12 +27,14 @@ from poot.backend import (
     StoragePlan,
     checked_pool,
     checked_weight,
+    compile_kernels,
     compile_progress,
     computed_outputs,
     get_device,
     plan_storage,
     require_pools,
     scalar_block,
+    spirv_target,
     storage_dtype,
     value_region,
 )
@@ -75,6 +77,8 @@ class WgpuExecutor(Executor):
         by_value: dict[str, list[Kernel]] = {}
         for launch in plan.launches:
             by_value.setdefault(repr(launch.kernel), []).append(launch.kernel)
+        # compiled side by side first (the pipelines then find them in the cache)
+        compile_kernels([ks[0] for ks in by_value.values()], spirv_target(self.dev.subgroup), progress)
         for ks in compile_progress(by_value.values(), progress, len(by_value)):
             pipe = WgpuPipeline(self.dev, ks[0])
             for k in ks:

@@ -129,7 +129,7 @@ def gemv_lanes_f32(x: In[f32], w: In[f32], y: Out[f32], n: i32, k: i32, xs: i32,
     y[e * ys + group_id(1) * n + j] = s
 
 
-@kernel(workgroup=(1, 1, 1))
+@kernel(workgroup=(1, 1, 1), loop_vectorize=False)  # its 16-lane loops are unrolled and packed by SLP; the loop vectorizer quadrupled its compile time
 def gemm_rows(
     a: In[f32],
     w: In[u8],
