@@ -79,6 +79,28 @@ def test_cpu_is_always_found_through_the_real_plugins():
     assert any(x.kind == "cpu" for x in list_devices())
 
 
+def test_a_device_found_early_spares_the_later_plugins_their_probes(monkeypatch):
+    # the plugins are asked in order until the device turns up: looking up the CPU device calls no
+    # GPU plugin's probe (a Vulkan or wgpu probe takes a second or more on first use)
+    from poot.plugins import host
+
+    asked: list[str] = []
+    each = host().iter_each
+
+    def counting(hook):  # type: ignore[no-untyped-def]
+        for name, res in each(hook):
+            asked.append(name)
+            yield name, res
+
+    monkeypatch.setattr(host(), "iter_each", counting)
+    monkeypatch.delenv("POOT_DEVICE", raising=False)
+    assert get_device("cpu").name == "cpu" and asked == ["cpu"]
+    asked.clear()
+    with pytest.raises(UnknownDevice):
+        get_device("tpu:0")
+    assert asked == [name for name, _ in each("poot_devices")]  # an unknown name asks every plugin
+
+
 def test_unavailability_codes_are_checked():
     with pytest.raises(ValueError, match="unknown unavailability code"):
         Unavailable("broken", "x")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import lru_cache
 from importlib.metadata import EntryPoint, entry_points
@@ -112,9 +113,13 @@ class PluginHost:
     def call_each(self, hook_name: str) -> list[tuple[str, object]]:
         """Call ``hook_name`` on each plugin separately: [(plugin name, result)], and a raising plugin
         yields a PluginError result instead of stopping the others."""
+        return list(self.iter_each(hook_name))
+
+    def iter_each(self, hook_name: str) -> Iterator[tuple[str, object]]:
+        """``call_each`` one plugin at a time, each called only when the one before has been taken
+        (a caller that finds what it wants early spares the other plugins' probes)."""
         from .errors import PluginError
 
-        out: list[tuple[str, object]] = []
         caller = getattr(self.pm.hook, hook_name)
         for impl in caller.get_hookimpls():
             name = impl.plugin_name
@@ -122,8 +127,7 @@ class PluginHost:
                 res = impl.function()
             except Exception as e:  # noqa: BLE001
                 res = PluginError(f"plugin '{name}' failed in {hook_name}: {type(e).__name__}: {e}")
-            out.append((name, res))
-        return out
+            yield name, res
 
 
 @lru_cache(maxsize=None)

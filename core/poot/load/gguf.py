@@ -91,6 +91,33 @@ class _Cursor:
         self.pos += n
         return text
 
+    def strings(self, count: int, what: str) -> list[str]:
+        """An array's ``count`` strings (a vocabulary's tokens and merges: hundreds of thousands), as
+        ``string`` reads each of them (element ``what[i]``, at most ``MAX_ELEMENT`` bytes), in one loop
+        that names an element only when it is refused."""
+        buf, pos, size, out = self.buf, self.pos, self.size, []
+        length = _LENGTH.unpack_from
+        view = memoryview(buf)
+        try:
+            for i in range(count):
+                if pos + 8 > size:
+                    self.pos = pos
+                    return [*out, self.string(f"{what}[{i}]", MAX_ELEMENT)]  # (raises, naming the element)
+                (n,) = length(buf, pos)
+                if n > MAX_ELEMENT or pos + 8 + n > size:
+                    self.pos = pos
+                    return [*out, self.string(f"{what}[{i}]", MAX_ELEMENT)]  # (raises, naming the element)
+                raw = view[pos + 8 : pos + 8 + n]
+                try:
+                    out.append(str(raw, "utf-8"))
+                except UnicodeDecodeError:  # kept as surrogate escapes, as ``string`` keeps them
+                    out.append(str(raw, "utf-8", "surrogateescape"))
+                pos += 8 + n
+        finally:
+            view.release()
+        self.pos = pos
+        return out
+
     def value(self, vtype: int, what: str, depth: int = 0) -> Any:
         if vtype in _SCALARS:
             return self.unpack(_SCALARS[vtype], what)
@@ -111,8 +138,13 @@ class _Cursor:
                 raise self.fail(f"{what}: unknown array element type {etype}")
             # every string or array element takes at least 8 bytes (its length)
             self.need(count * 8, f"{what} ({count} elements)")
+            if etype == STRING:
+                return self.strings(count, what)
             return [self.value(etype, f"{what}[{i}]", depth + 1) for i in range(count)]
         raise self.fail(f"{what}: unknown value type {vtype}")
+
+
+_LENGTH = struct.Struct("<Q")  # a string's length
 
 
 def _storage_of(ggml_type: int) -> tuple[str, int, int] | None:

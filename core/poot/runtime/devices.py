@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Iterator
 
 from ..errors import DeviceUnavailable, UnknownDevice
 from ..plugins import host
@@ -32,18 +33,21 @@ def normalize_name(name: str) -> str:
 
 def list_devices() -> list[Device]:
     """Every device that installed plugins offer, available or not, in plugin order."""
-    out: list[Device] = []
-    for plugin, result in host().call_each("poot_devices"):
+    return list(_each_device())
+
+
+def _each_device() -> Iterator[Device]:
+    """``list_devices`` one plugin at a time: a plugin is probed only when its turn comes."""
+    for plugin, result in host().iter_each("poot_devices"):
         if isinstance(result, Exception):
-            out.append(Device(plugin, None, f"plugin {plugin}", unavailable=Unavailable("plugin-error", str(result)), plugin=plugin))
+            yield Device(plugin, None, f"plugin {plugin}", unavailable=Unavailable("plugin-error", str(result)), plugin=plugin)
             continue
         for d in result or ():
             if not isinstance(d, Device):
                 msg = f"plugin '{plugin}' returned {d!r} from poot_devices, not a Device"
-                out.append(Device(plugin, None, f"plugin {plugin}", unavailable=Unavailable("plugin-error", msg), plugin=plugin))
+                yield Device(plugin, None, f"plugin {plugin}", unavailable=Unavailable("plugin-error", msg), plugin=plugin)
                 continue
-            out.append(dataclasses.replace(d, plugin=plugin))
-    return out
+            yield dataclasses.replace(d, plugin=plugin)
 
 
 def null_devices() -> list[Device]:
@@ -70,8 +74,13 @@ def get_device(name: str | None = None, devices: list[Device] | None = None) -> 
             known = ", ".join(d.name for d in nulls) or "none (no GPU backend plugin is installed)"
             raise UnknownDevice(f"unknown compile-only device '{wanted}'. Known: {known}")
         return found[0]
-    devices = list_devices() if devices is None else devices
     kind = wanted.split(":", 1)[0]
+    if devices is None:  # plugins probed in order until the device turns up (cpu: no GPU plugin is asked)
+        devices = []
+        for d in _each_device():
+            devices.append(d)
+            if d.available() and (d.name.lower() == wanted or (":" not in wanted and d.kind == kind)):
+                return d
     exact = [d for d in devices if d.name.lower() == wanted]
     if not exact and ":" not in wanted:
         exact = [d for d in devices if d.kind == kind and d.available()] or [d for d in devices if d.kind == kind]
