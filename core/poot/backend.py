@@ -13,7 +13,7 @@ What is here, by the stage it serves:
   ``stored_nbytes``, ``weight_array``, ``weight_dtype``, and the region helpers executors share
   (``checked_pool``, ``checked_weight``, ``computed_outputs``, ``require_pools``, ``scalar_block``,
   ``value_region``, ``EAGER_READBACK``);
-- executing: ``Executor`` (the contract), ``compile_progress``, ``Assembled`` (what a compile-only
+- executing: ``Executor`` (the contract), ``Peak`` (what ``Executor.peak`` returns), ``compile_progress``, ``Assembled`` (what a compile-only
   device's kernel runner raises once a test's kernel is compiled and assembled);
 - Kernel IR and codegen: ``Kernel``, ``Buffer``, ``kir`` (the Kernel IR module: its expressions
   and statements), ``TargetStmt`` (the base of a target's own statements, checked through a
@@ -65,6 +65,7 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "value_region": ("poot.runtime.regions", "value_region"),
     # executing
     "Executor": ("poot.runtime.executor", "Executor"),
+    "Peak": ("poot.runtime.executor", "Peak"),
     "Assembled": ("poot.testing.kernels", "Assembled"),
     "compile_progress": ("poot.runtime.progress", "compile_progress"),
     # Kernel IR and codegen

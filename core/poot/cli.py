@@ -521,6 +521,9 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--vs-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the same prompt, batch 1, same threads")
     bench.add_argument("--peer-python", help="an interpreter that has llama_cpp (default: this one, installing llama-cpp-python if needed)")
     bench.set_defaults(func=cmd_bench)
+    from .cli_tools import add_tool_commands
+
+    add_tool_commands(sub, model_args)
     return p
 
 

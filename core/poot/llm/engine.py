@@ -29,7 +29,7 @@ from ..text.tokenizer import Tokenizer
 from .kv import BlockPool, BlockTable, OutOfBlocks
 from .params import ParameterError, SamplingParams, device_seed
 
-__all__ = ["Engine", "Event", "SequenceState"]
+__all__ = ["Engine", "Event", "SequenceState", "StepInputs"]
 
 BIAS_WIDTHS = (1, 8, 64, 512)
 
@@ -81,6 +81,20 @@ class SequenceState:
     @property
     def pending(self) -> int:
         return len(self.tokens) - self.computed
+
+
+@dataclass
+class StepInputs:
+    """A step built for the executor: its symbol values, its inputs (padded to the bucket), the
+    outputs a launch keeps, its real and padded token counts, and the sequences that get a token."""
+
+    executor: Executor
+    env: dict[str, int]
+    inputs: dict[str, np.ndarray]
+    keep: tuple[str, ...]
+    tokens: int
+    padded_tokens: int
+    rows: list[SequenceState]
 
 
 @dataclass
@@ -279,9 +293,17 @@ class Engine:
         plan.sort(key=lambda x: x[0].id)
         return plan
 
-    def _launch(self, plan: list[tuple[SequenceState, int]]) -> _Queued:
-        """Build the step's inputs (a token not known yet: -1), queue it, and advance each sequence's
-        computed positions; the sequences that get a token wait for it (``awaiting``)."""
+    def next_step(self) -> StepInputs:
+        """The step ``step()`` would queue next (sequences admitted first), built but not queued:
+        nothing advances. What ``poot profile`` times: the engine's own shapes and padding."""
+        self._admit()
+        plan = self._schedule()
+        if not plan:
+            raise PootError("no sequence has work for a step: add one first")
+        return self._inputs(plan)
+
+    def _inputs(self, plan: list[tuple[SequenceState, int]]) -> StepInputs:
+        """The inputs of a step of ``plan`` (a token not known yet: -1), padded to its bucket."""
         toks, pos, sid, slots = [], [], [], []
         ctx, tables, rows, row_seqs = [], [], [], []
         for b, (s, n) in enumerate(plan):
@@ -333,9 +355,17 @@ class Engine:
         env = self._envs.get(shapes)
         if env is None:
             env = self._envs[shapes] = {**step_env(ex.plan, {**inputs, **self.pools}), WANT_LOGPROBS: int(want_lp)}
-        handle = ex.launch(ex.capture(env), inputs, ("tokens", "logprob", "top_ids", "top_logprobs") if want_lp else ("tokens",))
+        keep = ("tokens", "logprob", "top_ids", "top_logprobs") if want_lp else ("tokens",)
+        return StepInputs(ex, env, inputs, keep, T, Tb, row_seqs)
+
+    def _launch(self, plan: list[tuple[SequenceState, int]]) -> _Queued:
+        """Queue the step of ``plan`` and advance each sequence's computed positions; the sequences
+        that get a token wait for it (``awaiting``)."""
+        si = self._inputs(plan)
+        ex, row_seqs, want_lp = si.executor, si.rows, "logprob" in si.keep
+        handle = ex.launch(ex.capture(si.env), si.inputs, si.keep)
         self.stats["steps"] += 1
-        self.stats["padded_tokens"] += Tb - T
+        self.stats["padded_tokens"] += si.padded_tokens - si.tokens
         for s, n in plan:
             if s.computed < len(s.prompt):
                 self.stats["prefill_tokens"] += n

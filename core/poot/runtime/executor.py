@@ -13,6 +13,10 @@ An executor is built for one plan on one device (``load``: kernels compiled and 
 - ``read(step, name)``: a graph output, copied back to the host.
 - ``launch(step, inputs)`` / ``finish(handle)`` / ``fetch(handle, name)``: the same as a queued replay;
   an ``asynchronous`` executor returns from ``launch`` while the device runs the step.
+- ``profile(step, inputs)``: seconds per launch, each timed on the device (host clock, CUDA events,
+  Vulkan timestamps); ``peak()``: the device's attainable memory bandwidth and FLOP rate, what
+  ``poot profile`` sets each launch against. Both optional: a device that cannot time its launches
+  refuses by name.
 
 ``run(inputs, weights)`` does all of it for callers that hold plain arrays: it binds what changed,
 captures a step the first time a shape is seen, and replays it.
@@ -22,14 +26,26 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from ..errors import PootError
+from ..errors import PootError, Refusal
 from ..plan.plan import Plan
 
-__all__ = ["Executor", "step_env"]
+__all__ = ["Executor", "Peak", "step_env"]
+
+
+@dataclass(frozen=True)
+class Peak:
+    """A device's attainable rates: bytes read plus written per second by a large copy, and FLOP/s
+    of its fastest matrix product; ``source`` says how each was found (measured, or from the
+    device's specification)."""
+
+    bytes_per_s: float
+    flops_per_s: float
+    source: str
 
 
 def step_env(plan: Plan, inputs: Mapping[str, Any]) -> dict[str, int]:
@@ -96,6 +112,15 @@ class Executor(ABC):
 
     def close(self) -> None:
         """Release threads and device memory (the executor is unusable afterwards)."""
+
+    def profile(self, step: Any, inputs: Mapping[str, np.ndarray], repeat: int = 3) -> list[tuple[str, float]]:
+        """(kernel name, seconds) per launch of ``step`` in plan order: the median of ``repeat``
+        runs, each launch timed on its own."""
+        raise Refusal("launch timing", self.plan.device, f"{type(self).__name__} cannot time single launches")
+
+    def peak(self) -> Peak | None:
+        """The device's attainable bandwidth and FLOP rate, or None where it is not known."""
+        return None
 
     def pool_names(self) -> list[str]:
         """Inputs that are written in place (KV pools): they are bound, not passed per step."""

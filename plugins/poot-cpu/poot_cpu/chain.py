@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from collections.abc import Sequence
 
 import llvmlite.binding as llvm
@@ -95,6 +96,71 @@ next:
 done:
   ret void
 }}
+
+; the same walk for profiling: every thread meets before the first launch and after each one, and
+; thread 0 reads the clock (``clock(clock_id, timespec*)``, clock_gettime) at each meeting into
+; ``stamps``: two i64 words (seconds, nanoseconds) per meeting, so a launch's time is its own
+define void @poot_chain_timed(ptr %recs, i32 %first, i32 %stop, i32 %tid, i32 %nth, ptr %bar, ptr %stamps, ptr %clock, i32 %clock_id) {{
+entry:
+  %multi = icmp sgt i32 %nth, 1
+  %lead = icmp eq i32 %tid, 0
+  %tid64 = sext i32 %tid to i64
+  %nth64 = sext i32 %nth to i64
+  br i1 %multi, label %meet0, label %stamp0
+meet0:
+  call void @poot_barrier(ptr %bar, i32 %nth)
+  br label %stamp0
+stamp0:
+  br i1 %lead, label %tick0, label %head
+tick0:
+  %c0 = call i32 %clock(i32 %clock_id, ptr %stamps)
+  br label %head
+head:
+  %i = phi i32 [ %first, %stamp0 ], [ %first, %tick0 ], [ %i1, %next ]
+  %more = icmp slt i32 %i, %stop
+  br i1 %more, label %body, label %done
+body:
+  %r = getelementptr %rec, ptr %recs, i32 %i
+  %fnp = getelementptr %rec, ptr %r, i32 0, i32 0
+  %fni = load i64, ptr %fnp
+  %fn = inttoptr i64 %fni to ptr
+  %argp = getelementptr %rec, ptr %r, i32 0, i32 1
+  %argi = load i64, ptr %argp
+  %args = inttoptr i64 %argi to ptr
+  %totp = getelementptr %rec, ptr %r, i32 0, i32 2
+  %tot = load i32, ptr %totp
+  %tot64 = sext i32 %tot to i64
+  %lo0 = mul i64 %tot64, %tid64
+  %lo = sdiv i64 %lo0, %nth64
+  %tid1 = add i64 %tid64, 1
+  %hi0 = mul i64 %tot64, %tid1
+  %hi = sdiv i64 %hi0, %nth64
+  %lo32 = trunc i64 %lo to i32
+  %hi32 = trunc i64 %hi to i32
+  %any = icmp slt i32 %lo32, %hi32
+  br i1 %any, label %call, label %after
+call:
+  call void %fn(ptr %args, i32 %lo32, i32 %hi32)
+  br label %after
+after:
+  br i1 %multi, label %meet, label %stamp
+meet:
+  call void @poot_barrier(ptr %bar, i32 %nth)
+  br label %stamp
+stamp:
+  %i1 = add i32 %i, 1
+  br i1 %lead, label %tick, label %next
+tick:
+  %k = sub i32 %i1, %first
+  %k2 = mul i32 %k, 2
+  %sp = getelementptr i64, ptr %stamps, i32 %k2
+  %c = call i32 %clock(i32 %clock_id, ptr %sp)
+  br label %next
+next:
+  br label %head
+done:
+  ret void
+}}
 {decl}
 """
 
@@ -114,10 +180,22 @@ class NativeChain:
         self._engine = llvm.create_mcjit_compiler(mod, tm)
         self._engine.finalize_object()
         addr = self._engine.get_function_address("poot_chain")
-        self._fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)(addr)
+        args = (ctypes.c_void_p, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_int32, ctypes.c_void_p)
+        self._fn = ctypes.CFUNCTYPE(None, *args)(addr)
+        timed = self._engine.get_function_address("poot_chain_timed")
+        self._timed = ctypes.CFUNCTYPE(None, *args, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int32)(timed)
+        libc = ctypes.CDLL(None)
+        self._clock = ctypes.cast(libc.clock_gettime, ctypes.c_void_p).value if hasattr(libc, "clock_gettime") else None
 
     def run(self, records: np.ndarray, tid: int, nth: int, barrier: np.ndarray, first: int = 0, stop: int | None = None) -> None:
         self._fn(records.ctypes.data, first, len(records) if stop is None else stop, tid, nth, barrier.ctypes.data)
+
+    def run_timed(self, records: np.ndarray, tid: int, nth: int, barrier: np.ndarray, first: int, stop: int, stamps: np.ndarray) -> None:
+        """``run`` with every thread meeting after each launch, thread 0 writing the monotonic
+        clock into ``stamps`` (int64, 2 x (stop - first + 1): seconds and nanoseconds) at each meeting."""
+        if self._clock is None:
+            raise OSError("this C library has no clock_gettime: launches cannot be timed")
+        self._timed(records.ctypes.data, first, stop, tid, nth, barrier.ctypes.data, stamps.ctypes.data, self._clock, time.CLOCK_MONOTONIC)
 
 
 class ThreadTeam:
@@ -129,7 +207,7 @@ class ThreadTeam:
         self.barrier = np.zeros(32, np.int32)  # count and generation on separate cache lines
         self._go = [threading.Semaphore(0) for _ in range(self.threads - 1)]
         self._done = threading.Semaphore(0)
-        self._job: tuple[np.ndarray, int, int] | None = None
+        self._job: tuple[np.ndarray, int, int, np.ndarray | None] | None = None
         self._error: BaseException | None = None
         self._closed = False
         self._workers = [threading.Thread(target=self._work, args=(t,), name=f"poot-cpu-{t}", daemon=True) for t in range(1, self.threads)]
@@ -141,20 +219,36 @@ class ThreadTeam:
             self._go[tid - 1].acquire()
             if self._closed or self._job is None:
                 return
-            recs, first, stop = self._job
+            recs, first, stop, stamps = self._job
             try:
-                self.chain.run(recs, tid, self.threads, self.barrier, first, stop)
+                if stamps is None:
+                    self.chain.run(recs, tid, self.threads, self.barrier, first, stop)
+                else:
+                    self.chain.run_timed(recs, tid, self.threads, self.barrier, first, stop, stamps)
             except BaseException as e:  # noqa: BLE001 - reported by the caller's thread
                 self._error = e
             finally:
                 self._done.release()
 
     def run(self, records: np.ndarray, first: int = 0, stop: int | None = None) -> None:
+        self._run(records, first, len(records) if stop is None else stop, None)
+
+    def run_timed(self, records: np.ndarray, first: int = 0, stop: int | None = None) -> np.ndarray:
+        """Run the launches ``first..stop`` once, the threads meeting after each; seconds per launch."""
         stop = len(records) if stop is None else stop
-        self._job = (records, first, stop)
+        stamps = np.zeros((stop - first + 1, 2), np.int64)
+        self._run(records, first, stop, stamps)
+        t = stamps[:, 0].astype(np.float64) + stamps[:, 1] * 1e-9
+        return np.diff(t)
+
+    def _run(self, records: np.ndarray, first: int, stop: int, stamps: np.ndarray | None) -> None:
+        self._job = (records, first, stop, stamps)
         for g in self._go:
             g.release()
-        self.chain.run(records, 0, self.threads, self.barrier, first, stop)
+        if stamps is None:
+            self.chain.run(records, 0, self.threads, self.barrier, first, stop)
+        else:
+            self.chain.run_timed(records, 0, self.threads, self.barrier, first, stop, stamps)
         for _ in self._go:
             self._done.acquire()
         if self._error is not None:
