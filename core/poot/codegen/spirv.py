@@ -934,13 +934,29 @@ def _group_ops_not_first(m: _Spv) -> None:
     m.insts = out
 
 
+_OP_TYPE_FLOAT = 22
+_F32_INF, _F32_MAX = 0x7F800000, 0x7F7FFFFF
+
+
+def _finite_float_constants(m: _Spv) -> None:
+    """Infinite f32 constants become the largest finite f32 of their sign: naga refuses an infinite
+    literal ("Float literal is infinite"). Where a kernel uses one (a mask of -inf before a softmax
+    or a top-k) the largest finite value masks alike: exp(-max - x) is 0, and no score is below it."""
+    floats = {ops[0] for ops in m.of(_OP_TYPE_FLOAT) if ops[1] == 32}
+    for ops in m.of(_OP_CONSTANT):
+        if ops[0] in floats and len(ops) == 3 and ops[2] & 0x7FFFFFFF == _F32_INF:
+            ops[2] = (ops[2] & 0x80000000) | _F32_MAX
+
+
 def for_wgpu(spv: bytes) -> bytes:
     """The module as naga takes it: without the ``Aligned`` memory operands of OpLoad/OpStore (naga
-    rejects them), signed instructions given signed operands (see ``_signed_operands``), and no
-    subgroup operation first in its block (``_group_ops_not_first``)."""
+    rejects them), signed instructions given signed operands (see ``_signed_operands``), no
+    subgroup operation first in its block (``_group_ops_not_first``) and no infinite constant
+    (``_finite_float_constants``)."""
     m = _Spv(spv, "(for wgpu)")  # (its 8/16-bit arithmetic is widened already, by post_pass)
     _signed_operands(m)
     _group_ops_not_first(m)
+    _finite_float_constants(m)
     for op, ops in m.insts:
         at = {_OP_LOAD: 3, _OP_STORE: 2}.get(op)
         if at is None or len(ops) <= at:

@@ -24,7 +24,8 @@ def adapter():
     return device_or_skip("wgpu:0")
 
 
-@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3"])
+# deepseek_v2: MLA and MoE routing, whose group mask is an infinite constant naga refuses as written
+@pytest.mark.parametrize("name", ["llama", "qwen3", "gemma3", "deepseek_v2"])
 def test_families_on_wgpu_match_the_oracle(adapter, name, tmp_path, rng):
     from poot_wgpu.executor import WgpuExecutor
 
