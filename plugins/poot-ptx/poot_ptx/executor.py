@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -31,9 +32,9 @@ from typing import Any
 import numpy as np
 
 from poot.backend import (
-    TARGETS,
     Buffer,
     Executor,
+    Peak,
     Plan,
     StoragePlan,
     checked_weight,
@@ -48,6 +49,7 @@ from poot.errors import PootError
 
 from .device import CudaCallError, _check
 from .runtime import CudaContext, CudaKernel, target_for
+from .targets import TARGETS
 
 __all__ = ["CudaExecutor", "CudaStep", "PROGRAMMATIC_TOKENS"]
 
@@ -103,6 +105,7 @@ class CudaExecutor(Executor):
     def __init__(self, plan: Plan, threads: int | None = None, progress: bool = False) -> None:
         super().__init__(plan)
         self.device = get_device(plan.device)
+        self._peak: Peak | None = None
         if self.device.kind != "cuda" or not isinstance(self.device.index, int):
             raise PootError(f"the CUDA executor runs plans made for a cuda device, not {plan.device}")
         self.ctx = CudaContext(self.device.index)
@@ -500,6 +503,38 @@ class CudaExecutor(Executor):
                 d.cuEventDestroy(e)
             self.ctx.free(stall)
         return list(zip(step.names, np.median(times, axis=0).tolist()))
+
+    def peak(self) -> Peak:
+        """The GPU's rates: a 1 GiB device-to-device copy (bytes read plus written per second, the
+        median of 5, measured once) and the dense bf16 tensor-core rate its specification gives (SMs
+        x clock x FLOPs an SM does a clock: 4096 on compute capability 9.0, 2048 on 8.0, 1024 on
+        other 8.x; 256 f32 CUDA-core FLOPs otherwise)."""
+        if self._peak is None:
+            d = self.d
+            n = 1 << 29
+            a, b = self.ctx.alloc(n), self.ctx.alloc(n)
+            times = []
+            try:
+                for i in range(7):
+                    self.ctx.synchronize()
+                    t = time.perf_counter()
+                    _check(d, "cuMemcpyDtoD", d.cuMemcpyDtoD(b, a, n))
+                    self.ctx.synchronize()
+                    if i >= 2:
+                        times.append(time.perf_counter() - t)
+            finally:
+                self.ctx.free(a)
+                self.ctx.free(b)
+            A = d.CUdevice_attribute
+            dev = _check(d, "cuDeviceGet", d.cuDeviceGet(self.device.index))
+            attr = lambda a: _check(d, "cuDeviceGetAttribute", d.cuDeviceGetAttribute(a, dev))  # noqa: E731
+            cc = (attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR), attr(A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR))
+            per_clock = {(9, 0): 4096, (8, 0): 2048}.get(cc, 1024 if cc[0] == 8 else 256)
+            clock_hz = attr(A.CU_DEVICE_ATTRIBUTE_CLOCK_RATE) * 1e3
+            flops = attr(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT) * clock_hz * per_clock
+            kind = "bf16 tensor cores" if per_clock > 256 else "f32 CUDA cores"
+            self._peak = Peak(2 * n / float(np.median(times)), flops, f"measured copy; {kind} from SMs x clock")
+        return self._peak
 
     def graph_seconds(self, step: CudaStep, leave_out: Callable[[str], bool] = lambda name: False, repeat: int = 5, runs: int = 20) -> float:
         """Seconds a replay of ``step``'s launches takes as one CUDA graph (median of ``repeat``
