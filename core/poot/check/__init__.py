@@ -62,8 +62,6 @@ def _run(part: str, case: str, fn: Callable[[], Any], results: list[CaseResult])
         if isinstance(out, tuple):
             out, figures = out
         status, detail = "pass", str(out)
-    except _Skip as e:
-        status, detail = "skip", str(e)
     except AssertionError as e:
         status, detail = "fail", str(e) or "a comparison failed"
     except Exception as e:  # noqa: BLE001 - a case that crashes is a failed case, named
@@ -76,16 +74,46 @@ def _run(part: str, case: str, fn: Callable[[], Any], results: list[CaseResult])
     return r
 
 
-class _Skip(Exception):
-    """A case that cannot run here (a missing optional library, no checkpoint): reported, not failed."""
-
-
 def _table(results: Sequence[CaseResult]) -> str:
     rows = [("PART", "CASE", "RESULT", "SECONDS", "DETAIL")]
     for r in results:
         rows.append((r.part, r.case, r.status.upper(), f"{r.seconds:.1f}", r.detail.splitlines()[0] if r.detail else ""))
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row[:4], widths)) + "  " + row[4] for row in rows)
+
+
+def _checkpoint_parts(parts: Sequence[str], model: str | None, device: str, quick: bool, results: list[CaseResult]) -> None:
+    """The real checkpoint loaded once on ``device``: its greedy tokens (``checkpoint``) and its speed
+    (``bench``). No checkpoint installed: both skipped, saying what to install; a named one missing:
+    failed."""
+    import poot
+
+    from .models import greedy_tokens_check, real_checkpoint, short_bench
+
+    try:
+        name, path = real_checkpoint(model)
+    except PootError as e:
+        for p in ("checkpoint", "bench"):
+            if p in parts:
+                results.append(CaseResult(p, model or "catalog model", "skip" if model is None else "fail", str(e), 0.0))
+        return
+    handle = None
+
+    def load() -> str:
+        nonlocal handle
+        handle = poot.load(str(path), device, max_seqs=4, max_context=512, progress=False, kv_dtype="f32")
+        return f"{path.name} loaded in {handle.load_seconds:.1f} s"
+
+    _run("checkpoint" if "checkpoint" in parts else "bench", f"{name} load", load, results)
+    if handle is None:
+        return  # (the load's failure is recorded)
+    try:
+        if "checkpoint" in parts:
+            _run("checkpoint", f"{name} greedy tokens", lambda: greedy_tokens_check(path, device, 12 if quick else 24, handle), results)
+        if "bench" in parts:
+            _run("bench", f"{name} tokens/s", lambda: short_bench(handle, (1,) if quick else (1, 4)), results)
+    finally:
+        handle.close()
 
 
 def run_check(
@@ -96,7 +124,7 @@ def run_check(
     from ..plugins import host
     from ..runtime import get_device
     from .kernels import kernel_cases, run_kernel_case
-    from .models import family_cases, greedy_tokens_check, real_checkpoint, run_family_case, short_bench
+    from .models import family_cases, run_family_case
 
     parts = list(parts or PARTS)
     unknown = [p for p in parts if p not in PARTS]
@@ -129,34 +157,8 @@ def run_check(
             for fam, case in cases[:1] if quick else cases:
                 _run("models", f"{fam} family", lambda case=case: run_family_case(case, dev, factory, rng, Path(tmp)), results)
 
-    handle = None
     if "checkpoint" in parts or "bench" in parts:
-        try:
-            name, path = real_checkpoint(model)
-        except PootError as e:
-            for p in ("checkpoint", "bench"):
-                if p in parts:
-                    results.append(CaseResult(p, model or "catalog model", "skip" if model is None else "fail", str(e), 0.0))
-            name = path = None  # type: ignore[assignment]
-        if path is not None:
-            import poot
-
-            def load() -> str:
-                nonlocal handle
-                handle = poot.load(str(path), dev.name, max_seqs=4, max_context=512, progress=False, kv_dtype="f32")
-                return f"{path.name} loaded in {handle.load_seconds:.1f} s"
-
-            r = _run("checkpoint" if "checkpoint" in parts else "bench", f"{name} load", load, results)
-            if handle is not None:
-                try:
-                    if "checkpoint" in parts:
-                        _run("checkpoint", f"{name} greedy tokens", lambda: greedy_tokens_check(path, dev.name, 12 if quick else 24, handle), results)
-                    if "bench" in parts:
-                        _run("bench", f"{name} tokens/s", lambda: short_bench(handle, (1,) if quick else (1, 4)), results)
-                finally:
-                    handle.close()
-            elif r.status == "fail":
-                pass  # the load's failure is the case's
+        _checkpoint_parts(parts, model, dev.name, quick, results)
 
     failed = [r for r in results if r.status == "fail"]
     print(_table(results))
