@@ -59,6 +59,22 @@ def _is_bf16_weight(v: Value) -> bool:
     return v.dtype == dt.bf16 and v.node.op == "weight"
 
 
+def _merge_dims(sizes: list[int], strides: list[list[int]]) -> tuple[list[int], list[list[int]]]:
+    """Dimensions of an elementwise launch merged where every operand walks them alike (the outer
+    one's stride is the inner one's times its size, for each), dimensions of size 1 dropped, padded
+    back to ``MAX_RANK`` in front: a contiguous chain becomes one dimension, which the kernel walks
+    without a division per element."""
+    dims = [(sizes[d], [s[d] for s in strides]) for d in range(len(sizes)) if sizes[d] != 1]
+    merged: list[tuple[int, list[int]]] = []
+    for size, st in reversed(dims):
+        if merged and all(a == b * merged[0][0] for a, b in zip(st, merged[0][1])):
+            merged[0] = (size * merged[0][0], merged[0][1])
+        else:
+            merged.insert(0, (size, st))
+    merged = [(1, [0] * len(strides))] * (len(sizes) - len(merged)) + merged
+    return [m[0] for m in merged], [[m[1][j] for m in merged] for j in range(len(strides))]
+
+
 def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | None) -> Launch:
     """One kernel for ``members`` (an elementwise DAG whose only escaping value is ``n``'s output),
     reading inputs through views and writing into a concat's part in place when ``into`` says so."""
@@ -84,12 +100,11 @@ def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | N
         oshape = _shape(out, env)
         full = _pad(list(oshape), 1)
         sc: dict[str, int] = {"n": int(np.prod(oshape)) if oshape else 1}
-        sc.update({f"d{d}": full[d] for d in range(MAX_RANK)})
+        strides = []  # each input's, then the output's, per dimension
         for i, (v, vw) in enumerate(zip(ins, views)):
             ishape = _pad(list(_shape(v, env)), 1)
             st = _pad(vw.strides(env), 0)
-            for d in range(MAX_RANK):
-                sc[f"s{i}_{d}"] = 0 if ishape[d] == 1 and full[d] != 1 else st[d]
+            strides.append([0 if ishape[d] == 1 and full[d] != 1 else st[d] for d in range(MAX_RANK)])
             sc[f"o{i}"] = vw.offset(env)
         dst = _strides(_shape(dest, env))
         if into is None:
@@ -97,8 +112,12 @@ def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | N
         else:
             ax = into.concat.attrs["axis"] % dest.rank
             sc["o_out"] = sum(_shape(q, env)[ax] for q in into.concat.inputs[: into.index]) * dst[ax]
-        tp = _pad(dst, 0)
-        sc.update({f"ot{d}": tp[d] for d in range(MAX_RANK)})
+        strides.append(_pad(dst, 0))
+        sizes, merged = _merge_dims(full, strides)
+        sc.update({f"d{d}": sizes[d] for d in range(MAX_RANK)})
+        for i in range(len(ins)):
+            sc.update({f"s{i}_{d}": merged[i][d] for d in range(MAX_RANK)})
+        sc.update({f"ot{d}": merged[-1][d] for d in range(MAX_RANK)})
         return sc
 
     bufs: dict[str, Any] = {f"in{i}": _key(vw.base) for i, vw in enumerate(views)}
