@@ -25,14 +25,15 @@ def _close(got, want):
 
 
 @pytest.mark.parametrize("qtype", linear_host.LANE_TYPES)
-@pytest.mark.parametrize("experts,shared_x", [(1, True), (3, True), (3, False)])
-def test_gemv_lanes(rng, qtype, experts, shared_x):
+@pytest.mark.parametrize("experts,shared_x,nr", [(1, True, 1), (3, True, 1), (3, False, 1), (1, True, 4), (3, False, 4)])
+def test_gemv_lanes(rng, qtype, experts, shared_x, nr):
+    """``nr`` rows a workgroup: 23 rows leave the last workgroup three (its fourth repeats a row, unstored)."""
     m, n, k = 2, 23, 32 * 5
     raw, deq = _weights(rng, qtype, (experts, n, k))
     x = rng.standard_normal((1 if shared_x else experts, m, k)).astype(np.float32)
     y = poisoned((experts, m, n))
     sc = {"n": n, "k": k, "row_bytes": raw.shape[-1], "xs": 0 if shared_x else m * k, "ws": n * raw.shape[-1], "ys": m * n}
-    run_host(linear_host.gemv_lanes.instantiate(QTYPE=qtype), (n, m, experts), {"x": x, "w": raw, "y": y}, sc)
+    run_host(linear_host.gemv_lanes.instantiate(QTYPE=qtype, NR=nr), (-(-n // nr), m, experts), {"x": x, "w": raw, "y": y}, sc)
     _close(y, np.matmul(x, np.swapaxes(deq, 1, 2)))
 
 
@@ -114,8 +115,16 @@ def test_gemv_and_gemm_give_a_row_the_same_bits(rng, qtype):
     for r in range(m):
         y = poisoned((1, n))
         x = a[r : r + 1].copy()
-        if qtype in linear_host.LANE_TYPES:
+        if qtype in linear_host.LANE_TYPES:  # one row a workgroup, and four (what the planner takes)
             run_host(linear_host.gemv_lanes.instantiate(QTYPE=qtype), (n, 1, 1), {"x": x, "w": raw, "y": y}, {"n": n, "k": k, "row_bytes": raw.shape[-1], **sc})
+            np.testing.assert_array_equal(y[0], c[r])
+            y = poisoned((1, n))
+            run_host(
+                linear_host.gemv_lanes.instantiate(QTYPE=qtype, NR=4),
+                (-(-n // 4), 1, 1),
+                {"x": x, "w": raw, "y": y},
+                {"n": n, "k": k, "row_bytes": raw.shape[-1], **sc},
+            )
         else:
             run_host(
                 linear_host.gemv_lanes_any.instantiate(QTYPE=qtype, BS=bs, BB=bb),

@@ -35,6 +35,9 @@ def _blocks(t: dt.DType, k: int) -> tuple[int, int]:
     return bs, bb
 
 
+GEMV_ROWS = 4  # weight rows a host GEMV workgroup takes: four chains of additions side by side
+
+
 def matmul_host(n: Node, shared_bytes: int) -> list[Launch]:
     """x @ w^T against a 2-D weight. Host schedules: a lane GEMV while few rows come (decode), and a
     row-block GEMM that dequantizes weight rows once for every token (prefill); the generic
@@ -64,9 +67,13 @@ def matmul_host(n: Node, shared_bytes: int) -> list[Launch]:
         bs, bb = _blocks(w.dtype, kk)
         lut = LUTS.get(w.dtype.name, np.zeros(1, np.float32))
         if w.dtype.name in linear_host.LANE_TYPES and kk % 32 == 0:
-            k = linear_host.gemv_lanes.instantiate(QTYPE=w.dtype.name)
+            k = linear_host.gemv_lanes.instantiate(QTYPE=w.dtype.name, NR=GEMV_ROWS)
             gemv = Launch(
-                n, k, {"x": xk, "w": wk, "y": ok}, lambda env: (nn, rows(env), batch), lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)}
+                n,
+                k,
+                {"x": xk, "w": wk, "y": ok},
+                lambda env: (-(-nn // GEMV_ROWS), rows(env), batch),
+                lambda env: {"n": nn, "k": kk, "row_bytes": row_bytes, **strides(env)},
             )
         elif bs % 16 == 0 and kk % bs == 0:
             k = linear_host.gemv_lanes_any.instantiate(QTYPE=w.dtype.name, BS=bs, BB=bb)

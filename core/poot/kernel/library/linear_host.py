@@ -25,50 +25,55 @@ LANE_TYPES = ("q4_0", "q4_1", "q8_0")
 
 
 @kernel(workgroup=(1, 1, 1))
-def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32, QTYPE: Const = "q4_1"):
-    """y[e, m, j] = sum_k x[e, m, k] * dequant(w)[e, j, k] for q4_0 / q4_1 / q8_0; grid (n, m, batch),
-    with batch strides xs (elements, 0 to share x), ws (bytes) and ys (elements). Lane i adds the
-    elements k = i (mod 16) in order, each weight dequantized as the oracle does: the same
-    arithmetic, in the same order, as ``gemm_rows``, so a row's result does not depend on the
-    schedule (nor on the batch it came in)."""
-    j = group_id(0)
+def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32, QTYPE: Const = "q4_1", NR: Const = 1):
+    """y[e, m, j] = sum_k x[e, m, k] * dequant(w)[e, j, k] for q4_0 / q4_1 / q8_0; grid
+    (ceil(n / NR), m, batch), with batch strides xs (elements, 0 to share x), ws (bytes) and ys
+    (elements). ``NR`` rows a workgroup, each with its own 16 lanes: their chains of additions run
+    side by side (one row's would wait on each add). Lane i adds the elements k = i (mod 16) in
+    order, each weight dequantized as the oracle does: the same arithmetic, in the same order, as
+    ``gemm_rows``, so a row's result does not depend on the schedule (nor on the batch it came in)."""
+    j0 = group_id(0) * NR
     e = group_id(2)
     xm = group_id(1) * k + e * xs
-    wj = j * row_bytes + e * ws
-    acc = shared(f32, 16)
-    for i in range(16):
+    acc = shared(f32, 16 * NR)
+    for i in range(16 * NR):
         acc[i] = 0.0
     nb = k // 32
     for blk in range(nb):
         xb = xm + blk * 32
-        if QTYPE == "q8_0":
-            p = wj + blk * 34
-            d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-            for i in range(16):
-                q = i32(w[p + 2 + i])
-                acc[i] += x[xb + i] * (d * f32(q - ((q >> 7) << 8)))
-            for i in range(16):
-                q = i32(w[p + 18 + i])
-                acc[i] += x[xb + 16 + i] * (d * f32(q - ((q >> 7) << 8)))
-        elif QTYPE == "q4_1":
-            p = wj + blk * 20
-            d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-            mn = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
-            for i in range(16):
-                acc[i] += x[xb + i] * (d * f32(i32(w[p + 4 + i]) & 15) + mn)
-            for i in range(16):
-                acc[i] += x[xb + 16 + i] * (d * f32(i32(w[p + 4 + i]) >> 4) + mn)
-        else:
-            p = wj + blk * 18
-            d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-            for i in range(16):
-                acc[i] += x[xb + i] * (d * f32((i32(w[p + 2 + i]) & 15) - 8))
-            for i in range(16):
-                acc[i] += x[xb + 16 + i] * (d * f32((i32(w[p + 2 + i]) >> 4) - 8))
-    s = 0.0
-    for i in range(16):
-        s += acc[i]
-    y[e * ys + group_id(1) * n + j] = s
+        for r in static_range(NR):
+            wj = min(j0 + r, n - 1) * row_bytes + e * ws  # (a last workgroup's rows past n repeat row n - 1, unstored)
+            a = r * 16
+            if QTYPE == "q8_0":
+                p = wj + blk * 34
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                for i in range(16):
+                    q = i32(w[p + 2 + i])
+                    acc[a + i] += x[xb + i] * (d * f32(q - ((q >> 7) << 8)))
+                for i in range(16):
+                    q = i32(w[p + 18 + i])
+                    acc[a + i] += x[xb + 16 + i] * (d * f32(q - ((q >> 7) << 8)))
+            elif QTYPE == "q4_1":
+                p = wj + blk * 20
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                mn = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                for i in range(16):
+                    acc[a + i] += x[xb + i] * (d * f32(i32(w[p + 4 + i]) & 15) + mn)
+                for i in range(16):
+                    acc[a + i] += x[xb + 16 + i] * (d * f32(i32(w[p + 4 + i]) >> 4) + mn)
+            else:
+                p = wj + blk * 18
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                for i in range(16):
+                    acc[a + i] += x[xb + i] * (d * f32((i32(w[p + 2 + i]) & 15) - 8))
+                for i in range(16):
+                    acc[a + i] += x[xb + 16 + i] * (d * f32((i32(w[p + 2 + i]) >> 4) - 8))
+    for r in static_range(NR):
+        s = 0.0
+        for i in range(16):
+            s += acc[r * 16 + i]
+        if j0 + r < n:
+            y[e * ys + group_id(1) * n + j0 + r] = s
 
 
 @kernel(workgroup=(1, 1, 1))
