@@ -2,9 +2,9 @@
 are 16 independent lanes that LLVM turns into one SIMD register each (AVX-512: one zmm; narrower
 units take several), with the accumulators held in registers across the K loop.
 
-- ``gemv_lanes``: decode, one output feature per workgroup. The quant types whose byte ``i`` of a
-  block holds elements ``i`` and ``i + 16`` (q4_0, q4_1) or element ``i`` (q8_0) are read 16 bytes
-  at a time; scales are converted by the hardware (F16C). ``gemv_lanes_any`` takes every other
+- ``gemv_lanes``: decode, four output features per workgroup. The quant types whose byte ``i`` of a
+  block holds elements ``i`` and ``i + 16`` (q4_0, q4_1, and q5_0 with its fifth bits beside them)
+  or element ``i`` (q8_0) are read 16 bytes at a time; scales are converted by the hardware (F16C). ``gemv_lanes_any`` takes every other
   packed type through its kernel body.
 - ``gemv_lanes_f32``: the same for f32 weights.
 - ``gemm_rows``: prefill, ``NR`` output features per workgroup for every token: the rows are
@@ -21,12 +21,12 @@ from __future__ import annotations
 from ...graph.dtypes import f32, i32, u8
 from ..frontend import Const, In, Out, kernel
 
-LANE_TYPES = ("q4_0", "q4_1", "q8_0")
+LANE_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 
 
 @kernel(workgroup=(1, 1, 1))
 def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, xs: i32, ws: i32, ys: i32, QTYPE: Const = "q4_1", NR: Const = 1):
-    """y[e, m, j] = sum_k x[e, m, k] * dequant(w)[e, j, k] for q4_0 / q4_1 / q8_0; grid
+    """y[e, m, j] = sum_k x[e, m, k] * dequant(w)[e, j, k] for q4_0 / q4_1 / q5_0 / q8_0; grid
     (ceil(n / NR), m, batch), with batch strides xs (elements, 0 to share x), ws (bytes) and ys
     (elements). ``NR`` rows a workgroup, each with its own 16 lanes: their chains of additions run
     side by side (one row's would wait on each add). Lane i adds the elements k = i (mod 16) in
@@ -61,6 +61,16 @@ def gemv_lanes(x: In[f32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i3
                     acc[a + i] += x[xb + i] * (d * f32(i32(w[p + 4 + i]) & 15) + mn)
                 for i in range(16):
                     acc[a + i] += x[xb + 16 + i] * (d * f32(i32(w[p + 4 + i]) >> 4) + mn)
+            elif QTYPE == "q5_0":  # the fifth bits of the block's 32 values in 4 bytes after d
+                p = wj + blk * 22
+                d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                qh = i32(w[p + 2]) | (i32(w[p + 3]) << 8) | (i32(w[p + 4]) << 16) | (i32(w[p + 5]) << 24)
+                for i in range(16):
+                    q = (i32(w[p + 6 + i]) & 15) | (((qh >> i) & 1) << 4)
+                    acc[a + i] += x[xb + i] * (d * f32(q - 16))
+                for i in range(16):
+                    q = (i32(w[p + 6 + i]) >> 4) | (((qh >> (i + 16)) & 1) << 4)
+                    acc[a + i] += x[xb + 16 + i] * (d * f32(q - 16))
             else:
                 p = wj + blk * 18
                 d = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
