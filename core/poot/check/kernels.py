@@ -15,6 +15,7 @@ from ..eval.oracle import evaluate
 from ..graph import GraphBuilder
 from ..graph.compose import rms_norm
 from ..graph.dims import sym
+from ..testing.kernels import bf16_round
 
 __all__ = ["KernelCase", "kernel_cases", "run_kernel_case"]
 
@@ -42,12 +43,6 @@ class KernelCase:
     on_tensor_cores: Callable[[dict[str, np.ndarray], dict[str, np.ndarray]], dict[str, np.ndarray]] | None = None
 
 
-def _round_bf16(a: np.ndarray) -> np.ndarray:
-    bits = np.ascontiguousarray(a, np.float32).view(np.uint32)
-    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
-    return bits.view(np.float32)
-
-
 def _weight(rng: np.random.Generator, qtype: str, n: int, k: int) -> np.ndarray:
     from ..quant import quantization
 
@@ -55,7 +50,7 @@ def _weight(rng: np.random.Generator, qtype: str, n: int, k: int) -> np.ndarray:
     if qtype == "f32":
         return w
     if qtype == "bf16":
-        return _round_bf16(w)
+        return bf16_round(w)
     if qtype == "f16":
         return w.astype(np.float16).astype(np.float32)
     return quantization(qtype).quantize(w)
@@ -73,7 +68,7 @@ def _matmul_case(qtype: str, rows: tuple[int, ...]) -> KernelCase:
     def on_tensor_cores(inputs: dict[str, np.ndarray], weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         from ..quant import quantization
 
-        w = _round_bf16(quantization(qtype).dequantize(weights["w"]).astype(np.float32))
+        w = bf16_round(quantization(qtype).dequantize(weights["w"]).astype(np.float32))
         return {"y": inputs["x"].astype(np.float64) @ w.astype(np.float64).T}
 
     packed = qtype not in ("f32", "bf16", "f16")  # (16-bit weights are exact in bf16 or taken as f32)

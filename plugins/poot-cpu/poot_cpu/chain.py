@@ -47,18 +47,9 @@ out:
   ret void
 }}
 
-define void @poot_chain(ptr %recs, i32 %first, i32 %stop, i32 %tid, i32 %nth, ptr %bar) {{
+; this thread's share of record %r's workgroups (lo..hi of its total, split evenly by thread)
+define internal void @poot_run_share(ptr %r, i64 %tid64, i64 %nth64) alwaysinline {{
 entry:
-  %multi = icmp sgt i32 %nth, 1
-  %tid64 = sext i32 %tid to i64
-  %nth64 = sext i32 %nth to i64
-  br label %head
-head:
-  %i = phi i32 [ %first, %entry ], [ %i1, %next ]
-  %more = icmp slt i32 %i, %stop
-  br i1 %more, label %body, label %done
-body:
-  %r = getelementptr %rec, ptr %recs, i32 %i
   %fnp = getelementptr %rec, ptr %r, i32 0, i32 0
   %fni = load i64, ptr %fnp
   %fn = inttoptr i64 %fni to ptr
@@ -76,11 +67,27 @@ body:
   %lo32 = trunc i64 %lo to i32
   %hi32 = trunc i64 %hi to i32
   %any = icmp slt i32 %lo32, %hi32
-  br i1 %any, label %call, label %after
+  br i1 %any, label %call, label %out
 call:
   call void %fn(ptr %args, i32 %lo32, i32 %hi32)
-  br label %after
-after:
+  br label %out
+out:
+  ret void
+}}
+
+define void @poot_chain(ptr %recs, i32 %first, i32 %stop, i32 %tid, i32 %nth, ptr %bar) {{
+entry:
+  %multi = icmp sgt i32 %nth, 1
+  %tid64 = sext i32 %tid to i64
+  %nth64 = sext i32 %nth to i64
+  br label %head
+head:
+  %i = phi i32 [ %first, %entry ], [ %i1, %next ]
+  %more = icmp slt i32 %i, %stop
+  br i1 %more, label %body, label %done
+body:
+  %r = getelementptr %rec, ptr %recs, i32 %i
+  call void @poot_run_share(ptr %r, i64 %tid64, i64 %nth64)
   %flp = getelementptr %rec, ptr %r, i32 0, i32 3
   %fl = load i32, ptr %flp
   %bit = and i32 %fl, 1
@@ -121,28 +128,7 @@ head:
   br i1 %more, label %body, label %done
 body:
   %r = getelementptr %rec, ptr %recs, i32 %i
-  %fnp = getelementptr %rec, ptr %r, i32 0, i32 0
-  %fni = load i64, ptr %fnp
-  %fn = inttoptr i64 %fni to ptr
-  %argp = getelementptr %rec, ptr %r, i32 0, i32 1
-  %argi = load i64, ptr %argp
-  %args = inttoptr i64 %argi to ptr
-  %totp = getelementptr %rec, ptr %r, i32 0, i32 2
-  %tot = load i32, ptr %totp
-  %tot64 = sext i32 %tot to i64
-  %lo0 = mul i64 %tot64, %tid64
-  %lo = sdiv i64 %lo0, %nth64
-  %tid1 = add i64 %tid64, 1
-  %hi0 = mul i64 %tot64, %tid1
-  %hi = sdiv i64 %hi0, %nth64
-  %lo32 = trunc i64 %lo to i32
-  %hi32 = trunc i64 %hi to i32
-  %any = icmp slt i32 %lo32, %hi32
-  br i1 %any, label %call, label %after
-call:
-  call void %fn(ptr %args, i32 %lo32, i32 %hi32)
-  br label %after
-after:
+  call void @poot_run_share(ptr %r, i64 %tid64, i64 %nth64)
   br i1 %multi, label %meet, label %stamp
 meet:
   call void @poot_barrier(ptr %bar, i32 %nth)
