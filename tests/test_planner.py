@@ -18,11 +18,11 @@ from poot.runtime import Capabilities, Device, Unavailable
 from poot.testing.paged import attention_block_graph
 
 
-def _mlp_graph():
+def _mlp_graph(wtype: str = "q5_1"):
     b = GraphBuilder()
     x = b.input("x", "f32", [sym("tokens"), 64])
     w = b.weight("w", "f32", [64])
-    up = b.weight("up", "q4_1", [96, 64])
+    up = b.weight("up", wtype, [96, 64])
     from poot.graph.compose import rms_norm
 
     h = rms_norm(b, x, w, 1e-6)
@@ -45,7 +45,7 @@ def test_fusion_decisions():
 def test_plan_description_names_values_and_kernels():
     plan = plan_graph(_mlp_graph())
     text = plan.describe({"tokens": 5})
-    assert "tokens=5" in text and "up:q4_1[96, 64]" in text and "gemm_rows" in text and "gemv_lanes" not in text
+    assert "tokens=5" in text and "up:q5_1[96, 64]" in text and "gemm_rows" in text and "gemv_lanes" not in text
     assert "rows <= 2" in str(plan)  # without symbol values every schedule is listed with its condition
 
 
@@ -79,6 +79,17 @@ def test_refusals_name_op_device_and_reason():
     alien = Device("tpu", 0, "a target no installed backend compiles for", target="xla", capabilities=_device().capabilities)
     with pytest.raises(Refusal, match="tpu:0 refuses plan: no installed backend compiles kernels for its target 'xla'"):
         compile_plan(g, alien)
+
+
+@pytest.mark.parametrize("wtype", ["q4_0", "q4_1", "q5_0", "q8_0"])
+def test_integer_types_quantize_x_once_and_share_one_arithmetic(wtype):
+    plan = plan_graph(_mlp_graph(wtype))
+    text = plan.describe({"tokens": 5})
+    assert f"up:{wtype}[96, 64]" in text and "quantize_x_host" in text and "matmul_q8" in text and "gemm_rows" not in text
+    mm = [l for l in plan.launches if l.node.op == "matmul"]
+    assert [l.label for l in mm] == ["quantize_x_host", "", ""]  # one quantization of x, then the product for few rows or many
+    assert sorted(str(l.when.doc) for l in mm if l.when is not None) == ["rows <= 2", "rows > 2"]
+    assert {l.kernel.name.split("_TM")[0] for l in mm[1:]} == {f"matmul_q8_ONE{one}" + ("" if wtype == "q4_1" else f"_QTYPE{wtype}") for one in (0, 1)}
 
 
 def test_small_workgroup_memory_falls_back_to_the_gemv_schedule():

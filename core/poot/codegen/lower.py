@@ -113,6 +113,30 @@ class KernelLowering(ArithmeticLowering):
             raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower {type(st).__name__} (a statement of another target)")
         method(st)
 
+    def lower_dot_bytes(self, st: K.DotBytes) -> None:
+        """``DotBytes``: on hosts with VNNI, 16 lanes (AVX-512) or 8 (AVX-VNNI) a ``vpdpbusd``;
+        elsewhere each lane's four byte products by integer arithmetic."""
+        b = self.b
+        feats = set(self.t.features.split(",")) if self.host else set()
+        width = 16 if "+avx512vnni" in feats else 8 if "+avxvnni" in feats or {"+avx512vnni", "+avx512vl"} <= feats else 1
+        if st.n % width:
+            width = 1
+        for c in range(0, st.n, width):
+            ptrs = [self.address(arr, K.Bin("add", at, K.Const(c, dt.i32)))[0] for arr, at in ((st.acc, st.acc_at), (st.a, st.a_at), (st.b, st.b_at))]
+            if width == 1:
+                acc, x, y = (b.load(p) for p in ptrs)
+                for i in range(4):
+                    up = L.Constant(I32, 24 - 8 * i)
+                    xi = b.lshr(b.shl(x, up), L.Constant(I32, 24))
+                    yi = b.ashr(b.shl(y, up), L.Constant(I32, 24))
+                    acc = b.add(acc, b.mul(xi, yi))
+                b.store(acc, ptrs[0])
+                continue
+            vec = L.VectorType(I32, width)
+            acc, x, y = (b.load(b.bitcast(p, L.PointerType(vec, p.type.addrspace)), align=4) for p in ptrs)
+            fn = self.intrinsic(f"llvm.x86.avx512.vpdpbusd.{32 * width}", vec, [vec, vec, vec])
+            b.store(b.call(fn, [acc, x, y]), b.bitcast(ptrs[0], L.PointerType(vec, ptrs[0].type.addrspace)), align=4)
+
     # -- functions ----------------------------------------------------------------------------------
     def lower(self) -> L.Module:
         k = self.k
@@ -450,6 +474,15 @@ class KernelLowering(ArithmeticLowering):
             ptr, t = self.address(e.buffer, e.index)
             v = b.load(ptr)
             return b.icmp_unsigned("!=", v, L.Constant(I8, 0)) if t == dt.boolean else v
+        if isinstance(e, K.LoadWord):
+            if self.host:
+                ptr, _ = self.address(e.buffer, e.index)
+                return b.load(b.bitcast(ptr, L.PointerType(I32, ptr.type.addrspace)), align=1)
+            word: L.Value = L.Constant(I32, 0)
+            for i in range(4):
+                ptr, _ = self.address(e.buffer, K.Bin("add", e.index, K.Const(i, dt.i32)))
+                word = b.or_(word, b.shl(b.zext(b.load(ptr), I32), L.Constant(I32, 8 * i)))
+            return word
         if isinstance(e, K.SubgroupReduce):
             return self.subgroup_reduce(e.op, self.expr(e.a), e.a.dtype)
         if isinstance(e, K.SubgroupShuffle):
@@ -458,6 +491,9 @@ class KernelLowering(ArithmeticLowering):
             return self.dot4_i8(self.expr(e.a), self.expr(e.b), self.expr(e.c))
         if isinstance(e, K.PackBf16x2):
             return self.pack_bf16x2(self.expr(e.a), self.expr(e.b))
+        if isinstance(e, K.Fma):
+            t = llvm_type(e.dtype)
+            return b.call(self.intrinsic(f"llvm.fma.f{e.dtype.bits}", t, [t, t, t]), [self.expr(e.a), self.expr(e.b), self.expr(e.c)])
         raise Refusal(f"kernel {self.k.name}", self.t.key, f"cannot lower expression {type(e).__name__}")
 
 

@@ -15,8 +15,11 @@ and ``static_range`` are resolved at compile time, so templates specialise clean
 helpers: ``barrier()``, ``atomic_add(buf, i, v)``, ``a, b, c, d = vload(buf, i)`` / ``vstore(buf, i,
 a, b, c, d)``, ``reduce_shared(arr, "add")`` (a barrier, then a tree reduction leaving the result in
 ``arr[0]``), ``reduce_argmax(values, ids)`` (the largest value and its id, ties to the lower id, left
-in ``values[0]`` and ``ids[0]``), ``mma_tile(a, b, c)``; ``dequant(QTYPE, buf, row, k)`` reads packed
-weights. Integer ``//`` and ``%`` truncate toward zero, as in C. Anything outside the subset is a ``KernelSyntaxError``
+in ``values[0]`` and ``ids[0]``), ``mma_tile(a, b, c)``, ``dot_bytes(acc, i, a, j, b, l, lanes)`` (i32
+workgroup arrays: each of ``lanes`` lanes of ``acc`` from ``i`` plus the dot product of the unsigned
+bytes of ``a``'s lane with the signed bytes of ``b``'s: ``vpdpbusd`` on VNNI hosts); ``dequant(QTYPE,
+buf, row, k)`` reads packed weights, ``load_word(buf, i)`` four bytes of a u8 buffer as an i32, and
+``fma(a, b, c)`` rounds ``a * b + c`` once on every target. Integer ``//`` and ``%`` truncate toward zero, as in C. Anything outside the subset is a ``KernelSyntaxError``
 naming the file and line.
 
 A computation several kernels share is written once as an ``@inline`` function of values, which a

@@ -31,9 +31,11 @@ __all__ = [
     "HalfToF32",
     "Select",
     "Load",
+    "LoadWord",
     "SubgroupReduce",
     "SubgroupShuffle",
     "Dot4I8",
+    "Fma",
     "PackBf16x2",
     "Stmt",
     "Let",
@@ -48,6 +50,7 @@ __all__ = [
     "VecStore",
     "MmaTile",
     "TargetStmt",
+    "DotBytes",
     "CopyAsync",
     "CopyAsyncSync",
     "AwaitPrior",
@@ -199,6 +202,19 @@ class Load:
 
 
 @dataclass(frozen=True)
+class LoadWord:
+    """The four bytes of u8 buffer ``buffer`` from byte ``index`` (any alignment) as a little-endian
+    i32: one load on the host, four byte loads elsewhere."""
+
+    buffer: str
+    index: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return i32
+
+
+@dataclass(frozen=True)
 class SubgroupReduce:
     """Reduce ``a`` across the subgroup with 'add', 'max' or 'min'; every lane gets the result."""
 
@@ -238,6 +254,20 @@ class Dot4I8:
 
 
 @dataclass(frozen=True)
+class Fma:
+    """``a * b + c`` rounded once (f32): a fused multiply-add whatever the target's contraction
+    policy, so that two kernels that must agree to the bit (a GEMV and a GEMM) compute it alike."""
+
+    a: "Expr"
+    b: "Expr"
+    c: "Expr"
+
+    @property
+    def dtype(self) -> DType:
+        return self.a.dtype
+
+
+@dataclass(frozen=True)
 class PackBf16x2:
     """f32 ``a`` and ``b`` rounded to bf16 (nearest, ties to even) and packed in an i32, ``a`` in the
     low half (NVIDIA: one ``cvt.rn.bf16x2.f32``; other targets: integer arithmetic, the same bits
@@ -251,7 +281,7 @@ class PackBf16x2:
         return i32
 
 
-Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, HalfToF32, Select, Load, SubgroupReduce, SubgroupShuffle, Dot4I8, PackBf16x2]
+Expr = Union[Const, Ref, Builtin, Bin, Un, Cast, Bitcast, HalfToF32, Select, Load, LoadWord, SubgroupReduce, SubgroupShuffle, Dot4I8, Fma, PackBf16x2]
 
 
 def const(value: float | int | bool, dtype: DType | str = i32) -> Const:
@@ -372,6 +402,35 @@ class TargetStmt:
 
     def check(self, c) -> None:  # type: ignore[no-untyped-def]
         """Raise ``c.fail(reason)`` where the statement is malformed."""
+
+
+@dataclass(frozen=True)
+class DotBytes(TargetStmt):
+    """For i in range(n): ``acc[acc_at + i]`` plus the dot product of the four unsigned bytes of
+    ``a[a_at + i]`` with the four signed bytes of ``b[b_at + i]``; the three are i32 workgroup
+    arrays (on the host, registers), the sums exact (no saturation). Every target lowers it: hosts
+    with VNNI 16 or 8 lanes an instruction (``vpdpbusd``), the others by byte arithmetic."""
+
+    acc: str
+    acc_at: "Expr"
+    a: str
+    a_at: "Expr"
+    b: str
+    b_at: "Expr"
+    n: int
+
+    lowering = "dot_bytes"
+
+    def check(self, c) -> None:  # type: ignore[no-untyped-def]
+        for name in (self.acc, self.a, self.b):
+            sh = c.shared(name)
+            if sh is None or sh.dtype != dt.i32:
+                raise c.fail(f"dot_bytes works on i32 workgroup arrays; '{name}' is not one")
+        for at in (self.acc_at, self.a_at, self.b_at):
+            if c.expr(at) != dt.i32:
+                raise c.fail("dot_bytes offsets must be i32")
+        if self.n < 1:
+            raise c.fail(f"dot_bytes needs at least one lane, got {self.n}")
 
 
 @dataclass(frozen=True)

@@ -267,6 +267,10 @@ class _Translator:
         f = n.func.id
         if f in ("dequant", "dequant_in_block"):  # quant.bodies: (QTYPE, packed buffer, byte offset, index)
             return self._dequant(n, f)
+        if f == "load_word":  # four bytes of a u8 buffer as a little-endian i32
+            if len(n.args) != 2:
+                raise c.err(n, "load_word() takes a buffer and a byte index")
+            return ir.LoadWord(self._memory(n.args[0]), self.index(n.args[1]))
         args = [self.expr(a) for a in n.args]
         if n.keywords:
             raise c.err(n, f"{f}() takes no keyword arguments in kernels")
@@ -311,6 +315,11 @@ class _Translator:
             (a,) = args
             a = _lit(a, dt.i32 if f == "as_f32" else dt.f32) if isinstance(a, (int, float)) else a
             return ir.Bitcast(a, dt.f32 if f == "as_f32" else dt.i32)
+        if f == "fma":  # a * b + c rounded once, whatever the target's contraction policy
+            if len(args) != 3:
+                raise c.err(n, "fma() takes three arguments")
+            a, b, cc = (_lit(float(v), dt.f32) if isinstance(v, (int, float)) else v for v in args)
+            return ir.Fma(a, b, cc)
         if f == "half_to_f32":  # IEEE half bits (in an i32) -> f32, subnormals included
             (a,) = args
             return ir.HalfToF32(a if not isinstance(a, int) else _lit(a, dt.i32))
@@ -421,13 +430,20 @@ class _Translator:
                     return self._reduce_shared(n.value)
                 if f == "reduce_argmax" and len(n.value.args) == 2:
                     return self._reduce_argmax(n.value)
+                if f == "dot_bytes" and len(n.value.args) == 7:  # (acc, at, a, at, b, at, lanes)
+                    a = n.value.args
+                    lanes = self.expr(a[6])
+                    if not isinstance(lanes, int):
+                        raise c.err(n, "dot_bytes' lane count must be a compile-time constant")
+                    mems = [self._memory(a[i]) for i in (0, 2, 4)]
+                    return [ir.DotBytes(mems[0], self.index(a[1]), mems[1], self.index(a[3]), mems[2], self.index(a[5]), lanes)]
                 if f == "mma_tile" and len(n.value.args) == 3:
                     a, b, cc = (self._memory(x) for x in n.value.args)
                     return [ir.MmaTile(a, b, cc)]
             raise c.err(
                 n,
                 "an expression statement must be barrier(), atomic_add(buf, i, v), vstore(buf, i, ...), reduce_shared(arr, op), "
-                "reduce_argmax(values, ids) or mma_tile(a, b, c)",
+                "reduce_argmax(values, ids), dot_bytes(acc, i, a, i, b, i, lanes) or mma_tile(a, b, c)",
             )
         if isinstance(n, ast.Pass):
             return []
@@ -487,7 +503,7 @@ class _Translator:
             return [ir.Assign(n.target.id, ir.Bin(op, a, b))]
         if isinstance(n, ast.If):
             cond = self.expr(n.test)
-            if isinstance(cond, bool):  # compile-time: keep one branch
+            if isinstance(cond, (bool, int, str)):  # compile-time: keep one branch
                 return self.block(n.body if cond else n.orelse)
             if cond.dtype != dt.boolean:
                 raise c.err(n, f"condition must be bool, got {cond.dtype}")

@@ -29,12 +29,14 @@ from .ir import (
     Dot4I8,
     Expr,
     Fence,
+    Fma,
     For,
     HalfToF32,
     If,
     Kernel,
     Let,
     Load,
+    LoadWord,
     MmaTile,
     PackBf16x2,
     Prefetch,
@@ -146,6 +148,14 @@ def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
         if ti != dt.i32:
             raise s.fail(where, f"index into '{e.buffer}' must be i32, got {ti}")
         return e.dtype, vi  # every thread reading one address sees one value
+    if isinstance(e, LoadWord):
+        mem = s.buffers.get(e.buffer)
+        if mem is None or mem.dtype != dt.u8:
+            raise s.fail(where, f"load_word reads a u8 buffer; '{e.buffer}' is not one")
+        ti, vi = _expr(s, e.index, where)
+        if ti != dt.i32:
+            raise s.fail(where, f"index into '{e.buffer}' must be i32, got {ti}")
+        return dt.i32, vi
     if isinstance(e, SubgroupReduce):
         t, _ = _expr(s, e.a, where)
         if e.op not in ("add", "max", "min"):
@@ -162,6 +172,11 @@ def _expr(s: _Scope, e: Expr, where: str) -> tuple[dt.DType, bool]:
         if any(t != dt.i32 for t, _ in parts):
             raise s.fail(where, f"dot4_i8 takes i32 words, got {[str(t) for t, _ in parts]}")
         return dt.i32, any(v for _, v in parts)
+    if isinstance(e, Fma):
+        parts = [_expr(s, x, where) for x in (e.a, e.b, e.c)]
+        if any(t != dt.f32 for t, _ in parts):
+            raise s.fail(where, f"fma takes f32 values, got {[str(t) for t, _ in parts]}")
+        return dt.f32, any(v for _, v in parts)
     if isinstance(e, PackBf16x2):
         parts = [_expr(s, x, where) for x in (e.a, e.b)]
         if any(t != dt.f32 for t, _ in parts):

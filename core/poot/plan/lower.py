@@ -630,7 +630,11 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
                 plan.launches.append(ew)
         elif n.op == "matmul":
             fused_few = n.id in glus or n.id in in_siblings  # few rows: a fused launch computes this product (or its use), reading x its own way
-            ls = matmul_gpu(n, limits, sched, None if fused_few else qx) if gpu else matmul_host(n, limits.shared_bytes)
+            ls = (
+                matmul_gpu(n, limits, sched, None if fused_few else qx)
+                if gpu
+                else matmul_host(n, limits.shared_bytes, None if limits.matmul_precision == "highest" else qx)
+            )
             if fused_few:
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
             if n.id in siblings:

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import Refusal
 from ..graph import dtypes as dt
 from ..graph.ir import Node, Value
-from ..kernel.library import linear, linear_gpu, linear_host, linear_simt
+from ..kernel.library import linear, linear_gpu, linear_host, linear_q8_host, linear_simt
 from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
 from .common import Env, Limits, between
 from .common import key as _key
@@ -38,11 +38,15 @@ def _blocks(t: dt.DType, k: int) -> tuple[int, int]:
 GEMV_ROWS = 4  # weight rows a host GEMV workgroup takes: four chains of additions side by side
 
 
-def matmul_host(n: Node, shared_bytes: int) -> list[Launch]:
-    """x @ w^T against a 2-D weight. Host schedules: a lane GEMV while few rows come (decode), and a
-    row-block GEMM that dequantizes weight rows once for every token (prefill); the generic
-    GPU-style kernels where those do not apply."""
+def matmul_host(n: Node, shared_bytes: int, qx: QuantizedX | None = None) -> list[Launch]:
+    """x @ w^T against a 2-D weight. Host schedules: for Q4_0, Q4_1, Q5_0 and Q8_0 weights, x
+    quantized once (``qx``) and summed against the quants in integers (``linear_q8_host``), a token
+    a workgroup while few rows come and every token a workgroup beyond; for the other types a lane
+    GEMV while few rows come (decode), and a row-block GEMM that dequantizes weight rows once for
+    every token (prefill); the generic GPU-style kernels where those do not apply."""
     x, w = n.inputs
+    if qx is not None and w.rank == 2 and w.dtype.name in linear_q8_host.Q8_TYPES and w.shape[-1].value % 32 == 0 and n.attrs["transpose_b"]:
+        return _matmul_q8_host(n, qx)
     if not n.attrs["transpose_b"] or w.rank not in (2, 3) or (w.rank == 3 and x.rank != 3):
         raise Refusal("matmul", "host", "the planner runs x @ w^T with a 2-D weight, or [B, T, K] x [E, N, K] per expert")
     out = n.outputs[0]
@@ -118,6 +122,27 @@ def matmul_host(n: Node, shared_bytes: int) -> list[Launch]:
     return [gemv, gemm]
 
 
+def _matmul_q8_host(n: Node, qx: QuantizedX) -> list[Launch]:
+    """The integer host schedules of ``linear_q8_host``: x quantized once for every product that
+    reads it, then 16 weight rows a workgroup, a token a workgroup for up to two rows of x (decode)
+    and every token, four at a time, beyond. Both do the same arithmetic for a row."""
+    x, w = n.inputs
+    nn, kk = w.shape[0].value, w.shape[1].value
+    bs, bb, _ = BODIES[w.dtype.name]
+    rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
+    xs, pre = qx.host(n, x, kk, rows)
+    bufs = {**xs, "w": _key(w), "y": _key(n.outputs[0])}
+    sc = lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": kk // bs * bb}  # noqa: E731
+    groups = -(-nn // 16)
+    one = linear_q8_host.matmul_q8.instantiate(QTYPE=w.dtype.name, TM=1, ONE=1)
+    every = linear_q8_host.matmul_q8.instantiate(QTYPE=w.dtype.name, TM=4, ONE=0)
+    return [
+        *pre,
+        Launch(n, one, bufs, lambda env: (groups, rows(env)), sc, When("rows <= 2", lambda env: rows(env) <= 2)),
+        Launch(n, every, bufs, lambda env: (groups,), sc, When("rows > 2", lambda env: rows(env) > 2)),
+    ]
+
+
 def _gemv_rows(qtype: str, k: int, limits: Limits) -> list[tuple[int, int, int]]:
     """The warp GEMV's (rows a workgroup, fewest rows, most rows) for 1 and 2-4 rows of x: the Q4_K
     and Q6_K ones keep their rows of x, quantized, in workgroup memory, so K bounds how many fit."""
@@ -190,6 +215,24 @@ class QuantizedX:
                 lambda env: {"m": rows(env)},
                 when,
                 label="quantize_x",
+            )
+        ]
+
+    def host(self, n: Node, x: Value, k: int, rows: Callable[[Env], int]) -> tuple[dict[str, tuple[int, int]], list[Launch]]:
+        """For the host's integer products: x's scratch area of ``quantize_x_host`` records
+        (``xq``), and the launch that writes it (none when one already does)."""
+        xk = _key(x)
+        if xk in self.areas:
+            return self.areas[xk], []
+        bufs = self.areas[xk] = {"xq": self.plan.add_scratch(lambda env: rows(env) * (k // 32) * linear_q8_host.XW)}
+        return bufs, [
+            Launch(
+                n,
+                linear_q8_host.quantize_x_host.instantiate(),
+                {"x": xk, "xq": bufs["xq"]},
+                lambda env: (rows(env),),
+                lambda env: {"k": k},
+                label="quantize_x_host",
             )
         ]
 

@@ -1,0 +1,168 @@
+"""Matrix products on a CPU core in integers: x quantized once per product, weights read as stored.
+
+``quantize_x_host`` writes each row of x as blocks of 32 values, each a record of ``XW`` i32 words:
+
+- words 0-7 and 8-15: two int8 terms per value, x ~ d (q1 + q2 / 256) with d = max|x| / 127 (q1 is
+  llama.cpp's Q8_1; q2 rounds the remainder, clamped to [-127, 127]: within half a step of d / 256,
+  a step where the clamp cuts, so about 15 bits of each value are kept, as the GPU's dp4a GEMVs
+  keep: see docs/NUMERICS.md), four values a word;
+- word 16: d / 256 (f32 bits), the scale of X = 256 q1 + q2;
+- word 17: (d / 256) * the block's sum of X (f32 bits: the Q4_1 minimums' term);
+- word 18: the block's sum of X (i32).
+
+``matmul_q8`` takes the packed types whose quant byte ``i`` holds values ``i`` and ``i + 16``
+(Q4_0, Q4_1, Q5_0 with its fifth bits) or value ``i`` (Q8_0) straight from the weight: 16 weight
+rows a workgroup, lane ``4 r + j`` of four 16-lane groups holding row r's values ``4j..4j+3`` and
+``16+4j..16+4j+3``, and ``dot_bytes`` sums the quants (unsigned: Q4_0's q, Q5_0's q and Q8_0's
+q + 128) against x's two terms exactly (``vpdpbusd`` where the host has VNNI). Per row and block,
+``T = sum(256 S1 + S2) - offset * (sum of X)`` is the exact integer dot product of the signed quants
+with X; then ``acc = fma(f32(T), d_w * (d / 256), acc)`` block after block, Q4_1's minimums in a
+second sum ``macc = fma(m, word 17, macc)``, and y = acc + macc. Every schedule does exactly these
+f32 operations in this order for every (token, row), so a row gets the same bits whatever the
+thread count, the batch it came in or the number of rows.
+"""
+
+from __future__ import annotations
+
+from ...graph.dtypes import f32, i32, u8
+from ..frontend import Const, In, Out, inline, kernel
+
+__all__ = ["Q8_TYPES", "XW", "quantize_x_host", "matmul_q8"]
+
+Q8_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
+XW = 19  # i32 words of one quantized block of 32 values of x
+
+
+@kernel(workgroup=(1, 1, 1))
+def quantize_x_host(x: In[f32], xq: Out[i32], k: i32):
+    """Row ``group_id(0)`` of x (k values, a multiple of 32) into ``k / 32`` records of ``XW``
+    words (the module's layout); grid (rows,)."""
+    nb = k // 32
+    xb = group_id(0) * k
+    ob = group_id(0) * nb * 19
+    q1 = shared(i32, 32)
+    q2 = shared(i32, 32)
+    for blk in range(nb):
+        p = xb + blk * 32
+        amax = 0.0
+        for i in range(32):
+            amax = max(amax, abs(x[p + i]))
+        d = amax / 127.0
+        inv = select(amax > 0.0, 127.0 / amax, 0.0)
+        back = select(amax > 0.0, 256.0 / d, 0.0)
+        for i in range(32):
+            v = x[p + i]
+            a = min(max(i32(rint(v * inv)), -127), 127)
+            q1[i] = a
+            q2[i] = min(max(i32(rint((v - d * f32(a)) * back)), -127), 127)
+        o = ob + blk * 19
+        for j in range(8):
+            xq[o + j] = (q1[4 * j] & 255) | ((q1[4 * j + 1] & 255) << 8) | ((q1[4 * j + 2] & 255) << 16) | ((q1[4 * j + 3] & 255) << 24)
+            xq[o + 8 + j] = (q2[4 * j] & 255) | ((q2[4 * j + 1] & 255) << 8) | ((q2[4 * j + 2] & 255) << 16) | ((q2[4 * j + 3] & 255) << 24)
+        total = 0
+        for i in range(32):
+            total += 256 * q1[i] + q2[i]
+        xq[o + 18] = total
+        xd = d / 256.0
+        xq[o + 16] = as_i32(xd)
+        xq[o + 17] = as_i32(xd * f32(total))
+
+
+@inline
+def _spread(v: i32) -> i32:
+    """Bits 0-3 of ``v`` into bit 4 of each of the four bytes (Q5_0's fifth bits beside their nibbles)."""
+    return (((v & 15) * 2113665) & 16843009) << 4  # v * 0x204081 puts bit i at 8i (no carries); & 0x01010101
+
+
+@kernel(workgroup=(1, 1, 1), loop_vectorize=False)
+def matmul_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1", TM: Const = 1, ONE: Const = 1):
+    """y[t, j] = sum_k x[t, k] * dequant(w)[j, k] for x quantized by ``quantize_x_host``: 16 weight
+    rows a workgroup, unpacked once a block for ``TM`` tokens. With ``ONE`` the grid is
+    (ceil(n / 16), m) and a workgroup takes one token (decode: ``TM`` 1); without, (ceil(n / 16),)
+    and a workgroup takes every token, ``TM`` at a time."""
+    j0 = group_id(0) * 16
+    nb = k // 32
+    t_begin = 0
+    t_end = m
+    if ONE:
+        t_begin = group_id(1)
+        t_end = t_begin + 1
+    acc = shared(f32, 16 * TM)
+    macc = shared(f32, 16 * TM)
+    wl = shared(i32, 64)
+    wh = shared(i32, 64)
+    dw = shared(f32, 16)
+    mw = shared(f32, 16)
+    xv = shared(i32, 64)
+    u = shared(i32, 64)
+    s1 = shared(i32, 64)
+    s2 = shared(i32, 64)
+    off = 0  # the quants' offset: dot_bytes takes them unsigned
+    if QTYPE == "q4_0":
+        off = 8
+    elif QTYPE == "q5_0":
+        off = 16
+    elif QTYPE == "q8_0":
+        off = 128
+    for t0 in range(t_begin, t_end, TM):
+        for i in static_range(16 * TM):
+            acc[i] = 0.0
+            macc[i] = 0.0
+        for blk in range(nb):
+            for r in static_range(16):  # row r's quants: lanes 4r..4r+3 of wl and wh
+                p = min(j0 + r, n - 1) * row_bytes
+                if QTYPE == "q4_1" or QTYPE == "q4_0":  # d (and Q4_1's minimum m) before 16 quant bytes
+                    head = 2
+                    if QTYPE == "q4_1":
+                        head = 4
+                    p = p + blk * (16 + head)
+                    dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                    if QTYPE == "q4_1":
+                        mw[r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                    for jj in static_range(4):
+                        q = load_word(w, p + head + 4 * jj)
+                        wl[4 * r + jj] = q & 0x0F0F0F0F
+                        wh[4 * r + jj] = (q >> 4) & 0x0F0F0F0F
+                elif QTYPE == "q5_0":
+                    p = p + blk * 22
+                    dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                    qh = load_word(w, p + 2)
+                    for jj in static_range(4):
+                        q = load_word(w, p + 6 + 4 * jj)
+                        wl[4 * r + jj] = (q & 0x0F0F0F0F) | _spread(qh >> (4 * jj))
+                        wh[4 * r + jj] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh >> (16 + 4 * jj))
+                else:
+                    p = p + blk * 34
+                    dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                    for jj in static_range(4):
+                        wl[4 * r + jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144  # 0x80808080: q + 128
+                        wh[4 * r + jj] = load_word(w, p + 18 + 4 * jj) ^ -2139062144
+            for tt in static_range(TM):
+                xb = (min(t0 + tt, t_end - 1) * nb + blk) * 19
+                for i in static_range(16):
+                    xv[i] = xq[xb + i % 4]
+                    xv[16 + i] = xq[xb + 4 + i % 4]
+                    xv[32 + i] = xq[xb + 8 + i % 4]
+                    xv[48 + i] = xq[xb + 12 + i % 4]
+                xd = as_f32(xq[xb + 16])
+                xds = as_f32(xq[xb + 17])
+                fix = xq[xb + 18] * off
+                for i in static_range(64):
+                    s1[i] = 0
+                    s2[i] = 0
+                for g in static_range(4):
+                    dot_bytes(s1, 16 * g, wl, 16 * g, xv, 0, 16)
+                    dot_bytes(s1, 16 * g, wh, 16 * g, xv, 16, 16)
+                    dot_bytes(s2, 16 * g, wl, 16 * g, xv, 32, 16)
+                    dot_bytes(s2, 16 * g, wh, 16 * g, xv, 48, 16)
+                for i in static_range(64):
+                    u[i] = (s1[i] << 8) + s2[i]
+                for r in static_range(16):
+                    a = 16 * tt + r
+                    acc[a] = fma(f32((u[4 * r] + u[4 * r + 1]) + (u[4 * r + 2] + u[4 * r + 3]) - fix), dw[r] * xd, acc[a])
+                    if QTYPE == "q4_1":
+                        macc[a] = fma(mw[r], xds, macc[a])
+        for tt in static_range(TM):
+            for r in static_range(16):
+                if t0 + tt < t_end and j0 + r < n:
+                    y[(t0 + tt) * n + j0 + r] = acc[16 * tt + r] + macc[16 * tt + r]
