@@ -63,7 +63,7 @@ def _run(qtype: str, x: np.ndarray, raw: np.ndarray, one: bool, threads: int = 2
     n = raw.shape[0]
     xq = _quantize_x(x, threads)
     y = poisoned((m, n))
-    kern = L.matmul_q8.instantiate(QTYPE=qtype, TM=1 if one else 4, ONE=int(one))
+    kern = L.gemv_q8.instantiate(QTYPE=qtype) if one else L.gemm_q8.instantiate(QTYPE=qtype, K=k, TM=4)
     grid = (-(-n // 16), m) if one else (-(-n // 16),)
     run_host(kern, grid, {"xq": xq, "w": raw, "y": y}, {"m": m, "n": n, "k": k, "row_bytes": raw.shape[1]}, threads=threads)
     return y

@@ -124,8 +124,9 @@ def matmul_host(n: Node, shared_bytes: int, qx: QuantizedX | None = None) -> lis
 
 def _matmul_q8_host(n: Node, qx: QuantizedX) -> list[Launch]:
     """The integer host schedules of ``linear_q8_host``: x quantized once for every product that
-    reads it, then 16 weight rows a workgroup, a token a workgroup for up to two rows of x (decode)
-    and every token, four at a time, beyond. Both do the same arithmetic for a row."""
+    reads it, then 16 weight rows a workgroup, a token a workgroup for up to two rows of x (decode,
+    ``gemv_q8``) and every token, four at a time, beyond (``gemm_q8``, the rows' quants laid out
+    once). Both do the same arithmetic for a row."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     bs, bb, _ = BODIES[w.dtype.name]
@@ -134,12 +135,12 @@ def _matmul_q8_host(n: Node, qx: QuantizedX) -> list[Launch]:
     bufs = {**xs, "w": _key(w), "y": _key(n.outputs[0])}
     sc = lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": kk // bs * bb}  # noqa: E731
     groups = -(-nn // 16)
-    one = linear_q8_host.matmul_q8.instantiate(QTYPE=w.dtype.name, TM=1, ONE=1)
-    every = linear_q8_host.matmul_q8.instantiate(QTYPE=w.dtype.name, TM=4, ONE=0)
+    gemv = linear_q8_host.gemv_q8.instantiate(QTYPE=w.dtype.name)
+    gemm = linear_q8_host.gemm_q8.instantiate(QTYPE=w.dtype.name, K=kk, TM=4)
     return [
         *pre,
-        Launch(n, one, bufs, lambda env: (groups, rows(env)), sc, When("rows <= 2", lambda env: rows(env) <= 2)),
-        Launch(n, every, bufs, lambda env: (groups,), sc, When("rows > 2", lambda env: rows(env) > 2)),
+        Launch(n, gemv, bufs, lambda env: (groups, rows(env)), sc, When("rows <= 2", lambda env: rows(env) <= 2)),
+        Launch(n, gemm, bufs, lambda env: (groups,), sc, When("rows > 2", lambda env: rows(env) > 2)),
     ]
 
 

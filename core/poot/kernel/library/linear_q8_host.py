@@ -10,11 +10,11 @@
 - word 17: (d / 256) * the block's sum of X (f32 bits: the Q4_1 minimums' term);
 - word 18: the block's sum of X (i32).
 
-``matmul_q8`` takes the packed types whose quant byte ``i`` holds values ``i`` and ``i + 16``
-(Q4_0, Q4_1, Q5_0 with its fifth bits) or value ``i`` (Q8_0) straight from the weight: 16 weight
-rows a workgroup, lane ``4 r + j`` of four 16-lane groups holding row r's values ``4j..4j+3`` and
-``16+4j..16+4j+3``, and ``dot_bytes`` sums the quants (unsigned: Q4_0's q, Q5_0's q and Q8_0's
-q + 128) against x's two terms exactly (``vpdpbusd`` where the host has VNNI). Per row and block,
+``gemv_q8`` (a token a workgroup: decode) and ``gemm_q8`` (every token: prefill) take the packed
+types whose quant byte ``i`` holds values ``i`` and ``i + 16`` (Q4_0, Q4_1, Q5_0 with its fifth
+bits) or value ``i`` (Q8_0) straight from the weight, 16 rows a workgroup, and ``dot_bytes`` sums
+the quants (unsigned: Q4_0's q, Q5_0's q and Q8_0's q + 128) against x's two terms exactly
+(``vpdpbusd`` where the host has VNNI). Per row and block,
 ``T = sum(256 S1 + S2) - offset * (sum of X)`` is the exact integer dot product of the signed quants
 with X; then ``acc = fma(f32(T), d_w * (d / 256), acc)`` block after block, Q4_1's minimums in a
 second sum ``macc = fma(m, word 17, macc)``, and y = acc + macc. Every schedule does exactly these
@@ -27,7 +27,7 @@ from __future__ import annotations
 from ...graph.dtypes import f32, i32, u8
 from ..frontend import Const, In, Out, inline, kernel
 
-__all__ = ["Q8_TYPES", "XW", "quantize_x_host", "matmul_q8"]
+__all__ = ["Q8_TYPES", "XW", "quantize_x_host", "gemv_q8", "gemm_q8"]
 
 Q8_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
 XW = 19  # i32 words of one quantized block of 32 values of x
@@ -75,28 +75,24 @@ def _spread(v: i32) -> i32:
 
 
 @kernel(workgroup=(1, 1, 1), loop_vectorize=False)
-def matmul_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1", TM: Const = 1, ONE: Const = 1):
-    """y[t, j] = sum_k x[t, k] * dequant(w)[j, k] for x quantized by ``quantize_x_host``: 16 weight
-    rows a workgroup, unpacked once a block for ``TM`` tokens. With ``ONE`` the grid is
-    (ceil(n / 16), m) and a workgroup takes one token (decode: ``TM`` 1); without, (ceil(n / 16),)
-    and a workgroup takes every token, ``TM`` at a time."""
+def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1"):
+    """y[t, j] = sum_k x[t, k] * dequant(w)[j, k] for x quantized by ``quantize_x_host``; grid
+    (ceil(n / 16), rows of x): 16 weight rows and one token a workgroup. A block's quants fill four
+    16-lane groups as they lie in the rows (lane 4r + j: row r's words j and 4 + j), and the four
+    lanes of a row are added after the products."""
     j0 = group_id(0) * 16
+    t = group_id(1)
     nb = k // 32
-    t_begin = 0
-    t_end = m
-    if ONE:
-        t_begin = group_id(1)
-        t_end = t_begin + 1
-    acc = shared(f32, 16 * TM)
-    macc = shared(f32, 16 * TM)
     wl = shared(i32, 64)
     wh = shared(i32, 64)
     dw = shared(f32, 16)
     mw = shared(f32, 16)
     xv = shared(i32, 64)
-    u = shared(i32, 64)
     s1 = shared(i32, 64)
     s2 = shared(i32, 64)
+    u = shared(i32, 64)
+    acc = shared(f32, 16)
+    macc = shared(f32, 16)
     off = 0  # the quants' offset: dot_bytes takes them unsigned
     if QTYPE == "q4_0":
         off = 8
@@ -104,65 +100,141 @@ def matmul_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, k: i32, row_b
         off = 16
     elif QTYPE == "q8_0":
         off = 128
-    for t0 in range(t_begin, t_end, TM):
+    for i in static_range(16):
+        acc[i] = 0.0
+        macc[i] = 0.0
+    for blk in range(nb):
+        for r in static_range(16):  # row r's quants: lanes 4r..4r+3 of wl and wh
+            p = min(j0 + r, n - 1) * row_bytes
+            if QTYPE == "q8_0":
+                p = p + blk * 34
+                dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                for jj in static_range(4):
+                    wl[4 * r + jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144  # 0x80808080: q + 128
+                    wh[4 * r + jj] = load_word(w, p + 18 + 4 * jj) ^ -2139062144
+            else:  # nibbles after d (Q4_1: and m; Q5_0: and the fifth bits)
+                head = 2
+                if QTYPE == "q4_1":
+                    head = 4
+                elif QTYPE == "q5_0":
+                    head = 6
+                p = p + blk * (16 + head)
+                dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                if QTYPE == "q4_1":
+                    mw[r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                qh = 0
+                if QTYPE == "q5_0":
+                    qh = load_word(w, p + 2)
+                for jj in static_range(4):
+                    q = load_word(w, p + head + 4 * jj)
+                    wl[4 * r + jj] = (q & 0x0F0F0F0F) | _spread(qh >> (4 * jj))
+                    wh[4 * r + jj] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh >> (16 + 4 * jj))
+        xb = (t * nb + blk) * 19
+        for i in static_range(16):
+            xv[i] = xq[xb + i % 4]
+            xv[16 + i] = xq[xb + 4 + i % 4]
+            xv[32 + i] = xq[xb + 8 + i % 4]
+            xv[48 + i] = xq[xb + 12 + i % 4]
+        for i in static_range(64):
+            s1[i] = 0
+            s2[i] = 0
+        for g in static_range(4):
+            dot_bytes(s1, 16 * g, wl, 16 * g, xv, 0, 16)
+            dot_bytes(s1, 16 * g, wh, 16 * g, xv, 16, 16)
+            dot_bytes(s2, 16 * g, wl, 16 * g, xv, 32, 16)
+            dot_bytes(s2, 16 * g, wh, 16 * g, xv, 48, 16)
+        for i in static_range(64):
+            u[i] = (s1[i] << 8) + s2[i]
+        xd = as_f32(xq[xb + 16])
+        xds = as_f32(xq[xb + 17])
+        fix = xq[xb + 18] * off
+        for r in static_range(16):
+            acc[r] = fma(f32((u[4 * r] + u[4 * r + 1]) + (u[4 * r + 2] + u[4 * r + 3]) - fix), dw[r] * xd, acc[r])
+            if QTYPE == "q4_1":
+                macc[r] = fma(mw[r], xds, macc[r])
+    for r in static_range(16):
+        if j0 + r < n:
+            y[t * n + j0 + r] = acc[r] + macc[r]
+
+
+@kernel(workgroup=(1, 1, 1), loop_vectorize=False)
+def gemm_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, row_bytes: i32, QTYPE: Const = "q4_1", K: Const = 64, TM: Const = 4):
+    """The same products for every token; grid (ceil(n / 16),): 16 weight rows a workgroup, their
+    quants first laid out once in workgroup memory a row a lane (word j of a block: its values
+    4j..4j+3, then 16+4j.., of the 16 rows side by side), then ``TM`` tokens at a time each meet
+    a block's eight words, x's words broadcast over the lanes. ``K`` (a multiple of 32) is the
+    rows' length. A row's block sums are ``gemv_q8``'s integers, scaled by the same operations."""
+    j0 = group_id(0) * 16
+    nb = K // 32
+    wt = shared(i32, 4 * K)
+    dws = shared(f32, K // 2)
+    mws = shared(f32, K // 2)
+    xb1 = shared(i32, 16 * TM)
+    xb2 = shared(i32, 16 * TM)
+    s1 = shared(i32, 16 * TM)
+    s2 = shared(i32, 16 * TM)
+    acc = shared(f32, 16 * TM)
+    macc = shared(f32, 16 * TM)
+    off = 0  # the quants' offset: dot_bytes takes them unsigned
+    if QTYPE == "q4_0":
+        off = 8
+    elif QTYPE == "q5_0":
+        off = 16
+    elif QTYPE == "q8_0":
+        off = 128
+    for blk in range(nb):
+        for r in range(16):
+            p = min(j0 + r, n - 1) * row_bytes
+            o = blk * 128 + r
+            if QTYPE == "q8_0":
+                p = p + blk * 34
+                dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                for jj in static_range(8):
+                    wt[o + 16 * jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144
+            else:
+                head = 2
+                if QTYPE == "q4_1":
+                    head = 4
+                elif QTYPE == "q5_0":
+                    head = 6
+                p = p + blk * (16 + head)
+                dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                if QTYPE == "q4_1":
+                    mws[blk * 16 + r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                qh = 0
+                if QTYPE == "q5_0":
+                    qh = load_word(w, p + 2)
+                for jj in static_range(4):
+                    q = load_word(w, p + head + 4 * jj)
+                    wt[o + 16 * jj] = (q & 0x0F0F0F0F) | _spread(qh >> (4 * jj))
+                    wt[o + 16 * (4 + jj)] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh >> (16 + 4 * jj))
+    for t0 in range(0, m, TM):
         for i in static_range(16 * TM):
             acc[i] = 0.0
             macc[i] = 0.0
         for blk in range(nb):
-            for r in static_range(16):  # row r's quants: lanes 4r..4r+3 of wl and wh
-                p = min(j0 + r, n - 1) * row_bytes
-                if QTYPE == "q4_1" or QTYPE == "q4_0":  # d (and Q4_1's minimum m) before 16 quant bytes
-                    head = 2
-                    if QTYPE == "q4_1":
-                        head = 4
-                    p = p + blk * (16 + head)
-                    dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                    if QTYPE == "q4_1":
-                        mw[r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
-                    for jj in static_range(4):
-                        q = load_word(w, p + head + 4 * jj)
-                        wl[4 * r + jj] = q & 0x0F0F0F0F
-                        wh[4 * r + jj] = (q >> 4) & 0x0F0F0F0F
-                elif QTYPE == "q5_0":
-                    p = p + blk * 22
-                    dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                    qh = load_word(w, p + 2)
-                    for jj in static_range(4):
-                        q = load_word(w, p + 6 + 4 * jj)
-                        wl[4 * r + jj] = (q & 0x0F0F0F0F) | _spread(qh >> (4 * jj))
-                        wh[4 * r + jj] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh >> (16 + 4 * jj))
-                else:
-                    p = p + blk * 34
-                    dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                    for jj in static_range(4):
-                        wl[4 * r + jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144  # 0x80808080: q + 128
-                        wh[4 * r + jj] = load_word(w, p + 18 + 4 * jj) ^ -2139062144
+            for i in static_range(16 * TM):
+                s1[i] = 0
+                s2[i] = 0
+            for jj in static_range(8):
+                for tt in static_range(TM):
+                    xb = (min(t0 + tt, m - 1) * nb + blk) * 19
+                    for i in static_range(16):
+                        xb1[16 * tt + i] = xq[xb + jj]
+                        xb2[16 * tt + i] = xq[xb + 8 + jj]
+                    dot_bytes(s1, 16 * tt, wt, blk * 128 + 16 * jj, xb1, 16 * tt, 16)
+                    dot_bytes(s2, 16 * tt, wt, blk * 128 + 16 * jj, xb2, 16 * tt, 16)
             for tt in static_range(TM):
-                xb = (min(t0 + tt, t_end - 1) * nb + blk) * 19
-                for i in static_range(16):
-                    xv[i] = xq[xb + i % 4]
-                    xv[16 + i] = xq[xb + 4 + i % 4]
-                    xv[32 + i] = xq[xb + 8 + i % 4]
-                    xv[48 + i] = xq[xb + 12 + i % 4]
+                xb = (min(t0 + tt, m - 1) * nb + blk) * 19
                 xd = as_f32(xq[xb + 16])
                 xds = as_f32(xq[xb + 17])
                 fix = xq[xb + 18] * off
-                for i in static_range(64):
-                    s1[i] = 0
-                    s2[i] = 0
-                for g in static_range(4):
-                    dot_bytes(s1, 16 * g, wl, 16 * g, xv, 0, 16)
-                    dot_bytes(s1, 16 * g, wh, 16 * g, xv, 16, 16)
-                    dot_bytes(s2, 16 * g, wl, 16 * g, xv, 32, 16)
-                    dot_bytes(s2, 16 * g, wh, 16 * g, xv, 48, 16)
-                for i in static_range(64):
-                    u[i] = (s1[i] << 8) + s2[i]
                 for r in static_range(16):
                     a = 16 * tt + r
-                    acc[a] = fma(f32((u[4 * r] + u[4 * r + 1]) + (u[4 * r + 2] + u[4 * r + 3]) - fix), dw[r] * xd, acc[a])
+                    acc[a] = fma(f32((s1[a] << 8) + s2[a] - fix), dws[blk * 16 + r] * xd, acc[a])
                     if QTYPE == "q4_1":
-                        macc[a] = fma(mw[r], xds, macc[a])
+                        macc[a] = fma(mws[blk * 16 + r], xds, macc[a])
         for tt in static_range(TM):
             for r in static_range(16):
-                if t0 + tt < t_end and j0 + r < n:
+                if t0 + tt < m and j0 + r < n:
                     y[(t0 + tt) * n + j0 + r] = acc[16 * tt + r] + macc[16 * tt + r]
