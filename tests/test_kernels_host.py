@@ -379,6 +379,14 @@ def test_paged_attention(rng, variant, mask, pools, splits):
             {"part_acc": out, "part_m": pm, "part_l": pl, "out": final},
             {"dv": v["dv"]},
         )
+        lanes = poisoned((T, v["hq"], v["dv"]))  # the host's merge: the same sums, the weights found once
+        run_host(
+            attn_lib.attention_merge_lanes.instantiate(SPLITS=splits),
+            (T * v["hq"],),
+            {"part_acc": out, "part_m": pm, "part_l": pl, "out": lanes},
+            {"dv": v["dv"]},
+        )
+        np.testing.assert_allclose(lanes, final, rtol=1e-6, atol=1e-7)
         out = final
     graph_data = {n: a for n, a in data.items() if n != "ks" or v["dr"]}
     b = GraphBuilder()
@@ -447,28 +455,30 @@ def _device_args(p, rng, rows, vocab, guided=False, nbias=0):
     return args, ref, {"vocab": vocab, "mask_words": words, "nbias": max(nbias, 1)}
 
 
-def _run_sampling(args, sc, rows: int, vocab: int, chunk: int) -> tuple[np.ndarray, np.ndarray]:
+def _run_sampling(args, sc, rows: int, vocab: int, chunk: int, lanes: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """Both sampling launches (rows in chunks of ``chunk``, then a workgroup a row) on the test
-    device: the tokens, and the chunks' parts."""
+    device: the tokens, and the chunks' parts (``lanes``: by the host's one-thread chunk kernel)."""
     chunks = -(-vocab // chunk)
     work, parts, tokens = poisoned((rows, vocab)), poisoned((rows * chunks * sampling_lib.PART_WORDS,)), poisoned((rows,), np.int32)
     first = {
         n: args[n]
         for n in ("logits", "counts", "count_rows", "temperature", "repetition", "presence", "frequency", "seeds", "steps", "mask", "bias_ids", "bias_vals")
     }
-    run_host(sampling_lib.sample_chunks.instantiate(BLOCK=64), (rows, chunks), {**first, "work": work, "parts": parts}, {**sc, "chunk": chunk})
+    chunk_kernel = sampling_lib.sample_chunks_lanes.instantiate() if lanes else sampling_lib.sample_chunks.instantiate(BLOCK=64)
+    run_host(chunk_kernel, (rows, chunks), {**first, "work": work, "parts": parts}, {**sc, "chunk": chunk})
     second = {n: args[n] for n in ("temperature", "top_k", "top_p", "min_p", "seeds", "steps")}
     run_host(sampling_lib.sample.instantiate(BLOCK=64), (rows,), {**second, "work": work, "parts": parts, "tokens": tokens}, {"vocab": vocab, "chunks": chunks})
     return tokens, parts
 
 
+@pytest.mark.parametrize("lanes", [False, True])
 @pytest.mark.parametrize("guided,nbias", [(False, 0), (True, 3)])
 @pytest.mark.parametrize("vocab,chunk", [(37, 8192), (1000, 96), (4099, 1024)])
-def test_sampling_kernel_matches_the_oracle(rng, vocab, chunk, guided, nbias):
+def test_sampling_kernel_matches_the_oracle(rng, vocab, chunk, guided, nbias, lanes):
     rows = 16
     p = _sampling_case(rng, rows, vocab)
     args, ref, sc = _device_args(p, rng, rows, vocab, guided, nbias)
-    tokens, parts = _run_sampling(args, sc, rows, vocab, chunk)
+    tokens, parts = _run_sampling(args, sc, rows, vocab, chunk, lanes)
     assert np.isfinite(parts).all()  # every chunk wrote its part
     assert_draws_match(tokens, sample_scores(**ref))
     if guided:  # every sampled token is allowed by its row's mask

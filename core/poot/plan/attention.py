@@ -84,12 +84,13 @@ HOST_SPLIT_GROUPS = 32  # a host step whose tokens x KV heads is below this spli
 def _context_splits(n: Node, a: AttentionOperands, plan: Plan, tokens: Callable[[Env], int], when: When, block: int) -> tuple[dict[str, Any], Launch]:
     """For attention with each context split in ``SPLITS`` shares under ``when``: the split kernel's
     output buffers (partial outputs, maxima and sums of every (token, query head, share) in the
-    plan's scratch memory) and the ``attention_merge`` launch (``block`` threads) that combines them."""
+    plan's scratch memory) and the ``attention_merge`` launch (``block`` threads; 1: the host's
+    ``attention_merge_lanes``) that combines them."""
     parts = lambda env: tokens(env) * a.hq * SPLITS  # noqa: E731
     acc, pm, pl = plan.add_scratch(lambda env: parts(env) * a.dv), plan.add_scratch(parts), plan.add_scratch(parts)
     merge = Launch(
         n,
-        attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=block),
+        attn_lib.attention_merge_lanes.instantiate(SPLITS=SPLITS) if block == 1 else attn_lib.attention_merge.instantiate(SPLITS=SPLITS, BLOCK=block),
         {"part_acc": acc, "part_m": pm, "part_l": pl, "out": a.buffers["out"]},
         lambda env: (tokens(env) * a.hq,),
         lambda env: {"dv": a.dv},
@@ -124,7 +125,7 @@ def attention_launches_host(n: Node, plan: Plan) -> list[Launch]:
     group = a.hq // a.hkv
     few = lambda env: tokens(env) * a.hkv < HOST_SPLIT_GROUPS  # noqa: E731
     split_when = When(f"tokens x KV heads < {HOST_SPLIT_GROUPS}", few)
-    parts, merge = _context_splits(n, a, plan, tokens, split_when, 64)
+    parts, merge = _context_splits(n, a, plan, tokens, split_when, 1)
     out = [launch(group, split_when, SPLITS, {**a.buffers, **parts}), merge]
     if a.pool_type == "f16" or group == 1:
         return out + [launch(group, When(f"tokens x KV heads >= {HOST_SPLIT_GROUPS}", lambda env: not few(env)))]

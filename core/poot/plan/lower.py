@@ -345,7 +345,7 @@ def _sample(n: Node, plan: Plan, gpu: bool, block: int = 256) -> list[Launch]:
     return [
         Launch(
             n,
-            sampling_lib.sample_chunks.instantiate(BLOCK=256),
+            sampling_lib.sample_chunks.instantiate(BLOCK=256) if gpu else sampling_lib.sample_chunks_lanes.instantiate(),
             first,
             lambda env: (rows(env), chunks),
             lambda env: {"vocab": vocab, "mask_words": _shape(ops["mask"], env)[1], "nbias": _shape(ops["bias_ids"], env)[1], "chunk": chunk},

@@ -164,6 +164,26 @@ def attention_merge(part_acc: In[f32], part_m: In[f32], part_l: In[f32], out: Ou
 
 
 @kernel(workgroup=(1, 1, 1))
+def attention_merge_lanes(part_acc: In[f32], part_m: In[f32], part_l: In[f32], out: Out[f32], dv: i32, SPLITS: Const = 8):
+    """``attention_merge`` for a CPU core: the shares' weights once a (token, head), then one pass
+    over the values (a thread a value would take SPLITS exponentials for each); grid (tokens * heads,)."""
+    r = group_id(0)
+    wt = shared(f32, SPLITS)
+    m = -3.0e38
+    for i in range(SPLITS):
+        m = max(m, part_m[r * SPLITS + i])
+    l = 0.0
+    for i in range(SPLITS):
+        wt[i] = exp(part_m[r * SPLITS + i] - m)
+        l += part_l[r * SPLITS + i] * wt[i]
+    for d in range(dv):
+        acc = 0.0
+        for i in static_range(SPLITS):
+            acc += part_acc[(r * SPLITS + i) * dv + d] * wt[i]
+        out[r * dv + d] = acc / l if l > 0.0 else 0.0
+
+
+@kernel(workgroup=(1, 1, 1))
 def attention_lanes(
     q: In[f32],
     k_pool: In["PT"],

@@ -122,6 +122,75 @@ def sample_chunks(
         parts[(r * num_groups(1) + c) * PART + 2] = f32(cnt[0])
 
 
+@kernel(workgroup=(1, 1, 1))
+def sample_chunks_lanes(
+    logits: In[f32],
+    counts: In[i32],
+    count_rows: In[i32],
+    temperature: In[f32],
+    repetition: In[f32],
+    presence: In[f32],
+    frequency: In[f32],
+    seeds: In[i32],
+    steps: In[i32],
+    mask: In[i32],
+    bias_ids: In[i32],
+    bias_vals: In[f32],
+    work: Out[f32],
+    parts: Out[f32],
+    vocab: i32,
+    mask_words: i32,
+    nbias: i32,
+    chunk: i32,
+    PART: Const = PART_WORDS,
+):
+    """``sample_chunks`` for a CPU core: one pass over the chunk in token order (the first of equal
+    scores kept: ties to the lower id), every token processed by the same operations; no workgroup
+    of threads to run as loops around its reductions. Grid (rows, chunks)."""
+    r = group_id(0)
+    c = group_id(1)
+    base = r * vocab
+    first = c * chunk
+    stop = min(first + chunk, vocab)
+    temp = temperature[r]
+    crow = count_rows[r]
+    seed = seeds[r]
+    step = steps[r]
+    rep = repetition[r]
+    pres = presence[r]
+    freq = frequency[r]
+    m = -3.0e38
+    best = -3.0e38
+    best_i = vocab
+    for i in range(first, stop):
+        z = logits[base + i]
+        for j in range(nbias):
+            if bias_ids[r * nbias + j] == i:
+                z = z + bias_vals[r * nbias + j]
+        n = 0
+        if crow >= 0:
+            n = counts[crow * vocab + i]
+        if n > 0:
+            z = z / rep if z > 0.0 else z * rep
+            z = z - pres - freq * f32(n)
+        if temp > 0.0:
+            z = z / temp
+        if ((mask[r * mask_words + (i >> 5)] >> (i & 31)) & 1) == 0:
+            z = -3.0e38
+        work[base + i] = z
+        m = max(m, z)
+        if z >= -3.0e38:
+            score = z
+            if temp > 0.0:
+                score = gumbel_score(z, seed, step, i)
+            if score > best:
+                best = score
+                best_i = i
+    parts[(r * num_groups(1) + c) * PART] = m
+    parts[(r * num_groups(1) + c) * PART + 1] = best
+    parts[(r * num_groups(1) + c) * PART + 2] = f32(best_i)
+
+
 @kernel(workgroup=("BLOCK", 1, 1))
 def sample(
     work: In[f32],
