@@ -140,3 +140,36 @@ def test_dot_bytes_is_exact_with_and_without_vnni(rng, vnni):
     want = acc0.astype(np.int64) + prod
     want[16:32] += (ua[32:48].astype(np.int64) * sb[0:16].astype(np.int64)).sum(axis=1)
     np.testing.assert_array_equal(c, want)
+
+
+@kernel(workgroup=(1, 1, 1), loop_vectorize=False)
+def _spread(a: In[i32], c: Out[i32]):
+    arr = shared(i32, 32)
+    for i in static_range(32):
+        arr[i] = a[i]
+    spread_bits(arr, 0, a[32], a[33], 4)
+    spread_bits(arr, 16, a[34], a[35], 0)
+    for i in static_range(32):
+        c[i] = arr[i]
+
+
+@pytest.mark.parametrize("wide", [True, False])
+def test_spread_bits_puts_each_bit_in_its_byte(rng, wide):
+    """Bit 4l + b of the 64 into byte b of lane l at the given place, OR'ed with what is there; the
+    AVX-512 BW mask path and the shifts of every other target."""
+    t = host_target()
+    if not wide:
+        t = dataclasses.replace(t, features=",".join(f.replace("+", "-") if f.startswith("+avx512") else f for f in t.features.split(",")))
+    elif "+avx512bw" not in t.features:
+        pytest.skip("this host has no AVX-512 BW (the shifts case covers its lowering)")
+    base = rng.integers(0, 256, (32, 4), dtype=np.uint8) & 0x0F
+    words = rng.integers(-(2**31), 2**31, 4, dtype=np.int64).astype(np.int32)
+    c = poisoned((32,), np.int32)
+    k = _spread.instantiate()
+    HostKernel(k, compile_kernel(k, t)).run((1,), {"a": np.concatenate([base.view(np.int32).ravel(), words]), "c": c})
+    want = base.astype(np.int64).copy()
+    for half, (lo, hi, shift) in enumerate(((words[0], words[1], 4), (words[2], words[3], 0))):
+        both = int(np.uint32(lo)) | int(np.uint32(hi)) << 32
+        bits = np.array([(both >> i) & 1 for i in range(64)], np.int64)
+        want[16 * half : 16 * half + 16] |= bits.reshape(16, 4) << shift
+    np.testing.assert_array_equal(c.view(np.uint8).reshape(32, 4), want.astype(np.uint8))

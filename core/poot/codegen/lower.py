@@ -137,6 +137,31 @@ class KernelLowering(ArithmeticLowering):
             fn = self.intrinsic(f"llvm.x86.avx512.vpdpbusd.{32 * width}", vec, [vec, vec, vec])
             b.store(b.call(fn, [acc, x, y]), b.bitcast(ptrs[0], L.PointerType(vec, ptrs[0].type.addrspace)), align=4)
 
+    def lower_spread_bits(self, st: K.SpreadBits) -> None:
+        """``SpreadBits``: with AVX-512 BW the 64 bits as a mask of 64 bytes; elsewhere each byte's
+        bit by shifts."""
+        b = self.b
+        ptr, _ = self.address(st.arr, st.at)
+        lo, hi = self.expr(st.lo), self.expr(st.hi)
+        if self.host and "+avx512bw" in self.t.features.split(","):
+            i64 = L.IntType(64)
+            bits = b.or_(b.zext(lo, i64), b.shl(b.zext(hi, i64), L.Constant(i64, 32)))
+            v8 = L.VectorType(I8, 64)
+            spread = b.zext(b.bitcast(bits, L.VectorType(L.IntType(1), 64)), v8)
+            if st.shift:
+                spread = b.shl(spread, L.Constant(v8, [st.shift] * 64))
+            vp = b.bitcast(ptr, L.PointerType(v8, ptr.type.addrspace))
+            b.store(b.or_(b.load(vp, align=4), spread), vp, align=4)
+            return
+        for lane in range(16):
+            word = lo if lane < 8 else hi
+            p, _ = self.address(st.arr, K.Bin("add", st.at, K.Const(lane, dt.i32)))
+            acc = b.load(p)
+            for byte in range(4):
+                bit = b.and_(b.lshr(word, L.Constant(I32, (4 * lane + byte) % 32)), L.Constant(I32, 1))
+                acc = b.or_(acc, b.shl(bit, L.Constant(I32, 8 * byte + st.shift)))
+            b.store(acc, p)
+
     # -- functions ----------------------------------------------------------------------------------
     def lower(self) -> L.Module:
         k = self.k

@@ -51,6 +51,7 @@ __all__ = [
     "MmaTile",
     "TargetStmt",
     "DotBytes",
+    "SpreadBits",
     "CopyAsync",
     "CopyAsyncSync",
     "AwaitPrior",
@@ -431,6 +432,31 @@ class DotBytes(TargetStmt):
                 raise c.fail("dot_bytes offsets must be i32")
         if self.n < 1:
             raise c.fail(f"dot_bytes needs at least one lane, got {self.n}")
+
+
+@dataclass(frozen=True)
+class SpreadBits(TargetStmt):
+    """Bits into bytes: for each of 16 lanes l of i32 workgroup array ``arr`` from ``at`` and each of
+    its bytes b, bit ``4 l + b`` of the 64 bits (``hi``:``lo``, two i32) is OR'ed into that byte at
+    bit ``shift`` (Q5_0's fifth bits beside their nibbles). Hosts with AVX-512 BW make the 64 bits a
+    mask and the mask bytes (``vpmovm2b``); other targets shift and mask each byte."""
+
+    arr: str
+    at: "Expr"
+    lo: "Expr"
+    hi: "Expr"
+    shift: int
+
+    lowering = "spread_bits"
+
+    def check(self, c) -> None:  # type: ignore[no-untyped-def]
+        sh = c.shared(self.arr)
+        if sh is None or sh.dtype != dt.i32:
+            raise c.fail(f"spread_bits writes an i32 workgroup array; '{self.arr}' is not one")
+        if any(c.expr(e) != dt.i32 for e in (self.at, self.lo, self.hi)):
+            raise c.fail("spread_bits takes an i32 offset and two i32 words of bits")
+        if not 0 <= self.shift < 8:
+            raise c.fail(f"spread_bits places a bit within a byte: shift 0-7, got {self.shift}")
 
 
 @dataclass(frozen=True)

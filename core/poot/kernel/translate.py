@@ -430,6 +430,12 @@ class _Translator:
                     return self._reduce_shared(n.value)
                 if f == "reduce_argmax" and len(n.value.args) == 2:
                     return self._reduce_argmax(n.value)
+                if f == "spread_bits" and len(n.value.args) == 5:  # (arr, at, lo, hi, shift)
+                    a = n.value.args
+                    shift = self.expr(a[4])
+                    if not isinstance(shift, int):
+                        raise c.err(n, "spread_bits' shift must be a compile-time constant")
+                    return [ir.SpreadBits(self._memory(a[0]), self.index(a[1]), self.index(a[2]), self.index(a[3]), shift)]
                 if f == "dot_bytes" and len(n.value.args) == 7:  # (acc, at, a, at, b, at, lanes)
                     a = n.value.args
                     lanes = self.expr(a[6])
@@ -443,7 +449,7 @@ class _Translator:
             raise c.err(
                 n,
                 "an expression statement must be barrier(), atomic_add(buf, i, v), vstore(buf, i, ...), reduce_shared(arr, op), "
-                "reduce_argmax(values, ids), dot_bytes(acc, i, a, i, b, i, lanes) or mma_tile(a, b, c)",
+                "reduce_argmax(values, ids), dot_bytes(acc, i, a, i, b, i, lanes), spread_bits(arr, i, lo, hi, shift) or mma_tile(a, b, c)",
             )
         if isinstance(n, ast.Pass):
             return []

@@ -87,6 +87,7 @@ def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32,
     wh = shared(i32, 64)
     dw = shared(f32, 16)
     mw = shared(f32, 16)
+    qhs = shared(i32, 16)
     xv = shared(i32, 64)
     s1 = shared(i32, 64)
     s2 = shared(i32, 64)
@@ -122,13 +123,17 @@ def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32,
                 dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
                 if QTYPE == "q4_1":
                     mw[r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
-                qh = 0
                 if QTYPE == "q5_0":
-                    qh = load_word(w, p + 2)
+                    qhs[r] = load_word(w, p + 2)
                 for jj in static_range(4):
                     q = load_word(w, p + head + 4 * jj)
-                    wl[4 * r + jj] = (q & 0x0F0F0F0F) | _spread(qh >> (4 * jj))
-                    wh[4 * r + jj] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh >> (16 + 4 * jj))
+                    wl[4 * r + jj] = q & 0x0F0F0F0F
+                    wh[4 * r + jj] = (q >> 4) & 0x0F0F0F0F
+        if QTYPE == "q5_0":  # the fifth bits of four rows at a time: lane 4r + j's bytes are bits 4j.. of row r's low (wl) or high (wh) half
+            for g in static_range(4):
+                a = 4 * g
+                spread_bits(wl, 16 * g, (qhs[a] & 0xFFFF) | (qhs[a + 1] << 16), (qhs[a + 2] & 0xFFFF) | (qhs[a + 3] << 16), 4)
+                spread_bits(wh, 16 * g, ((qhs[a] >> 16) & 0xFFFF) | (qhs[a + 1] & -65536), ((qhs[a + 2] >> 16) & 0xFFFF) | (qhs[a + 3] & -65536), 4)
         xb = (t * nb + blk) * 19
         for i in static_range(16):
             xv[i] = xq[xb + i % 4]
