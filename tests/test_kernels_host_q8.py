@@ -63,17 +63,18 @@ def _run(qtype: str, x: np.ndarray, raw: np.ndarray, one: bool, threads: int = 2
     n = raw.shape[0]
     xq = _quantize_x(x, threads)
     y = poisoned((m, n))
-    kern = L.gemv_q8.instantiate(QTYPE=qtype) if one else L.gemm_q8.instantiate(QTYPE=qtype, K=k, TM=4)
+    sup = 8 if qtype in L.Q8K_TYPES else 1
+    kern = L.gemv_q8.instantiate(QTYPE=qtype, SUPER=sup) if one else L.gemm_q8.instantiate(QTYPE=qtype, K=k, TM=4, SUPER=sup)
     grid = (-(-n // 16), m) if one else (-(-n // 16),)
     run_host(kern, grid, {"xq": xq, "w": raw, "y": y}, {"m": m, "n": n, "k": k, "row_bytes": raw.shape[1]}, threads=threads)
     return y
 
 
-@pytest.mark.parametrize("qtype", L.Q8_TYPES)
+@pytest.mark.parametrize("qtype", L.Q8_TYPES + L.Q8K_TYPES)
 def test_products_are_within_the_two_terms_bound_and_one_schedule_to_the_bit(rng, qtype):
     """37 rows: the last workgroup's 16 repeat row 36 (unstored); 7 tokens: four, then three (the
     fourth repeats a token, unstored)."""
-    m, n, k = 7, 37, 32 * 5
+    m, n, k = 7, 37, 512 if qtype in L.Q8K_TYPES else 32 * 5
     q = quantization(qtype)
     raw = q.quantize(rng.standard_normal((n, k)).astype(np.float32))
     w = q.dequantize(raw).astype(np.float64)

@@ -426,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
             default="high",
             help="on tensor cores: 'high' keeps ~16 bits of each activation (two bf16 terms), 'medium' rounds them to bf16 "
             "(half the work, what bf16 frameworks do), 'highest' uses no tensor cores; on the CPU, 'highest' multiplies "
-            "Q4_0/Q4_1/Q5_0/Q8_0 weights in f32 where the others take x as two int8 terms (default: high)",
+            "Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights in f32 where the others take x as two int8 terms (default: high)",
         )
 
     p = argparse.ArgumentParser(prog="poot", description="Compile and run language models on any installed device.")

@@ -369,8 +369,8 @@ def load(model: str, device: str | None = None, **options: Any) -> ModelHandle:
     (default: ``POOT_DEVICE`` or the CPU). Options: ``kv_memory`` ('2G'), ``max_seqs``,
     ``max_context``, ``block_size``, ``max_step_tokens``, ``threads``, ``progress``,
     ``matmul_precision`` ("highest", "high" (default) or "medium": how f32 activations meet
-    tensor cores, where the device has them, and on the CPU whether they meet Q4_0/Q4_1/Q5_0/Q8_0
-    weights as two int8 terms ("highest": in f32); docs/NUMERICS.md), ``kv_dtype`` ("f16" (default) or
+    tensor cores, where the device has them, and on the CPU whether they meet Q4_0/Q4_1/Q5_0/Q8_0/
+    Q4_K/Q6_K weights as two int8 terms ("highest": in f32); docs/NUMERICS.md), ``kv_dtype`` ("f16" (default) or
     "f32": the KV cache's element type; f16 holds twice the tokens in the same memory, as llama.cpp's
     default cache does), ``chat_template`` (a template's source to use instead of the checkpoint's,
     or "family" for its family's built-in one; without either, a checkpoint with no template takes

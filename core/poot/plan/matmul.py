@@ -39,14 +39,16 @@ GEMV_ROWS = 4  # weight rows a host GEMV workgroup takes: four chains of additio
 
 
 def matmul_host(n: Node, shared_bytes: int, qx: QuantizedX | None = None) -> list[Launch]:
-    """x @ w^T against a 2-D weight. Host schedules: for Q4_0, Q4_1, Q5_0 and Q8_0 weights, x
-    quantized once (``qx``) and summed against the quants in integers (``linear_q8_host``), a token
-    a workgroup while few rows come and every token a workgroup beyond; for the other types a lane
+    """x @ w^T against a 2-D weight. Host schedules: for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K
+    weights, x quantized once (``qx``) and summed against the quants in integers (``linear_q8_host``),
+    a token a workgroup while few rows come and every token a workgroup beyond; for the other types a lane
     GEMV while few rows come (decode), and a row-block GEMM that dequantizes weight rows once for
     every token (prefill); the generic GPU-style kernels where those do not apply."""
     x, w = n.inputs
-    if qx is not None and w.rank == 2 and w.dtype.name in linear_q8_host.Q8_TYPES and w.shape[-1].value % 32 == 0 and n.attrs["transpose_b"]:
-        return _matmul_q8_host(n, qx)
+    if qx is not None and w.rank == 2 and n.attrs["transpose_b"]:
+        kk = w.shape[-1].value
+        if (w.dtype.name in linear_q8_host.Q8_TYPES and kk % 32 == 0) or (w.dtype.name in linear_q8_host.Q8K_TYPES and kk % 256 == 0):
+            return _matmul_q8_host(n, qx)
     if not n.attrs["transpose_b"] or w.rank not in (2, 3) or (w.rank == 3 and x.rank != 3):
         raise Refusal("matmul", "host", "the planner runs x @ w^T with a 2-D weight, or [B, T, K] x [E, N, K] per expert")
     out = n.outputs[0]
@@ -135,8 +137,9 @@ def _matmul_q8_host(n: Node, qx: QuantizedX) -> list[Launch]:
     bufs = {**xs, "w": _key(w), "y": _key(n.outputs[0])}
     sc = lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": kk // bs * bb}  # noqa: E731
     groups = -(-nn // 16)
-    gemv = linear_q8_host.gemv_q8.instantiate(QTYPE=w.dtype.name)
-    gemm = linear_q8_host.gemm_q8.instantiate(QTYPE=w.dtype.name, K=kk, TM=4)
+    sup = 8 if w.dtype.name in linear_q8_host.Q8K_TYPES else 1
+    gemv = linear_q8_host.gemv_q8.instantiate(QTYPE=w.dtype.name, SUPER=sup)
+    gemm = linear_q8_host.gemm_q8.instantiate(QTYPE=w.dtype.name, K=kk, TM=4, SUPER=sup)
     return [
         *pre,
         Launch(n, gemv, bufs, lambda env: (groups, rows(env)), sc, When("rows <= 2", lambda env: rows(env) <= 2)),

@@ -136,11 +136,14 @@ def test_gemma3_compiled_matches_the_oracle(gemma3_path, rng):
 
 def test_q4_k_gguf_in_every_row_regime_matches_the_oracle(tmp_path, rng):
     """The Q4_K Llama GGUF that the CUDA model tests run (poot's quantizer, f32 norms), on the host's
-    schedules in every row-count regime, against the oracle on gguf's dequantization."""
+    schedules in every row-count regime, against the oracle on gguf's dequantization: at "high" its
+    Q4_K and Q6_K products take x as two int8 terms (synthetic logits of order 1: 6e-4 seen), at
+    "highest" f32."""
     from poot.testing.paged import row_regimes_against_oracle, wide_q4_k_llama
 
     g, w = wide_q4_k_llama(tmp_path / "q4k", int(rng.integers(0, 2**31)))
-    ex = HostExecutor(plan_graph(g), threads=2)
-    worst = row_regimes_against_oracle(ex, g, w, rng)
-    print(f"q4_k llama on the host: max |dlogit| {worst:.2g}")
-    assert worst < ATOL["synthetic"]
+    for precision, bound in (("high", 5e-3), ("highest", ATOL["synthetic"])):
+        ex = HostExecutor(plan_graph(g, limits=Limits(matmul_precision=precision)), threads=2)
+        worst = row_regimes_against_oracle(ex, g, w, rng)
+        print(f"q4_k llama on the host at {precision}: max |dlogit| {worst:.2g}")
+        assert worst < bound, precision

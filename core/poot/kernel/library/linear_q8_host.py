@@ -8,7 +8,8 @@
   keep: see docs/NUMERICS.md), four values a word;
 - word 16: d / 256 (f32 bits), the scale of X = 256 q1 + q2;
 - word 17: (d / 256) * the block's sum of X (f32 bits: the Q4_1 minimums' term);
-- word 18: the block's sum of X (i32).
+- word 18: the block's sum of X (i32);
+- word 19: the sum of X over the block's first 16 values (i32: Q6_K's halves have scales of their own).
 
 ``gemv_q8`` (a token a workgroup: decode) and ``gemm_q8`` (every token: prefill) take the packed
 types whose quant byte ``i`` holds values ``i`` and ``i + 16`` (Q4_0, Q4_1, Q5_0 with its fifth
@@ -27,10 +28,11 @@ from __future__ import annotations
 from ...graph.dtypes import f32, i32, u8
 from ..frontend import Const, In, Out, inline, kernel
 
-__all__ = ["Q8_TYPES", "XW", "quantize_x_host", "gemv_q8", "gemm_q8"]
+__all__ = ["Q8_TYPES", "Q8K_TYPES", "XW", "quantize_x_host", "gemv_q8", "gemm_q8"]
 
-Q8_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")
-XW = 19  # i32 words of one quantized block of 32 values of x
+Q8_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")  # blocks of 32
+Q8K_TYPES = ("q4_k", "q6_k")  # super-blocks of 256 (SUPER 8: sub-blocks of 32)
+XW = 20  # i32 words of one quantized block of 32 values of x
 
 
 @kernel(workgroup=(1, 1, 1))
@@ -39,7 +41,7 @@ def quantize_x_host(x: In[f32], xq: Out[i32], k: i32):
     words (the module's layout); grid (rows,)."""
     nb = k // 32
     xb = group_id(0) * k
-    ob = group_id(0) * nb * 19
+    ob = group_id(0) * nb * 20
     q1 = shared(i32, 32)
     q2 = shared(i32, 32)
     for blk in range(nb):
@@ -55,14 +57,18 @@ def quantize_x_host(x: In[f32], xq: Out[i32], k: i32):
             a = min(max(i32(rint(v * inv)), -127), 127)
             q1[i] = a
             q2[i] = min(max(i32(rint((v - d * f32(a)) * back)), -127), 127)
-        o = ob + blk * 19
+        o = ob + blk * 20
         for j in range(8):
             xq[o + j] = (q1[4 * j] & 255) | ((q1[4 * j + 1] & 255) << 8) | ((q1[4 * j + 2] & 255) << 16) | ((q1[4 * j + 3] & 255) << 24)
             xq[o + 8 + j] = (q2[4 * j] & 255) | ((q2[4 * j + 1] & 255) << 8) | ((q2[4 * j + 2] & 255) << 16) | ((q2[4 * j + 3] & 255) << 24)
-        total = 0
-        for i in range(32):
+        first = 0
+        for i in range(16):
+            first += 256 * q1[i] + q2[i]
+        total = first
+        for i in range(16, 32):
             total += 256 * q1[i] + q2[i]
         xq[o + 18] = total
+        xq[o + 19] = first
         xd = d / 256.0
         xq[o + 16] = as_i32(xd)
         xq[o + 17] = as_i32(xd * f32(total))
@@ -74,24 +80,37 @@ def _spread(v: i32) -> i32:
     return (((v & 15) * 2113665) & 16843009) << 4  # v * 0x204081 puts bit i at 8i (no carries); & 0x01010101
 
 
+@inline
+def _k4_scale_min(s: i32, s4: i32, s_4: i32, upper: i32) -> i32:
+    """Q4_K sub-block b's 6-bit scale | its minimum << 8, from its scale bytes s[b], s[b + 4] and
+    s[b - 4] (``upper``: b >= 4, whose six bits are split across them)."""
+    return select(upper > 0, ((s4 & 15) | ((s_4 >> 6) << 4)) | (((s4 >> 4) | ((s >> 6) << 4)) << 8), (s & 63) | ((s4 & 63) << 8))
+
+
 @kernel(workgroup=(1, 1, 1), loop_vectorize=False)
-def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1"):
+def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1", SUPER: Const = 1):
     """y[t, j] = sum_k x[t, k] * dequant(w)[j, k] for x quantized by ``quantize_x_host``; grid
-    (ceil(n / 16), rows of x): 16 weight rows and one token a workgroup. A block's quants fill four
-    16-lane groups as they lie in the rows (lane 4r + j: row r's words j and 4 + j), and the four
-    lanes of a row are added after the products."""
+    (ceil(n / 16), rows of x): 16 weight rows and one token a workgroup, x's blocks of 32 one by
+    one (``SUPER`` 8 for the K-quants: the eight sub-blocks of a super-block, whose scales are its
+    own). A block's quants fill four 16-lane groups as they lie in the rows (lane 4r + j: row r's
+    values 4j..4j+3 and 16+4j..16+4j+3), and a row's four lanes are added after the products. Q6_K's
+    halves of 16 values have scales of their own: their sums are kept apart."""
     j0 = group_id(0) * 16
     t = group_id(1)
     nb = k // 32
     wl = shared(i32, 64)
     wh = shared(i32, 64)
-    dw = shared(f32, 16)
-    mw = shared(f32, 16)
+    scl = shared(f32, 16)
+    sch = shared(f32, 16)
+    mnl = shared(f32, 16)
     qhs = shared(i32, 16)
     xv = shared(i32, 64)
     s1 = shared(i32, 64)
     s2 = shared(i32, 64)
+    s3 = shared(i32, 64)
+    s4 = shared(i32, 64)
     u = shared(i32, 64)
+    uh = shared(i32, 64)
     acc = shared(f32, 16)
     macc = shared(f32, 16)
     off = 0  # the quants' offset: dot_bytes takes them unsigned
@@ -101,118 +120,190 @@ def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32,
         off = 16
     elif QTYPE == "q8_0":
         off = 128
+    elif QTYPE == "q6_k":
+        off = 32
     for i in static_range(16):
         acc[i] = 0.0
         macc[i] = 0.0
-    for blk in range(nb):
-        for r in static_range(16):  # row r's quants: lanes 4r..4r+3 of wl and wh
-            p = min(j0 + r, n - 1) * row_bytes
-            if QTYPE == "q8_0":
-                p = p + blk * 34
-                dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                for jj in static_range(4):
-                    wl[4 * r + jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144  # 0x80808080: q + 128
-                    wh[4 * r + jj] = load_word(w, p + 18 + 4 * jj) ^ -2139062144
-            else:  # nibbles after d (Q4_1: and m; Q5_0: and the fifth bits)
-                head = 2
-                if QTYPE == "q4_1":
-                    head = 4
-                elif QTYPE == "q5_0":
-                    head = 6
-                p = p + blk * (16 + head)
-                dw[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                if QTYPE == "q4_1":
-                    mw[r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
-                if QTYPE == "q5_0":
-                    qhs[r] = load_word(w, p + 2)
-                for jj in static_range(4):
-                    q = load_word(w, p + head + 4 * jj)
-                    wl[4 * r + jj] = q & 0x0F0F0F0F
-                    wh[4 * r + jj] = (q >> 4) & 0x0F0F0F0F
-        if QTYPE == "q5_0":  # the fifth bits of four rows at a time: lane 4r + j's bytes are bits 4j.. of row r's low (wl) or high (wh) half
+    for sb in range(nb // SUPER):
+        for b in static_range(SUPER):
+            blk = sb * SUPER + b
+            for r in static_range(16):  # row r's quants: lanes 4r..4r+3 of wl (values 0-15) and wh (16-31)
+                p = min(j0 + r, n - 1) * row_bytes
+                if QTYPE == "q8_0":
+                    p = p + blk * 34
+                    scl[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                    for jj in static_range(4):
+                        wl[4 * r + jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144  # 0x80808080: q + 128
+                        wh[4 * r + jj] = load_word(w, p + 18 + 4 * jj) ^ -2139062144
+                elif QTYPE == "q4_k":  # d, dmin, 12 bytes of 6-bit scales and minimums, 128 bytes of nibbles
+                    p = p + sb * 144
+                    sm = _k4_scale_min(i32(w[p + 4 + b]), i32(w[p + 8 + b]), i32(w[p + b]), b // 4)
+                    sc = sm & 255
+                    mn = sm >> 8
+                    scl[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8)) * f32(sc)
+                    mnl[r] = -(half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8)) * f32(mn))
+                    for jj in static_range(4):  # sub-block b: the low (even b) or high nibbles of bytes 32 (b / 2) ..
+                        wl[4 * r + jj] = (load_word(w, p + 16 + 32 * (b // 2) + 4 * jj) >> (4 * (b % 2))) & 0x0F0F0F0F
+                        wh[4 * r + jj] = (load_word(w, p + 32 + 32 * (b // 2) + 4 * jj) >> (4 * (b % 2))) & 0x0F0F0F0F
+                elif QTYPE == "q6_k":  # 128 bytes of low nibbles, 64 of high bit pairs, 16 int8 scales, d
+                    p = p + sb * 210
+                    d = half_to_f32(i32(w[p + 208]) | (i32(w[p + 209]) << 8))
+                    sa = i32(w[p + 192 + 8 * (b // 4) + 2 * (b % 4)])
+                    sz = i32(w[p + 193 + 8 * (b // 4) + 2 * (b % 4)])
+                    scl[r] = d * f32(sa - ((sa >> 7) << 8))
+                    sch[r] = d * f32(sz - ((sz >> 7) << 8))
+                    ql = p + 64 * (b // 4) + 32 * (b % 2)
+                    qh = p + 128 + 32 * (b // 4)
+                    for jj in static_range(4):
+                        wl[4 * r + jj] = ((load_word(w, ql + 4 * jj) >> (4 * ((b % 4) // 2))) & 0x0F0F0F0F) | (
+                            ((load_word(w, qh + 4 * jj) >> (2 * (b % 4))) & 0x03030303) << 4
+                        )
+                        wh[4 * r + jj] = ((load_word(w, ql + 16 + 4 * jj) >> (4 * ((b % 4) // 2))) & 0x0F0F0F0F) | (
+                            ((load_word(w, qh + 16 + 4 * jj) >> (2 * (b % 4))) & 0x03030303) << 4
+                        )
+                else:  # nibbles after d (Q4_1: and m; Q5_0: and the fifth bits)
+                    head = 2
+                    if QTYPE == "q4_1":
+                        head = 4
+                    elif QTYPE == "q5_0":
+                        head = 6
+                    p = p + blk * (16 + head)
+                    scl[r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                    if QTYPE == "q4_1":
+                        mnl[r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                    if QTYPE == "q5_0":
+                        qhs[r] = load_word(w, p + 2)
+                    for jj in static_range(4):
+                        q = load_word(w, p + head + 4 * jj)
+                        wl[4 * r + jj] = q & 0x0F0F0F0F
+                        wh[4 * r + jj] = (q >> 4) & 0x0F0F0F0F
+            if QTYPE == "q5_0":  # the fifth bits of four rows at a time: lane 4r + j's bytes are bits 4j.. of row r's low (wl) or high (wh) half
+                for g in static_range(4):
+                    a = 4 * g
+                    spread_bits(wl, 16 * g, (qhs[a] & 0xFFFF) | (qhs[a + 1] << 16), (qhs[a + 2] & 0xFFFF) | (qhs[a + 3] << 16), 4)
+                    spread_bits(wh, 16 * g, ((qhs[a] >> 16) & 0xFFFF) | (qhs[a + 1] & -65536), ((qhs[a + 2] >> 16) & 0xFFFF) | (qhs[a + 3] & -65536), 4)
+            xb = (t * nb + blk) * 20
+            for i in static_range(16):
+                xv[i] = xq[xb + i % 4]
+                xv[16 + i] = xq[xb + 4 + i % 4]
+                xv[32 + i] = xq[xb + 8 + i % 4]
+                xv[48 + i] = xq[xb + 12 + i % 4]
+            for i in static_range(64):
+                s1[i] = 0
+                s2[i] = 0
+                s3[i] = 0
+                s4[i] = 0
             for g in static_range(4):
-                a = 4 * g
-                spread_bits(wl, 16 * g, (qhs[a] & 0xFFFF) | (qhs[a + 1] << 16), (qhs[a + 2] & 0xFFFF) | (qhs[a + 3] << 16), 4)
-                spread_bits(wh, 16 * g, ((qhs[a] >> 16) & 0xFFFF) | (qhs[a + 1] & -65536), ((qhs[a + 2] >> 16) & 0xFFFF) | (qhs[a + 3] & -65536), 4)
-        xb = (t * nb + blk) * 19
-        for i in static_range(16):
-            xv[i] = xq[xb + i % 4]
-            xv[16 + i] = xq[xb + 4 + i % 4]
-            xv[32 + i] = xq[xb + 8 + i % 4]
-            xv[48 + i] = xq[xb + 12 + i % 4]
-        for i in static_range(64):
-            s1[i] = 0
-            s2[i] = 0
-        for g in static_range(4):
-            dot_bytes(s1, 16 * g, wl, 16 * g, xv, 0, 16)
-            dot_bytes(s1, 16 * g, wh, 16 * g, xv, 16, 16)
-            dot_bytes(s2, 16 * g, wl, 16 * g, xv, 32, 16)
-            dot_bytes(s2, 16 * g, wh, 16 * g, xv, 48, 16)
-        for i in static_range(64):
-            u[i] = (s1[i] << 8) + s2[i]
-        xd = as_f32(xq[xb + 16])
-        xds = as_f32(xq[xb + 17])
-        fix = xq[xb + 18] * off
-        for r in static_range(16):
-            acc[r] = fma(f32((u[4 * r] + u[4 * r + 1]) + (u[4 * r + 2] + u[4 * r + 3]) - fix), dw[r] * xd, acc[r])
-            if QTYPE == "q4_1":
-                macc[r] = fma(mw[r], xds, macc[r])
+                dot_bytes(s1, 16 * g, wl, 16 * g, xv, 0, 16)
+                dot_bytes(s2, 16 * g, wl, 16 * g, xv, 32, 16)
+                if QTYPE == "q6_k":
+                    dot_bytes(s3, 16 * g, wh, 16 * g, xv, 16, 16)
+                    dot_bytes(s4, 16 * g, wh, 16 * g, xv, 48, 16)
+                else:
+                    dot_bytes(s1, 16 * g, wh, 16 * g, xv, 16, 16)
+                    dot_bytes(s2, 16 * g, wh, 16 * g, xv, 48, 16)
+            for i in static_range(64):
+                u[i] = (s1[i] << 8) + s2[i]
+                uh[i] = (s3[i] << 8) + s4[i]
+            xd = as_f32(xq[xb + 16])
+            xds = as_f32(xq[xb + 17])
+            fix = xq[xb + 18] * off
+            if QTYPE == "q6_k":
+                fix = xq[xb + 19] * off
+            fixh = (xq[xb + 18] - xq[xb + 19]) * off
+            for r in static_range(16):
+                acc[r] = fma(f32((u[4 * r] + u[4 * r + 1]) + (u[4 * r + 2] + u[4 * r + 3]) - fix), scl[r] * xd, acc[r])
+                if QTYPE == "q6_k":
+                    acc[r] = fma(f32((uh[4 * r] + uh[4 * r + 1]) + (uh[4 * r + 2] + uh[4 * r + 3]) - fixh), sch[r] * xd, acc[r])
+                if QTYPE == "q4_1" or QTYPE == "q4_k":
+                    macc[r] = fma(mnl[r], xds, macc[r])
     for r in static_range(16):
         if j0 + r < n:
             y[t * n + j0 + r] = acc[r] + macc[r]
 
 
 @kernel(workgroup=(1, 1, 1), loop_vectorize=False)
-def gemm_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, row_bytes: i32, QTYPE: Const = "q4_1", K: Const = 64, TM: Const = 4):
+def gemm_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, row_bytes: i32, QTYPE: Const = "q4_1", K: Const = 64, TM: Const = 4, SUPER: Const = 1):
     """The same products for every token; grid (ceil(n / 16),): 16 weight rows a workgroup, their
-    quants first laid out once in workgroup memory a row a lane (word j of a block: its values
-    4j..4j+3, then 16+4j.., of the 16 rows side by side), then ``TM`` tokens at a time each meet
-    a block's eight words, x's words broadcast over the lanes. ``K`` (a multiple of 32) is the
-    rows' length. A row's block sums are ``gemv_q8``'s integers, scaled by the same operations."""
+    quants and scales first laid out once in workgroup memory a row a lane (word j of a block: its
+    values 4j..4j+3, then 16+4j.., of the 16 rows side by side), then ``TM`` tokens at a time each
+    meet a block's eight words, x's words broadcast over the lanes. ``K`` (a multiple of 32, of 256
+    with ``SUPER`` 8) is the rows' length. A row's block sums are ``gemv_q8``'s integers, scaled by
+    the same f32 operations in the same order."""
     j0 = group_id(0) * 16
     nb = K // 32
     wt = shared(i32, 4 * K)
     dws = shared(f32, K // 2)
+    dwh = shared(f32, K // 2)
     mws = shared(f32, K // 2)
     xb1 = shared(i32, 16 * TM)
     xb2 = shared(i32, 16 * TM)
     s1 = shared(i32, 16 * TM)
     s2 = shared(i32, 16 * TM)
+    s3 = shared(i32, 16 * TM)
+    s4 = shared(i32, 16 * TM)
     acc = shared(f32, 16 * TM)
     macc = shared(f32, 16 * TM)
-    off = 0  # the quants' offset: dot_bytes takes them unsigned
+    off = 0
     if QTYPE == "q4_0":
         off = 8
     elif QTYPE == "q5_0":
         off = 16
     elif QTYPE == "q8_0":
         off = 128
-    for blk in range(nb):
-        for r in range(16):
-            p = min(j0 + r, n - 1) * row_bytes
-            o = blk * 128 + r
-            if QTYPE == "q8_0":
-                p = p + blk * 34
-                dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                for jj in static_range(8):
-                    wt[o + 16 * jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144
-            else:
-                head = 2
-                if QTYPE == "q4_1":
-                    head = 4
-                elif QTYPE == "q5_0":
-                    head = 6
-                p = p + blk * (16 + head)
-                dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                if QTYPE == "q4_1":
-                    mws[blk * 16 + r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
-                qh = 0
-                if QTYPE == "q5_0":
-                    qh = load_word(w, p + 2)
-                for jj in static_range(4):
-                    q = load_word(w, p + head + 4 * jj)
-                    wt[o + 16 * jj] = (q & 0x0F0F0F0F) | _spread(qh >> (4 * jj))
-                    wt[o + 16 * (4 + jj)] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh >> (16 + 4 * jj))
+    elif QTYPE == "q6_k":
+        off = 32
+    for sb in range(nb // SUPER):
+        for b in static_range(SUPER):
+            blk = sb * SUPER + b
+            for r in range(16):
+                p = min(j0 + r, n - 1) * row_bytes
+                o = blk * 128 + r
+                if QTYPE == "q8_0":
+                    p = p + blk * 34
+                    dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                    for jj in static_range(8):
+                        wt[o + 16 * jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144
+                elif QTYPE == "q4_k":
+                    p = p + sb * 144
+                    sm = _k4_scale_min(i32(w[p + 4 + b]), i32(w[p + 8 + b]), i32(w[p + b]), b // 4)
+                    sc = sm & 255
+                    mn = sm >> 8
+                    dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8)) * f32(sc)
+                    mws[blk * 16 + r] = -(half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8)) * f32(mn))
+                    for jj in static_range(8):
+                        wt[o + 16 * jj] = (load_word(w, p + 16 + 32 * (b // 2) + 4 * jj) >> (4 * (b % 2))) & 0x0F0F0F0F
+                elif QTYPE == "q6_k":
+                    p = p + sb * 210
+                    d = half_to_f32(i32(w[p + 208]) | (i32(w[p + 209]) << 8))
+                    sa = i32(w[p + 192 + 8 * (b // 4) + 2 * (b % 4)])
+                    sz = i32(w[p + 193 + 8 * (b // 4) + 2 * (b % 4)])
+                    dws[blk * 16 + r] = d * f32(sa - ((sa >> 7) << 8))
+                    dwh[blk * 16 + r] = d * f32(sz - ((sz >> 7) << 8))
+                    ql = p + 64 * (b // 4) + 32 * (b % 2)
+                    qh = p + 128 + 32 * (b // 4)
+                    for jj in static_range(8):
+                        wt[o + 16 * jj] = ((load_word(w, ql + 4 * jj) >> (4 * ((b % 4) // 2))) & 0x0F0F0F0F) | (
+                            ((load_word(w, qh + 4 * jj) >> (2 * (b % 4))) & 0x03030303) << 4
+                        )
+                else:
+                    head = 2
+                    if QTYPE == "q4_1":
+                        head = 4
+                    elif QTYPE == "q5_0":
+                        head = 6
+                    p = p + blk * (16 + head)
+                    dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                    if QTYPE == "q4_1":
+                        mws[blk * 16 + r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                    qh5 = 0
+                    if QTYPE == "q5_0":
+                        qh5 = load_word(w, p + 2)
+                    for jj in static_range(4):
+                        q = load_word(w, p + head + 4 * jj)
+                        wt[o + 16 * jj] = (q & 0x0F0F0F0F) | _spread(qh5 >> (4 * jj))
+                        wt[o + 16 * (4 + jj)] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh5 >> (16 + 4 * jj))
     for t0 in range(0, m, TM):
         for i in static_range(16 * TM):
             acc[i] = 0.0
@@ -221,23 +312,34 @@ def gemm_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, row_bytes: i32,
             for i in static_range(16 * TM):
                 s1[i] = 0
                 s2[i] = 0
+                s3[i] = 0
+                s4[i] = 0
             for jj in static_range(8):
                 for tt in static_range(TM):
-                    xb = (min(t0 + tt, m - 1) * nb + blk) * 19
+                    xb = (min(t0 + tt, m - 1) * nb + blk) * 20
                     for i in static_range(16):
                         xb1[16 * tt + i] = xq[xb + jj]
                         xb2[16 * tt + i] = xq[xb + 8 + jj]
-                    dot_bytes(s1, 16 * tt, wt, blk * 128 + 16 * jj, xb1, 16 * tt, 16)
-                    dot_bytes(s2, 16 * tt, wt, blk * 128 + 16 * jj, xb2, 16 * tt, 16)
+                    if QTYPE == "q6_k" and jj >= 4:
+                        dot_bytes(s3, 16 * tt, wt, blk * 128 + 16 * jj, xb1, 16 * tt, 16)
+                        dot_bytes(s4, 16 * tt, wt, blk * 128 + 16 * jj, xb2, 16 * tt, 16)
+                    else:
+                        dot_bytes(s1, 16 * tt, wt, blk * 128 + 16 * jj, xb1, 16 * tt, 16)
+                        dot_bytes(s2, 16 * tt, wt, blk * 128 + 16 * jj, xb2, 16 * tt, 16)
             for tt in static_range(TM):
-                xb = (min(t0 + tt, m - 1) * nb + blk) * 19
+                xb = (min(t0 + tt, m - 1) * nb + blk) * 20
                 xd = as_f32(xq[xb + 16])
                 xds = as_f32(xq[xb + 17])
                 fix = xq[xb + 18] * off
+                if QTYPE == "q6_k":
+                    fix = xq[xb + 19] * off
+                fixh = (xq[xb + 18] - xq[xb + 19]) * off
                 for r in static_range(16):
                     a = 16 * tt + r
                     acc[a] = fma(f32((s1[a] << 8) + s2[a] - fix), dws[blk * 16 + r] * xd, acc[a])
-                    if QTYPE == "q4_1":
+                    if QTYPE == "q6_k":
+                        acc[a] = fma(f32((s3[a] << 8) + s4[a] - fixh), dwh[blk * 16 + r] * xd, acc[a])
+                    if QTYPE == "q4_1" or QTYPE == "q4_k":
                         macc[a] = fma(mws[blk * 16 + r], xds, macc[a])
         for tt in static_range(TM):
             for r in static_range(16):
