@@ -80,7 +80,18 @@ class KernelLowering(ArithmeticLowering):
         """``AwaitPrior``: nothing where launches are not programmatic."""
 
     def prefetch(self, st: K.Prefetch) -> None:
-        """``Prefetch``: a hint; nothing where the target has no engine for it."""
+        """``Prefetch``: a hint. On the host, each 64-byte line of a range of constant length (16
+        lines at most) is asked for (``llvm.prefetch``: read, into every cache level); nothing on
+        targets with no engine for it."""
+        if not self.host or not isinstance(st.nbytes, K.Const):
+            return
+        ptr, _ = self.address(st.buffer, st.index)
+        i8p = L.PointerType(I8, ptr.type.addrspace)
+        fn = self.intrinsic("llvm.prefetch.p0", L.VoidType(), [i8p, I32, I32, I32])
+        base = self.b.bitcast(ptr, i8p)
+        for line in range(0, min(int(st.nbytes.value), 1024), 64):
+            at = self.b.gep(base, [L.Constant(I32, line)]) if line else base
+            self.b.call(fn, [at, L.Constant(I32, 0), L.Constant(I32, 3), L.Constant(I32, 1)])
 
     def copy_async(self, st: K.CopyAsync) -> None:
         """``CopyAsync`` where the target has no copy engine: four loads and stores of the 4-byte

@@ -19,7 +19,9 @@ in ``values[0]`` and ``ids[0]``), ``mma_tile(a, b, c)``, ``dot_bytes(acc, i, a, 
 workgroup arrays: each of ``lanes`` lanes of ``acc`` from ``i`` plus the dot product of the unsigned
 bytes of ``a``'s lane with the signed bytes of ``b``'s: ``vpdpbusd`` on VNNI hosts); ``dequant(QTYPE,
 buf, row, k)`` reads packed weights, ``load_word(buf, i)`` four bytes of a u8 buffer as an i32, and
-``fma(a, b, c)`` rounds ``a * b + c`` once on every target. Integer ``//`` and ``%`` truncate toward zero, as in C. Anything outside the subset is a ``KernelSyntaxError``
+``fma(a, b, c)`` rounds ``a * b + c`` once on every target; ``spread_bits(arr, i, lo, hi, shift)``
+puts 64 bits in the bytes of 16 i32 lanes, and ``prefetch(buf, i, nbytes)`` asks for memory soon
+read (a hint: the host's cache lines, a bulk copy engine's, or nothing). Integer ``//`` and ``%`` truncate toward zero, as in C. Anything outside the subset is a ``KernelSyntaxError``
 naming the file and line.
 
 A computation several kernels share is written once as an ``@inline`` function of values, which a

@@ -430,6 +430,9 @@ class _Translator:
                     return self._reduce_shared(n.value)
                 if f == "reduce_argmax" and len(n.value.args) == 2:
                     return self._reduce_argmax(n.value)
+                if f == "prefetch" and len(n.value.args) == 3:  # (buffer, index, bytes): a hint
+                    a = n.value.args
+                    return [ir.Prefetch(self._memory(a[0]), self.index(a[1]), self.index(a[2]))]
                 if f == "spread_bits" and len(n.value.args) == 5:  # (arr, at, lo, hi, shift)
                     a = n.value.args
                     shift = self.expr(a[4])

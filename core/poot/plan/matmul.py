@@ -138,7 +138,7 @@ def _matmul_q8_host(n: Node, qx: QuantizedX) -> list[Launch]:
     sc = lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": kk // bs * bb}  # noqa: E731
     groups = -(-nn // 16)
     sup = 8 if w.dtype.name in linear_q8_host.Q8K_TYPES else 1
-    gemv = linear_q8_host.gemv_q8.instantiate(QTYPE=w.dtype.name, SUPER=sup)
+    gemv = linear_q8_host.gemv_q8.instantiate(QTYPE=w.dtype.name, SUPER=sup, PF=linear_q8_host.PREFETCH[w.dtype.name])
     gemm = linear_q8_host.gemm_q8.instantiate(QTYPE=w.dtype.name, K=kk, TM=4, SUPER=sup)
     return [
         *pre,

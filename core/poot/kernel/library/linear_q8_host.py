@@ -28,10 +28,13 @@ from __future__ import annotations
 from ...graph.dtypes import f32, i32, u8
 from ..frontend import Const, In, Out, inline, kernel
 
-__all__ = ["Q8_TYPES", "Q8K_TYPES", "XW", "quantize_x_host", "gemv_q8", "gemm_q8"]
+__all__ = ["Q8_TYPES", "Q8K_TYPES", "PREFETCH", "XW", "quantize_x_host", "gemv_q8", "gemm_q8"]
 
 Q8_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")  # blocks of 32
 Q8K_TYPES = ("q4_k", "q6_k")  # super-blocks of 256 (SUPER 8: sub-blocks of 32)
+# gemv_q8's PF: the bytes 16 rows hold for a block of 32 values, in whole 64-byte lines (rounded
+# down: the requests trail the next workgroup's rows a little; a ninth line for Q8_0's 544 bytes cost more than it gave)
+PREFETCH = {t: int(16 * b) // 64 * 64 for t, b in {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q8_0": 34, "q4_k": 18, "q6_k": 26.25}.items()}
 XW = 20  # i32 words of one quantized block of 32 values of x
 
 
@@ -88,13 +91,15 @@ def _k4_scale_min(s: i32, s4: i32, s_4: i32, upper: i32) -> i32:
 
 
 @kernel(workgroup=(1, 1, 1), loop_vectorize=False)
-def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1", SUPER: Const = 1):
+def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32, QTYPE: Const = "q4_1", SUPER: Const = 1, PF: Const = 0):
     """y[t, j] = sum_k x[t, k] * dequant(w)[j, k] for x quantized by ``quantize_x_host``; grid
     (ceil(n / 16), rows of x): 16 weight rows and one token a workgroup, x's blocks of 32 one by
     one (``SUPER`` 8 for the K-quants: the eight sub-blocks of a super-block, whose scales are its
     own). A block's quants fill four 16-lane groups as they lie in the rows (lane 4r + j: row r's
     values 4j..4j+3 and 16+4j..16+4j+3), and a row's four lanes are added after the products. Q6_K's
-    halves of 16 values have scales of their own: their sums are kept apart."""
+    halves of 16 values have scales of their own: their sums are kept apart. With ``PF`` (bytes:
+    ``PREFETCH``) each block asks for that much more of the next workgroup's rows, so that one core
+    streams weights from memory at about 10 GB/s rather than 8 (its prefetchers alone lag)."""
     j0 = group_id(0) * 16
     t = group_id(1)
     nb = k // 32
@@ -125,9 +130,13 @@ def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32,
     for i in static_range(16):
         acc[i] = 0.0
         macc[i] = 0.0
+    ahead = (j0 + 16) * row_bytes  # the next workgroup's rows, asked for a block's worth at a time
+    last = (n - 1) * row_bytes
     for sb in range(nb // SUPER):
         for b in static_range(SUPER):
             blk = sb * SUPER + b
+            if PF:
+                prefetch(w, min(ahead + blk * PF, last), PF)
             for r in static_range(16):  # row r's quants: lanes 4r..4r+3 of wl (values 0-15) and wh (16-31)
                 p = min(j0 + r, n - 1) * row_bytes
                 if QTYPE == "q8_0":
