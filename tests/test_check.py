@@ -37,19 +37,20 @@ def test_poot_check_passes_on_the_cpu(smollm2_path, tmp_path):
 
 
 def test_poot_check_fails_naming_a_broken_kernel(tmp_path):
-    """The Q4_K dequantization body every kernel instantiates, off by one part in a hundred: the
-    kernels that read Q4_K weights compute wrong products, and the check says which case."""
+    """The Q5_K dequantization body every kernel that reads Q5_K weights instantiates, off by one
+    part in a hundred: they compute wrong products, and the check says which case. (Q4_K's products
+    on the CPU sum its quants in integers, without the body.)"""
     broken = """
     from poot.kernel import ir
     from poot.graph import dtypes as dt
     from poot.quant import bodies
-    size, nbytes, body = bodies.BODIES["q4_k"]
-    bodies.BODIES["q4_k"] = (size, nbytes, lambda b, p, j, lut: ir.Bin("mul", body(b, p, j, lut), ir.Const(1.01, dt.f32)))
+    size, nbytes, body = bodies.BODIES["q5_k"]
+    bodies.BODIES["q5_k"] = (size, nbytes, lambda b, p, j, lut: ir.Bin("mul", body(b, p, j, lut), ir.Const(1.01, dt.f32)))
     """
-    r = _check("--device", "cpu", "--only", "kernels", "--quick", "--out", str(tmp_path), prelude=broken)
+    r = _check("--device", "cpu", "--only", "kernels", "--out", str(tmp_path), prelude=broken)  # (--quick has no Q5_K case)
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "FAILED kernels: matmul q4_k: 1 rows: output y is" in r.stdout
+    assert "FAILED kernels: matmul q5_k: 1 rows: output y is" in r.stdout
     doc = json.loads((tmp_path / "check.json").read_text())
     failed = {c["case"] for c in doc["results"] if c["status"] == "fail"}
-    assert failed == {"matmul q4_k", "embedding q4_k"}, failed
+    assert failed == {"matmul q5_k"}, failed
     assert doc["passed"] is False

@@ -83,7 +83,11 @@ def test_refusals_name_op_device_and_reason():
 
 @pytest.mark.parametrize("wtype", ["q4_0", "q4_1", "q5_0", "q8_0"])
 def test_integer_types_quantize_x_once_and_share_one_arithmetic(wtype):
-    plan = plan_graph(_mlp_graph(wtype))
+    """On a host with a byte dot product (VNNI); without one, or at matmul precision "highest",
+    the f32 lanes."""
+    for limits in (Limits(), Limits(matrix=frozenset({"avx512vnni"}), matmul_precision="highest")):
+        assert "quantize_x_host" not in plan_graph(_mlp_graph(wtype), limits=limits).describe({"tokens": 5})
+    plan = plan_graph(_mlp_graph(wtype), limits=Limits(matrix=frozenset({"avxvnni"})))
     text = plan.describe({"tokens": 5})
     assert f"up:{wtype}[96, 64]" in text and "quantize_x_host" in text and "gemm_q8" in text and "gemm_rows" not in text
     mm = [l for l in plan.launches if l.node.op == "matmul"]

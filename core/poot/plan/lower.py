@@ -633,7 +633,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
             ls = (
                 matmul_gpu(n, limits, sched, None if fused_few else qx)
                 if gpu
-                else matmul_host(n, limits.shared_bytes, None if limits.matmul_precision == "highest" else qx)
+                else matmul_host(n, limits.shared_bytes, qx if _integer_products(limits) else None)
             )
             if fused_few:
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
@@ -658,6 +658,16 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
     if gpu:
         sched.finish()
     return plan
+
+
+INTEGER_DOT = frozenset({"avx512vnni", "avxvnni"})  # host matrix operations that sum bytes (vpdpbusd)
+
+
+def _integer_products(limits: Limits) -> bool:
+    """Whether the host's packed products take x as two int8 terms (``linear_q8_host``): where the
+    host reports a byte dot-product instruction (without one, the byte arithmetic is 5x slower than
+    the f32 lanes), below matmul precision "highest"."""
+    return limits.matmul_precision != "highest" and bool(INTEGER_DOT & limits.matrix)
 
 
 def _norm_q8(r: RmsNorm, add: Node | None, limits: Limits) -> Callable[[], K.Kernel] | None:

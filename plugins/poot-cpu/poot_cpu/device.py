@@ -76,7 +76,7 @@ def host_device() -> Device:
         subgroup_size=1,  # a workgroup's threads run as a loop on one core; LLVM vectorises that loop
         memory_bytes=_memory_bytes(),
         vector_bits=bits,
-        matrix_ops=frozenset(f for f in ("avx512bf16", "avx512vnni", "amx-tile", "i8mm", "bf16") if features.get(f)),
+        matrix_ops=frozenset(f for f in ("avx512bf16", "avx512vnni", "avxvnni", "amx-tile", "i8mm", "bf16") if features.get(f)),
         details=(("llvm cpu", cpu), ("triple", llvm.get_process_triple())),
     )
     return Device("cpu", None, f"{_cpu_model()} ({cpu})", target="host", capabilities=caps)

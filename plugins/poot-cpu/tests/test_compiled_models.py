@@ -16,6 +16,7 @@ from poot.plan import Limits
 from poot.plan.lower import plan_graph
 from poot.testing.paged import PagedSequences
 from poot.testing.synthetic import SYNTHETIC
+from poot_cpu.device import host_device
 from poot_cpu.executor import HostExecutor
 
 # f32 on both sides; reduction orders differ (lane sums in kernels, pairwise in numpy), and the real
@@ -28,6 +29,11 @@ ATOL = {"synthetic": 1e-4, "real": 5e-4, "real-int8": 0.03}
 ATOL_F16_KV = 2e-3
 
 
+def _limits(precision: str) -> Limits:
+    """The host's matrix operations (VNNI: integer products at "high") and ``precision``."""
+    return Limits(matrix=host_device().capabilities.matrix_ops, matmul_precision=precision)
+
+
 def run_both(ck, rng, prompts, steps=2, block=16, cache_dtype="f32", tie=0.0, precision="high"):
     """Logits of the compiled model against the oracle's over a prefill and ``steps`` greedy decode
     steps: the largest |difference|, after checking the argmax agrees in rows whose top two logits
@@ -35,7 +41,7 @@ def run_both(ck, rng, prompts, steps=2, block=16, cache_dtype="f32", tie=0.0, pr
     fam = family_for(ck.architecture)
     cfg = fam.parse_config(ck)
     g = PassManager(DEFAULT_PASSES).run(fam.trace(cfg, ck.weights, StepShapes(block_size=block, cache_dtype=cache_dtype)))
-    ex = HostExecutor(plan_graph(g, limits=Limits(matmul_precision=precision)), threads=2)
+    ex = HostExecutor(plan_graph(g, limits=_limits(precision)), threads=2)
     w = oracle_weights(ck.weights)
     oracle = PagedOracle(g, w, num_blocks=24)
     pools = {k: np.zeros_like(v) for k, v in oracle.pools.items()}
@@ -143,7 +149,7 @@ def test_q4_k_gguf_in_every_row_regime_matches_the_oracle(tmp_path, rng):
 
     g, w = wide_q4_k_llama(tmp_path / "q4k", int(rng.integers(0, 2**31)))
     for precision, bound in (("high", 5e-3), ("highest", ATOL["synthetic"])):
-        ex = HostExecutor(plan_graph(g, limits=Limits(matmul_precision=precision)), threads=2)
+        ex = HostExecutor(plan_graph(g, limits=_limits(precision)), threads=2)
         worst = row_regimes_against_oracle(ex, g, w, rng)
         print(f"q4_k llama on the host at {precision}: max |dlogit| {worst:.2g}")
         assert worst < bound, precision
