@@ -138,17 +138,20 @@ def test_steps_queued_before_the_last_is_read_give_the_same_results(smollm2, rng
         eng.lookahead = None
     # Tokens, texts and finish reasons are exact. Log-probabilities are compared within a bound:
     # queued steps group rows differently (arrivals join a later step, rows of sequences that just
-    # ended ride along), and the CPU kernels' sums depend on the batch bucket at about 1e-4.
+    # ended ride along), and the host attention's schedule depends on the step's tokens (context
+    # split or not, query heads grouped or not), so its sums differ in the last bits. Those
+    # differences grow through the layers and the tokens: about 1e-3 after ten tokens in f32, up to
+    # 4e-3 where x is quantized for the integer products (a rounding that flips moves a full step).
     assert [[ev[:3] for ev in seq] for seq in queued] == [[ev[:3] for ev in seq] for seq in one]
     for q_seq, o_seq in zip(queued, one):
         for q, o in zip(q_seq, o_seq):
-            assert (q[3] is None) == (o[3] is None) and (q[3] is None or abs(q[3] - o[3]) <= 2e-3)
+            assert (q[3] is None) == (o[3] is None) and (q[3] is None or abs(q[3] - o[3]) <= 1e-2)
             assert (q[4] is None) == (o[4] is None)
             if o[4] is not None:  # ranked (id, logprob): values within the bound, ids equal but at near-ties
                 assert len(q[4]) == len(o[4])
                 for j, ((qt, qv), (ot, ov)) in enumerate(zip(q[4], o[4])):
                     near = [v for k, (_, v) in enumerate(o[4]) if abs(k - j) == 1]
-                    assert abs(qv - ov) <= 2e-3 and (qt == ot or any(abs(v - ov) <= 4e-3 for v in near))
+                    assert abs(qv - ov) <= 1e-2 and (qt == ot or any(abs(v - ov) <= 2e-2 for v in near))
     assert any(ev[2] == "stop" for ev in one[2]) and len(one[3]) == 1 and one[1][0][4] is not None
     assert 0 <= json.loads("".join(ev[1] for ev in one[9]))["n"] <= 99
     assert eng.blocks.free_blocks == eng.blocks.num_blocks

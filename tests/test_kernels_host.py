@@ -379,14 +379,15 @@ def test_paged_attention(rng, variant, mask, pools, splits):
             {"part_acc": out, "part_m": pm, "part_l": pl, "out": final},
             {"dv": v["dv"]},
         )
-        lanes = poisoned((T, v["hq"], v["dv"]))  # the host's merge: the same sums, the weights found once
-        run_host(
-            attn_lib.attention_merge_lanes.instantiate(SPLITS=splits),
-            (T * v["hq"],),
-            {"part_acc": out, "part_m": pm, "part_l": pl, "out": lanes},
-            {"dv": v["dv"]},
-        )
-        np.testing.assert_allclose(lanes, final, rtol=1e-6, atol=1e-7)
+        if os.environ.get("POOT_TEST_DEVICE", "cpu") == "cpu":  # the host's merge: the same sums, the weights found once
+            lanes = poisoned((T, v["hq"], v["dv"]))
+            run_host(
+                attn_lib.attention_merge_lanes.instantiate(SPLITS=splits),
+                (T * v["hq"],),
+                {"part_acc": out, "part_m": pm, "part_l": pl, "out": lanes},
+                {"dv": v["dv"]},
+            )
+            np.testing.assert_allclose(lanes, final, rtol=1e-6, atol=1e-7)
         out = final
     graph_data = {n: a for n, a in data.items() if n != "ks" or v["dr"]}
     b = GraphBuilder()
