@@ -44,6 +44,23 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                 if qtype == "q6_k":  # x as two int8 terms, dp4a
                     kern = G.gemv_warp_q6_k(k, mr)
                     out.append((kern.name, kern, lambda n, mr=mr: (-(-n // 16), -(-rows // mr))))
+        elif qtype == "q6_k":  # the streaming tensor-core GEMM dequantizing in registers, against the bf16 copy made first
+            from poot.kernel.library.dequant_gpu import dequant_groups, dequantize_bf16
+
+            pre = M.split_bf16x2(k)
+            sx = (-(-rows * k // 8 // M.SPLIT_THREADS),)
+            for mt, tn, wk in ((1, 4, 8), (2, 4, 8), (1, 4, 16), (2, 4, 16)):
+                if 16 * mt > 2 * max(16, rows) or k % (64 * wk) or k % 512:
+                    continue
+                grid = lambda n, mt=mt, tn=tn: (sx, (-(-rows // (16 * mt)), -(-n // (8 * tn))))  # noqa: E731
+                out.append(
+                    (M.gemm_warp(k, mt, tn, wk, xsplit=True, qtype="q6_k").name + "+split", (pre, M.gemm_warp(k, mt, tn, wk, xsplit=True, qtype="q6_k")), grid)
+                )
+                kern = M.gemm_warp(k, mt, tn, wk, xsplit=True)
+                deq = dequantize_bf16("q6_k", k)
+                out.append(
+                    ("dequantize+" + kern.name + "+split", (deq, pre, kern), lambda n, mt=mt, tn=tn: ((dequant_groups("q6_k", n, k),), *grid(n, mt, tn)))
+                )
         return out
     if qtype == "q4_k":
         if rows <= 4:
@@ -230,6 +247,7 @@ def main() -> int:
         else:
             w = (rng.standard_normal((n, k)).astype(np.float32).view(np.uint32) >> 16).astype(np.uint16).view(np.int32)
         wp = ctx.alloc(w.nbytes)
+        wd = ctx.alloc(n * k * 2 if args.qtype == "q6_k" else 64)  # a packed weight's bf16 copy
         ctx.upload(wp, w)
         for rows in args.rows:
             x = rng.standard_normal((rows, k)).astype(np.float32)
@@ -249,12 +267,15 @@ def main() -> int:
                     print(f"| {sname} | {rows} | {name} {n}x{k} | refused: {e.reason} | | |")
                     continue
                 grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
-                ptrs = {"x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xq_in": xq, "xr_in": xr, "xds_in": xds, "xs": xs, "lut": lut}
+                copied = any(kk.name.startswith("dequantize") for kk in kerns)
+                ptrs = {"wd": wd, "x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xq_in": xq, "xr_in": xr, "xds_in": xds, "xs": xs, "lut": lut}
 
                 def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
                     nm = ck.kernel.name
                     parted = "_P" in nm if nm.startswith("gemm_wgmma") else "_S" in nm
                     named = {**ptrs, "p": parts, "y": parts} if parted else {**ptrs, "p": parts}
+                    if copied and not nm.startswith("dequantize"):  # the tiled GEMM reads the bf16 copy
+                        named["w"] = wd
                     return {p.name: named[p.name] for p in ck.kernel.buffers}
 
                 scal = {"m": rows, "n": n, "k": k, "count": rows * n, "row_bytes": row_bytes}
@@ -269,6 +290,7 @@ def main() -> int:
             for ptr in (xp, yp, xq, xr, xds, xs, parts, lut):
                 ctx.free(ptr)
         ctx.free(wp)
+        ctx.free(wd)
     return 0
 
 
