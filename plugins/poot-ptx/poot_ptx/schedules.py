@@ -142,9 +142,22 @@ class SplitX:
 
 # bytes of bf16 a packed weight dequantized for the tensor cores may take in a step's scratch memory
 # (each captured step of more than four rows has its own): Llama-3-8B's layer matrices fit; its
-# 128,256-token output head (1 GiB) does not: Q4_K then takes the streaming GEMM at every row count,
-# other types the register-tiled GEMM
+# 128,256-token output head (1 GiB) does not: Q4_K and Q6_K then take the
+# streaming GEMM at every row count, other types the register-tiled GEMM
 DEQUANT_BYTES = 1 << 28
+
+
+# packed types the streaming GEMM (``gemm_warp``) reads as stored, and what K must be a multiple of
+STREAMED = {"q4_k": 256, "q6_k": 512}
+
+# Q6_K read as stored by the streaming GEMM (off: its bf16 copy, made every step, as before; kept as a
+# switch to compare the two)
+STREAM_Q6_K = True
+
+
+def _streams(q: str, kk: int) -> bool:
+    """Whether the streaming GEMM reads a ``q`` weight of rows of ``kk`` values as stored."""
+    return q in STREAMED and kk % STREAMED[q] == 0 and (q != "q6_k" or STREAM_Q6_K)
 
 
 def _dequantizes(w: Value) -> bool:
@@ -161,8 +174,8 @@ def _dequantizes(w: Value) -> bool:
 
 def _on_tensor_cores(n: Node, limits: Limits) -> bool:
     """Whether matmul ``n`` takes the tensor-core GEMMs beyond a few rows (``_tensor_core_launches``):
-    bf16 weights, Q4_K ones (dequantized in registers) or other packed ones dequantized to bf16
-    first; given mma.sync and a matmul precision below "highest"."""
+    bf16 weights, Q4_K and Q6_K ones (dequantized in registers) or other
+    packed ones dequantized to bf16 first; given mma.sync and a matmul precision below "highest"."""
     w = n.inputs[1]
     if not (
         n.op == "matmul"
@@ -173,16 +186,18 @@ def _on_tensor_cores(n: Node, limits: Limits) -> bool:
         and limits.matmul_precision != "highest"
     ):
         return False
-    return (w.dtype.name in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, w.shape[1].value, limits)) or _dequantizes(w)
+    q, kk = w.dtype.name, w.shape[1].value
+    return (q in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, kk, limits)) or _streams(q, kk) or _dequantizes(w)
 
 
 def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list[Launch]:
     """Matmul ``n`` beyond four rows on tensor cores: a GEMM streaming the weights like a GEMV up to 64
     rows, a tiled one beyond, or on Hopper (wgmma) the warpgroup GEMM from 17 rows (``_wgmma_launches``;
-    Q4_K weights there stream up to 32 rows and take the warpgroup GEMM that dequantizes in workgroup
-    memory from 33 to 64, ``_q4_k_wgmma_launches``); x split into bf16 terms once (by ``split``).
-    Packed weights are first dequantized to bf16 into scratch memory (``dequantize_bf16``), but for
-    Q4_K up to 64 rows, which those GEMMs dequantize to the same bf16 values (docs/NUMERICS.md)."""
+    Q4_K and Q6_K weights there stream up to 64 rows, Q4_K up to 32 and then the warpgroup GEMM that
+    dequantizes in workgroup memory, ``_q4_k_wgmma_launches``); x split into bf16 terms once (by
+    ``split``). Packed weights are first dequantized to bf16 into scratch memory (``dequantize_bf16``),
+    but for those streamed up to 64 rows, which those GEMMs dequantize to the same bf16 values
+    (docs/NUMERICS.md)."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
@@ -191,7 +206,7 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     out: list[Launch] = []
     q = w.dtype.name
     wd = bufs["w"]  # the weights the tiled GEMM reads: packed ones dequantized first
-    streams_q4_k = q == "q4_k"  # the streaming GEMM dequantizes Q4_K in registers (no scratch)
+    streams = _streams(q, kk)  # the streaming GEMM dequantizes Q4_K (and Q6_K) in registers
     tiled = w.dtype == dt.bf16 or _dequantizes(w)  # else (a Q4_K weight past the budget) the streaming GEMM for every row count
     if w.dtype != dt.bf16 and tiled:
         if split is None:
@@ -210,11 +225,11 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
                 deq,
                 lambda env: (dequant_groups(q, nn, kk),),
                 lambda env: deq_sc,
-                between(64 if streams_q4_k else 4, None, rows),
+                between(64 if streams else 4, None, rows),
                 label="dequantize",
             )
         )
-        if not streams_q4_k:
+        if not streams:
             bufs["w"] = wd
     xsplit = split is not None
     two = limits.matmul_precision == "high"  # x as two bf16 terms, or rounded to one
@@ -227,16 +242,17 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     wk16 = 16 if xsplit and kk >= 8192 and kk % 512 == 0 else 8
     hopper = xsplit and "wgmma" in limits.matrix and limits.dynamic_shared >= linear_wgmma.WGMMA_SHARED
     # Hopper: 17+ rows through the warpgroup GEMM on the bf16 weights (Q4_K: 65+ rows on its bf16 copy)
-    wg = _wgmma_launches(n, kk, nn, two, {**bufs, "w": wd}, rows, split, above=64 if streams_q4_k else 16) if hopper and tiled else []
+    wg = _wgmma_launches(n, kk, nn, two, {**bufs, "w": wd}, rows, split, above=64 if streams else 16) if hopper and tiled else []
     out += wg
     # Q4_K on Hopper from 33 rows (to 64, or every row count where no bf16 copy is made): the
     # warpgroup GEMM dequantizing in workgroup memory
-    q4_wg = _q4_k_wgmma_launches(n, kk, nn, two, bufs, rows, split, 64 if tiled else None) if hopper and streams_q4_k else []
+    q4_wg = _q4_k_wgmma_launches(n, kk, nn, two, bufs, rows, split, 64 if tiled else None) if hopper and q == "q4_k" else []
     out += q4_wg
-    for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 32 if q4_wg else 64 if tiled else None))[: 1 if wg and not streams_q4_k else 2]:
-        if streams_q4_k:  # K / wk a multiple of 64: a warp's K is whole chunks of Q4_K blocks
-            wk = next(v for v in (wk, 8, 4, 2, 1) if kk % (64 * v) == 0)
-        k = linear_mma.gemm_warp(kk, mt, 4, wk, split=two, xsplit=xsplit, qtype="q4_k" if streams_q4_k else "bf16")
+    for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 32 if q4_wg else 64 if tiled else None))[: 1 if wg and not streams else 2]:
+        if streams:  # K / wk a multiple of 64: a warp's K is whole 64-value chunks of blocks
+            # (Q6_K at 16 warps takes 134-171 registers, past the 128 that 512 threads may have)
+            wk = next(v for v in (wk, 8, 4, 2, 1) if kk % (64 * v) == 0 and (q != "q6_k" or v <= 8))
+        k = linear_mma.gemm_warp(kk, mt, 4, wk, split=two, xsplit=xsplit, qtype=q if streams else "bf16")
         out.append(Launch(n, k, bufs, lambda env, mt=mt: (-(-rows(env) // (16 * mt)), -(-nn // 32)), sc, between(lo, hi, rows)))
     # tiles staged through workgroup memory: 128 x 128, four warps of 64 x 64 (the fewest bytes
     # of workgroup memory read a tensor-core product: what bounds this schedule); 128 x 256

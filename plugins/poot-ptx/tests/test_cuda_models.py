@@ -103,8 +103,9 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     Q6_K warp GEMVs (x meeting the quants as two int8 terms, about 15 bits; the head's K of 256 a
     warp a feature through its dequantization body; on Hopper its one-row steps fold the RMSNorms
     between two Q4_K products into them, ``norm_fold``). Beyond four rows at "high", on tensor cores,
-    the weights dequantized to bf16 in registers (up to 64 rows; from 33 on Hopper, in workgroup
-    memory for the warpgroup GEMM) or into scratch memory, x as two
+    the weights dequantized to bf16 in registers (Q4_K and the Q6_K down projection, K 512, up
+    to 64 rows; Q4_K from 33 on Hopper in workgroup memory for the warpgroup GEMM) or into scratch memory
+    (the Q6_K head, K 256, and every weight beyond 64 rows), x as two
     bf16 terms: the weights rounded to bf16, a bound as loose as matmul precision "medium"'s (the
     argmax may differ where the oracle's top two logits are within twice it), for decode steps too,
     which read keys and values the prefill wrote; at "highest" the register-tiled f32 GEMM, which
@@ -114,7 +115,11 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
 
     names, errors = wide_q4_k_llama_regimes(cuda, CudaExecutor, tmp_path / "q4k", rng, precision, tie=2 * bound)
     gemvs = {"gemv_warp_q4_k", "gemv_warp_glu_q4_k", "gemv_warp_3x_q4_k", "gemv_warp_q6_k", "gemv_warp_packed_q6_k"}
-    more = {"gemm_warp_q4_k", "dequantize_bf16_q4_k", _tiled(cuda), "dequantize_bf16_q6_k", "gemm_warp_bf16"} if precision == "high" else {"gemm_simt_q4_k"}
+    more = (
+        {"gemm_warp_q4_k", "gemm_warp_q6_k", "dequantize_bf16_q4_k", _tiled(cuda), "dequantize_bf16_q6_k", "gemm_warp_bf16"}
+        if precision == "high"
+        else {"gemm_simt_q4_k"}
+    )
     if precision == "high" and "wgmma" in cuda.capabilities.matrix_ops:
         more.add("gemm_wgmma_q4_k")  # 33-64 rows
     if "wgmma" in cuda.capabilities.matrix_ops:  # one row on Hopper: the RMSNorms between one-row products folded into them

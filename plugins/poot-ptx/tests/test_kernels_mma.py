@@ -10,17 +10,21 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from poot.backend import kir as K
 from poot.codegen import compile_kernel
 from poot.codegen.targets import target
 from poot.eval import evaluate
 from poot.graph import GraphBuilder
+from poot.graph.dtypes import i32
 from poot.kernel.library.attention_gpu import attention_decode
 from poot.kernel.library.linear_gpu import gemv_warp, gemv_warp_packed, gemv_warp_q6_k
+from poot.plan.schedules import LUTS
 from poot.quant import quantization
 from poot.testing.kernels import assert_f32_sum_close as _close
 from poot.testing.kernels import bf16_round, features_under_test, paged_block_tables, poisoned, pools_as, run_host, split_reference
 from poot.testing.kernels import random_bf16 as _bf16
 from poot_ptx.assembler import find_ptxas, ptxas_usage
+from poot_ptx.kernels._q6_k import q6_k_bf16_pairs, q6_k_lane_loads, q6_k_lane_words
 from poot_ptx.kernels.attention_mma import MMA_QROWS, attention_mma
 from poot_ptx.kernels.mma import SPLIT_THREADS, gemm_mma, gemm_warp, glu_split, split_bf16x2, sum_parts
 
@@ -47,6 +51,8 @@ mma_only = pytest.mark.skipif(SUBGROUP != 32 or "mma.sync.bf16" not in MATRIX, r
         gemm_warp(14336, 2, 4, 8, xsplit=True),
         gemm_mma(4096, 2, 2, 4, 8, split=False, xsplit=True),
         gemm_warp(14336, 2, 4, 8, split=False, xsplit=True),
+        gemm_warp(4096, 1, 4, 8, xsplit=True, qtype="q6_k"),
+        gemm_warp(14336, 2, 4, 8, xsplit=True, qtype="q6_k"),
         attention_mma(128),
         attention_mma(64, False),
         attention_mma(128, True, False),
@@ -58,13 +64,13 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
     if kern.name.startswith("attention_"):
         assert "ld.global.nc.v4.b32" in ptx and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # 16-byte key/value loads; tensor cores
-    elif not kern.name.startswith(("gemv_warp_packed", "gemv_warp_q6_k")):  # (those read packed bytes and straddling words)
+    elif not kern.name.startswith(("gemv_warp_packed", "gemv_warp_q6_k")) and "q6_k" not in kern.name:  # (those read packed bytes and straddling words)
         assert "ld.global.nc.v4.b32" in ptx  # 16-byte weight loads through the read-only path
     if kern.name.startswith(("gemm_", "attention_")):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
     else:
         assert "shfl.sync.bfly" in ptx
-    if "q4_k" in kern.name or "warp_q6_k" in kern.name:
+    if kern.name.startswith("gemv_") and ("q4_k" in kern.name or "warp_q6_k" in kern.name):
         assert "dp4a.s32.s32" in ptx  # int8 activations against the quants
     if find_ptxas():  # registers and spills, where NVIDIA's assembler is installed
         _, spills, out = ptxas_usage(ptx.encode(), "sm_90")
@@ -237,6 +243,78 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
     assert (y.view(np.int32) == same.view(np.int32)).all(), f"{(y != same).sum()} outputs differ from the bf16 GEMM on the dequantized weights"
     xr = x if split else bf16_round(x)
     _close(y, xr.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)
+
+
+def _q6_k_case(rng, n, k):
+    """Q6_K weights [n, k] as stored, with their bf16 dequantization (``dequantize_bf16``'s words)."""
+    from poot.kernel.library.dequant_gpu import dequant_groups, dequantize_bf16
+
+    raw = quantization("q6_k").quantize((rng.standard_normal((n, k)) * rng.uniform(0.01, 1.0, (n, 1))).astype(np.float32))
+    wd = poisoned((n * k // 2,), np.int32)
+    lut = LUTS.get("q6_k", np.zeros(1, np.float32))
+    run_host(dequantize_bf16("q6_k", k), (dequant_groups("q6_k", n, k),), {"w": raw, "wd": wd, "lut": lut}, {"n": n, "row_bytes": raw.shape[1]})
+    return raw, wd
+
+
+@pytest.mark.parametrize("n,k", [(3, 512), (5, 1536)])
+def test_q6_k_lanes_dequantize_to_the_bf16_copy(rng, n, k):
+    """What a tensor-core lane makes of its Q6_K words (``_q6_k``: loads straddling an odd block's
+    words, joined, scaled, rounded to bf16 pairs), every lane of every chunk of every row written
+    where the value lies: the words ``dequantize_bf16`` writes, bit for bit, and those the nearest bf16
+    of gguf's dequantization. Generic Kernel IR: it runs on every device."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    raw, wd = _q6_k_case(rng, n, k)
+    chunks = k // 64
+    body: list = [
+        K.Let("t", K.Bin("add", K.Bin("mul", K.Builtin("group_id", 0), K.Const(64, i32)), K.Builtin("thread_id", 0))),
+        K.Let("t4", K.Bin("rem", K.Ref("t", i32), K.Const(4, i32))),
+        K.Let("ch", K.Bin("rem", K.Bin("div", K.Ref("t", i32), K.Const(4, i32)), K.Const(chunks, i32))),
+        K.Let("row", K.Bin("div", K.Ref("t", i32), K.Const(4 * chunks, i32))),
+    ]
+    ch, t4 = K.Ref("ch", i32), K.Ref("t4", i32)
+    div = lambda a, c: K.Bin("div", a, K.Const(c, i32))  # noqa: E731
+    ob = K.Bin("add", K.Bin("mul", K.Ref("row", i32), K.Const(raw.shape[1], i32)), K.Bin("mul", div(ch, 4), K.Const(210, i32)))
+    pp = K.Bin("rem", ch, K.Const(2, i32))
+    inner = q6_k_lane_loads("", 0, ob, K.Bin("rem", div(ch, 2), K.Const(2, i32)), pp) + q6_k_lane_words("", "", 0)
+    for u in range(2):
+        inner += q6_k_bf16_pairs("w0", u, pp, [f"p{u}_{q}" for q in range(4)])
+        at = div(
+            K.Bin(
+                "add",
+                K.Bin("mul", K.Ref("row", i32), K.Const(k, i32)),
+                K.Bin("add", K.Bin("mul", ch, K.Const(64, i32)), K.Bin("add", K.Const(32 * u, i32), K.Bin("mul", t4, K.Const(8, i32)))),
+            ),
+            2,
+        )
+        inner += [K.Store("out", K.Bin("add", at, K.Const(q, i32)), K.Ref(f"p{u}_{q}", i32)) for q in range(4)]
+    body.append(K.If(K.Bin("lt", K.Ref("t", i32), K.Const(n * chunks * 4, i32)), tuple(inner)))
+    kern = K.Kernel(f"q6_k_lanes_{n}x{k}", (K.Buffer("w", i32), K.Buffer("out", i32, readonly=False)), tuple(body), (64, 1, 1), ())
+    out = poisoned((n * k // 2,), np.int32)
+    run_host(kern, (-(-n * chunks * 4 // 64),), {"w": raw.view(np.int32).reshape(-1), "out": out}, {})
+    assert (out == wd).all(), f"{(out != wd).sum()} of {out.size} words differ from dequantize_bf16's"
+    want = bf16_round(gq.dequantize(raw, GGMLQuantizationType.Q6_K).reshape(n, k).astype(np.float32))
+    got = (out.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(n, k)
+    np.testing.assert_array_equal(got, want)
+
+
+@mma_only
+@pytest.mark.parametrize("mt,tn,wk,k", [(1, 4, 8, 1024), (2, 4, 8, 2048), (1, 2, 2, 1024), (1, 4, 8, 14336)])
+@pytest.mark.parametrize("split,xsplit", [(True, False), (True, True), (False, True)])
+@pytest.mark.parametrize("m,n", [(1, 37), (9, 64), (23, 33)])
+def test_gemm_warp_dequantizes_q6_k_weights_in_registers(rng, mt, tn, wk, k, split, xsplit, m, n):
+    """Q6_K weights read as stored (odd blocks straddling words) and dequantized to bf16 in registers:
+    the same bits as the bf16 GEMM on the weights ``dequantize_bf16`` writes."""
+    raw, wd = _q6_k_case(rng, n, k)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xb = {"xs": split_reference(x) if split else split_reference(x)[: m * k // 2].copy()} if xsplit else {"x": x}
+    grid = (-(-m // (16 * mt)), -(-n // (8 * tn)))
+    y = poisoned((m, n))
+    run_host(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit, qtype="q6_k"), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
+    same = poisoned((m, n))
+    run_host(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit), grid, {**xb, "w": wd, "y": same}, {"m": m, "n": n})
+    assert (y.view(np.int32) == same.view(np.int32)).all(), f"{(y != same).sum()} outputs differ from the bf16 GEMM on the dequantized weights"
 
 
 def _prefill_case(rng, hq, hkv, d, bs=16):

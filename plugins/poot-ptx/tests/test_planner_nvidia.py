@@ -174,18 +174,24 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
 
 
 def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
-    """Beyond four rows on a GPU with mma.sync: a Q4_K product up to 64 rows through the streaming
-    tensor-core GEMM that dequantizes it in registers, beyond 64 dequantized to bf16 into scratch
-    memory for the tiled GEMM; another packed type dequantized into scratch for both. Up to four
-    rows: warp GEMVs (Q4_K's and Q6_K's own on dp4a, any other packed type's through its
-    dequantization body); "highest" keeps the
-    register-tiled GEMM; a weight too large for the scratch budget keeps it too, but for Q4_K, whose
-    streaming GEMM takes every row count then."""
+    """Beyond four rows on a GPU with mma.sync: Q4_K and Q6_K products up to 64 rows through the
+    streaming tensor-core GEMM that dequantizes them in registers, beyond 64 dequantized to bf16 into
+    scratch memory for the tiled GEMM; another packed type (Q8_0) dequantized into scratch for both.
+    Up to four rows: warp GEMVs (Q4_K's and Q6_K's own on dp4a, any other packed type's through its
+    dequantization body); "highest" keeps the register-tiled GEMM; a weight too large for the
+    scratch budget keeps it too, but for Q4_K and Q6_K, whose streaming GEMMs take every row count
+    then."""
     from poot.kernel.library.linear_gpu import gemv_warp_q6_k
 
     b = GraphBuilder()
     x = b.input("x", "f32", [sym("tokens"), 512])
-    graph = b.build({"y": b.linear(x, b.weight("w", "q4_k", [768, 512])), "z": b.linear(x, b.weight("v", "q6_k", [256, 512]))})
+    graph = b.build(
+        {
+            "y": b.linear(x, b.weight("w", "q4_k", [768, 512])),
+            "z": b.linear(x, b.weight("v", "q6_k", [256, 512])),
+            "u": b.linear(x, b.weight("u", "q8_0", [256, 512])),
+        }
+    )
 
     def launches(precision, tokens):
         plan = nvidia_plan(
@@ -193,11 +199,23 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         )
         return plan, [l for l in plan.launches if l.when is None or l.when({"tokens": tokens})]
 
+    # with Q6_K's streaming GEMM switched off (STREAM_Q6_K), Q6_K takes its bf16 copy from 5 rows
+    monkeypatch.setattr(nvidia_schedules, "STREAM_Q6_K", False)
+    assert [l.kernel.name for l in launches("high", 9)[1]][2:4] == ["dequantize_bf16_q6_k_K512", "gemm_warp_bf16_K512_1x4_W8_xs"]
+    monkeypatch.setattr(nvidia_schedules, "STREAM_Q6_K", True)
     plan, nine = launches("high", 9)
-    assert [l.kernel.name for l in nine] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_1x4_W8_xs", "dequantize_bf16_q6_k_K512", "gemm_warp_bf16_K512_1x4_W8_xs"]
-    assert nine[1].buffers["w"] == plan.launches[0].buffers["w"] and nine[1].buffers["w"] not in plan.scratch  # the Q4_K weight itself
-    assert nine[2].buffers["wd"] == nine[3].buffers["w"] and nine[2].buffers["wd"] in plan.scratch
-    assert plan.scratch[nine[2].buffers["wd"]].words({}) == 256 * 512 // 2
+    assert [l.kernel.name for l in nine] == [
+        "split_bf16x2_K512",
+        "gemm_warp_q4_k_K512_1x4_W8_xs",
+        "gemm_warp_q6_k_K512_1x4_W8_xs",
+        "dequantize_bf16_q8_0_K512",
+        "gemm_warp_bf16_K512_1x4_W8_xs",
+    ]
+    weights = {l.buffers["w"] for l in plan.launches if l.kernel.name.startswith("gemv_")}
+    assert {nine[1].buffers["w"], nine[2].buffers["w"]} <= weights and not {nine[1].buffers["w"], nine[2].buffers["w"]} & set(plan.scratch)  # as stored
+    assert nine[1].buffers["xs"] == nine[2].buffers["xs"] == nine[0].buffers["xs"]  # one split of x for both
+    assert nine[3].buffers["wd"] == nine[4].buffers["w"] and nine[3].buffers["wd"] in plan.scratch
+    assert plan.scratch[nine[3].buffers["wd"]].words({}) == 256 * 512 // 2
     plan, many = launches("medium", 300)
     assert [l.kernel.name for l in many] == [
         "dequantize_bf16_q4_k_K512",
@@ -205,16 +223,20 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         "gemm_mma_bf16_K512_2x2_4x8_xb",
         "dequantize_bf16_q6_k_K512",
         "gemm_mma_bf16_K512_2x2_4x8_xb",
+        "dequantize_bf16_q8_0_K512",
+        "gemm_mma_bf16_K512_2x2_4x8_xb",
     ]
     assert many[0].buffers["wd"] == many[2].buffers["w"] and many[0].buffers["wd"] in plan.scratch
-    assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
-    assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1"]
-    assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
+    assert [l.kernel.name for l in launches("high", 40)[1]][:3] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs", "gemm_warp_q6_k_K512_2x4_W8_xs"]
+    assert [l.kernel.name for l in launches("high", 64)[1]][2] == "gemm_warp_q6_k_K512_2x4_W8_xs"
+    assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1", "gemv_warp_packed_q8_0_K512_MR1"]
+    assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4", "gemv_warp_packed_q8_0_K512_MR4"]
     # one row of x: the Q4_K GEMV's lanes take 32 quant bytes on CUDA devices, 16 elsewhere (Vulkan)
     vk = plan_graph(graph, device="vulkan:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
     assert [l.kernel.name for l in vk.launches if l.when is None or l.when({"tokens": 1})][0] == "gemv_warp_q4_k_K512_MR1_narrow"
     # Hopper: Q4_K from 33 to 64 rows through the warpgroup GEMM that dequantizes in workgroup memory,
-    # beyond through its dequantized copy; the Q6_K weight through its copy from 17 rows
+    # beyond through its dequantized copy; Q6_K streams through the warp GEMM up to 64 rows; the Q8_0
+    # weight through its copy from 17 rows
     hopper = nvidia_plan(
         graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), dynamic_shared=227 * 1024)
     )
@@ -223,18 +245,25 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         "split_bf16x2_K512",
         "gemm_wgmma_q4_k_K512_S4_P8_xs",
         "sum_parts_8",
-        "dequantize_bf16_q6_k_K512",
+        "gemm_warp_q6_k_K512_2x4_W8_xs",
+        "dequantize_bf16_q8_0_K512",
         "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs",
         "sum_parts_8",
     ]
+    assert [l.kernel.name for l in at(65)][4:6] == ["dequantize_bf16_q6_k_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs"]
     assert at(40)[1].buffers["w"] == at(1)[1].buffers["w"] and at(40)[1].buffers["y"] == at(40)[2].buffers["p"] in hopper.scratch
-    assert at(40)[3].buffers["wd"] == at(40)[4].buffers["w"]
+    assert at(40)[3].buffers["w"] == at(1)[2].buffers["w"] and at(40)[4].buffers["wd"] == at(40)[5].buffers["w"]
     # one row of x on Hopper: x quantized once, by its own launch, for the Q4_K GEMV, which stages it
     # (Q6_K's quantizes x itself); more rows: each workgroup quantizes its rows
-    assert [l.kernel.name for l in at(1)] == ["quantize_q8x2_K512", "gemv_warp_q4_k_K512_MR1_xs_G2", "gemv_warp_q6_k_K512_MR1"]
+    assert [l.kernel.name for l in at(1)] == [
+        "quantize_q8x2_K512",
+        "gemv_warp_q4_k_K512_MR1_xs_G2",
+        "gemv_warp_q6_k_K512_MR1",
+        "gemv_warp_packed_q8_0_K512_MR1",
+    ]
     assert all(at(1)[0].buffers[n] == at(1)[1].buffers[f"{n}_in"] in hopper.scratch for n in ("xq", "xr", "xds"))
     assert at(1)[0].buffers["x"] == at(1)[2].buffers["x"] and "x" not in at(1)[1].buffers
-    assert [l.kernel.name for l in at(3)] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4"]
+    assert [l.kernel.name for l in at(3)] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4", "gemv_warp_packed_q8_0_K512_MR4"]
     assert [l.kernel.name for l in at(12)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_1x4_W8_xs"]
     assert [l.kernel.name for l in at(32)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
     assert [l.kernel.name for l in at(300)] == [
@@ -243,6 +272,9 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs",
         "sum_parts_8",
         "dequantize_bf16_q6_k_K512",
+        "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs",
+        "sum_parts_8",
+        "dequantize_bf16_q8_0_K512",
         "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs",
         "sum_parts_8",
     ]
@@ -277,10 +309,15 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert [l.kernel.name for l in plain.launches if l.when({"tokens": 2})] == [
         "gemv_blocks_BB144_BLOCK64_BS256_QTYPEq4_k_ROWS4",
         "gemv_blocks_BB210_BLOCK64_BS256_QTYPEq6_k_ROWS4",
+        "gemv_blocks_BB34_BLOCK64_BS32_QTYPEq8_0_ROWS4",
     ]
-    assert [l.kernel.name for l in plain.launches if l.when({"tokens": 3})] == ["gemm_simt_q4_k_K512_BK32", "gemm_simt_q6_k_K512_BK32"]
+    assert [l.kernel.name for l in plain.launches if l.when({"tokens": 3})] == [
+        "gemm_simt_q4_k_K512_BK32",
+        "gemm_simt_q6_k_K512_BK32",
+        "gemm_simt_q8_0_K512_BK32",
+    ]
     monkeypatch.setattr(nvidia_schedules, "DEQUANT_BYTES", 2 * 256 * 512 - 1)
-    assert [l.kernel.name.split("_K")[0] for l in launches("high", 300)[1]] == ["split_bf16x2", "gemm_warp_q4_k", "gemm_simt_q6_k"]
+    assert [l.kernel.name.split("_K")[0] for l in launches("high", 300)[1]] == ["split_bf16x2", "gemm_warp_q4_k", "gemm_warp_q6_k", "gemm_simt_q8_0"]
 
 
 def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monkeypatch):

@@ -34,6 +34,7 @@ from poot.kernel.build import silu_mul as _silu_mul
 
 from ..statements import Mma
 from ._fragments import mma_lanes as _mma_lanes
+from ._q6_k import Q6_K_BYTES, Q6_K_WORDS, q6_k_bf16_pairs, q6_k_lane_loads, q6_k_lane_words
 
 __all__ = ["gemm_mma", "gemm_warp", "glu_split", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS"]
 
@@ -291,14 +292,20 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     the nearest bf16 of each value (the values ``dequant_gpu.dequantize_bf16`` writes): two steps of
     32 are a 64-value chunk of a block, whose 32 bytes hold the first step's values in their low
     nibbles and the second's in their high ones, so a lane loads 8 bytes of quants (its eight values
-    of both steps) and the block's 16-byte head a chunk; K / wk a multiple of 64."""
-    if qtype not in ("bf16", "q4_k"):
-        raise ValueError(f"gemm_warp: weights of type bf16 or q4_k, got {qtype}")
-    if k % (32 * wk) or (qtype == "q4_k" and (k % 256 or (k // wk) % 64)):
-        raise ValueError(f"gemm_warp needs K a multiple of {32 * wk}{' and 256, with K / wk a multiple of 64' if qtype == 'q4_k' else ''}, got {k}")
+    of both steps) and the block's 16-byte head a chunk; K / wk a multiple of 64.
+
+    ``qtype`` "q6_k": Q6_K weight rows (210-byte blocks, read as stored), dequantized in registers
+    the same way (``_q6_k``): two steps are two quarters of a block's half, a lane's 8 bytes of
+    low nibbles for each, 8 of high bits and two scales a chunk, its words joined where an odd
+    block straddles them; K a multiple of 512 (rows start word-aligned), K / wk of 64."""
+    if qtype not in ("bf16", "q4_k", "q6_k"):
+        raise ValueError(f"gemm_warp: weights of type bf16, q4_k or q6_k, got {qtype}")
+    packed = {"q4_k": 256, "q6_k": 512}.get(qtype)
+    if k % (32 * wk) or (packed and (k % packed or (k // wk) % 64)):
+        raise ValueError(f"gemm_warp needs K a multiple of {32 * wk}{f' and {packed}, with K / wk a multiple of 64' if packed else ''}, got {k}")
     threads, steps = 32 * wk, k // (32 * wk)
     un = 2 if steps % 2 == 0 else 1
-    q4k = qtype == "q4_k"
+    q4k, q6k = qtype == "q4_k", qtype == "q6_k"
     halves = ("hi", "lo") if split else ("hi",)
     nacc = mt * tn * 4
     body: list[K.Stmt] = [
@@ -312,8 +319,9 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
         for h in (0, 8):
             body.append(K.Let(f"xr{i}_{h}", _mul(K.Bin("min", _add(_r("row0"), 16 * i + h, _r("g")), last_m), k)))
     row_words = k // 256 * 36  # a Q4_K row's words
-    for j in range(tn):
-        body.append(K.Let(f"wr{j}", _mul(K.Bin("min", _add(_r("col0"), 8 * j, _r("g")), last_n), row_words if q4k else k)))
+    for j in range(tn):  # the lane's weight row j: where it starts, in words (Q6_K: in bytes)
+        per_row = row_words if q4k else k // 256 * Q6_K_BYTES if q6k else k
+        body.append(K.Let(f"wr{j}", _mul(K.Bin("min", _add(_r("col0"), 8 * j, _r("g")), last_n), per_row)))
     acc = {(i, j): tuple(f"acc{i}_{j}_{e}" for e in range(4)) for i in range(mt) for j in range(tn)}
     for names in acc.values():
         body += [K.Let(nm, _f(0.0)) for nm in names]
@@ -332,9 +340,16 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
                 head, quants = [f"{pre}w{j}{nm}" for nm in ("dm", "s0", "s1", "s2")], [f"{pre}w{j}q{i}" for i in range(2)]
                 names += head + quants
                 out += [K.VecLoad(tuple(head), "w", base, I32), K.VecLoad(tuple(quants), "w", _add(base, 4, _mul(_r(f"{pre}cc"), 8), _mul(_r("t4"), 2)), I32)]
+        if q6k:  # the step pair's 64-value chunk: the words as loaded (joined by ``prep``)
+            out += [K.Let(f"{pre}ch", _add(_mul(_r("warp"), k // wk // 64), sx)), K.Let(f"{pre}pp", _b("rem", _r(f"{pre}ch"), 2))]
+            names.append(f"{pre}pp")
+            hn = _b("rem", _b("div", _r(f"{pre}ch"), 2), 2)
+            for j in range(tn):
+                out += q6_k_lane_loads(pre, j, _add(_r(f"wr{j}"), _mul(_b("div", _r(f"{pre}ch"), 4), Q6_K_BYTES)), hn, _r(f"{pre}pp"))
+                names += [f"{pre}w{j}{nm}" for nm in Q6_K_WORDS]
         for u in range(un):  # every load of the unrolled steps first, then the products
             out.append(K.Let(f"{pre}k{u}", _add(_r("kw"), _mul(sx, 32 * un), 32 * u)))
-            for j in range(tn if not q4k else 0):
+            for j in range(0 if q4k or q6k else tn):
                 names += [f"{pre}p{u}_{j}_{q}" for q in range(4)]
                 out.append(K.VecLoad(tuple(names[-4:]), "w", _b("div", _add(_r(f"wr{j}"), _r(f"{pre}k{u}")), 2), I32))
             for i in range(mt):
@@ -353,14 +368,17 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
                     ]
         return out, names
 
+    def prep(pre: str) -> list[K.Stmt]:  # Q6_K: the loaded words joined, the scales found
+        return [st for j in range(tn) for st in q6_k_lane_words(pre, pre, j)] if q6k else []
+
     loop: list[K.Stmt] = []
     if xsplit:
         first, cnames = loads(_c(0), cur)
-        body += first
+        body += first + prep(cur)
         nxt, nnames = loads(K.Bin("min", _add(_r("s"), 1), _c(steps // un - 1)), "n")
         loop += nxt
     else:
-        loop += loads(_r("s"), cur)[0]
+        loop += loads(_r("s"), cur)[0] + prep(cur)
     if q4k:  # the chunk's values as bf16 pairs: low nibbles for the first step, high for the second
         loop += [K.Let("c", _r(f"{cur}cc")), K.Let("sh", _mul(_b("rem", _r("c"), 2), 16))]
         for j in range(tn):
@@ -368,6 +386,10 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
             for u, (part, shift) in enumerate((("l", 0), ("h", 4))):
                 pairs = q4_k_bf16_pairs(f"{cur}w{j}", part, [f"{cur}w{j}q{i}" for i in range(2)], shift)
                 loop += [K.Let(f"{cur}p{u}_{j}_{q}", pairs[q]) for q in range(4)]
+    if q6k:  # the chunk's two quarters as bf16 pairs
+        for j in range(tn):
+            for u in range(2):
+                loop += q6_k_bf16_pairs(f"{cur}w{j}", u, _r(f"{cur}pp"), [f"{cur}p{u}_{j}_{q}" for q in range(4)])
     for u in range(un):
         for i in range(mt):
             for h in (0, 8):
@@ -397,7 +419,8 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
                             )
                         )
     if xsplit:
-        loop += [K.Assign(c, _r(nx)) for c, nx in zip(cnames, nnames)]
+        floats = ("sc0", "sc1") if q6k else ()  # the carried Q6_K scales are f32 (``Q6_K_WORDS``)
+        loop += prep("n") + [K.Assign(c, _r(nx, F32 if nx.endswith(floats) else I32)) for c, nx in zip(cnames, nnames)]
     body.append(K.For("s", _c(0), _c(steps // un), tuple(loop)))
     # the warps' partial tiles through workgroup memory, then summed and stored
     flat = [nm for i in range(mt) for j in range(tn) for nm in acc[i, j]]
