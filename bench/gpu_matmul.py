@@ -53,9 +53,8 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                 if 16 * mt > 2 * max(16, rows) or k % (64 * wk) or k % 512:
                     continue
                 grid = lambda n, mt=mt, tn=tn: (sx, (-(-rows // (16 * mt)), -(-n // (8 * tn))))  # noqa: E731
-                out.append(
-                    (M.gemm_warp(k, mt, tn, wk, xsplit=True, qtype="q6_k").name + "+split", (pre, M.gemm_warp(k, mt, tn, wk, xsplit=True, qtype="q6_k")), grid)
-                )
+                streamed = M.gemm_warp(k, mt, tn, wk, xsplit=True, qtype="q6_k")
+                out.append((streamed.name + "+split", (pre, streamed), grid))
                 kern = M.gemm_warp(k, mt, tn, wk, xsplit=True)
                 deq = dequantize_bf16("q6_k", k)
                 out.append(

@@ -142,13 +142,10 @@ class SplitX:
 
 # bytes of bf16 a packed weight dequantized for the tensor cores may take in a step's scratch memory
 # (each captured step of more than four rows has its own): Llama-3-8B's layer matrices fit; its
-# 128,256-token output head (1 GiB) does not: Q4_K and Q6_K then take the
-# streaming GEMM at every row count, other types the register-tiled GEMM
+# 128,256-token output head (1 GiB) does not: Q4_K and Q6_K then take the streaming GEMM at every
+# row count, other types the register-tiled GEMM
 DEQUANT_BYTES = 1 << 28
 
-
-# packed types the streaming GEMM (``gemm_warp``) reads as stored, and what K must be a multiple of
-STREAMED = {"q4_k": 256, "q6_k": 512}
 
 # Q6_K read as stored by the streaming GEMM (off: its bf16 copy, made every step, as before; kept as a
 # switch to compare the two)
@@ -157,7 +154,8 @@ STREAM_Q6_K = True
 
 def _streams(q: str, kk: int) -> bool:
     """Whether the streaming GEMM reads a ``q`` weight of rows of ``kk`` values as stored."""
-    return q in STREAMED and kk % STREAMED[q] == 0 and (q != "q6_k" or STREAM_Q6_K)
+    packed = linear_mma.WARP_PACKED
+    return q in packed and kk % packed[q] == 0 and (q != "q6_k" or STREAM_Q6_K)
 
 
 def _dequantizes(w: Value) -> bool:
@@ -174,8 +172,8 @@ def _dequantizes(w: Value) -> bool:
 
 def _on_tensor_cores(n: Node, limits: Limits) -> bool:
     """Whether matmul ``n`` takes the tensor-core GEMMs beyond a few rows (``_tensor_core_launches``):
-    bf16 weights, Q4_K and Q6_K ones (dequantized in registers) or other
-    packed ones dequantized to bf16 first; given mma.sync and a matmul precision below "highest"."""
+    bf16 weights, Q4_K and Q6_K ones (dequantized in registers) or other packed ones dequantized to
+    bf16 first; given mma.sync and a matmul precision below "highest"."""
     w = n.inputs[1]
     if not (
         n.op == "matmul"
@@ -187,7 +185,7 @@ def _on_tensor_cores(n: Node, limits: Limits) -> bool:
     ):
         return False
     q, kk = w.dtype.name, w.shape[1].value
-    return (q in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, kk, limits)) or _streams(q, kk) or _dequantizes(w)
+    return (q in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, kk, limits)) or (q == "q6_k" and _streams(q, kk)) or _dequantizes(w)
 
 
 def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list[Launch]:
@@ -206,7 +204,7 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     out: list[Launch] = []
     q = w.dtype.name
     wd = bufs["w"]  # the weights the tiled GEMM reads: packed ones dequantized first
-    streams = _streams(q, kk)  # the streaming GEMM dequantizes Q4_K (and Q6_K) in registers
+    streams = _streams(q, kk)  # the streaming GEMM dequantizes Q4_K and Q6_K in registers
     tiled = w.dtype == dt.bf16 or _dequantizes(w)  # else (a Q4_K weight past the budget) the streaming GEMM for every row count
     if w.dtype != dt.bf16 and tiled:
         if split is None:

@@ -64,7 +64,7 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
     ptx = compile_kernel(kern, target("nvptx:sm_90"), use_cache=False).data.decode()
     if kern.name.startswith("attention_"):
         assert "ld.global.nc.v4.b32" in ptx and "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx  # 16-byte key/value loads; tensor cores
-    elif not kern.name.startswith(("gemv_warp_packed", "gemv_warp_q6_k")) and "q6_k" not in kern.name:  # (those read packed bytes and straddling words)
+    elif not kern.name.startswith("gemv_warp_packed") and "q6_k" not in kern.name:  # (those read packed bytes and straddling words)
         assert "ld.global.nc.v4.b32" in ptx  # 16-byte weight loads through the read-only path
     if kern.name.startswith(("gemm_", "attention_")):
         assert "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32" in ptx
@@ -73,8 +73,9 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
     if kern.name.startswith("gemv_") and ("q4_k" in kern.name or "warp_q6_k" in kern.name):
         assert "dp4a.s32.s32" in ptx  # int8 activations against the quants
     if find_ptxas():  # registers and spills, where NVIDIA's assembler is installed
-        _, spills, out = ptxas_usage(ptx.encode(), "sm_90")
+        regs, spills, out = ptxas_usage(ptx.encode(), "sm_90")
         assert spills == 0, out
+        assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
 
 
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 96), (7, 4096), (130, 512)])
@@ -424,8 +425,9 @@ def test_gpu_attention_reads_f16_pools_as_halves(kern):
     assert "ld.global.nc.v4.b16" in ptx or "ld.global.nc.v2.b16" in ptx
     assert "cvt.f32.f16" in ptx
     if find_ptxas():
-        _, spills, out = ptxas_usage(ptx.encode(), "sm_90")
+        regs, spills, out = ptxas_usage(ptx.encode(), "sm_90")
         assert spills == 0, out
+        assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
     with pytest.raises(ValueError, match="f32 or f16"):
         attention_decode(128, pt="bf16")
 

@@ -24,7 +24,7 @@ from poot.kernel.build import f as _f
 from poot.kernel.build import mul as _mul
 from poot.kernel.build import r as _r
 
-__all__ = ["Q6_K_BYTES", "Q6_K_WORDS", "q6_k_bf16_pairs", "q6_k_lane_loads", "q6_k_lane_raw_names", "q6_k_lane_words"]
+__all__ = ["Q6_K_BYTES", "Q6_K_WORDS", "q6_k_bf16_pairs", "q6_k_lane_loads", "q6_k_lane_words"]
 
 Q6_K_BYTES = 210  # a block's bytes
 # the words a lane keeps for a chunk of one row: the quarters' nibble bytes (a, b), the high bits
@@ -53,11 +53,6 @@ def q6_k_lane_loads(pre: str, j: int, ob: K.Expr, hn: K.Expr, pp: K.Expr) -> lis
     out += [K.Let(f"{pre}r{j}s0", K.Load("w", sw, I32)), K.Let(f"{pre}r{j}s1", K.Load("w", _add(sw, 1), I32))]
     out.append(K.Let(f"{pre}r{j}d", K.Load("w", _b("shr", _add(base, 208), 2), I32)))
     return out
-
-
-def q6_k_lane_raw_names(pre: str, j: int) -> list[str]:
-    """The locals ``q6_k_lane_loads`` defines for row ``j``."""
-    return [f"{pre}r{j}{nm}" for nm in ("ob", "o", "a0", "a1", "a2", "b0", "b1", "b2", "h0", "h1", "h2", "s0", "s1", "d")]
 
 
 def _joined(lo: K.Expr, hi: K.Expr, odd: K.Expr) -> K.Expr:

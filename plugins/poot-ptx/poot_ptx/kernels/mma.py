@@ -36,7 +36,10 @@ from ..statements import Mma
 from ._fragments import mma_lanes as _mma_lanes
 from ._q6_k import Q6_K_BYTES, Q6_K_WORDS, q6_k_bf16_pairs, q6_k_lane_loads, q6_k_lane_words
 
-__all__ = ["gemm_mma", "gemm_warp", "glu_split", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS"]
+__all__ = ["gemm_mma", "gemm_warp", "glu_split", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS", "WARP_PACKED"]
+
+# packed types ``gemm_warp`` reads as stored, and what K must be a multiple of for them
+WARP_PACKED = {"q4_k": 256, "q6_k": 512}
 
 MMA_PAD = 4  # words of padding per staged row: eight rows of a fragment load hit 32 different banks
 
@@ -300,7 +303,7 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
     block straddles them; K a multiple of 512 (rows start word-aligned), K / wk of 64."""
     if qtype not in ("bf16", "q4_k", "q6_k"):
         raise ValueError(f"gemm_warp: weights of type bf16, q4_k or q6_k, got {qtype}")
-    packed = {"q4_k": 256, "q6_k": 512}.get(qtype)
+    packed = WARP_PACKED.get(qtype)
     if k % (32 * wk) or (packed and (k % packed or (k // wk) % 64)):
         raise ValueError(f"gemm_warp needs K a multiple of {32 * wk}{f' and {packed}, with K / wk a multiple of 64' if packed else ''}, got {k}")
     threads, steps = 32 * wk, k // (32 * wk)
