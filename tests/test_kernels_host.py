@@ -473,7 +473,7 @@ def _run_sampling(args, sc, rows: int, vocab: int, chunk: int, lanes: bool = Fal
 
 
 @pytest.mark.parametrize("lanes", [False, True])
-@pytest.mark.parametrize("guided,nbias", [(False, 0), (True, 3)])
+@pytest.mark.parametrize("guided,nbias", [(False, 0), (True, 0), (True, 3)])
 @pytest.mark.parametrize("vocab,chunk", [(37, 8192), (1000, 96), (4099, 1024)])
 def test_sampling_kernel_matches_the_oracle(rng, vocab, chunk, guided, nbias, lanes):
     rows = 16
@@ -485,6 +485,27 @@ def test_sampling_kernel_matches_the_oracle(rng, vocab, chunk, guided, nbias, la
     if guided:  # every sampled token is allowed by its row's mask
         words = ref["mask"].view(np.uint32)
         assert all((words[r, t >> 5] >> (t & 31)) & 1 for r, t in enumerate(tokens.tolist()))
+
+
+@pytest.mark.parametrize("lanes", [False, True])
+def test_greedy_ties_go_to_the_lowest_id_across_lanes_and_chunks(rng, lanes):
+    """Rows without penalties or biases (the host kernel's sixteen-lane pass): equal maxima placed in
+    different lanes, chunks and the tail past the last full sixteen; the lowest id is picked, as in
+    the oracle, and a masked copy of the maximum is never picked."""
+    rows, vocab, chunk = 6, 1000, 96
+    p = _sampling_case(rng, rows, vocab)
+    p.update(
+        temperature=np.zeros(rows, np.float32), repetition=np.ones(rows, np.float32), presence=np.zeros(rows, np.float32), frequency=np.zeros(rows, np.float32)
+    )
+    p["top_k"][:] = 0
+    spots = [(0, [5, 21]), (1, [100, 37]), (2, [995, 999]), (3, [16, 17, 18]), (4, [990, 7]), (5, [3, 600])]
+    for r, ids in spots:
+        p["logits"][r, ids] = 50.0
+    args, ref, sc = _device_args(p, rng, rows, vocab)
+    args["mask"][5, 0] &= ~np.int32(1 << 3)  # row 5: its first maximum is not allowed (the oracle's mask is this array)
+    tokens, _ = _run_sampling(args, sc, rows, vocab, chunk, lanes)
+    np.testing.assert_array_equal(tokens, [5, 37, 995, 16, 7, 600])
+    assert_draws_match(tokens, sample_scores(**ref))
 
 
 def test_same_seed_same_tokens_and_draws_follow_the_distribution(rng):

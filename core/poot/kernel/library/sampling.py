@@ -144,9 +144,11 @@ def sample_chunks_lanes(
     chunk: i32,
     PART: Const = PART_WORDS,
 ):
-    """``sample_chunks`` for a CPU core: one pass over the chunk in token order (the first of equal
-    scores kept: ties to the lower id), every token processed by the same operations; no workgroup
-    of threads to run as loops around its reductions. Grid (rows, chunks)."""
+    """``sample_chunks`` for a CPU core: the chunk in token order, every token processed by the same
+    operations, and no workgroup of threads to run as loops around its reductions. A first pass
+    writes the processed logits and their maximum; a second (one loop for greedy rows, another for
+    draws, so that a greedy row never computes the noise) finds the best, the first of equal scores
+    kept: ties to the lower id. Grid (rows, chunks)."""
     r = group_id(0)
     c = group_id(1)
     base = r * vocab
@@ -162,29 +164,80 @@ def sample_chunks_lanes(
     m = -3.0e38
     best = -3.0e38
     best_i = vocab
-    for i in range(first, stop):
-        z = logits[base + i]
-        for j in range(nbias):
-            if bias_ids[r * nbias + j] == i:
-                z = z + bias_vals[r * nbias + j]
-        n = 0
-        if crow >= 0:
-            n = counts[crow * vocab + i]
-        if n > 0:
-            z = z / rep if z > 0.0 else z * rep
-            z = z - pres - freq * f32(n)
-        if temp > 0.0:
-            z = z / temp
-        if ((mask[r * mask_words + (i >> 5)] >> (i & 31)) & 1) == 0:
-            z = -3.0e38
-        work[base + i] = z
-        m = max(m, z)
-        if z >= -3.0e38:
-            score = z
+    picked = 0  # the greedy pick made in the first pass
+    biased = 0
+    for j in range(nbias):
+        if bias_ids[r * nbias + j] >= 0:
+            biased = 1
+    if biased > 0 or (crow >= 0 and (rep != 1.0 or pres != 0.0 or freq != 0.0)):  # biases or penalties: every stage, token by token
+        for i in range(first, stop):
+            z = logits[base + i]
+            for j in range(nbias):
+                if bias_ids[r * nbias + j] == i:
+                    z = z + bias_vals[r * nbias + j]
+            n = 0
+            if crow >= 0:
+                n = counts[crow * vocab + i]
+            if n > 0:
+                z = z / rep if z > 0.0 else z * rep
+                z = z - pres - freq * f32(n)
             if temp > 0.0:
+                z = z / temp
+            if ((mask[r * mask_words + (i >> 5)] >> (i & 31)) & 1) == 0:
+                z = -3.0e38
+            work[base + i] = z
+            m = max(m, z)
+    else:  # the common rows: sixteen lanes of tokens side by side (the maximum's and the greedy pick's chains apart)
+        mx = shared(f32, 16)
+        bv = shared(f32, 16)
+        bi = shared(i32, 16)
+        for l in static_range(16):
+            mx[l] = -3.0e38
+            bv[l] = -3.0e38
+            bi[l] = vocab
+        main = first + (stop - first) // 16 * 16
+        for i0 in range(first, main, 16):
+            bits = mask[r * mask_words + (i0 >> 5)] >> (i0 & 31)  # the lanes' sixteen bits: chunk is a multiple of 16
+            for l in static_range(16):
+                i = i0 + l
+                z = logits[base + i]
+                z = select(temp > 0.0, z / temp, z)
+                z = select(((bits >> l) & 1) == 0, -3.0e38, z)
+                work[base + i] = z
+                mx[l] = max(mx[l], z)
+                take = z > bv[l]  # in a lane, the first of equal values stays
+                bv[l] = select(take, z, bv[l])
+                bi[l] = select(take, i, bi[l])
+        for l in static_range(16):  # the lanes' best: the largest value, the lowest id among equals
+            m = max(m, mx[l])
+            take = bv[l] > best or (bv[l] == best and bi[l] < best_i)
+            best = select(take, bv[l], best)
+            best_i = select(take, bi[l], best_i)
+        for i in range(main, stop):  # ids past every lane's
+            z = logits[base + i]
+            z = select(temp > 0.0, z / temp, z)
+            z = select(((mask[r * mask_words + (i >> 5)] >> (i & 31)) & 1) == 0, -3.0e38, z)
+            work[base + i] = z
+            m = max(m, z)
+            if z > best:
+                best = z
+                best_i = i
+        picked = 1
+    if temp > 0.0:  # the draw in a loop of its own: greedy rows never pay for the noise's logarithms
+        best = -3.0e38
+        best_i = vocab
+        for i in range(first, stop):
+            z = work[base + i]
+            if z >= -3.0e38:
                 score = gumbel_score(z, seed, step, i)
-            if score > best:
-                best = score
+                if score > best:
+                    best = score
+                    best_i = i
+    elif picked == 0:
+        for i in range(first, stop):
+            z = work[base + i]
+            if z >= -3.0e38 and z > best:
+                best = z
                 best_i = i
     parts[(r * num_groups(1) + c) * PART] = m
     parts[(r * num_groups(1) + c) * PART + 1] = best
