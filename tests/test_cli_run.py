@@ -104,7 +104,7 @@ def test_a_long_prompt_shows_progress_on_a_terminal_only(smollm2_path):
     import struct
     import termios
 
-    prompt = " ".join(f"w{i}" for i in range(250))  # about 900 tokens: two 512-token steps
+    prompt = " ".join(f"w{i}" for i in range(600))  # about 2,100 tokens: five 512-token steps, seconds past the bar's one-second delay
     args = [sys.executable, "-m", "poot.cli", "run", "SmolLM2", prompt, "--raw", "--max-tokens", "1", "--context", "4096"]
     main, sub = pty.openpty()
     fcntl.ioctl(sub, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a new pty is 0 columns wide: no room for a bar

@@ -22,6 +22,7 @@ from ..errors import PootError, PootWarning
 from ..graph.passes import DEFAULT_PASSES, PassManager
 from ..load import open_model
 from ..load.finite import check_finite
+from ..load.hostmem import huge_page_copy, huge_pages_wanted
 from ..models import ConfigError, StepShapes, family_for
 from ..plan import compile_plan
 from ..plan.attention import POOL_TYPES
@@ -180,6 +181,8 @@ class ModelHandle:
         self.vocab = g.outputs["logits"].shape[1].value
         self._factory, self._threads = factory, threads
         self.weights = {t.name: t.raw() for t in ck.weights.tensors.values()}  # as stored: bf16 as its bits
+        if self.device.kind == "cpu" and huge_pages_wanted():  # read in place, token after token: from huge pages
+            self.weights = huge_page_copy(self.weights)
         # KV pool: a memory budget in blocks
         self.block_size = block_size
         if max_context is not None and max_context < block_size:
