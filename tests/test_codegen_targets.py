@@ -166,10 +166,11 @@ def test_kernels_wait_for_the_launch_before_where_launches_can_overlap():
             verify_kernel(bad)
 
 
-def test_prefetches_go_to_the_bulk_copy_engine_on_hopper_and_nowhere_else():
+def test_prefetches_go_to_the_bulk_copy_engine_on_hopper_and_to_the_l2_on_the_host(tmp_path, monkeypatch):
     """``Prefetch`` of a range before the wait: one ``cp.async.bulk.prefetch.L2`` of the given
-    bytes, ahead of ``griddepcontrol.wait``, on sm_90+; none on sm_80; the host and SPIR-V compile
-    it away (a hint). A prefetch of a workgroup array or with a float count is refused."""
+    bytes, ahead of ``griddepcontrol.wait``, on sm_90+; none on sm_80; on the host one
+    ``llvm.prefetch`` of locality 2 (into the L2, not the L1) for each of its first 16 lines; SPIR-V
+    compiles it away (a hint). A prefetch of a workgroup array or with a float count is refused."""
     from poot.codegen.targets import spirv_target
     from poot.kernel.verify import KernelError, verify_kernel
 
@@ -183,7 +184,11 @@ def test_prefetches_go_to_the_bulk_copy_engine_on_hopper_and_nowhere_else():
     assert body_ptx.count("cp.async.bulk.prefetch.L2.global") == 1 and "4096" in body_ptx
     assert body_ptx.index("cp.async.bulk.prefetch") < body_ptx.index("griddepcontrol.wait") < body_ptx.index("ld.global")
     assert "prefetch" not in compile_kernel(k, target("nvptx:sm_80"), use_cache=False).data.decode()
+    monkeypatch.setenv("POOT_DUMP", str(tmp_path))
     assert compile_kernel(k, target("host"), use_cache=False) is not None
+    host_ir = (tmp_path / "ask_first.host.ll").read_text()
+    asks = [ln for ln in host_ir.splitlines() if "call void" in ln and "llvm.prefetch" in ln]
+    assert len(asks) == 16 and all(ln.rstrip().endswith("i32 0, i32 2, i32 1)") for ln in asks), asks[:2]
     if shutil.which("spirv-opt"):  # (SPIR-V goes through SPIRV-Tools: installed where the Vulkan backend is tested)
         assert compile_kernel(k, spirv_target(1), use_cache=False).data[:4] == b"\x03\x02\x23\x07"  # SPIR-V's magic number
     shared = K.Kernel("ask_shared", bufs, (K.Prefetch("s", K.Const(0, K.i32), K.Const(16, K.i32)),), (32, 1, 1), (K.Shared("s", dt.f32, 64),))

@@ -81,8 +81,10 @@ class KernelLowering(ArithmeticLowering):
 
     def prefetch(self, st: K.Prefetch) -> None:
         """``Prefetch``: a hint. On the host, each 64-byte line of a range of constant length (16
-        lines at most) is asked for (``llvm.prefetch``: read, into every cache level); nothing on
-        targets with no engine for it."""
+        lines at most) is asked for (``llvm.prefetch``: read, locality 2, x86's ``prefetcht1``: into
+        the L2, not the L1, where it would hold one of the core's few L1 miss buffers that the
+        loads of the moment need);
+        nothing on targets with no engine for it."""
         if not self.host or not isinstance(st.nbytes, K.Const):
             return
         ptr, _ = self.address(st.buffer, st.index)
@@ -91,7 +93,7 @@ class KernelLowering(ArithmeticLowering):
         base = self.b.bitcast(ptr, i8p)
         for line in range(0, min(int(st.nbytes.value), 1024), 64):
             at = self.b.gep(base, [L.Constant(I32, line)]) if line else base
-            self.b.call(fn, [at, L.Constant(I32, 0), L.Constant(I32, 3), L.Constant(I32, 1)])
+            self.b.call(fn, [at, L.Constant(I32, 0), L.Constant(I32, 2), L.Constant(I32, 1)])
 
     def copy_async(self, st: K.CopyAsync) -> None:
         """``CopyAsync`` where the target has no copy engine: four loads and stores of the 4-byte

@@ -32,9 +32,11 @@ __all__ = ["Q8_TYPES", "Q8K_TYPES", "PREFETCH", "XW", "quantize_x_host", "gemv_q
 
 Q8_TYPES = ("q4_0", "q4_1", "q5_0", "q8_0")  # blocks of 32
 Q8K_TYPES = ("q4_k", "q6_k")  # super-blocks of 256 (SUPER 8: sub-blocks of 32)
-# gemv_q8's PF: the bytes 16 rows hold for a block of 32 values, in whole 64-byte lines (rounded
-# down: the requests trail the next workgroup's rows a little; a ninth line for Q8_0's 544 bytes cost more than it gave)
-PREFETCH = {t: int(16 * b) // 64 * 64 for t, b in {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q8_0": 34, "q4_k": 18, "q6_k": 26.25}.items()}
+# gemv_q8's PF: twice the bytes 16 rows hold for a block of 32 values, in whole 64-byte lines (rounded
+# down), at most 16 lines: the requests run ahead of the next workgroup's rows and reach into the one
+# after it, so a workgroup that starts finds its rows in the L2 (requests that only kept pace left
+# a core reading from memory well below the speed it reads the L3 at)
+PREFETCH = {t: min(1024, 2 * (int(16 * b) // 64 * 64)) for t, b in {"q4_0": 18, "q4_1": 20, "q5_0": 22, "q8_0": 34, "q4_k": 18, "q6_k": 26.25}.items()}
 XW = 20  # i32 words of one quantized block of 32 values of x
 
 
@@ -98,8 +100,9 @@ def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32,
     own). A block's quants fill four 16-lane groups as they lie in the rows (lane 4r + j: row r's
     values 4j..4j+3 and 16+4j..16+4j+3), and a row's four lanes are added after the products. Q6_K's
     halves of 16 values have scales of their own: their sums are kept apart. With ``PF`` (bytes:
-    ``PREFETCH``) each block asks for that much more of the next workgroup's rows, so that one core
-    streams weights from memory at about 10 GB/s rather than 8 (its prefetchers alone lag)."""
+    ``PREFETCH``) each block asks for that much more of the rows after its own, into the L2 (not the
+    L1, whose few miss buffers the block's own loads need): 16 rows a block apart are 16 short
+    streams, which a core's own prefetchers hardly follow."""
     j0 = group_id(0) * 16
     t = group_id(1)
     nb = k // 32
