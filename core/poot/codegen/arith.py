@@ -166,6 +166,8 @@ class ArithmeticLowering:
                 y = self.approx("log2", a)
             elif gpu:
                 y = self.fcall("llvm.log2", a)
+            elif self.host and op == "log" and a.type == F32:
+                return self.log_f32(a)
             else:
                 return self.fcall("llvm.log" if op == "log" else "llvm.log2", a)
             return b.fmul(y, L.Constant(a.type, LN2)) if op == "log" else y
@@ -210,6 +212,38 @@ class ArithmeticLowering:
         y = b.fmul(b.fmul(p, pow2(half)), pow2(b.sub(ni, half)))
         y = b.select(b.fcmp_ordered(">", x, c(88.72283935546875)), c(float("inf")), y)
         return b.select(b.fcmp_unordered("uno", x, x), x, y)
+
+    def log_f32(self, x: L.Value) -> L.Value:
+        """ln x in f32 arithmetic that vectorizes (a libm call per element does not): x = m 2^e
+        from its bits (subnormals scaled by 2^25 first) with m in [sqrt(1/2), sqrt(2)), ln m by
+        Cephes' degree-9 polynomial in f = m - 1 (evaluated in pairs), e ln 2 added in two parts.
+        Within 2 ulp of the correctly rounded result; ln 0 is -inf, ln of a negative number NaN,
+        ln inf inf, NaN stays NaN."""
+        b = self.b
+        c = lambda v: L.Constant(F32, v)  # noqa: E731
+        i = lambda v: L.Constant(I32, v)  # noqa: E731
+        fma = lambda x, y, z: self.fcall("llvm.fma", x, y, z)  # noqa: E731
+        tiny = b.fcmp_ordered("<", x, c(1.1754943508222875e-38))
+        xs = b.select(tiny, b.fmul(x, c(33554432.0)), x)  # 2^25: a subnormal becomes normal
+        bits = b.bitcast(xs, I32)
+        e = b.sub(b.and_(b.ashr(bits, i(23)), i(255)), b.select(tiny, i(126 + 25), i(126)))
+        m = b.bitcast(b.or_(b.and_(bits, i(0x007FFFFF)), i(0x3F000000)), F32)  # [0.5, 1)
+        low = b.fcmp_ordered("<", m, c(0.707106781186547524))
+        e = b.sub(e, b.select(low, i(1), i(0)))
+        f = b.fsub(b.select(low, b.fadd(m, m), m), c(1.0))
+        z = b.fmul(f, f)
+        p01 = fma(c(-2.4999993993e-1), f, c(3.3333331174e-1))
+        p23 = fma(c(-1.6668057665e-1), f, c(2.0000714765e-1))
+        p45 = fma(c(-1.2420140846e-1), f, c(1.4249322787e-1))
+        p67 = fma(c(-1.1514610310e-1), f, c(1.1676998740e-1))
+        p = fma(fma(fma(fma(c(7.0376836292e-2), z, p67), z, p45), z, p23), z, p01)
+        ef = b.sitofp(e, F32)
+        y = fma(b.fmul(p, f), z, b.fmul(ef, c(-2.12194440e-4)))
+        y = fma(z, c(-0.5), y)
+        y = fma(ef, c(0.693359375), b.fadd(f, y))
+        y = b.select(b.fcmp_ordered("==", x, c(0.0)), c(float("-inf")), y)
+        y = b.select(b.fcmp_ordered("==", x, c(float("inf"))), x, y)
+        return b.select(b.fcmp_unordered("uno", x, x), x, b.select(b.fcmp_ordered("<", x, c(0.0)), c(float("nan")), y))
 
     def _erf(self, x: L.Value) -> L.Value:
         """erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""

@@ -165,6 +165,9 @@ def sample_chunks_lanes(
     best = -3.0e38
     best_i = vocab
     picked = 0  # the greedy pick made in the first pass
+    mx = shared(f32, 16)  # the lanes' largest values, and their best scores and ids
+    bv = shared(f32, 16)
+    bi = shared(i32, 16)
     biased = 0
     for j in range(nbias):
         if bias_ids[r * nbias + j] >= 0:
@@ -188,9 +191,6 @@ def sample_chunks_lanes(
             work[base + i] = z
             m = max(m, z)
     else:  # the common rows: sixteen lanes of tokens side by side (the maximum's and the greedy pick's chains apart)
-        mx = shared(f32, 16)
-        bv = shared(f32, 16)
-        bi = shared(i32, 16)
         for l in static_range(16):
             mx[l] = -3.0e38
             bv[l] = -3.0e38
@@ -226,7 +226,23 @@ def sample_chunks_lanes(
     if temp > 0.0:  # the draw in a loop of its own: greedy rows never pay for the noise's logarithms
         best = -3.0e38
         best_i = vocab
-        for i in range(first, stop):
+        main = first + (stop - first) // 16 * 16
+        for l in static_range(16):
+            bv[l] = -3.0e38
+            bi[l] = vocab
+        for i0 in range(first, main, 16):  # in 16 lanes, each its own chain of hashes and logarithms
+            for l in static_range(16):
+                i = i0 + l
+                z = work[base + i]
+                score = gumbel_score(z, seed, step, i)
+                take = z >= -3.0e38 and score > bv[l]  # in a lane, the first of equal scores stays
+                bv[l] = select(take, score, bv[l])
+                bi[l] = select(take, i, bi[l])
+        for l in static_range(16):  # the lanes' best: the largest score, the lowest id among equals
+            take = bv[l] > best or (bv[l] == best and bi[l] < best_i)
+            best = select(take, bv[l], best)
+            best_i = select(take, bi[l], best_i)
+        for i in range(main, stop):
             z = work[base + i]
             if z >= -3.0e38:
                 score = gumbel_score(z, seed, step, i)
