@@ -290,49 +290,76 @@ def measure_transformers(path: Path, vocab: int, batches: list[int], prefill: in
 
 
 def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
-    """Time each launch of every step shape the first time it is replayed, and print the largest."""
+    """Time each launch of every step shape the first time it is replayed, and print the largest.
+
+    Profiling replays the step again, and an executor frees a replaced step's replays two launches
+    on (``launch``'s contract), so a step the engine first launches while an earlier step of it is
+    in flight (queued ahead) is only noted then, with its inputs, and profiled at the start of an
+    engine step with nothing in flight, if it was not replaced in between."""
     ex = next(iter(m._executors.values()))
     if not hasattr(ex, "profile"):
         say(f"profile: {type(ex).__name__} has no per-launch timing; not profiled")
         return
-    replay, launch, seen = ex.replay, ex.launch, set()
+    replay, launch, engine_step = ex.replay, ex.launch, m.engine.step
+    seen: set[int] = set()
+    pending: list[tuple[object, dict[str, np.ndarray]]] = []
+    idle = [False]  # nothing in flight: the engine's step has not launched yet, and nothing is queued
 
     def once(step, inputs):  # type: ignore[no-untyped-def]
-        if id(step) not in seen:
-            seen.add(id(step))
-            times = ex.profile(step, inputs)
-            total: dict[str, float] = {}
-            for name, sec in times:
-                total[name] = total.get(name, 0.0) + sec
-            env = dict(step.storage.env)
+        times = ex.profile(step, inputs)
+        total: dict[str, float] = {}
+        for name, sec in times:
+            total[name] = total.get(name, 0.0) + sec
+        env = dict(step.storage.env)
+        replay(step, inputs)
+        walls = []
+        for _ in range(5):  # the whole step's graph, host to host: what the engine waits for
+            t = time.perf_counter()
             replay(step, inputs)
-            walls = []
-            for _ in range(5):  # the whole step's graph, host to host: what the engine waits for
-                t = time.perf_counter()
-                replay(step, inputs)
-                walls.append(time.perf_counter() - t)
-            say(
-                f"profile tokens={env.get('tokens')} batch={env.get('batch')}: {len(times)} launches, {sum(total.values()) * 1e3:.2f} ms on the GPU "
-                f"one by one; the step's graph {statistics.median(walls) * 1e3:.2f} ms (median of 5 replays)"
-            )
-            for name, sec in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
-                say(f"    {sec * 1e3:8.3f} ms  {name}")
-            if hasattr(ex, "graph_seconds"):  # inside the graph: its time without each of the largest classes of launches
-                whole = ex.graph_seconds(step)
-                say(f"  the step's launches as one graph, without the inputs' copy: {whole * 1e3:.3f} ms; without each class of launches:")
-                for name, _ in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
-                    saved = whole - ex.graph_seconds(step, lambda n, name=name: n == name)
-                    say(f"    {saved * 1e3:8.3f} ms  {name} ({sum(n == name for n, _ in times)} launches)")
+            walls.append(time.perf_counter() - t)
+        say(
+            f"profile tokens={env.get('tokens')} batch={env.get('batch')}: {len(times)} launches, {sum(total.values()) * 1e3:.2f} ms on the GPU "
+            f"one by one; the step's graph {statistics.median(walls) * 1e3:.2f} ms (median of 5 replays)"
+        )
+        for name, sec in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
+            say(f"    {sec * 1e3:8.3f} ms  {name}")
+        if hasattr(ex, "graph_seconds"):  # inside the graph: its time without each of the largest classes of launches
+            whole = ex.graph_seconds(step)
+            say(f"  the step's launches as one graph, without the inputs' copy: {whole * 1e3:.3f} ms; without each class of launches:")
+            for name, _ in sorted(total.items(), key=lambda kv: -kv[1])[:8]:
+                saved = whole - ex.graph_seconds(step, lambda n, name=name: n == name)
+                say(f"    {saved * 1e3:8.3f} ms  {name} ({sum(n == name for n, _ in times)} launches)")
+
+    def note(step, inputs):  # type: ignore[no-untyped-def]
+        if id(step) in seen:
+            return
+        seen.add(id(step))
+        if idle[0]:
+            once(step, inputs)
+        else:
+            pending.append((step, {k: np.array(v) for k, v in inputs.items()}))
 
     def profiled(step, inputs):  # type: ignore[no-untyped-def]
-        once(step, inputs)
+        note(step, inputs)
         return replay(step, inputs)
 
     def profiled_launch(step, inputs, keep=()):  # type: ignore[no-untyped-def]
-        once(step, inputs)  # the engine queues steps through launch on an asynchronous executor
+        note(step, inputs)  # the engine queues steps through launch on an asynchronous executor
+        idle[0] = False
         return launch(step, inputs, keep)
 
-    ex.replay, ex.launch = profiled, profiled_launch
+    def stepped():  # type: ignore[no-untyped-def]
+        idle[0] = m.engine._queued is None
+        if idle[0]:
+            while pending:
+                step, inputs = pending.pop()
+                if not step.retired and step.slots:
+                    once(step, inputs)
+                else:
+                    seen.discard(id(step))  # replaced: its new capture is profiled in its turn
+        return engine_step()
+
+    ex.replay, ex.launch, m.engine.step = profiled, profiled_launch, stepped
 
 
 def measure_poot(
@@ -458,7 +485,7 @@ def main() -> None:
         res[f"poot_{name}"] = r = measure_poot(
             path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0], args.kv_dtype
         )
-        if bw:
+        if bw and "decode_b1" in r:  # batch 1 is measured only when --batches names it
             roof = bw / (decode_weight_bytes(dims, args.layers, bpv) if bpv else mixed_weight_bytes(dims, args.layers))
             res[f"roofline_{name}"] = roof
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
