@@ -10,7 +10,8 @@ What is here, by the stage it serves:
 - devices: ``Device``, ``Capabilities``, ``Unavailable``, ``get_device``;
 - plans and their storage: ``Plan``, ``WANT_LOGPROBS`` (the symbol that leaves the log-probability
   launch out), ``StoragePlan``, ``plan_storage``, ``storage_dtype``,
-  ``stored_nbytes``, ``weight_array``, ``weight_dtype``, and the region helpers executors share
+  ``stored_nbytes``, ``weight_array``, ``weight_dtype``, ``WeightLayout`` and ``as_read`` (a
+  weight as the plan reads it, in ``Plan.layouts``' layout where it names one), and the region helpers executors share
   (``checked_pool``, ``checked_weight``, ``computed_outputs``, ``require_pools``, ``scalar_block``,
   ``value_region``, ``EAGER_READBACK``);
 - executing: ``Executor`` (the contract), ``Peak`` (what ``Executor.peak`` returns), ``compile_progress``, ``Assembled`` (what a compile-only
@@ -56,6 +57,8 @@ _EXPORTS: dict[str, tuple[str, str]] = {
     "stored_nbytes": ("poot.plan.memory", "stored_nbytes"),
     "weight_array": ("poot.plan.memory", "weight_array"),
     "weight_dtype": ("poot.plan.memory", "weight_dtype"),
+    "WeightLayout": ("poot.plan.layouts", "WeightLayout"),
+    "as_read": ("poot.plan.layouts", "as_read"),
     "EAGER_READBACK": ("poot.runtime.regions", "EAGER_READBACK"),
     "checked_pool": ("poot.runtime.regions", "checked_pool"),
     "checked_weight": ("poot.runtime.regions", "checked_weight"),

@@ -27,6 +27,7 @@ from ..models import ConfigError, StepShapes, family_for
 from ..plan import compile_plan
 from ..plan.attention import POOL_TYPES
 from ..plan.common import check_matmul_precision
+from ..plan.layouts import lay_out
 from ..plugins import host
 from ..runtime import NULL_KIND, Device, get_device
 from ..runtime.executor import Executor
@@ -181,6 +182,7 @@ class ModelHandle:
         self.vocab = g.outputs["logits"].shape[1].value
         self._factory, self._threads = factory, threads
         self.weights = {t.name: t.raw() for t in ck.weights.tensors.values()}  # as stored: bf16 as its bits
+        self.weights = lay_out(self.weights, self._plans[False].layouts)  # in the layouts the plan reads, once (they replace the stored bytes)
         if self.device.kind == "cpu" and huge_pages_wanted():  # read in place, token after token: from huge pages
             self.weights = huge_page_copy(self.weights)
         # KV pool: a memory budget in blocks

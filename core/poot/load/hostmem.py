@@ -66,6 +66,9 @@ def huge_page_copy(arrays: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         src = np.ascontiguousarray(a)
         dst = raw[start + offsets[name] : start + offsets[name] + src.nbytes].view(src.dtype).reshape(src.shape)
         np.copyto(dst, src)
+        if type(a) is not np.ndarray:  # a subclass that says what the bytes are (``plan.layouts.LaidOut``) stays one
+            dst = dst.view(type(a))
+            dst.__dict__.update(a.__dict__)
         dst.flags.writeable = False
         out[name] = dst
     return out

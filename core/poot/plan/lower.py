@@ -17,7 +17,7 @@ from ..graph.ir import Graph, Node, Value
 from ..graph.ops import OPS, SAMPLE_OPERANDS
 from ..kernel import ir as K
 from ..kernel.library import gather as gather_lib
-from ..kernel.library import movement, norms, norms_gpu
+from ..kernel.library import linear_q8_rows, movement, norms, norms_gpu
 from ..kernel.library import rope as rope_lib
 from ..kernel.library import sampling as sampling_lib
 from ..kernel.library.elementwise import MAX_RANK, fuse_elementwise
@@ -43,7 +43,7 @@ from .fusion import (
     view_of,
     virtual_views,
 )
-from .matmul import QuantizedX, matmul_gpu, matmul_host
+from .matmul import QuantizedX, matmul_gpu, matmul_host, rows16_weights
 from .memory import stored_nbytes
 from .plan import WANT_LOGPROBS, Launch, Plan, When
 from .schedules import Schedules
@@ -125,13 +125,18 @@ def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | N
     return Launch(n, k, bufs, lambda env: (max(1, -(-int(np.prod(_shape(out, env))) // 256)),), scalars)
 
 
-def _gather(n: Node) -> Launch:
+def _gather(n: Node, rows16: bool = False) -> Launch:
+    """Rows of a 2-D table at token ids; ``rows16``: a Q8_0 table laid out for the host's products
+    (``linear_q8_rows``)."""
     table, ids = n.inputs
     out = n.outputs[0]
     if n.attrs["axis"] != 0 or table.rank != 2:
         raise Refusal("gather", "host", "the planner gathers rows of a 2-D table only")
     cols = table.shape[1].value
     tokens = lambda env: max(1, int(np.prod(_shape(ids, env))))  # noqa: E731
+    if rows16:
+        k = linear_q8_rows.gather_q8_rows16.instantiate(BLOCK=128)
+        return Launch(n, k, {"table": _key(table), "ids": _key(ids), "out": _key(out)}, lambda env: (tokens(env),), lambda env: {"cols": cols})
     if table.dtype == dt.f16:  # f16 activations are stored as f16
         k = gather_lib.gather_f16.instantiate(BLOCK=128)
         return Launch(
@@ -568,6 +573,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
     plan = Plan(graph, [])
     sched = schedules(plan, limits)
     qx = QuantizedX(plan)
+    rows16 = rows16_weights(graph, plan) if not gpu and _integer_products(limits) else frozenset()
     norms_at = recognise_rms_norms(graph) if fuse else {}
     inside = {i for r in norms_at.values() for i in r.nodes} | set(norms_at)
     groups = elementwise_groups(graph, inside) if fuse else {n.id: [n] for n in graph.nodes if OPS[n.op].category == "elementwise"}
@@ -633,7 +639,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
             ls = (
                 matmul_gpu(n, limits, sched, None if fused_few else qx)
                 if gpu
-                else matmul_host(n, limits.shared_bytes, qx if _integer_products(limits) else None)
+                else matmul_host(n, limits.shared_bytes, qx if _integer_products(limits) else None, rows16)
             )
             if fused_few:
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
@@ -641,7 +647,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
                 plan.launches.extend(siblings_launches(siblings[n.id], limits, sched, qx))
             plan.launches.extend(ls)
         elif n.op == "gather":
-            plan.launches.append(_gather(n))
+            plan.launches.append(_gather(n, _key(n.inputs[0]) in rows16))
         elif n.op in ("sum", "mean", "max", "min"):
             plan.launches.append(_reduce(n))
         elif n.op in ("transpose", "slice", "expand", "concat"):

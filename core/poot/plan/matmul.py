@@ -14,16 +14,17 @@ import numpy as np
 
 from ..errors import Refusal
 from ..graph import dtypes as dt
-from ..graph.ir import Node, Value
-from ..kernel.library import linear, linear_gpu, linear_host, linear_q8_host, linear_simt
+from ..graph.ir import Graph, Node, Value
+from ..kernel.library import linear, linear_gpu, linear_host, linear_q8_host, linear_q8_rows, linear_simt
 from ..quant.bodies import BODIES, LUTS, WIDE_BLOCK
 from .common import Env, Limits, between
 from .common import key as _key
 from .common import shape as _shape
+from .layouts import WeightLayout
 from .plan import Launch, Plan, When
 from .schedules import GemvChoice, Schedules
 
-__all__ = ["between", "matmul_host", "matmul_gpu", "QuantizedX", "gemv_choice"]
+__all__ = ["between", "matmul_host", "matmul_gpu", "QuantizedX", "gemv_choice", "rows16_weights"]
 
 
 def _blocks(t: dt.DType, k: int) -> tuple[int, int]:
@@ -38,7 +39,30 @@ def _blocks(t: dt.DType, k: int) -> tuple[int, int]:
 GEMV_ROWS = 4  # weight rows a host GEMV workgroup takes: four chains of additions side by side
 
 
-def matmul_host(n: Node, shared_bytes: int, qx: QuantizedX | None = None) -> list[Launch]:
+def rows16_weights(graph: Graph, plan: Plan) -> frozenset[tuple[int, int]]:
+    """The Q8_0 weights the host's integer products read as 16-row records (``linear_q8_rows``):
+    those whose every reader is such a product (x @ w^T) or an embedding gather, which read the
+    records too (a head that shares the embedding's table); their layout goes into
+    ``plan.layouts``, and their keys are returned for ``matmul_host`` and the gather."""
+    users = graph.users()
+    out = set()
+    for node in graph.nodes:
+        v = node.outputs[0] if node.op == "weight" else None
+        if v is None or v.rank != 2 or not linear_q8_rows.rows16_applies(v.dtype.name, v.shape[0].value, v.shape[1].value):
+            continue
+        readers = users.get(node.id, [])
+        if readers and all(
+            (u.op == "matmul" and u.inputs[1] is v and u.inputs[0] is not v and u.attrs["transpose_b"])
+            or (u.op == "gather" and u.inputs[0] is v and u.inputs[1] is not v and u.attrs["axis"] == 0)
+            for u in readers
+        ):
+            out.add(_key(v))
+            lay = partial(linear_q8_rows.lay_out_rows16, n=v.shape[0].value, k=v.shape[1].value)
+            plan.layouts[node.attrs["name"]] = WeightLayout(linear_q8_rows.ROWS16, lay)
+    return frozenset(out)
+
+
+def matmul_host(n: Node, shared_bytes: int, qx: QuantizedX | None = None, rows16: frozenset[tuple[int, int]] = frozenset()) -> list[Launch]:
     """x @ w^T against a 2-D weight. Host schedules: for Q4_0, Q4_1, Q5_0, Q8_0, Q4_K and Q6_K
     weights, x quantized once (``qx``) and summed against the quants in integers (``linear_q8_host``),
     a token a workgroup while few rows come and every token a workgroup beyond; for the other types a lane
@@ -48,7 +72,7 @@ def matmul_host(n: Node, shared_bytes: int, qx: QuantizedX | None = None) -> lis
     if qx is not None and w.rank == 2 and n.attrs["transpose_b"]:
         kk = w.shape[-1].value
         if (w.dtype.name in linear_q8_host.Q8_TYPES and kk % 32 == 0) or (w.dtype.name in linear_q8_host.Q8K_TYPES and kk % 256 == 0):
-            return _matmul_q8_host(n, qx)
+            return _matmul_q8_host(n, qx, _key(w) in rows16)
     if not n.attrs["transpose_b"] or w.rank not in (2, 3) or (w.rank == 3 and x.rank != 3):
         raise Refusal("matmul", "host", "the planner runs x @ w^T with a 2-D weight, or [B, T, K] x [E, N, K] per expert")
     out = n.outputs[0]
@@ -124,11 +148,12 @@ def matmul_host(n: Node, shared_bytes: int, qx: QuantizedX | None = None) -> lis
     return [gemv, gemm]
 
 
-def _matmul_q8_host(n: Node, qx: QuantizedX) -> list[Launch]:
+def _matmul_q8_host(n: Node, qx: QuantizedX, rows16: bool = False) -> list[Launch]:
     """The integer host schedules of ``linear_q8_host``: x quantized once for every product that
     reads it, then 16 weight rows a workgroup, a token a workgroup for up to two rows of x (decode,
     ``gemv_q8``) and every token, four at a time, beyond (``gemm_q8``, the rows' quants laid out
-    once). Both do the same arithmetic for a row."""
+    once). Both do the same arithmetic for a row. ``rows16``: the weight is laid out as
+    ``linear_q8_rows`` says (``rows16_weights``), and read so."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     bs, bb, _ = BODIES[w.dtype.name]
@@ -138,8 +163,12 @@ def _matmul_q8_host(n: Node, qx: QuantizedX) -> list[Launch]:
     sc = lambda env: {"m": rows(env), "n": nn, "k": kk, "row_bytes": kk // bs * bb}  # noqa: E731
     groups = -(-nn // 16)
     sup = 8 if w.dtype.name in linear_q8_host.Q8K_TYPES else 1
-    gemv = linear_q8_host.gemv_q8.instantiate(QTYPE=w.dtype.name, SUPER=sup, PF=linear_q8_host.PREFETCH[w.dtype.name])
-    gemm = linear_q8_host.gemm_q8.instantiate(QTYPE=w.dtype.name, K=kk, TM=4, SUPER=sup)
+    if rows16:
+        gemv = linear_q8_rows.gemv_q8_rows16.instantiate(PF=linear_q8_rows.RECORD)
+        gemm = linear_q8_host.gemm_q8.instantiate(QTYPE=w.dtype.name, K=kk, TM=4, ROWS16=True)
+    else:
+        gemv = linear_q8_host.gemv_q8.instantiate(QTYPE=w.dtype.name, SUPER=sup, PF=linear_q8_host.PREFETCH[w.dtype.name])
+        gemm = linear_q8_host.gemm_q8.instantiate(QTYPE=w.dtype.name, K=kk, TM=4, SUPER=sup)
     return [
         *pre,
         Launch(n, gemv, bufs, lambda env: (groups, rows(env)), sc, When("rows <= 2", lambda env: rows(env) <= 2)),

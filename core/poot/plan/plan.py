@@ -13,6 +13,7 @@ import numpy as np
 from ..graph.ir import Graph, Node
 from ..kernel import ir as K
 from .common import Env
+from .layouts import WeightLayout
 
 __all__ = ["Launch", "Plan", "Scratch", "When", "WANT_LOGPROBS"]
 
@@ -73,6 +74,7 @@ class Plan:
     scratch: dict[tuple[int, int], Scratch] = field(default_factory=dict)  # working memory by key
     aliases: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)  # in-place outputs (cache_write)
     device: str = "host"
+    layouts: dict[str, WeightLayout] = field(default_factory=dict)  # weights by name that every launch reads in a layout of its own
 
     @functools.cached_property
     def inputs(self) -> dict[str, Any]:

@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import PootError
 from ..graph.ir import Value
 from ..kernel.ir import Kernel
+from ..plan.layouts import WeightLayout, as_read
 from ..plan.memory import StoragePlan, storage_dtype, stored_nbytes, weight_array
 
 __all__ = ["Region", "value_region", "scalar_block", "computed_outputs", "require_pools", "checked_weight", "checked_pool", "EAGER_READBACK"]
@@ -91,10 +92,11 @@ def scalar_block(
     return block, at
 
 
-def checked_weight(name: str, v: Value, a: np.ndarray) -> np.ndarray:
-    """``a`` as weight ``v`` is bound (16-bit floats given as float32 become their storage), its size
+def checked_weight(name: str, v: Value, a: np.ndarray, layout: WeightLayout | None = None) -> np.ndarray:
+    """``a`` as weight ``v`` is bound (16-bit floats given as float32 become their storage; laid
+    out when the plan reads it in ``layout``, and refused when laid out for another plan), its size
     checked against the plan's."""
-    a = np.ascontiguousarray(weight_array(v, a))
+    a = np.ascontiguousarray(weight_array(v, as_read(name, a, layout)))
     want = stored_nbytes(v)
     if a.nbytes != want:
         raise PootError(f"weight '{name}': the plan reads {want} bytes, got an array of {a.nbytes} ({a.shape})")

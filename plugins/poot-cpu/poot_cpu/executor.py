@@ -19,6 +19,7 @@ from poot.backend import (
     Peak,
     Plan,
     StoragePlan,
+    as_read,
     compile_kernels,
     host_target,
     plan_storage,
@@ -114,7 +115,8 @@ class HostExecutor(Executor):
             if n.op == "constant":
                 self._consts[(n.id, 0)] = np.ascontiguousarray(n.attrs["value"].array.astype(storage_dtype(n.attrs["dtype"])))
         self._weight_nodes = {n.attrs["name"]: n for n in g.nodes if n.op == "weight"}
-        self._weights: dict[Key, np.ndarray] = {}
+        self._weights: dict[Key, np.ndarray] = {}  # as the plan reads them (``Plan.layouts``)
+        self._given: dict[Key, np.ndarray] = {}  # as bind was given them
         self._pools: dict[Key, np.ndarray] = {}
         self._binding = 0
         self._steps: dict[tuple[tuple[str, int], ...], HostStep] = {}
@@ -137,10 +139,12 @@ class HostExecutor(Executor):
                 raise PootError(f"weight '{name}' is not bound (the plan reads it)")
             v = n.outputs[0]
             a = weights[name]
-            if self._weights.get((n.id, 0)) is a:
+            if self._given.get((n.id, 0)) is a:
                 continue
             want = stored_nbytes(v)
-            self._weights[(n.id, 0)] = self._check("weight", name, weight_array(v, a), weight_dtype(v.dtype), want)
+            read = as_read(name, a, self.plan.layouts.get(name))  # laid out here when given as stored
+            self._weights[(n.id, 0)] = self._check("weight", name, weight_array(v, read), weight_dtype(v.dtype), want)
+            self._given[(n.id, 0)] = a
             changed = True
         inputs = self.plan.graph.inputs()
         for name, a in (pools or {}).items():

@@ -236,13 +236,26 @@ def gemv_q8(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, row_bytes: i32,
 
 
 @kernel(workgroup=(1, 1, 1), loop_vectorize=False)
-def gemm_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, row_bytes: i32, QTYPE: Const = "q4_1", K: Const = 64, TM: Const = 4, SUPER: Const = 1):
+def gemm_q8(
+    xq: In[i32],
+    w: In[u8],
+    y: Out[f32],
+    m: i32,
+    n: i32,
+    row_bytes: i32,
+    QTYPE: Const = "q4_1",
+    K: Const = 64,
+    TM: Const = 4,
+    SUPER: Const = 1,
+    ROWS16: Const = False,
+):
     """The same products for every token; grid (ceil(n / 16),): 16 weight rows a workgroup, their
     quants and scales first laid out once in workgroup memory a row a lane (word j of a block: its
     values 4j..4j+3, then 16+4j.., of the 16 rows side by side), then ``TM`` tokens at a time each
     meet a block's eight words, x's words broadcast over the lanes. ``K`` (a multiple of 32, of 256
     with ``SUPER`` 8) is the rows' length. A row's block sums are ``gemv_q8``'s integers, scaled by
-    the same f32 operations in the same order."""
+    the same f32 operations in the same order. ``ROWS16`` (Q8_0): the weight is laid out as
+    ``linear_q8_rows`` describes, whose records hold the quants in this order already."""
     j0 = group_id(0) * 16
     nb = K // 32
     wt = shared(i32, 4 * K)
@@ -269,53 +282,60 @@ def gemm_q8(xq: In[i32], w: In[u8], y: Out[f32], m: i32, n: i32, row_bytes: i32,
     for sb in range(nb // SUPER):
         for b in static_range(SUPER):
             blk = sb * SUPER + b
-            for r in range(16):
-                p = min(j0 + r, n - 1) * row_bytes
-                o = blk * 128 + r
-                if QTYPE == "q8_0":
-                    p = p + blk * 34
-                    dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                    for jj in static_range(8):
-                        wt[o + 16 * jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144
-                elif QTYPE == "q4_k":
-                    p = p + sb * 144
-                    sm = _k4_scale_min(i32(w[p + 4 + b]), i32(w[p + 8 + b]), i32(w[p + b]), b // 4)
-                    sc = sm & 255
-                    mn = sm >> 8
-                    dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8)) * f32(sc)
-                    mws[blk * 16 + r] = -(half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8)) * f32(mn))
-                    for jj in static_range(8):
-                        wt[o + 16 * jj] = (load_word(w, p + 16 + 32 * (b // 2) + 4 * jj) >> (4 * (b % 2))) & 0x0F0F0F0F
-                elif QTYPE == "q6_k":
-                    p = p + sb * 210
-                    d = half_to_f32(i32(w[p + 208]) | (i32(w[p + 209]) << 8))
-                    sa = i32(w[p + 192 + 8 * (b // 4) + 2 * (b % 4)])
-                    sz = i32(w[p + 193 + 8 * (b // 4) + 2 * (b % 4)])
-                    dws[blk * 16 + r] = d * f32(sa - ((sa >> 7) << 8))
-                    dwh[blk * 16 + r] = d * f32(sz - ((sz >> 7) << 8))
-                    ql = p + 64 * (b // 4) + 32 * (b % 2)
-                    qh = p + 128 + 32 * (b // 4)
-                    for jj in static_range(8):
-                        wt[o + 16 * jj] = ((load_word(w, ql + 4 * jj) >> (4 * ((b % 4) // 2))) & 0x0F0F0F0F) | (
-                            ((load_word(w, qh + 4 * jj) >> (2 * (b % 4))) & 0x03030303) << 4
-                        )
-                else:
-                    head = 2
-                    if QTYPE == "q4_1":
-                        head = 4
-                    elif QTYPE == "q5_0":
-                        head = 6
-                    p = p + blk * (16 + head)
-                    dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
-                    if QTYPE == "q4_1":
-                        mws[blk * 16 + r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
-                    qh5 = 0
-                    if QTYPE == "q5_0":
-                        qh5 = load_word(w, p + 2)
-                    for jj in static_range(4):
-                        q = load_word(w, p + head + 4 * jj)
-                        wt[o + 16 * jj] = (q & 0x0F0F0F0F) | _spread(qh5 >> (4 * jj))
-                        wt[o + 16 * (4 + jj)] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh5 >> (16 + 4 * jj))
+            if ROWS16:  # a record: the 16 scales, then word jj of the 16 rows side by side
+                p = (group_id(0) * nb + blk) * 544
+                for r in static_range(16):
+                    dws[blk * 16 + r] = half_to_f32(i32(w[p + 2 * r]) | (i32(w[p + 2 * r + 1]) << 8))
+                for i in static_range(128):
+                    wt[blk * 128 + i] = load_word(w, p + 32 + 4 * i)
+            else:
+                for r in range(16):
+                    p = min(j0 + r, n - 1) * row_bytes
+                    o = blk * 128 + r
+                    if QTYPE == "q8_0":
+                        p = p + blk * 34
+                        dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                        for jj in static_range(8):
+                            wt[o + 16 * jj] = load_word(w, p + 2 + 4 * jj) ^ -2139062144
+                    elif QTYPE == "q4_k":
+                        p = p + sb * 144
+                        sm = _k4_scale_min(i32(w[p + 4 + b]), i32(w[p + 8 + b]), i32(w[p + b]), b // 4)
+                        sc = sm & 255
+                        mn = sm >> 8
+                        dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8)) * f32(sc)
+                        mws[blk * 16 + r] = -(half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8)) * f32(mn))
+                        for jj in static_range(8):
+                            wt[o + 16 * jj] = (load_word(w, p + 16 + 32 * (b // 2) + 4 * jj) >> (4 * (b % 2))) & 0x0F0F0F0F
+                    elif QTYPE == "q6_k":
+                        p = p + sb * 210
+                        d = half_to_f32(i32(w[p + 208]) | (i32(w[p + 209]) << 8))
+                        sa = i32(w[p + 192 + 8 * (b // 4) + 2 * (b % 4)])
+                        sz = i32(w[p + 193 + 8 * (b // 4) + 2 * (b % 4)])
+                        dws[blk * 16 + r] = d * f32(sa - ((sa >> 7) << 8))
+                        dwh[blk * 16 + r] = d * f32(sz - ((sz >> 7) << 8))
+                        ql = p + 64 * (b // 4) + 32 * (b % 2)
+                        qh = p + 128 + 32 * (b // 4)
+                        for jj in static_range(8):
+                            wt[o + 16 * jj] = ((load_word(w, ql + 4 * jj) >> (4 * ((b % 4) // 2))) & 0x0F0F0F0F) | (
+                                ((load_word(w, qh + 4 * jj) >> (2 * (b % 4))) & 0x03030303) << 4
+                            )
+                    else:
+                        head = 2
+                        if QTYPE == "q4_1":
+                            head = 4
+                        elif QTYPE == "q5_0":
+                            head = 6
+                        p = p + blk * (16 + head)
+                        dws[blk * 16 + r] = half_to_f32(i32(w[p]) | (i32(w[p + 1]) << 8))
+                        if QTYPE == "q4_1":
+                            mws[blk * 16 + r] = half_to_f32(i32(w[p + 2]) | (i32(w[p + 3]) << 8))
+                        qh5 = 0
+                        if QTYPE == "q5_0":
+                            qh5 = load_word(w, p + 2)
+                        for jj in static_range(4):
+                            q = load_word(w, p + head + 4 * jj)
+                            wt[o + 16 * jj] = (q & 0x0F0F0F0F) | _spread(qh5 >> (4 * jj))
+                            wt[o + 16 * (4 + jj)] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh5 >> (16 + 4 * jj))
     for t0 in range(0, m, TM):
         for i in static_range(16 * TM):
             acc[i] = 0.0
