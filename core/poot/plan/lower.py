@@ -126,7 +126,7 @@ def _elementwise(n: Node, members: list[Node], virtual: set[int], into: Into | N
 
 
 def _gather(n: Node, rows16: bool = False) -> Launch:
-    """Rows of a 2-D table at token ids; ``rows16``: a Q8_0 table laid out for the host's products
+    """Rows of a 2-D table at token ids; ``rows16``: a table laid out for the host's products
     (``linear_q8_rows``)."""
     table, ids = n.inputs
     out = n.outputs[0]
@@ -135,7 +135,7 @@ def _gather(n: Node, rows16: bool = False) -> Launch:
     cols = table.shape[1].value
     tokens = lambda env: max(1, int(np.prod(_shape(ids, env))))  # noqa: E731
     if rows16:
-        k = linear_q8_rows.gather_q8_rows16.instantiate(BLOCK=128)
+        k = linear_q8_rows.gather_q8_rows16.instantiate(QTYPE=table.dtype.name, BLOCK=128)
         return Launch(n, k, {"table": _key(table), "ids": _key(ids), "out": _key(out)}, lambda env: (tokens(env),), lambda env: {"cols": cols})
     if table.dtype == dt.f16:  # f16 activations are stored as f16
         k = gather_lib.gather_f16.instantiate(BLOCK=128)

@@ -40,7 +40,7 @@ GEMV_ROWS = 4  # weight rows a host GEMV workgroup takes: four chains of additio
 
 
 def rows16_weights(graph: Graph, plan: Plan) -> frozenset[tuple[int, int]]:
-    """The Q8_0 weights the host's integer products read as 16-row records (``linear_q8_rows``):
+    """The Q8_0 and Q5_0 weights the host's integer products read as 16-row records (``linear_q8_rows``):
     those whose every reader is such a product (x @ w^T) or an embedding gather, which read the
     records too (a head that shares the embedding's table); their layout goes into
     ``plan.layouts``, and their keys are returned for ``matmul_host`` and the gather."""
@@ -57,8 +57,8 @@ def rows16_weights(graph: Graph, plan: Plan) -> frozenset[tuple[int, int]]:
             for u in readers
         ):
             out.add(_key(v))
-            lay = partial(linear_q8_rows.lay_out_rows16, n=v.shape[0].value, k=v.shape[1].value)
-            plan.layouts[node.attrs["name"]] = WeightLayout(linear_q8_rows.ROWS16, lay)
+            lay = partial(linear_q8_rows.lay_out_rows16, n=v.shape[0].value, k=v.shape[1].value, qtype=v.dtype.name)
+            plan.layouts[node.attrs["name"]] = WeightLayout(linear_q8_rows.layout_name(v.dtype.name), lay)
     return frozenset(out)
 
 
@@ -164,7 +164,7 @@ def _matmul_q8_host(n: Node, qx: QuantizedX, rows16: bool = False) -> list[Launc
     groups = -(-nn // 16)
     sup = 8 if w.dtype.name in linear_q8_host.Q8K_TYPES else 1
     if rows16:
-        gemv = linear_q8_rows.gemv_q8_rows16.instantiate(PF=linear_q8_rows.RECORD)
+        gemv = linear_q8_rows.gemv_q8_rows16.instantiate(QTYPE=w.dtype.name, PF=linear_q8_rows.RECORD[w.dtype.name])
         gemm = linear_q8_host.gemm_q8.instantiate(QTYPE=w.dtype.name, K=kk, TM=4, ROWS16=True)
     else:
         gemv = linear_q8_host.gemv_q8.instantiate(QTYPE=w.dtype.name, SUPER=sup, PF=linear_q8_host.PREFETCH[w.dtype.name])

@@ -254,8 +254,8 @@ def gemm_q8(
     values 4j..4j+3, then 16+4j.., of the 16 rows side by side), then ``TM`` tokens at a time each
     meet a block's eight words, x's words broadcast over the lanes. ``K`` (a multiple of 32, of 256
     with ``SUPER`` 8) is the rows' length. A row's block sums are ``gemv_q8``'s integers, scaled by
-    the same f32 operations in the same order. ``ROWS16`` (Q8_0): the weight is laid out as
-    ``linear_q8_rows`` describes, whose records hold the quants in this order already."""
+    the same f32 operations in the same order. ``ROWS16`` (Q8_0, Q5_0): the weight is laid out as
+    ``linear_q8_rows`` describes, whose records hold the words in this order already."""
     j0 = group_id(0) * 16
     nb = K // 32
     wt = shared(i32, 4 * K)
@@ -283,11 +283,22 @@ def gemm_q8(
         for b in static_range(SUPER):
             blk = sb * SUPER + b
             if ROWS16:  # a record: the 16 scales, then word jj of the 16 rows side by side
-                p = (group_id(0) * nb + blk) * 544
+                rec = 544
+                if QTYPE == "q5_0":
+                    rec = 352
+                p = (group_id(0) * nb + blk) * rec
                 for r in static_range(16):
                     dws[blk * 16 + r] = half_to_f32(i32(w[p + 2 * r]) | (i32(w[p + 2 * r + 1]) << 8))
-                for i in static_range(128):
-                    wt[blk * 128 + i] = load_word(w, p + 32 + 4 * i)
+                if QTYPE == "q8_0":
+                    for i in static_range(128):
+                        wt[blk * 128 + i] = load_word(w, p + 32 + 4 * i)
+                else:  # Q5_0: the words of nibbles, their fifth bits spread in as for stored rows
+                    for r in static_range(16):
+                        qh5 = load_word(w, p + 32 + 4 * r)
+                        for jj in static_range(4):
+                            q = load_word(w, p + 96 + 64 * jj + 4 * r)
+                            wt[blk * 128 + 16 * jj + r] = (q & 0x0F0F0F0F) | _spread(qh5 >> (4 * jj))
+                            wt[blk * 128 + 16 * (4 + jj) + r] = ((q >> 4) & 0x0F0F0F0F) | _spread(qh5 >> (16 + 4 * jj))
             else:
                 for r in range(16):
                     p = min(j0 + r, n - 1) * row_bytes
