@@ -101,6 +101,27 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                             lambda n, mt=mt, tn=tn: ((-(-rows * k // 8 // M.SPLIT_THREADS),), (-(-rows // (16 * mt)), -(-n // (8 * tn)))),
                         )
                     )
+                if terms:  # the integer tensor-core GEMM on x quantized once to two int8 terms
+                    from poot.kernel.build import Q8_THREADS, quantize_q8x2
+                    from poot_ptx.kernels.imma import gemm_imma_q4_k
+
+                    rt = 1 if rows <= 8 else 2 if rows <= 16 else 4
+                    for ft, wk, un, pipe in (
+                        (2, 8, 2, False),
+                        (2, 8, 1, False),
+                        (2, 8, 1, True),
+                        (1, 8, 1, True),
+                        (2, 4, 1, True),
+                        (2, 16, 1, True),
+                        (4, 8, 1, True),
+                    ):
+                        if k % (64 * wk):
+                            continue
+                        kern = gemm_imma_q4_k(k, ft, rt, wk, un, pipe)
+                        sq = (-(-rows * k // 4 // Q8_THREADS),)
+                        out.append(
+                            (kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, ft=ft, rt=rt, sq=sq: (sq, (-(-rows // (8 * rt)), -(-n // (16 * ft)))))
+                        )
                 for parts in (1, 2, 4, 8) if wgmma else ():  # Hopper: the warpgroup GEMM dequantizing in workgroup memory
                     if k % (64 * parts) == 0:
                         kern = W.gemm_wgmma_q4_k(k, terms, parts)

@@ -11,7 +11,9 @@ loads). The statements themselves are ``poot.backend.kir``'s; a kernel is checke
   ``bf16_rest`` (the nearest bf16 of what those leave), ``pair`` (two halves into a word),
   ``silu_mul`` (silu(g) * u);
 - kernel pieces: ``q4_k_lane_scales``, ``q4_k_bf16_pairs``, ``q8_quantize_lane``,
-  ``dequantize_bf16``/``dequant_groups``, ``pool_dtype``/``pool_load``/``fmax``.
+  ``dequantize_bf16``/``dequant_groups``, ``pool_dtype``/``pool_load``/``fmax``;
+- x quantized once to two int8 terms for integer products: ``quantize_q8x2`` (grid of
+  ``Q8_THREADS``-thread workgroups; x ~ d (q1 + q2 / ``Q8_SPLIT``)).
 """
 
 from __future__ import annotations
@@ -33,11 +35,13 @@ from .library._kir import _silu_mul as silu_mul
 from .library.attention_gpu import fmax, pool_dtype, pool_load
 from .library.dequant_gpu import dequant_groups, dequantize_bf16
 from .library.linear_gpu import q4_k_bf16_pairs, q4_k_lane_scales
-from .library.q8x import q8_quantize_lane
+from .library.q8x import Q8_SPLIT, Q8_THREADS, q8_quantize_lane, quantize_q8x2
 
 __all__ = [
     "F32",
     "I32",
+    "Q8_SPLIT",
+    "Q8_THREADS",
     "add",
     "b",
     "bf16_bits",
@@ -57,6 +61,7 @@ __all__ = [
     "q4_k_bf16_pairs",
     "q4_k_lane_scales",
     "q8_quantize_lane",
+    "quantize_q8x2",
     "r",
     "silu_mul",
 ]

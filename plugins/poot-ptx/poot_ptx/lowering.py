@@ -127,8 +127,11 @@ class NvptxLowering(KernelLowering):
     def lower_mma(self, st: Mma) -> None:
         self._matrix()
         b = self.b
-        name = "llvm.nvvm.mma.m16n8k16.row.col.bf16" if st.dtype == dt.bf16 else "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
-        if st.dtype == dt.bf16:
+        name = {dt.bf16: "llvm.nvvm.mma.m16n8k16.row.col.bf16", dt.i8: "llvm.nvvm.mma.m16n8k32.row.col.s8"}.get(
+            st.dtype, "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
+        )
+        tacc = I32 if st.dtype == dt.i8 else F32
+        if st.dtype in (dt.bf16, dt.i8):
             regs = [self.expr(e) for e in st.a + st.b]
             types = [I32] * 6
         else:  # f16 pairs are <2 x half>
@@ -137,7 +140,7 @@ class NvptxLowering(KernelLowering):
             types = [h2] * 6
         ptrs = [self._var_ptr(nm)[0] for nm in st.acc]
         acc = [b.load(p) for p in ptrs]
-        d = b.call(self.intrinsic(name, L.LiteralStructType([F32] * 4), types + [F32] * 4), regs + acc)
+        d = b.call(self.intrinsic(name, L.LiteralStructType([tacc] * 4), types + [tacc] * 4), regs + acc)
         for i, p in enumerate(ptrs):
             b.store(b.extract_value(d, i), p)
 

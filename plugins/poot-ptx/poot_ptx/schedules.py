@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from poot.backend import dtypes as dt
-from poot.kernel.build import dequant_groups, dequantize_bf16
+from poot.kernel.build import Q8_THREADS, dequant_groups, dequantize_bf16, quantize_q8x2
 from poot.plan.schedules import (
     BODIES,
     LUTS,
@@ -37,11 +37,12 @@ from poot.plan.schedules import (
 )
 
 from .kernels import attention_mma as attn_mma
+from .kernels import imma as linear_imma
 from .kernels import mma as linear_mma
 from .kernels import wgmma as linear_wgmma
 from .norm_fold import FOLD_NORMS, fold_norms
 
-__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS"]
+__all__ = ["NvidiaSchedules", "SplitX", "QuantX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_SHAPE"]
 
 _key, _shape, _warp_gemv_fits = value_key, value_shape, warp_gemv_fits
 
@@ -53,6 +54,7 @@ class NvidiaSchedules(Schedules):
     def __init__(self, plan: Plan, limits: Limits) -> None:
         super().__init__(plan, limits)
         self.split = SplitX(plan, 2 if limits.matmul_precision == "high" else 1)
+        self.quant = QuantX(plan)
 
     def gemv(self, qtype: str, k: int, n: int, rows: int) -> GemvChoice:
         """Q4_K lanes of 32 quant bytes (``wide``) for one row of x, where they are faster. On Hopper
@@ -79,10 +81,10 @@ class NvidiaSchedules(Schedules):
         """Beyond four rows, the tensor-core GEMMs where matmul ``n`` takes them (``_on_tensor_cores``)."""
         if not _on_tensor_cores(n, self.limits):
             return None
-        return _tensor_core_launches(n, self.limits, self.split)
+        return _tensor_core_launches(n, self.limits, self.split, self.quant)
 
     def glu_split(self, glu: Glu, h: Value, users: Sequence[Node]) -> list[Launch]:
-        return glu_split_launches(glu, h, users, self.limits, self.split)
+        return glu_split_launches(glu, h, users, self.limits, self.split, self.quant)
 
     def warp_decode(self, a: AttentionOperands) -> bool:
         """A warp a position (coalesced key and value rows): verified on NVIDIA GPUs (sm_80 on)."""
@@ -114,30 +116,111 @@ class SplitX:
     plan: Plan
     terms: int = 2
     areas: dict[tuple[int, int], tuple[int, int]] = field(default_factory=dict)
+    launches: dict[tuple[int, int], Launch] = field(default_factory=dict)
 
     def of(self, n: Node, x: Value, k: int, rows: Callable[[Env], int], when: When) -> tuple[tuple[int, int], list[Launch]]:
-        """The scratch area holding x split, and the launch that writes it (none when one already does)."""
+        """The scratch area holding x split, and the launch that writes it (none when one already
+        does: that one then runs wherever either product needs it)."""
         xk = _key(x)
         if xk in self.areas:
+            old = self.launches.get(xk)
+            if old is not None and old.when is not None and old.when.doc != when.doc:
+                a, b = old.when, when
+                old.when = When(f"({a.doc}) or ({b.doc})", lambda env: a(env) or b(env))
             return self.areas[xk], []
         xs = self.area(x, k, rows)
         kern = linear_mma.split_bf16x2(k, self.terms)
-        return xs, [
-            Launch(
-                n,
-                kern,
-                {"x": xk, "xs": xs},
-                lambda env: (-(-rows(env) * k // 8 // linear_mma.SPLIT_THREADS),),
-                lambda env: {"m": rows(env)},
-                when,
-                label="split_x",
-            )
-        ]
+        launch = self.launches[xk] = Launch(
+            n,
+            kern,
+            {"x": xk, "xs": xs},
+            lambda env: (-(-rows(env) * k // 8 // linear_mma.SPLIT_THREADS),),
+            lambda env: {"m": rows(env)},
+            when,
+            label="split_x",
+        )
+        return xs, [launch]
 
     def area(self, x: Value, k: int, rows: Callable[[Env], int]) -> tuple[int, int]:
         """A new scratch area for x split (its planes: 2 bytes a value each), found by ``of`` after."""
         xs = self.areas[_key(x)] = self.plan.add_scratch(lambda env: rows(env) * k * self.terms // 2)
         return xs
+
+
+@dataclass
+class QuantX:
+    """x quantized to two int8 terms (``quantize_q8x2``: ``xq``, ``xr``, ``xds``) once for all the
+    integer tensor-core products that read it (``gemm_imma_q4_k``): three scratch areas of the
+    plan's by x, written by one launch placed before the first of them (or by the gated MLP's
+    ``glu_q8``)."""
+
+    plan: Plan
+    areas: dict[tuple[int, int], dict[str, tuple[int, int]]] = field(default_factory=dict)
+
+    def of(self, n: Node, x: Value, k: int, rows: Callable[[Env], int], when: When) -> tuple[dict[str, tuple[int, int]], list[Launch]]:
+        """The areas holding x quantized, and the launch that writes them (none when one already does)."""
+        xk = _key(x)
+        if xk in self.areas:
+            return self.areas[xk], []
+        bufs = self.area(x, k, rows)
+        return bufs, [
+            Launch(
+                n,
+                quantize_q8x2(k),
+                {"x": xk, **bufs},
+                lambda env: (-(-rows(env) * k // 4 // Q8_THREADS),),
+                lambda env: {"m": rows(env)},
+                when,
+                label="quantize_x",
+            )
+        ]
+
+    def area(self, x: Value, k: int, rows: Callable[[Env], int]) -> dict[str, tuple[int, int]]:
+        """New scratch areas for x quantized (4-byte words), found by ``of`` after."""
+        add = self.plan.add_scratch
+        bufs = self.areas[_key(x)] = {
+            "xq": add(lambda env: rows(env) * k // 4),
+            "xr": add(lambda env: rows(env) * k // 4),
+            "xds": add(lambda env: rows(env) * k // 16),
+        }
+        return bufs
+
+
+# the integer tensor-core GEMM's shape (``gemm_imma_q4_k``): feature tiles a warp, warps a
+# workgroup, chunks unrolled; it takes Q4_K products of 5 to IMMA_ROWS rows (8 a row tile): 1.3x
+# the streaming bf16 GEMM at 8 rows (Llama-3-8B's shapes, bench/gpu_matmul.py), even with it at 16,
+# where the streaming GEMM keeps them (4: off)
+IMMA_SHAPE = {"ft": 2, "wk": 8, "un": 2, "pipelined": False}
+IMMA_ROWS = 8
+
+
+def _imma(n: Node, limits: Limits) -> bool:
+    """Whether matmul ``n`` takes the integer tensor-core GEMM from 5 to ``IMMA_ROWS`` rows: Q4_K
+    weights of whole 64-value chunks for every warp, on tensor cores (``_on_tensor_cores``), x
+    split for them (not at matmul precision "highest")."""
+    w = n.inputs[1]
+    return (
+        IMMA_ROWS > 4
+        and w.dtype.name == "q4_k"
+        and w.shape[1].value % (64 * IMMA_SHAPE["wk"]) == 0
+        and limits.matmul_precision != "highest"
+        and _on_tensor_cores(n, limits)
+    )
+
+
+def _imma_launches(n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callable[[Env], int], quant: QuantX) -> list[Launch]:
+    """Q4_K matmul ``n`` of 5 to ``IMMA_ROWS`` rows on the integer tensor cores: x quantized once
+    (``quant``), then ``gemm_imma_q4_k`` with one row tile (up to 8 rows) or two."""
+    xq, out = quant.of(n, n.inputs[0], kk, rows, between(4, IMMA_ROWS, rows))
+    sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+    ft = IMMA_SHAPE["ft"]
+    for rt, lo, hi in ((1, 4, 8), (2, 8, IMMA_ROWS)):
+        if lo >= IMMA_ROWS:
+            break
+        k = linear_imma.gemm_imma_q4_k(kk, ft, rt, IMMA_SHAPE["wk"], IMMA_SHAPE["un"], IMMA_SHAPE["pipelined"])
+        grid = lambda env, rt=rt: (-(-rows(env) // (8 * rt)), -(-nn // (16 * ft)))  # noqa: E731
+        out.append(Launch(n, k, {**xq, "w": bufs["w"], "y": bufs["y"]}, grid, sc, between(lo, min(hi, IMMA_ROWS), rows)))
+    return out
 
 
 # bytes of bf16 a packed weight dequantized for the tensor cores may take in a step's scratch memory
@@ -188,14 +271,15 @@ def _on_tensor_cores(n: Node, limits: Limits) -> bool:
     return (q in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, kk, limits)) or (q == "q6_k" and _streams(q, kk)) or _dequantizes(w)
 
 
-def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list[Launch]:
+def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: QuantX | None = None) -> list[Launch]:
     """Matmul ``n`` beyond four rows on tensor cores: a GEMM streaming the weights like a GEMV up to 64
     rows, a tiled one beyond, or on Hopper (wgmma) the warpgroup GEMM from 17 rows (``_wgmma_launches``;
     Q4_K and Q6_K weights there stream up to 64 rows, Q4_K up to 32 and then the warpgroup GEMM that
     dequantizes in workgroup memory, ``_q4_k_wgmma_launches``); x split into bf16 terms once (by
     ``split``). Packed weights are first dequantized to bf16 into scratch memory (``dequantize_bf16``),
     but for those streamed up to 64 rows, which those GEMMs dequantize to the same bf16 values
-    (docs/NUMERICS.md)."""
+    (docs/NUMERICS.md). Q4_K products of 5 to ``IMMA_ROWS`` rows take the integer tensor cores
+    instead, on x quantized once (``quant``, ``_imma_launches``)."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
@@ -231,8 +315,11 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
             bufs["w"] = wd
     xsplit = split is not None
     two = limits.matmul_precision == "high"  # x as two bf16 terms, or rounded to one
+    imma = quant is not None and xsplit and _imma(n, limits)
+    if imma:
+        out += _imma_launches(n, kk, nn, bufs, rows, quant)  # type: ignore[arg-type]
     if split is not None:
-        xs, pre = split.of(n, x, kk, rows, between(4, None, rows))
+        xs, pre = split.of(n, x, kk, rows, between(IMMA_ROWS if imma else 4, None, rows))
         out += pre
         bufs = {"xs": xs, "w": bufs["w"], "y": bufs["y"]}
     # weights streamed like a GEMV, tensor cores doing the sums; long rows split K among 16 warps
@@ -247,6 +334,8 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None) -> list
     q4_wg = _q4_k_wgmma_launches(n, kk, nn, two, bufs, rows, split, 64 if tiled else None) if hopper and q == "q4_k" else []
     out += q4_wg
     for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 32 if q4_wg else 64 if tiled else None))[: 1 if wg and not streams else 2]:
+        if imma and hi is not None and hi <= IMMA_ROWS:
+            continue
         if streams:  # K / wk a multiple of 64: a warp's K is whole 64-value chunks of blocks
             # (Q6_K at 16 warps takes 134-171 registers, past the 128 that 512 threads may have)
             wk = next(v for v in (wk, 8, 4, 2, 1) if kk % (64 * v) == 0 and (q != "q6_k" or v <= 8))
@@ -353,11 +442,12 @@ def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, A
     ]
 
 
-def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits, split: SplitX) -> list[Launch]:
+def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits, split: SplitX, quant: QuantX | None = None) -> list[Launch]:
     """Beyond a few rows, silu(g) * u (the value ``h``) written straight as its bf16 terms for the
     products that read it (``glu_split``), instead of the elementwise kernel then ``split_bf16x2``;
     none where those products do not all take the tensor-core GEMMs (the caller keeps the
-    elementwise kernel then)."""
+    elementwise kernel then). Where they all take the integer tensor cores up to ``IMMA_ROWS``
+    rows, it is written quantized for them there instead (``glu_q8``)."""
     nn = h.shape[-1].value
     if not users or nn % 8 or any(u.op != "matmul" or _key(u.inputs[0]) != _key(h) or not _on_tensor_cores(u, limits) for u in users):
         return []
@@ -365,15 +455,31 @@ def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
     xs = split.area(h, nn, rows)
     kern = linear_mma.glu_split(nn, split.terms)
-    bufs = {"g": _key(glu.gate.outputs[0]), "u": _key(glu.up.outputs[0]), "xs": xs}
-    return [
+    gu = {"g": _key(glu.gate.outputs[0]), "u": _key(glu.up.outputs[0])}
+    out: list[Launch] = []
+    imma = quant is not None and nn % 32 == 0 and all(_imma(u, limits) for u in users)
+    if imma:
+        xq = quant.area(h, nn, rows)  # type: ignore[union-attr]
+        out.append(
+            Launch(
+                glu.up,
+                linear_imma.glu_q8(nn),
+                {**gu, **xq},
+                lambda env: (-(-rows(env) * nn // linear_imma.GLU_Q8_THREADS),),
+                lambda env: {"m": rows(env)},
+                between(4, IMMA_ROWS, rows),
+                label="glu_q8",
+            )
+        )
+    out.append(
         Launch(
             glu.up,
             kern,
-            bufs,
+            {**gu, "xs": xs},
             lambda env: (-(-rows(env) * nn // 8 // linear_mma.SPLIT_THREADS),),
             lambda env: {"m": rows(env)},
-            between(4, None, rows),
+            between(IMMA_ROWS if imma else 4, None, rows),
             label="glu_split",
         )
-    ]
+    )
+    return out

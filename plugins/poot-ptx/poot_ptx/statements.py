@@ -24,7 +24,11 @@ class Mma(TargetStmt):
     PTX's layout for m16n8k16 (lane = 4 * group + t): a pair holds columns (2t, 2t + 1) of A's row
     ``group`` (a[0]), ``group + 8`` (a[1]), then the same rows at columns 8 + 2t (a[2], a[3]); b[0]
     holds B's rows (2t, 2t + 1) and b[1] rows 8 + 2t of column ``group``; acc holds row ``group``,
-    columns (2t, 2t + 1), then row ``group + 8``. The whole warp executes it."""
+    columns (2t, 2t + 1), then row ``group + 8``. The whole warp executes it.
+
+    With ``dtype`` i8 it is the integer m16n8k32 product: the registers hold four signed bytes each
+    (A's columns 4t to 4t + 3 and 16 + 4t on, B's rows likewise), ``acc`` four i32 locals, the same
+    tile layout."""
 
     acc: tuple[str, str, str, str]
     a: tuple[Expr, Expr, Expr, Expr]
@@ -34,16 +38,17 @@ class Mma(TargetStmt):
     lowering = "mma"
 
     def check(self, c) -> None:  # type: ignore[no-untyped-def]
-        if self.dtype not in (dt.bf16, dt.f16):
-            raise c.fail(f"mma operands must be bf16 or f16 pairs, got {self.dtype}")
+        if self.dtype not in (dt.bf16, dt.f16, dt.i8):
+            raise c.fail(f"mma operands must be bf16 or f16 pairs or i8 quads, got {self.dtype}")
         if len(self.acc) != 4 or len(self.a) != 4 or len(self.b) != 2:
             raise c.fail("mma takes four accumulators, four A and two B registers")
+        want = dt.i32 if self.dtype == dt.i8 else dt.f32
         for nm in self.acc:
-            if c.local(nm) != dt.f32:
-                raise c.fail(f"mma accumulator '{nm}' must be an f32 local")
+            if c.local(nm) != want:
+                raise c.fail(f"mma accumulator '{nm}' must be an {want} local")
         for e in self.a + self.b:
             if c.expr(e) != dt.i32:
-                raise c.fail("mma registers are i32 (two 16-bit values each)")
+                raise c.fail("mma registers are i32 (two 16-bit or four 8-bit values each)")
 
 
 @dataclass(frozen=True)

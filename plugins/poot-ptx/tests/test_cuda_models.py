@@ -128,3 +128,19 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     worst = max(e for _, e in errors)
     print(f"q4_k llama (matmul precision {precision}) on cuda:0: max |dlogit| {worst:.2g}, by rows {errors}")
     assert worst < bound
+
+
+def test_q4_k_model_on_the_integer_tensor_cores_matches_the_oracle(cuda, tmp_path, rng, monkeypatch):
+    """The same model with the integer tensor-core GEMM taking Q4_K products up to 16 rows (its
+    9-row step): the Q4_K down projection (K 512) reads its x as the gated product wrote it, two
+    int8 terms a value (``glu_q8``), the products of K 256 keep the streaming GEMM; within the same
+    bound, every step's argmax the oracle's (but near-ties)."""
+    from poot_ptx import schedules
+    from poot_ptx.executor import CudaExecutor
+
+    monkeypatch.setattr(schedules, "IMMA_ROWS", 16)
+    names, errors = wide_q4_k_llama_regimes(cuda, CudaExecutor, tmp_path / "q4k", rng, "high", tie=0.2)
+    assert {"gemm_imma_q4_k", "glu_q8", "glu_split", "gemm_warp_q4_k"} <= names, names
+    worst = max(e for _, e in errors)
+    print(f"q4_k llama on the integer tensor cores (to 16 rows) on cuda:0: max |dlogit| {worst:.2g}, by rows {errors}")
+    assert worst < 0.1

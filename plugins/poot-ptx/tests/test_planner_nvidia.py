@@ -174,7 +174,8 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
 
 
 def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
-    """Beyond four rows on a GPU with mma.sync: Q4_K and Q6_K products up to 64 rows through the
+    """Beyond four rows on a GPU with mma.sync: Q4_K products of 5-16 rows on the integer tensor
+    cores (x quantized once), Q4_K and Q6_K products up to 64 rows through the
     streaming tensor-core GEMM that dequantizes them in registers, beyond 64 dequantized to bf16 into
     scratch memory for the tiled GEMM; another packed type (Q8_0) dequantized into scratch for both.
     Up to four rows: warp GEMVs (Q4_K's and Q6_K's own on dp4a, any other packed type's through its
@@ -200,22 +201,27 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         return plan, [l for l in plan.launches if l.when is None or l.when({"tokens": tokens})]
 
     # with Q6_K's streaming GEMM switched off (STREAM_Q6_K), Q6_K takes its bf16 copy from 5 rows
+    monkeypatch.setattr(nvidia_schedules, "IMMA_ROWS", 16)  # the integer tensor-core GEMM up to 16 rows
     monkeypatch.setattr(nvidia_schedules, "STREAM_Q6_K", False)
-    assert [l.kernel.name for l in launches("high", 9)[1]][2:4] == ["dequantize_bf16_q6_k_K512", "gemm_warp_bf16_K512_1x4_W8_xs"]
+    assert [l.kernel.name for l in launches("high", 9)[1]][3:5] == ["dequantize_bf16_q6_k_K512", "gemm_warp_bf16_K512_1x4_W8_xs"]
     monkeypatch.setattr(nvidia_schedules, "STREAM_Q6_K", True)
     plan, nine = launches("high", 9)
+    # Q4_K of 5 to 16 rows on the integer tensor cores, x quantized once for it; x split for the others
     assert [l.kernel.name for l in nine] == [
+        "quantize_q8x2_K512",
+        "gemm_imma_q4_k_K512_2x2_W8_U1",
         "split_bf16x2_K512",
-        "gemm_warp_q4_k_K512_1x4_W8_xs",
         "gemm_warp_q6_k_K512_1x4_W8_xs",
         "dequantize_bf16_q8_0_K512",
         "gemm_warp_bf16_K512_1x4_W8_xs",
     ]
+    assert [l.kernel.name for l in launches("high", 5)[1]][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_K512_2x1_W8_U1"]  # one row tile
     weights = {l.buffers["w"] for l in plan.launches if l.kernel.name.startswith("gemv_")}
-    assert {nine[1].buffers["w"], nine[2].buffers["w"]} <= weights and not {nine[1].buffers["w"], nine[2].buffers["w"]} & set(plan.scratch)  # as stored
-    assert nine[1].buffers["xs"] == nine[2].buffers["xs"] == nine[0].buffers["xs"]  # one split of x for both
-    assert nine[3].buffers["wd"] == nine[4].buffers["w"] and nine[3].buffers["wd"] in plan.scratch
-    assert plan.scratch[nine[3].buffers["wd"]].words({}) == 256 * 512 // 2
+    assert {nine[1].buffers["w"], nine[3].buffers["w"]} <= weights and not {nine[1].buffers["w"], nine[3].buffers["w"]} & set(plan.scratch)  # as stored
+    assert all(nine[1].buffers[b] == nine[0].buffers[b] for b in ("xq", "xr", "xds"))
+    assert nine[3].buffers["xs"] == nine[5].buffers["xs"] == nine[2].buffers["xs"]  # one split of x for both
+    assert nine[4].buffers["wd"] == nine[5].buffers["w"] and nine[4].buffers["wd"] in plan.scratch
+    assert plan.scratch[nine[4].buffers["wd"]].words({}) == 256 * 512 // 2
     plan, many = launches("medium", 300)
     assert [l.kernel.name for l in many] == [
         "dequantize_bf16_q4_k_K512",
@@ -264,7 +270,7 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert all(at(1)[0].buffers[n] == at(1)[1].buffers[f"{n}_in"] in hopper.scratch for n in ("xq", "xr", "xds"))
     assert at(1)[0].buffers["x"] == at(1)[2].buffers["x"] and "x" not in at(1)[1].buffers
     assert [l.kernel.name for l in at(3)] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4", "gemv_warp_packed_q8_0_K512_MR4"]
-    assert [l.kernel.name for l in at(12)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_1x4_W8_xs"]
+    assert [l.kernel.name for l in at(12)][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_K512_2x2_W8_U1"]
     assert [l.kernel.name for l in at(32)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
     assert [l.kernel.name for l in at(300)] == [
         "dequantize_bf16_q4_k_K512",
@@ -331,6 +337,7 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monke
     from poot.testing.paged import wide_q4_k_llama
 
     monkeypatch.setattr(nvidia_schedules, "FOLD_NORMS", False)
+    monkeypatch.setattr(nvidia_schedules, "IMMA_ROWS", 16)
     g, _ = wide_q4_k_llama(tmp_path, 1)
     hopper = Limits(1024, 48 * 1024, frozenset({"f32", "f16", "bf16", "i8", "i32"}), 32, frozenset({"mma.sync.bf16", "wgmma"}), 1 << 40, "high", 227 * 1024)
     plan = nvidia_plan(g, device="cuda:0", gpu=True, limits=hopper)
@@ -370,7 +377,11 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monke
     long = [l.kernel.name for l in plan.launches if runs(l, 1, 4096)]
     assert "quantize_q8x2_K256" in long and not any(nm.startswith("attention") and nm.endswith("_Q8") for nm in long), long
     many = [l.kernel.name for l in plan.launches if runs(l, 5)]
-    assert not any("_q8_" in nm or nm.startswith("quantize_q8x2") for nm in many) and any(nm.startswith("add_rms_norm_BLOCK") for nm in many)
+    assert not any(nm.startswith(("quantize_q8x2", "rms_norm_q8", "add_rms_norm_q8")) or nm.endswith("_Q8") for nm in many)
+    assert any(nm.startswith("add_rms_norm_BLOCK") for nm in many)
+    # the one product of whole 512-value chunks (down, K 512) on the integer tensor cores: its x
+    # written quantized by the gated product itself
+    assert "glu_q8_N512" in many and "gemm_imma_q4_k_K512_2x1_W8_U1" in many
     assert not any(l.kernel.name.startswith("gemv_warp_q4_k") and "_xs" not in l.kernel.name and "MR1" in l.kernel.name for l in step)
 
 

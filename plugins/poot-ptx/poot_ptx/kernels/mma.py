@@ -34,6 +34,7 @@ from poot.kernel.build import silu_mul as _silu_mul
 
 from ..statements import Mma
 from ._fragments import mma_lanes as _mma_lanes
+from ._fragments import warp_tiles_summed as _warp_tiles_summed
 from ._q6_k import Q6_K_BYTES, Q6_K_WORDS, q6_k_bf16_pairs, q6_k_lane_loads, q6_k_lane_words
 
 __all__ = ["gemm_mma", "gemm_warp", "glu_split", "split_bf16x2", "sum_parts", "MMA_PAD", "SPLIT_THREADS", "WARP_PACKED"]
@@ -425,28 +426,18 @@ def gemm_warp(k: int, mt: int = 1, tn: int = 4, wk: int = 8, split: bool = True,
         floats = ("sc0", "sc1") if q6k else ()  # the carried Q6_K scales are f32 (``Q6_K_WORDS``)
         loop += prep("n") + [K.Assign(c, _r(nx, F32 if nx.endswith(floats) else I32)) for c, nx in zip(cnames, nnames)]
     body.append(K.For("s", _c(0), _c(steps // un), tuple(loop)))
-    # the warps' partial tiles through workgroup memory, then summed and stored
+    # the warps' partial tiles through workgroup memory, then summed and stored; accumulator c of
+    # tile (i, j) = (tile / tn, tile % tn) is row g or g + 8 and column 2 t4 or 2 t4 + 1
     flat = [nm for i in range(mt) for j in range(tn) for nm in acc[i, j]]
-    for e, nm in enumerate(flat):
-        body.append(K.Store("part", _add(_mul(_r("tid"), nacc), e), _r(nm, F32)))
-    body.append(K.Barrier())
-    # o = lane * nacc + e, e = ((i * tn) + j) * 4 + c: c picks row g or g + 8 and column 2 t4 or 2 t4 + 1
-    part = K.Load("part", _add(_mul(_add(_mul(_r("ww"), 32), _r("ln")), nacc), _r("e")), F32)
-    out: list[K.Stmt] = [
-        K.Let("ln", _b("div", _r("o"), nacc)),
-        K.Let("e", _b("rem", _r("o"), nacc)),
-        K.Let("c", _b("rem", _r("e"), 4)),
-        K.Let("tile", _b("div", _r("e"), 4)),
-        K.Let("sum", _f(0.0)),
-        K.For("ww", _c(0), _c(wk), (K.Assign("sum", K.Bin("add", _r("sum", F32), part)),)),
-        K.Let("orow", _add(_r("row0"), _mul(_b("div", _r("tile"), tn), 16), _b("div", _r("ln"), 4), _mul(_b("div", _r("c"), 2), 8))),
-        K.Let("ocol", _add(_r("col0"), _mul(_b("rem", _r("tile"), tn), 8), _mul(_b("rem", _r("ln"), 4), 2), _b("rem", _r("c"), 2))),
-        K.If(
-            K.Bin("and", K.Bin("lt", _r("orow"), _r("m")), K.Bin("lt", _r("ocol"), _r("n"))),
-            (K.Store("y", _add(_mul(_r("orow"), _r("n")), _r("ocol")), _r("sum", F32)),),
+    body += _warp_tiles_summed(
+        flat,
+        wk,
+        threads,
+        lambda ln, c, tile: (
+            _add(_r("row0"), _mul(_b("div", tile, tn), 16), _b("div", ln, 4), _mul(_b("div", c, 2), 8)),
+            _add(_r("col0"), _mul(_b("rem", tile, tn), 8), _mul(_b("rem", ln, 4), 2), _b("rem", c, 2)),
         ),
-    ]
-    body.append(K.For("o", _r("tid"), _c(32 * nacc), tuple(out), step=threads))
+    )
     xs: K.Param = K.Buffer("xs", I32) if xsplit else K.Buffer("x", F32)
     params = (xs, K.Buffer("w", I32), K.Buffer("y", F32, readonly=False), K.ScalarParam("m", I32), K.ScalarParam("n", I32))
     tag = _tag(split, xsplit)
