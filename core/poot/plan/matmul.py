@@ -6,7 +6,6 @@ read x)."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -22,6 +21,7 @@ from .common import key as _key
 from .common import shape as _shape
 from .layouts import WeightLayout
 from .plan import Launch, Plan, When
+from .quantized_x import QuantizedX
 from .schedules import GemvChoice, Schedules
 
 __all__ = ["between", "matmul_host", "matmul_gpu", "QuantizedX", "gemv_choice", "rows16_weights"]
@@ -214,60 +214,6 @@ def _warp_gemv_fits(t: dt.DType, k: int, limits: Limits) -> bool:
     if t.name not in linear_gpu.GEMV_TYPES or k % 256 or not _gemv_rows(t.name, k, limits):
         return False
     return limits.subgroup == 32 or (t == dt.bf16 and limits.max_workgroup >= 256 and 4 * 256 * 8 <= limits.shared_bytes)
-
-
-@dataclass
-class QuantizedX:
-    """x quantized to the Q4_K GEMV's two int8 terms (``quantize_q8x2``) once for all the one-row
-    GEMVs that stage it (``GemvChoice.staged``: q, k and v in one launch, gate and up in another, o, down, the
-    output head): three scratch areas of the plan's by x, written by one launch placed before the
-    first of them."""
-
-    plan: Plan
-    areas: dict[tuple[int, int], dict[str, tuple[int, int]]] = field(default_factory=dict)
-
-    def of(self, n: Node, x: Value, k: int, rows: Callable[[Env], int], when: When) -> tuple[dict[str, tuple[int, int]], list[Launch]]:
-        """The GEMV's buffers of x quantized (``xq_in``, ``xr_in``, ``xds_in``), and the launch that
-        writes them (none when one already does)."""
-        xk = _key(x)
-        if xk in self.areas:
-            return self.areas[xk], []
-        add = self.plan.add_scratch
-        bufs = self.areas[xk] = {
-            "xq_in": add(lambda env: rows(env) * k // 4),
-            "xr_in": add(lambda env: rows(env) * k // 4),
-            "xds_in": add(lambda env: rows(env) * k // 16),
-        }
-        kern = linear_gpu.quantize_q8x2(k)
-        return bufs, [
-            Launch(
-                n,
-                kern,
-                {"x": xk, "xq": bufs["xq_in"], "xr": bufs["xr_in"], "xds": bufs["xds_in"]},
-                lambda env: (-(-rows(env) * k // 4 // linear_gpu.Q8_THREADS),),
-                lambda env: {"m": rows(env)},
-                when,
-                label="quantize_x",
-            )
-        ]
-
-    def host(self, n: Node, x: Value, k: int, rows: Callable[[Env], int]) -> tuple[dict[str, tuple[int, int]], list[Launch]]:
-        """For the host's integer products: x's scratch area of ``quantize_x_host`` records
-        (``xq``), and the launch that writes it (none when one already does)."""
-        xk = _key(x)
-        if xk in self.areas:
-            return self.areas[xk], []
-        bufs = self.areas[xk] = {"xq": self.plan.add_scratch(lambda env: rows(env) * (k // 32) * linear_q8_host.XW)}
-        return bufs, [
-            Launch(
-                n,
-                linear_q8_host.quantize_x_host.instantiate(),
-                {"x": xk, "xq": bufs["xq"]},
-                lambda env: (rows(env),),
-                lambda env: {"k": k},
-                label="quantize_x_host",
-            )
-        ]
 
 
 def _matmul_fast_gpu(n: Node, limits: Limits, sched: Schedules | None = None, qx: QuantizedX | None = None) -> list[Launch] | None:

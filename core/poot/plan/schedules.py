@@ -23,6 +23,7 @@ from .common import Env, Limits, between
 from .common import key as value_key
 from .common import shape as value_shape
 from .plan import Launch, Plan, When
+from .quantized_x import QuantizedX
 
 if TYPE_CHECKING:
     from ..kernel.ir import Kernel
@@ -38,6 +39,7 @@ __all__ = [
     "Value",
     "Launch",
     "Plan",
+    "QuantizedX",
     "When",
     "Limits",
     "Env",

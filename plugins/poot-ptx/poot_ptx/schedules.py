@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from poot.backend import dtypes as dt
-from poot.kernel.build import Q8_THREADS, dequant_groups, dequantize_bf16, quantize_q8x2
+from poot.kernel.build import dequant_groups, dequantize_bf16
 from poot.plan.schedules import (
     BODIES,
     LUTS,
@@ -26,6 +26,7 @@ from poot.plan.schedules import (
     Limits,
     Node,
     Plan,
+    QuantizedX,
     Refusal,
     Schedules,
     Value,
@@ -42,7 +43,7 @@ from .kernels import mma as linear_mma
 from .kernels import wgmma as linear_wgmma
 from .norm_fold import FOLD_NORMS, fold_norms
 
-__all__ = ["NvidiaSchedules", "SplitX", "QuantX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_SHAPE"]
+__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_SHAPE"]
 
 _key, _shape, _warp_gemv_fits = value_key, value_shape, warp_gemv_fits
 
@@ -54,7 +55,7 @@ class NvidiaSchedules(Schedules):
     def __init__(self, plan: Plan, limits: Limits) -> None:
         super().__init__(plan, limits)
         self.split = SplitX(plan, 2 if limits.matmul_precision == "high" else 1)
-        self.quant = QuantX(plan)
+        self.quant = QuantizedX(plan)  # x quantized for the integer tensor-core GEMM (not the one-row GEMVs')
 
     def gemv(self, qtype: str, k: int, n: int, rows: int) -> GemvChoice:
         """Q4_K lanes of 32 quant bytes (``wide``) for one row of x, where they are faster. On Hopper
@@ -147,51 +148,16 @@ class SplitX:
         return xs
 
 
-@dataclass
-class QuantX:
-    """x quantized to two int8 terms (``quantize_q8x2``: ``xq``, ``xr``, ``xds``) once for all the
-    integer tensor-core products that read it (``gemm_imma_q4_k``): three scratch areas of the
-    plan's by x, written by one launch placed before the first of them (or by the gated MLP's
-    ``glu_q8``)."""
-
-    plan: Plan
-    areas: dict[tuple[int, int], dict[str, tuple[int, int]]] = field(default_factory=dict)
-
-    def of(self, n: Node, x: Value, k: int, rows: Callable[[Env], int], when: When) -> tuple[dict[str, tuple[int, int]], list[Launch]]:
-        """The areas holding x quantized, and the launch that writes them (none when one already does)."""
-        xk = _key(x)
-        if xk in self.areas:
-            return self.areas[xk], []
-        bufs = self.area(x, k, rows)
-        return bufs, [
-            Launch(
-                n,
-                quantize_q8x2(k),
-                {"x": xk, **bufs},
-                lambda env: (-(-rows(env) * k // 4 // Q8_THREADS),),
-                lambda env: {"m": rows(env)},
-                when,
-                label="quantize_x",
-            )
-        ]
-
-    def area(self, x: Value, k: int, rows: Callable[[Env], int]) -> dict[str, tuple[int, int]]:
-        """New scratch areas for x quantized (4-byte words), found by ``of`` after."""
-        add = self.plan.add_scratch
-        bufs = self.areas[_key(x)] = {
-            "xq": add(lambda env: rows(env) * k // 4),
-            "xr": add(lambda env: rows(env) * k // 4),
-            "xds": add(lambda env: rows(env) * k // 16),
-        }
-        return bufs
-
-
 # the integer tensor-core GEMM's shape (``gemm_imma_q4_k``): feature tiles a warp, warps a
-# workgroup, chunks unrolled; it takes Q4_K products of 5 to IMMA_ROWS rows (8 a row tile): 1.3x
-# the streaming bf16 GEMM at 8 rows (Llama-3-8B's shapes, bench/gpu_matmul.py), even with it at 16,
-# where the streaming GEMM keeps them (4: off)
+# workgroup, chunks unrolled; it takes Q4_K products of 5 to IMMA_ROWS rows (8 a row tile), the
+# rows where bench/gpu_matmul.py finds it ahead of the streaming bf16 GEMM (4: off)
 IMMA_SHAPE = {"ft": 2, "wk": 8, "un": 2, "pipelined": False}
 IMMA_ROWS = 8
+
+
+def _quantized(areas: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+    """``QuantizedX``'s areas under the names the integer GEMM and ``glu_q8`` give them."""
+    return {nm: areas[f"{nm}_in"] for nm in ("xq", "xr", "xds")}
 
 
 def _imma(n: Node, limits: Limits) -> bool:
@@ -208,10 +174,11 @@ def _imma(n: Node, limits: Limits) -> bool:
     )
 
 
-def _imma_launches(n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callable[[Env], int], quant: QuantX) -> list[Launch]:
+def _imma_launches(n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callable[[Env], int], quant: QuantizedX) -> list[Launch]:
     """Q4_K matmul ``n`` of 5 to ``IMMA_ROWS`` rows on the integer tensor cores: x quantized once
     (``quant``), then ``gemm_imma_q4_k`` with one row tile (up to 8 rows) or two."""
-    xq, out = quant.of(n, n.inputs[0], kk, rows, between(4, IMMA_ROWS, rows))
+    areas, out = quant.of(n, n.inputs[0], kk, rows, between(4, IMMA_ROWS, rows))
+    xq = _quantized(areas)
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
     ft = IMMA_SHAPE["ft"]
     for rt, lo, hi in ((1, 4, 8), (2, 8, IMMA_ROWS)):
@@ -271,7 +238,7 @@ def _on_tensor_cores(n: Node, limits: Limits) -> bool:
     return (q in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, kk, limits)) or (q == "q6_k" and _streams(q, kk)) or _dequantizes(w)
 
 
-def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: QuantX | None = None) -> list[Launch]:
+def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: QuantizedX | None = None) -> list[Launch]:
     """Matmul ``n`` beyond four rows on tensor cores: a GEMM streaming the weights like a GEMV up to 64
     rows, a tiled one beyond, or on Hopper (wgmma) the warpgroup GEMM from 17 rows (``_wgmma_launches``;
     Q4_K and Q6_K weights there stream up to 64 rows, Q4_K up to 32 and then the warpgroup GEMM that
@@ -442,7 +409,7 @@ def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, A
     ]
 
 
-def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits, split: SplitX, quant: QuantX | None = None) -> list[Launch]:
+def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits, split: SplitX, quant: QuantizedX | None = None) -> list[Launch]:
     """Beyond a few rows, silu(g) * u (the value ``h``) written straight as its bf16 terms for the
     products that read it (``glu_split``), instead of the elementwise kernel then ``split_bf16x2``;
     none where those products do not all take the tensor-core GEMMs (the caller keeps the
@@ -459,7 +426,7 @@ def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits
     out: list[Launch] = []
     imma = quant is not None and nn % 32 == 0 and all(_imma(u, limits) for u in users)
     if imma:
-        xq = quant.area(h, nn, rows)  # type: ignore[union-attr]
+        xq = _quantized(quant.area(h, nn, rows))  # type: ignore[union-attr]
         out.append(
             Launch(
                 glu.up,

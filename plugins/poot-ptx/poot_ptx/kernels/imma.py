@@ -1,10 +1,9 @@
 """Batched decode on Q4_K weights through the integer tensor cores (``mma.sync`` m16n8k32 s8):
 ``gemm_imma_q4_k``. x comes quantized once by ``quantize_q8x2`` (two int8 terms per value, a scale
 and the exact sum per 32 values); the weights are read as stored and their quants go to the tensor
-cores as they are, four nibbles a word masked at once, with no conversion to floating point: the
-streaming bf16 GEMM (``mma.gemm_warp``) spends about nine instructions a weight value turning
-nibbles into bf16 pairs, this one about two. Each 32-value sub-block's integer sums are scaled
-once: y += (d_x / Q8_SPLIT) (d sc) (Q8_SPLIT s1 + s2) - (dmin m) sum(x), where s1 and s2 are the
+cores as they are, four nibbles a word masked at once, with no conversion to floating point (the
+streaming bf16 GEMM, ``mma.gemm_warp``, turns every nibble into a bf16 value). Each 32-value
+sub-block's integer sums are scaled once: y += (d_x / Q8_SPLIT) (d sc) (Q8_SPLIT s1 + s2) - (dmin m) sum(x), where s1 and s2 are the
 quants' sums against x's two terms (exact in f32: below 2^24) and sum(x) is the sub-block's exact
 f32 sum, as the dp4a GEMVs compute it."""
 
