@@ -22,9 +22,19 @@ BATCH = 8  # runs a timing (their mean)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate/up": (14336, 4096), "down": (4096, 14336), "lm_head": (128256, 4096)}
 
 
-def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: ignore[no-untyped-def]
-    """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows (the
-    warpgroup GEMMs too with ``wgmma``: a Hopper GPU)."""
+# the integer GEMM with x in workgroup memory: (feature tiles a warp, warps, pipelined) tried by row tiles
+XS_SHAPES = {
+    1: ((2, 8, False), (1, 8, True), (2, 8, True), (2, 4, True)),
+    2: ((2, 8, False), (1, 8, True), (2, 8, True), (2, 4, True), (1, 4, True)),
+    4: ((1, 8, False), (1, 8, True), (1, 4, True)),
+    8: ((1, 8, False), (1, 8, True), (1, 4, False)),
+}
+
+
+def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096):  # type: ignore[no-untyped-def]
+    """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows of a
+    product of ``n`` features (the warpgroup GEMMs too with ``wgmma``: a Hopper GPU)."""
+    n_of = (n,)
     from poot.kernel.library import linear_gpu as G
     from poot_ptx.kernels import mma as M
     from poot_ptx.kernels import wgmma as W
@@ -101,27 +111,33 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False):  # type: igno
                             lambda n, mt=mt, tn=tn: ((-(-rows * k // 8 // M.SPLIT_THREADS),), (-(-rows // (16 * mt)), -(-n // (8 * tn)))),
                         )
                     )
-                if terms:  # the integer tensor-core GEMM on x quantized once to two int8 terms
+                if terms:  # the integer tensor-core GEMMs on x quantized once to two int8 terms
                     from poot.kernel.build import Q8_THREADS, quantize_q8x2
-                    from poot_ptx.kernels.imma import gemm_imma_q4_k
+                    from poot_ptx.kernels.imma import gemm_imma_q4_k, gemm_imma_q4_k_xs
 
+                    sq = (-(-rows * k // 4 // Q8_THREADS),)
                     rt = 1 if rows <= 8 else 2 if rows <= 16 else 4
-                    for ft, wk, un, pipe in (
-                        (2, 8, 2, False),
-                        (2, 8, 1, False),
-                        (2, 8, 1, True),
-                        (1, 8, 1, True),
-                        (2, 4, 1, True),
-                        (2, 16, 1, True),
-                        (4, 8, 1, True),
-                    ):
-                        if k % (64 * wk):
-                            continue
-                        kern = gemm_imma_q4_k(k, ft, rt, wk, un, pipe)
-                        sq = (-(-rows * k // 4 // Q8_THREADS),)
-                        out.append(
-                            (kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, ft=ft, rt=rt, sq=sq: (sq, (-(-rows // (8 * rt)), -(-n // (16 * ft)))))
-                        )
+                    for ft, wk, un, pipe in ((2, 8, 2, False), (2, 8, 1, True)):  # warps splitting K, x from memory
+                        if k % (64 * wk) == 0 and rows <= 32:
+                            kern = gemm_imma_q4_k(k, ft, rt, wk, un, pipe)
+                            out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, ft=ft, rt=rt: (sq, (-(-rows // (8 * rt)), -(-n // (16 * ft))))))
+                    # warps owning features, x staged in workgroup memory; K split to about 132 or 264 workgroups
+                    rt = 1 if rows <= 8 else 2 if rows <= 16 else 4 if rows <= 32 else 8
+                    for ft, wn, pipe in XS_SHAPES[rt]:
+                        tiles = -(-n_of[0] // (16 * ft * wn))
+                        for aim in (132, 264, 528):
+                            parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // 256 % p == 0), 1)
+                            kern = gemm_imma_q4_k_xs(k, ft, rt, wn, parts, pipe)
+                            if any(kern.name == o[0].split("+")[0] for o in out):
+                                continue
+                            g = lambda n, ft=ft, wn=wn, rt=rt, parts=parts: (-(-rows // (8 * rt)), -(-n // (16 * ft * wn)), parts)  # noqa: E731
+                            if parts == 1:
+                                out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, g=g: (sq, g(n))))
+                            else:
+                                add = M.sum_parts(parts)
+                                out.append(
+                                    (kern.name + "+q8+sum", (quantize_q8x2(k), kern, add), lambda n, g=g: (sq, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),)))
+                                )
                 for parts in (1, 2, 4, 8) if wgmma else ():  # Hopper: the warpgroup GEMM dequantizing in workgroup memory
                     if k % (64 * parts) == 0:
                         kern = W.gemm_wgmma_q4_k(k, terms, parts)
@@ -240,7 +256,7 @@ def main() -> int:
     ap.add_argument("--qtype", choices=["bf16", "q4_k", "q6_k", "q8_0", "q5_k", "q4_0", "q4_1"], default="bf16")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
-    ap.add_argument("--only", default="", help="schedules whose name contains this (under a profiler, say)")
+    ap.add_argument("--only", nargs="+", default=[""], help="schedules whose name contains one of these (under a profiler, say)")
     ap.add_argument("--queue", type=int, default=BATCH, help="runs queued a timing (1 under a profiler)")
     args = ap.parse_args()
     from poot.errors import Refusal
@@ -277,8 +293,8 @@ def main() -> int:
             parts = ctx.alloc(8 * rows * n * 4)  # a K-split GEMM's parts
             lut = ctx.alloc(64)  # (the packed types timed here have no lookup table)
             ctx.upload(xp, x)
-            for sname, kern, grid in schedules(rows, k, args.qtype, "wgmma" in dev.capabilities.matrix_ops):
-                if args.only not in sname:
+            for sname, kern, grid in schedules(rows, k, args.qtype, "wgmma" in dev.capabilities.matrix_ops, n):
+                if not any(o in sname for o in args.only):
                     continue
                 kerns = kern if isinstance(kern, tuple) else (kern,)  # launches timed together
                 try:

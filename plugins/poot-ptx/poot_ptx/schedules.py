@@ -43,7 +43,7 @@ from .kernels import mma as linear_mma
 from .kernels import wgmma as linear_wgmma
 from .norm_fold import FOLD_NORMS, fold_norms
 
-__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_SHAPE"]
+__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_SMS"]
 
 _key, _shape, _warp_gemv_fits = value_key, value_shape, warp_gemv_fits
 
@@ -148,11 +148,15 @@ class SplitX:
         return xs
 
 
-# the integer tensor-core GEMM's shape (``gemm_imma_q4_k``): feature tiles a warp, warps a
-# workgroup, chunks unrolled; it takes Q4_K products of 5 to IMMA_ROWS rows (8 a row tile), the
-# rows where bench/gpu_matmul.py finds it ahead of the streaming bf16 GEMM (4: off)
-IMMA_SHAPE = {"ft": 2, "wk": 8, "un": 2, "pipelined": False}
-IMMA_ROWS = 8
+# the integer tensor-core GEMM (``gemm_imma_q4_k_xs``) takes Q4_K products of 5 to IMMA_ROWS rows
+# (4: off); by the row tiles of 8 a regime of rows needs: its feature tiles a warp, warps a
+# workgroup, whether the next block's weights load during this one's products, and how many of its
+# workgroups an SM holds at once (by their registers); K is split while the output's tiles give
+# fewer workgroups than SMs hold (132 SMs: an H100's or H200's). Chosen by bench/gpu_matmul.py on
+# Llama-3-8B's shapes
+IMMA_ROWS = 64
+IMMA_XS = {1: (2, 4, True, 2), 2: (1, 8, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}
+IMMA_SMS = 132
 
 
 def _quantized(areas: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
@@ -162,32 +166,51 @@ def _quantized(areas: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
 
 def _imma(n: Node, limits: Limits) -> bool:
     """Whether matmul ``n`` takes the integer tensor-core GEMM from 5 to ``IMMA_ROWS`` rows: Q4_K
-    weights of whole 64-value chunks for every warp, on tensor cores (``_on_tensor_cores``), x
-    split for them (not at matmul precision "highest")."""
+    weights of whole blocks, on tensor cores (``_on_tensor_cores``), x split for them (not at
+    matmul precision "highest")."""
     w = n.inputs[1]
-    return (
-        IMMA_ROWS > 4
-        and w.dtype.name == "q4_k"
-        and w.shape[1].value % (64 * IMMA_SHAPE["wk"]) == 0
-        and limits.matmul_precision != "highest"
-        and _on_tensor_cores(n, limits)
-    )
+    return IMMA_ROWS > 4 and w.dtype.name == "q4_k" and w.shape[1].value % 256 == 0 and limits.matmul_precision != "highest" and _on_tensor_cores(n, limits)
 
 
-def _imma_launches(n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callable[[Env], int], quant: QuantizedX) -> list[Launch]:
+def _imma_launches(n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callable[[Env], int], quant: QuantizedX, limits: Limits) -> list[Launch]:
     """Q4_K matmul ``n`` of 5 to ``IMMA_ROWS`` rows on the integer tensor cores: x quantized once
-    (``quant``), then ``gemm_imma_q4_k`` with one row tile (up to 8 rows) or two."""
+    (``quant``), then ``gemm_imma_q4_k_xs`` in regimes of 1, 2, 4 and 8 row tiles (fewer, in more
+    workgroups, where x's rows would not fit the device's workgroup memory), K split in parts
+    (added by ``sum_parts``) where the output's tiles are too few to fill the GPU."""
     areas, out = quant.of(n, n.inputs[0], kk, rows, between(4, IMMA_ROWS, rows))
     xq = _quantized(areas)
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
-    ft = IMMA_SHAPE["ft"]
-    for rt, lo, hi in ((1, 4, 8), (2, 8, IMMA_ROWS)):
+    room = max(limits.shared_bytes, limits.dynamic_shared)
+    for rt, lo, hi in ((1, 4, 8), (2, 8, 16), (4, 16, 32), (8, 32, None)):
         if lo >= IMMA_ROWS:
             break
-        k = linear_imma.gemm_imma_q4_k(kk, ft, rt, IMMA_SHAPE["wk"], IMMA_SHAPE["un"], IMMA_SHAPE["pipelined"])
-        grid = lambda env, rt=rt: (-(-rows(env) // (8 * rt)), -(-nn // (16 * ft)))  # noqa: E731
-        out.append(Launch(n, k, {**xq, "w": bufs["w"], "y": bufs["y"]}, grid, sc, between(lo, min(hi, IMMA_ROWS), rows)))
+        while rt > 1 and linear_imma.xs_shared_bytes(rt) > room:
+            rt //= 2
+        ft, wn, pipe, per_sm = IMMA_XS[rt]
+        tiles = -(-nn // (16 * ft * wn))
+        parts = next((p for p in (8, 4, 2) if tiles * p <= IMMA_SMS * per_sm and kk // 256 % p == 0 and nn % 4 == 0), 1)
+        k = linear_imma.gemm_imma_q4_k_xs(kk, ft, rt, wn, parts, pipe)
+        grid = lambda env, rt=rt, tiles=tiles, parts=parts: (-(-rows(env) // (8 * rt)), tiles, parts)  # noqa: E731
+        when = between(lo, IMMA_ROWS if hi is None or hi > IMMA_ROWS else hi, rows)
+        if parts == 1:
+            out.append(Launch(n, k, {**xq, "w": bufs["w"], "y": bufs["y"]}, grid, sc, when))
+            continue
+        area = quant.plan.add_scratch(lambda env, parts=parts: parts * rows(env) * nn)
+        out += [Launch(n, k, {**xq, "w": bufs["w"], "y": area}, grid, sc, when), _sum_parts(n, parts, area, bufs["y"], rows, nn, when)]
     return out
+
+
+def _sum_parts(n: Node, parts: int, area: tuple[int, int], y: Any, rows: Callable[[Env], int], nn: int, when: When) -> Launch:
+    """The launch adding a K-split GEMM's ``parts`` (scratch ``area``) into ``y``."""
+    return Launch(
+        n,
+        linear_mma.sum_parts(parts),
+        {"p": area, "y": y},
+        lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
+        lambda env: {"count": rows(env) * nn},
+        when,
+        label="sum_parts",
+    )
 
 
 # bytes of bf16 a packed weight dequantized for the tensor cores may take in a step's scratch memory
@@ -284,7 +307,7 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: 
     two = limits.matmul_precision == "high"  # x as two bf16 terms, or rounded to one
     imma = quant is not None and xsplit and _imma(n, limits)
     if imma:
-        out += _imma_launches(n, kk, nn, bufs, rows, quant)  # type: ignore[arg-type]
+        out += _imma_launches(n, kk, nn, bufs, rows, quant, limits)  # type: ignore[arg-type]
     if split is not None:
         xs, pre = split.of(n, x, kk, rows, between(IMMA_ROWS if imma else 4, None, rows))
         out += pre
@@ -298,10 +321,12 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: 
     out += wg
     # Q4_K on Hopper from 33 rows (to 64, or every row count where no bf16 copy is made): the
     # warpgroup GEMM dequantizing in workgroup memory
-    q4_wg = _q4_k_wgmma_launches(n, kk, nn, two, bufs, rows, split, 64 if tiled else None) if hopper and q == "q4_k" else []
+    above = IMMA_ROWS if imma else 4  # fewer rows take the integer GEMM
+    q4_wg = _q4_k_wgmma_launches(n, kk, nn, two, bufs, rows, split, 64 if tiled else None, max(32, above)) if hopper and q == "q4_k" else []
     out += q4_wg
     for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 32 if q4_wg else 64 if tiled else None))[: 1 if wg and not streams else 2]:
-        if imma and hi is not None and hi <= IMMA_ROWS:
+        lo = max(lo, above)
+        if hi is not None and hi <= lo:
             continue
         if streams:  # K / wk a multiple of 64: a warp's K is whole 64-value chunks of blocks
             # (Q6_K at 16 warps takes 134-171 registers, past the 128 that 512 threads may have)
@@ -360,53 +385,31 @@ def _wgmma_launches(
             out.append(Launch(n, k, bufs, grid, sc, when))
             continue
         area = split.plan.add_scratch(lambda env, parts=parts: parts * rows(env) * nn)
-        add = linear_mma.sum_parts(parts)
-        out += [
-            Launch(n, k, {**bufs, "y": area}, grid, sc, when),
-            Launch(
-                n,
-                add,
-                {"p": area, "y": bufs["y"]},
-                lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
-                lambda env: {"count": rows(env) * nn},
-                when,
-                label="sum_parts",
-            ),
-        ]
+        out += [Launch(n, k, {**bufs, "y": area}, grid, sc, when), _sum_parts(n, parts, area, bufs["y"], rows, nn, when)]
     return out
 
 
-def _q4_k_wgmma_launches(n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX, hi: int | None) -> list[Launch]:
-    """Q4_K products of 33 to ``hi`` rows on Hopper: ``gemm_wgmma_q4_k`` (64 rows a workgroup, the
+def _q4_k_wgmma_launches(
+    n: Node, kk: int, nn: int, two: bool, bufs: dict[str, Any], rows: Callable[[Env], int], split: SplitX, hi: int | None, lo: int = 32
+) -> list[Launch]:
+    """Q4_K products of ``lo`` + 1 (33) to ``hi`` rows on Hopper: ``gemm_wgmma_q4_k`` (64 rows a workgroup, the
     weights dequantized in workgroup memory), K split in as many parts (up to 8) as keep about
     ``WGMMA_GROUPS`` workgroups busy, the parts added by ``sum_parts``; none where K is not whole
     blocks. It is faster than the streaming ``gemm_warp`` at 64 rows and slower at few, where its
     64-row tiles are mostly empty, so up to 32 rows stream (``bench/gpu_matmul.py`` compares them)."""
-    if kk % 256:
+    if kk % 256 or (hi is not None and hi <= lo):
         return []
     bn = linear_wgmma.Q4_K_WGMMA_BN
     tiles = -(-nn // bn)
     parts = next((p for p in (8, 4, 2) if tiles * p <= WGMMA_GROUPS and kk % (64 * p) == 0 and nn % 4 == 0), 1)
     k = linear_wgmma.gemm_wgmma_q4_k(kk, two, parts)
-    when = between(32, hi, rows)
+    when = between(lo, hi, rows)
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
     grid = lambda env: (tiles, -(-rows(env) // 64), parts)  # noqa: E731
     if parts == 1:
         return [Launch(n, k, bufs, grid, sc, when)]
     area = split.plan.add_scratch(lambda env: parts * rows(env) * nn)
-    add = linear_mma.sum_parts(parts)
-    return [
-        Launch(n, k, {**bufs, "y": area}, grid, sc, when),
-        Launch(
-            n,
-            add,
-            {"p": area, "y": bufs["y"]},
-            lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
-            lambda env: {"count": rows(env) * nn},
-            when,
-            label="sum_parts",
-        ),
-    ]
+    return [Launch(n, k, {**bufs, "y": area}, grid, sc, when), _sum_parts(n, parts, area, bufs["y"], rows, nn, when)]
 
 
 def glu_split_launches(glu: Glu, h: Value, users: Sequence[Node], limits: Limits, split: SplitX, quant: QuantizedX | None = None) -> list[Launch]:

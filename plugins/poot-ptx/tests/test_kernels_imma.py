@@ -1,7 +1,9 @@
-"""The Q4_K GEMM on integer tensor cores (``gemm_imma_q4_k``, ``mma.sync`` m16n8k32 s8) against
-numpy: x quantized once by ``quantize_q8x2``, then the weights' quants against its two int8 terms.
-The products run where ``POOT_TEST_DEVICE`` names a device with mma.sync (``cuda:0`` through
-``scripts/gpu-check``); everywhere the kernel is compiled to PTX and its instructions checked."""
+"""The Q4_K GEMMs on integer tensor cores (``gemm_imma_q4_k``, ``gemm_imma_q4_k_xs``, ``mma.sync``
+m16n8k32 s8) against numpy: x quantized once by ``quantize_q8x2``, then the weights' quants against
+its two int8 terms. The products run where ``POOT_TEST_DEVICE`` names a device with mma.sync
+(``cuda:0`` through ``scripts/gpu-check``); elsewhere small cases run through the Kernel IR
+interpreter (``simt``: the kernels' fragment layouts and indexing, not the hardware), and every
+kernel is compiled to PTX and its instructions checked."""
 
 from __future__ import annotations
 
@@ -14,10 +16,13 @@ from poot.kernel.build import Q8_SPLIT, Q8_THREADS, quantize_q8x2
 from poot.quant import quantization
 from poot.testing.kernels import features_under_test, poisoned, run_host
 from poot_ptx.assembler import find_ptxas, ptxas_usage
-from poot_ptx.kernels.imma import gemm_imma_q4_k
+from poot_ptx.kernels.imma import gemm_imma_q4_k, gemm_imma_q4_k_xs
+from poot_ptx.kernels.mma import sum_parts
+from poot_ptx.simt import run_simt
 
 SUBGROUP, MATRIX = features_under_test()
-mma_only = pytest.mark.skipif(SUBGROUP != 32 or "mma.sync.bf16" not in MATRIX, reason="needs mma.sync: set POOT_TEST_DEVICE=cuda:0 on an NVIDIA GPU")
+ON_DEVICE = SUBGROUP == 32 and "mma.sync.bf16" in MATRIX
+mma_only = pytest.mark.skipif(not ON_DEVICE, reason="needs mma.sync: set POOT_TEST_DEVICE=cuda:0 on an NVIDIA GPU")
 
 
 @pytest.mark.parametrize(
@@ -48,7 +53,42 @@ def _terms(xq: np.ndarray, xr: np.ndarray, xds: np.ndarray, m: int, k: int) -> t
     return d * (q1 + q2 / Q8_SPLIT), d / Q8_SPLIT
 
 
-@mma_only
+def _run(kern, grid, bufs, scalars) -> None:  # type: ignore[no-untyped-def]
+    """On the device under test where it has mma.sync, else through the interpreter."""
+    (run_host if ON_DEVICE else run_simt)(kern, grid, bufs, scalars)
+
+
+def _q4_k_case(rng, m: int, n: int, k: int):  # type: ignore[no-untyped-def]
+    """Random Q4_K weights [n, k] and x [m, k] (blocks of 32 at scales 0.2-5) quantized by
+    ``quantize_q8x2``: (raw weights, x, {xq, xr, xds})."""
+    raw = quantization("q4_k").quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32))
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.2, 5, (m, k // 32)).repeat(32, axis=1)).astype(np.float32)
+    xq, xr, xds = poisoned((m * k // 4,), np.int32), poisoned((m * k // 4,), np.int32), poisoned((m * k // 16,))
+    _run(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
+    return raw, x, {"xq": xq, "xr": xr, "xds": xds}
+
+
+def _check_q4_k_product(y: np.ndarray, raw: np.ndarray, x: np.ndarray, xb: dict) -> None:
+    """Every output written; within the f32-summation bound of what x rebuilt from its two int8
+    terms gives against gguf's dequantization (the sub-block minimums against x's exact sums), and
+    within half a second-term step per value of the exact product."""
+    (m, k), n = x.shape, y.shape[1]
+    q = quantization("q4_k")
+    assert np.isfinite(y).all(), "an output element was never written"
+    w = q.dequantize(raw).reshape(n, k).astype(np.float64)
+    zero = raw.copy().reshape(n, -1, 144)
+    zero[:, :, 16:] = 0  # quants 0: what is left is -dmin m a value
+    w0 = q.dequantize(zero.reshape(raw.shape)).reshape(n, k).astype(np.float64)
+    xh, step = _terms(xb["xq"], xb["xr"], xb["xds"], m, k)
+    x64 = x.astype(np.float64)
+    want = xh @ (w - w0).T + x64 @ w0.T
+    scale = np.abs(x64) @ np.abs(w).T
+    bad = np.abs(y - want) > 1e-5 * scale + 1e-6
+    assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, worst {np.abs(y - want).max():.3g}"
+    bound = (step / 2) @ np.abs(w - w0).T * 1.01 + 1e-5 * scale + 1e-6
+    assert (np.abs(y - x64 @ w.T) <= bound).all(), "further from the exact product than two int8 terms allow"
+
+
 @pytest.mark.parametrize(
     "k,ft,rt,wk,un,pipe",
     [
@@ -63,33 +103,75 @@ def _terms(xq: np.ndarray, xr: np.ndarray, xds: np.ndarray, m: int, k: int) -> t
 )
 @pytest.mark.parametrize("m,n", [(1, 37), (5, 64), (16, 33), (13, 100)])
 def test_imma_gemm_sums_q4_k_quants_against_x_in_two_int8_terms(rng, k, ft, rt, wk, un, pipe, m, n):
-    """Every output written; within the f32-summation bound of what x rebuilt from its two int8
-    terms gives against gguf's dequantization (the sub-block minimums against x's exact sums), and
-    within half a second-term step per value of the exact product (``pipe``: each chunk's loads
-    issued before the chunk before is summed)."""
+    """``_check_q4_k_product`` (``pipe``: each chunk's loads issued before the chunk before is summed)."""
     if k % (64 * wk):
         pytest.skip("K is not whole chunks for every warp")
-    q = quantization("q4_k")
-    raw = q.quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32))
-    x = (rng.standard_normal((m, k)) * rng.uniform(0.2, 5, (m, k // 32)).repeat(32, axis=1)).astype(np.float32)
-    xq, xr, xds = poisoned((m * k // 4,), np.int32), poisoned((m * k // 4,), np.int32), poisoned((m * k // 16,))
-    run_host(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, "xq": xq, "xr": xr, "xds": xds}, {"m": m})
+    if not ON_DEVICE and (k > 2048 or m == 1):
+        pytest.skip("through the interpreter the smaller cases only")
+    raw, x, xb = _q4_k_case(rng, m, n, k)
     y = poisoned((m, n))
     grid = (-(-m // (8 * rt)), -(-n // (16 * ft)))
-    run_host(gemm_imma_q4_k(k, ft, rt, wk, un, pipe), grid, {"xq": xq, "xr": xr, "xds": xds, "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
-    assert np.isfinite(y).all(), "an output element was never written"
-    w = q.dequantize(raw).reshape(n, k).astype(np.float64)
-    zero = raw.copy().reshape(n, -1, 144)
-    zero[:, :, 16:] = 0  # quants 0: what is left is -dmin m a value
-    w0 = q.dequantize(zero.reshape(raw.shape)).reshape(n, k).astype(np.float64)
-    xh, step = _terms(xq, xr, xds, m, k)
-    x64 = x.astype(np.float64)
-    want = xh @ (w - w0).T + x64 @ w0.T
-    scale = np.abs(x64) @ np.abs(w).T
-    bad = np.abs(y - want) > 1e-5 * scale + 1e-6
-    assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, worst {np.abs(y - want).max():.3g}"
-    bound = (step / 2) @ np.abs(w - w0).T * 1.01 + 1e-5 * scale + 1e-6
-    assert (np.abs(y - x64 @ w.T) <= bound).all(), "further from the exact product than two int8 terms allow"
+    _run(gemm_imma_q4_k(k, ft, rt, wk, un, pipe), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
+    _check_q4_k_product(y, raw, x, xb)
+
+
+# (k, ft, rt, wn, ksplit, pipelined, m, n): on the device the planner's shapes at Llama-3-8B's widths
+# too; through the interpreter small ones (a few workgroups), each regime of row tiles, K split and not
+_XS_SMALL = [
+    (512, 2, 1, 2, 1, False, 5, 40),
+    (256, 1, 1, 4, 1, True, 8, 70),
+    (1024, 2, 2, 2, 2, False, 13, 64),
+    (1024, 1, 2, 2, 2, True, 16, 64),
+    (768, 1, 4, 2, 3, True, 30, 36),
+    (512, 1, 8, 2, 2, False, 64, 32),
+    (512, 2, 8, 1, 1, True, 37, 20),
+]
+_XS_DEVICE = [
+    (4096, 2, 1, 4, 4, True, 7, 6144),
+    (14336, 2, 1, 4, 8, True, 8, 4096),
+    (4096, 1, 2, 8, 2, True, 16, 14336),
+    (14336, 1, 2, 8, 8, True, 9, 4096),
+    (4096, 1, 4, 8, 1, True, 32, 14336),
+    (4096, 1, 8, 8, 2, True, 64, 6144),
+    (4096, 1, 8, 8, 1, False, 45, 2000),
+]
+
+
+@pytest.mark.parametrize("k,ft,rt,wn,ks,pipe,m,n", _XS_SMALL + (_XS_DEVICE if ON_DEVICE else []), ids=str)
+def test_imma_gemm_with_x_in_workgroup_memory_matches(rng, k, ft, rt, wn, ks, pipe, m, n):
+    """``gemm_imma_q4_k_xs``: ``_check_q4_k_product``; with K split, its parts added by ``sum_parts``
+    in order; ``pipe``: each block's weights loaded during the block before."""
+    raw, x, xb = _q4_k_case(rng, m, n, k)
+    parts = poisoned((ks, m, n))
+    grid = (-(-m // (8 * rt)), -(-n // (16 * ft * wn)), ks)
+    _run(gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": parts}, {"m": m, "n": n})
+    if ks == 1:
+        y = parts[0]
+    else:
+        y = poisoned((m, n))
+        _run(sum_parts(ks), (-(-m * n // 4 // 256),), {"p": parts, "y": y}, {"count": m * n})
+    _check_q4_k_product(y, raw, x, xb)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [(4096, 2, 1, 4, 4, True), (4096, 2, 2, 8, 8), (14336, 1, 2, 8, 8, True), (4096, 1, 4, 8, 4, True), (4096, 1, 8, 8, 1), (4096, 1, 8, 8, 2, True)],
+    ids=str,
+)
+@pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
+def test_imma_gemm_with_x_in_workgroup_memory_compiles_to_integer_products(args):
+    """Two products a sub-block for each tile, x's copies asynchronous, its fragments from
+    workgroup memory; with ptxas, no spills and a launchable workgroup."""
+    kern = gemm_imma_q4_k_xs(*args)
+    ptx = compile_kernel(kern, target("nvptx:sm_90a"), use_cache=False).data.decode()
+    ft, rt = args[1], args[2]
+    n = ptx.count("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32")
+    assert n == 4 * 2 * 2 * ft * rt, n  # a block's 4 chunks, 2 sub-blocks, 2 terms
+    assert "cp.async.cg.shared.global" in ptx and ptx.count("ld.shared") >= 4 * 2 * rt * 2
+    if find_ptxas():
+        regs, spills, out = ptxas_usage(ptx.encode(), "sm_90a")
+        assert spills == 0, out
+        assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
 
 
 @mma_only

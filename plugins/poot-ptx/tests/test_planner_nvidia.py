@@ -174,8 +174,9 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
 
 
 def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
-    """Beyond four rows on a GPU with mma.sync: Q4_K products of 5-16 rows on the integer tensor
-    cores (x quantized once), Q4_K and Q6_K products up to 64 rows through the
+    """Beyond four rows on a GPU with mma.sync: Q4_K products of 5-64 rows on the integer tensor
+    cores (x quantized once; K split where the output's tiles are few, the parts added after; fewer
+    rows a workgroup where x's would not fit its memory), Q6_K products up to 64 rows through the
     streaming tensor-core GEMM that dequantizes them in registers, beyond 64 dequantized to bf16 into
     scratch memory for the tiled GEMM; another packed type (Q8_0) dequantized into scratch for both.
     Up to four rows: warp GEMVs (Q4_K's and Q6_K's own on dp4a, any other packed type's through its
@@ -201,27 +202,32 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         return plan, [l for l in plan.launches if l.when is None or l.when({"tokens": tokens})]
 
     # with Q6_K's streaming GEMM switched off (STREAM_Q6_K), Q6_K takes its bf16 copy from 5 rows
-    monkeypatch.setattr(nvidia_schedules, "IMMA_ROWS", 16)  # the integer tensor-core GEMM up to 16 rows
     monkeypatch.setattr(nvidia_schedules, "STREAM_Q6_K", False)
-    assert [l.kernel.name for l in launches("high", 9)[1]][3:5] == ["dequantize_bf16_q6_k_K512", "gemm_warp_bf16_K512_1x4_W8_xs"]
+    assert [l.kernel.name for l in launches("high", 9)[1]][4:6] == ["dequantize_bf16_q6_k_K512", "gemm_warp_bf16_K512_1x4_W8_xs"]
     monkeypatch.setattr(nvidia_schedules, "STREAM_Q6_K", True)
     plan, nine = launches("high", 9)
-    # Q4_K of 5 to 16 rows on the integer tensor cores, x quantized once for it; x split for the others
+    # Q4_K of 5 to 64 rows on the integer tensor cores, x quantized once for it (two parts of K:
+    # 768 features make 3 workgroups); x split for the others
     assert [l.kernel.name for l in nine] == [
         "quantize_q8x2_K512",
-        "gemm_imma_q4_k_K512_2x2_W8_U1",
+        "gemm_imma_q4_k_xs_K512_1x2_W8_S2_pipe",
+        "sum_parts_2",
         "split_bf16x2_K512",
         "gemm_warp_q6_k_K512_1x4_W8_xs",
         "dequantize_bf16_q8_0_K512",
         "gemm_warp_bf16_K512_1x4_W8_xs",
     ]
-    assert [l.kernel.name for l in launches("high", 5)[1]][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_K512_2x1_W8_U1"]  # one row tile
+    assert [l.kernel.name for l in launches("high", 5)[1]][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_xs_K512_2x1_W4_S2_pipe"]  # one row tile
+    # 48 KiB of workgroup memory: 33-64 rows in workgroups of 32 (x's 64 rows would take 82 KiB)
+    assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_xs_K512_1x4_W8_S2_pipe"]
+    assert launches("high", 40)[1][1].grid({"tokens": 40}) == (2, 6, 2)  # 128 features a workgroup
     weights = {l.buffers["w"] for l in plan.launches if l.kernel.name.startswith("gemv_")}
-    assert {nine[1].buffers["w"], nine[3].buffers["w"]} <= weights and not {nine[1].buffers["w"], nine[3].buffers["w"]} & set(plan.scratch)  # as stored
+    assert {nine[1].buffers["w"], nine[4].buffers["w"]} <= weights and not {nine[1].buffers["w"], nine[4].buffers["w"]} & set(plan.scratch)  # as stored
     assert all(nine[1].buffers[b] == nine[0].buffers[b] for b in ("xq", "xr", "xds"))
-    assert nine[3].buffers["xs"] == nine[5].buffers["xs"] == nine[2].buffers["xs"]  # one split of x for both
-    assert nine[4].buffers["wd"] == nine[5].buffers["w"] and nine[4].buffers["wd"] in plan.scratch
-    assert plan.scratch[nine[4].buffers["wd"]].words({}) == 256 * 512 // 2
+    assert nine[1].buffers["y"] == nine[2].buffers["p"] in plan.scratch and nine[2].buffers["y"] not in plan.scratch  # the parts, then y
+    assert nine[4].buffers["xs"] == nine[6].buffers["xs"] == nine[3].buffers["xs"]  # one split of x for both
+    assert nine[5].buffers["wd"] == nine[6].buffers["w"] and nine[5].buffers["wd"] in plan.scratch
+    assert plan.scratch[nine[5].buffers["wd"]].words({}) == 256 * 512 // 2
     plan, many = launches("medium", 300)
     assert [l.kernel.name for l in many] == [
         "dequantize_bf16_q4_k_K512",
@@ -233,24 +239,25 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         "gemm_mma_bf16_K512_2x2_4x8_xb",
     ]
     assert many[0].buffers["wd"] == many[2].buffers["w"] and many[0].buffers["wd"] in plan.scratch
-    assert [l.kernel.name for l in launches("high", 40)[1]][:3] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs", "gemm_warp_q6_k_K512_2x4_W8_xs"]
-    assert [l.kernel.name for l in launches("high", 64)[1]][2] == "gemm_warp_q6_k_K512_2x4_W8_xs"
+    assert [l.kernel.name for l in launches("high", 40)[1]][3:5] == ["split_bf16x2_K512", "gemm_warp_q6_k_K512_2x4_W8_xs"]
+    assert [l.kernel.name for l in launches("high", 64)[1]][4] == "gemm_warp_q6_k_K512_2x4_W8_xs"
     assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1", "gemv_warp_packed_q8_0_K512_MR1"]
     assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4", "gemv_warp_packed_q8_0_K512_MR4"]
     # one row of x: the Q4_K GEMV's lanes take 32 quant bytes on CUDA devices, 16 elsewhere (Vulkan)
     vk = plan_graph(graph, device="vulkan:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))
     assert [l.kernel.name for l in vk.launches if l.when is None or l.when({"tokens": 1})][0] == "gemv_warp_q4_k_K512_MR1_narrow"
-    # Hopper: Q4_K from 33 to 64 rows through the warpgroup GEMM that dequantizes in workgroup memory,
-    # beyond through its dequantized copy; Q6_K streams through the warp GEMM up to 64 rows; the Q8_0
-    # weight through its copy from 17 rows
+    # Hopper: Q4_K up to 64 rows on the integer tensor cores (64 rows a workgroup: its memory holds
+    # them), beyond through its dequantized copy; Q6_K streams through the warp GEMM up to 64 rows;
+    # the Q8_0 weight through its copy from 17 rows
     hopper = nvidia_plan(
         graph, device="cuda:0", gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), dynamic_shared=227 * 1024)
     )
     at = lambda t: [l for l in hopper.launches if l.when is None or l.when({"tokens": t})]  # noqa: E731
     assert [l.kernel.name for l in at(40)] == [
+        "quantize_q8x2_K512",
+        "gemm_imma_q4_k_xs_K512_1x8_W8_S2_pipe",
+        "sum_parts_2",
         "split_bf16x2_K512",
-        "gemm_wgmma_q4_k_K512_S4_P8_xs",
-        "sum_parts_8",
         "gemm_warp_q6_k_K512_2x4_W8_xs",
         "dequantize_bf16_q8_0_K512",
         "gemm_wgmma_bf16_K512_M64_N128_S4_BK32_W64_P8_xs",
@@ -258,7 +265,7 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     ]
     assert [l.kernel.name for l in at(65)][4:6] == ["dequantize_bf16_q6_k_K512", "gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs"]
     assert at(40)[1].buffers["w"] == at(1)[1].buffers["w"] and at(40)[1].buffers["y"] == at(40)[2].buffers["p"] in hopper.scratch
-    assert at(40)[3].buffers["w"] == at(1)[2].buffers["w"] and at(40)[4].buffers["wd"] == at(40)[5].buffers["w"]
+    assert at(40)[4].buffers["w"] == at(1)[2].buffers["w"] and at(40)[5].buffers["wd"] == at(40)[6].buffers["w"]
     # one row of x on Hopper: x quantized once, by its own launch, for the Q4_K GEMV, which stages it
     # (Q6_K's quantizes x itself); more rows: each workgroup quantizes its rows
     assert [l.kernel.name for l in at(1)] == [
@@ -270,8 +277,8 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert all(at(1)[0].buffers[n] == at(1)[1].buffers[f"{n}_in"] in hopper.scratch for n in ("xq", "xr", "xds"))
     assert at(1)[0].buffers["x"] == at(1)[2].buffers["x"] and "x" not in at(1)[1].buffers
     assert [l.kernel.name for l in at(3)] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4", "gemv_warp_packed_q8_0_K512_MR4"]
-    assert [l.kernel.name for l in at(12)][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_K512_2x2_W8_U1"]
-    assert [l.kernel.name for l in at(32)][:2] == ["split_bf16x2_K512", "gemm_warp_q4_k_K512_2x4_W8_xs"]
+    assert [l.kernel.name for l in at(12)][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_xs_K512_1x2_W8_S2_pipe"]
+    assert [l.kernel.name for l in at(32)][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_xs_K512_1x4_W8_S2_pipe"]
     assert [l.kernel.name for l in at(300)] == [
         "dequantize_bf16_q4_k_K512",
         "split_bf16x2_K512",
@@ -337,7 +344,6 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monke
     from poot.testing.paged import wide_q4_k_llama
 
     monkeypatch.setattr(nvidia_schedules, "FOLD_NORMS", False)
-    monkeypatch.setattr(nvidia_schedules, "IMMA_ROWS", 16)
     g, _ = wide_q4_k_llama(tmp_path, 1)
     hopper = Limits(1024, 48 * 1024, frozenset({"f32", "f16", "bf16", "i8", "i32"}), 32, frozenset({"mma.sync.bf16", "wgmma"}), 1 << 40, "high", 227 * 1024)
     plan = nvidia_plan(g, device="cuda:0", gpu=True, limits=hopper)
@@ -377,11 +383,12 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monke
     long = [l.kernel.name for l in plan.launches if runs(l, 1, 4096)]
     assert "quantize_q8x2_K256" in long and not any(nm.startswith("attention") and nm.endswith("_Q8") for nm in long), long
     many = [l.kernel.name for l in plan.launches if runs(l, 5)]
-    assert not any(nm.startswith(("quantize_q8x2", "rms_norm_q8", "add_rms_norm_q8")) or nm.endswith("_Q8") for nm in many)
+    # more rows: the Q4_K products on the integer tensor cores, each x quantized by the launch that
+    # computes it (the norms, the decode attention; down's by the gated product, ``glu_q8``); the
+    # final norm (the head is Q6_K) plain
+    assert "glu_q8_N512" in many and "gemm_imma_q4_k_xs_K512_2x1_W4_S2_pipe" in many and not any(nm.startswith(("quantize_q8x2", "gemv_")) for nm in many)
+    assert {"rms_norm_q8_K256", "add_rms_norm_q8_K256"} <= set(many) and any(nm.startswith("attention_decode") and nm.endswith("_Q8") for nm in many)
     assert any(nm.startswith("add_rms_norm_BLOCK") for nm in many)
-    # the one product of whole 512-value chunks (down, K 512) on the integer tensor cores: its x
-    # written quantized by the gated product itself
-    assert "glu_q8_N512" in many and "gemm_imma_q4_k_K512_2x1_W8_U1" in many
     assert not any(l.kernel.name.startswith("gemv_warp_q4_k") and "_xs" not in l.kernel.name and "MR1" in l.kernel.name for l in step)
 
 
