@@ -31,10 +31,42 @@ XS_SHAPES = {
 }
 
 
+def _imma_xs_schedules(rows: int, k: int, n: int, qtype: str):  # type: ignore[no-untyped-def]
+    """The integer GEMM with x in workgroup memory (``imma_xs``, Q4_K or Q6_K), x quantized first
+    ("+q8"), K split to fill about 132, 264 or 528 workgroups (the parts' sum timed with it)."""
+    from poot.kernel.build import Q8_THREADS, quantize_q8x2
+    from poot_ptx.kernels import imma_xs
+    from poot_ptx.kernels import mma as M
+
+    make = imma_xs.gemm_imma_q4_k_xs if qtype == "q4_k" else imma_xs.gemm_imma_q6_k_xs
+    per = 256 if qtype == "q4_k" else 512  # K a multiple of this a part
+    if k % per:
+        return []
+    sq = (-(-rows * k // 4 // Q8_THREADS),)
+    rt = 1 if rows <= 8 else 2 if rows <= 16 else 4 if rows <= 32 else 8
+    out, seen = [], set()
+    for ft, wn, pipe in XS_SHAPES[rt]:
+        if qtype == "q6_k" and ft > 1:
+            continue
+        tiles = -(-n // (16 * ft * wn))
+        for aim in (132, 264, 528):
+            parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // per % p == 0), 1)
+            kern = make(k, ft, rt, wn, parts, pipe)
+            if kern.name in seen:
+                continue
+            seen.add(kern.name)
+            g = lambda n, ft=ft, wn=wn, parts=parts: (-(-rows // (8 * rt)), -(-n // (16 * ft * wn)), parts)  # noqa: E731
+            if parts == 1:
+                out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, g=g: (sq, g(n))))
+            else:
+                add = M.sum_parts(parts)
+                out.append((kern.name + "+q8+sum", (quantize_q8x2(k), kern, add), lambda n, g=g: (sq, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
+    return out
+
+
 def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096):  # type: ignore[no-untyped-def]
     """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows of a
     product of ``n`` features (the warpgroup GEMMs too with ``wgmma``: a Hopper GPU)."""
-    n_of = (n,)
     from poot.kernel.library import linear_gpu as G
     from poot_ptx.kernels import mma as M
     from poot_ptx.kernels import wgmma as W
@@ -70,6 +102,7 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096)
                 out.append(
                     ("dequantize+" + kern.name + "+split", (deq, pre, kern), lambda n, mt=mt, tn=tn: ((dequant_groups("q6_k", n, k),), *grid(n, mt, tn)))
                 )
+            out += _imma_xs_schedules(rows, k, n, "q6_k")
         return out
     if qtype == "q4_k":
         if rows <= 4:
@@ -113,7 +146,7 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096)
                     )
                 if terms:  # the integer tensor-core GEMMs on x quantized once to two int8 terms
                     from poot.kernel.build import Q8_THREADS, quantize_q8x2
-                    from poot_ptx.kernels.imma import gemm_imma_q4_k, gemm_imma_q4_k_xs
+                    from poot_ptx.kernels.imma import gemm_imma_q4_k
 
                     sq = (-(-rows * k // 4 // Q8_THREADS),)
                     rt = 1 if rows <= 8 else 2 if rows <= 16 else 4
@@ -121,23 +154,7 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096)
                         if k % (64 * wk) == 0 and rows <= 32:
                             kern = gemm_imma_q4_k(k, ft, rt, wk, un, pipe)
                             out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, ft=ft, rt=rt: (sq, (-(-rows // (8 * rt)), -(-n // (16 * ft))))))
-                    # warps owning features, x staged in workgroup memory; K split to about 132 or 264 workgroups
-                    rt = 1 if rows <= 8 else 2 if rows <= 16 else 4 if rows <= 32 else 8
-                    for ft, wn, pipe in XS_SHAPES[rt]:
-                        tiles = -(-n_of[0] // (16 * ft * wn))
-                        for aim in (132, 264, 528):
-                            parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // 256 % p == 0), 1)
-                            kern = gemm_imma_q4_k_xs(k, ft, rt, wn, parts, pipe)
-                            if any(kern.name == o[0].split("+")[0] for o in out):
-                                continue
-                            g = lambda n, ft=ft, wn=wn, rt=rt, parts=parts: (-(-rows // (8 * rt)), -(-n // (16 * ft * wn)), parts)  # noqa: E731
-                            if parts == 1:
-                                out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, g=g: (sq, g(n))))
-                            else:
-                                add = M.sum_parts(parts)
-                                out.append(
-                                    (kern.name + "+q8+sum", (quantize_q8x2(k), kern, add), lambda n, g=g: (sq, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),)))
-                                )
+                    out += _imma_xs_schedules(rows, k, n, "q4_k")
                 for parts in (1, 2, 4, 8) if wgmma else ():  # Hopper: the warpgroup GEMM dequantizing in workgroup memory
                     if k % (64 * parts) == 0:
                         kern = W.gemm_wgmma_q4_k(k, terms, parts)

@@ -39,11 +39,12 @@ from poot.plan.schedules import (
 
 from .kernels import attention_mma as attn_mma
 from .kernels import imma as linear_imma
+from .kernels import imma_xs as linear_imma_xs
 from .kernels import mma as linear_mma
 from .kernels import wgmma as linear_wgmma
 from .norm_fold import FOLD_NORMS, fold_norms
 
-__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_SMS"]
+__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_Q6_K", "IMMA_SMS"]
 
 _key, _shape, _warp_gemv_fits = value_key, value_shape, warp_gemv_fits
 
@@ -148,15 +149,18 @@ class SplitX:
         return xs
 
 
-# the integer tensor-core GEMM (``gemm_imma_q4_k_xs``) takes Q4_K products of 5 to IMMA_ROWS rows
-# (4: off); by the row tiles of 8 a regime of rows needs: its feature tiles a warp, warps a
-# workgroup, whether the next block's weights load during this one's products, and how many of its
-# workgroups an SM holds at once (by their registers); K is split while the output's tiles give
-# fewer workgroups than SMs hold (132 SMs: an H100's or H200's). Chosen by bench/gpu_matmul.py on
-# Llama-3-8B's shapes
+# the integer tensor-core GEMMs (``gemm_imma_q4_k_xs``, ``gemm_imma_q6_k_xs``) take products of 5
+# to IMMA_ROWS rows (4: off) of the types in IMMA_XS; by the row tiles of 8 a regime of rows needs:
+# feature tiles a warp, warps a workgroup, whether the next block's weights load during this one's
+# products, and how many of its workgroups an SM holds at once (by their registers); K is split
+# while the output's tiles give fewer workgroups than SMs hold (132 SMs: an H100's or H200's).
+# Chosen by bench/gpu_matmul.py on Llama-3-8B's shapes. Q6_K's (IMMA_Q6_K) is not in IMMA_XS: it
+# has been timed on one shape only, where it was no faster than the streaming GEMM at 64 rows
 IMMA_ROWS = 64
-IMMA_XS = {1: (2, 4, True, 2), 2: (1, 8, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}
+IMMA_XS = {"q4_k": {1: (2, 4, True, 2), 2: (1, 8, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}}
+IMMA_Q6_K = {1: (1, 8, True, 2), 2: (1, 4, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}
 IMMA_SMS = 132
+_IMMA_BLOCKS = {"q4_k": 256, "q6_k": 512}  # what K must be a multiple of
 
 
 def _quantized(areas: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
@@ -165,18 +169,20 @@ def _quantized(areas: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
 
 
 def _imma(n: Node, limits: Limits) -> bool:
-    """Whether matmul ``n`` takes the integer tensor-core GEMM from 5 to ``IMMA_ROWS`` rows: Q4_K
-    weights of whole blocks, on tensor cores (``_on_tensor_cores``), x split for them (not at
-    matmul precision "highest")."""
-    w = n.inputs[1]
-    return IMMA_ROWS > 4 and w.dtype.name == "q4_k" and w.shape[1].value % 256 == 0 and limits.matmul_precision != "highest" and _on_tensor_cores(n, limits)
+    """Whether matmul ``n`` takes the integer tensor-core GEMM from 5 to ``IMMA_ROWS`` rows: weights
+    of a type in ``IMMA_XS``, rows of whole blocks (Q6_K: pairs of them), on tensor cores
+    (``_on_tensor_cores``), x split for them (not at matmul precision "highest")."""
+    q, kk = n.inputs[1].dtype.name, n.inputs[1].shape[1].value
+    return IMMA_ROWS > 4 and q in IMMA_XS and kk % _IMMA_BLOCKS[q] == 0 and limits.matmul_precision != "highest" and _on_tensor_cores(n, limits)
 
 
 def _imma_launches(n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callable[[Env], int], quant: QuantizedX, limits: Limits) -> list[Launch]:
-    """Q4_K matmul ``n`` of 5 to ``IMMA_ROWS`` rows on the integer tensor cores: x quantized once
-    (``quant``), then ``gemm_imma_q4_k_xs`` in regimes of 1, 2, 4 and 8 row tiles (fewer, in more
-    workgroups, where x's rows would not fit the device's workgroup memory), K split in parts
+    """Matmul ``n`` of 5 to ``IMMA_ROWS`` rows on the integer tensor cores: x quantized once
+    (``quant``), then the weight type's staged GEMM in regimes of 1, 2, 4 and 8 row tiles (fewer, in
+    more workgroups, where x's rows would not fit the device's workgroup memory), K split in parts
     (added by ``sum_parts``) where the output's tiles are too few to fill the GPU."""
+    q = n.inputs[1].dtype.name
+    make = linear_imma_xs.gemm_imma_q4_k_xs if q == "q4_k" else linear_imma_xs.gemm_imma_q6_k_xs
     areas, out = quant.of(n, n.inputs[0], kk, rows, between(4, IMMA_ROWS, rows))
     xq = _quantized(areas)
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
@@ -184,12 +190,12 @@ def _imma_launches(n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callab
     for rt, lo, hi in ((1, 4, 8), (2, 8, 16), (4, 16, 32), (8, 32, None)):
         if lo >= IMMA_ROWS:
             break
-        while rt > 1 and linear_imma.xs_shared_bytes(rt) > room:
+        while rt > 1 and linear_imma_xs.xs_shared_bytes(rt) > room:
             rt //= 2
-        ft, wn, pipe, per_sm = IMMA_XS[rt]
+        ft, wn, pipe, per_sm = IMMA_XS[q][rt]
         tiles = -(-nn // (16 * ft * wn))
-        parts = next((p for p in (8, 4, 2) if tiles * p <= IMMA_SMS * per_sm and kk // 256 % p == 0 and nn % 4 == 0), 1)
-        k = linear_imma.gemm_imma_q4_k_xs(kk, ft, rt, wn, parts, pipe)
+        parts = next((p for p in (8, 4, 2) if tiles * p <= IMMA_SMS * per_sm and kk // _IMMA_BLOCKS[q] % p == 0 and nn % 4 == 0), 1)
+        k = make(kk, ft, rt, wn, parts, pipe)
         grid = lambda env, rt=rt, tiles=tiles, parts=parts: (-(-rows(env) // (8 * rt)), tiles, parts)  # noqa: E731
         when = between(lo, IMMA_ROWS if hi is None or hi > IMMA_ROWS else hi, rows)
         if parts == 1:
@@ -268,8 +274,8 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: 
     dequantizes in workgroup memory, ``_q4_k_wgmma_launches``); x split into bf16 terms once (by
     ``split``). Packed weights are first dequantized to bf16 into scratch memory (``dequantize_bf16``),
     but for those streamed up to 64 rows, which those GEMMs dequantize to the same bf16 values
-    (docs/NUMERICS.md). Q4_K products of 5 to ``IMMA_ROWS`` rows take the integer tensor cores
-    instead, on x quantized once (``quant``, ``_imma_launches``)."""
+    (docs/NUMERICS.md). Products of 5 to ``IMMA_ROWS`` rows of a type in ``IMMA_XS`` take the
+    integer tensor cores instead, on x quantized once (``quant``, ``_imma_launches``)."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731

@@ -134,16 +134,22 @@ def test_q4_k_model_on_the_fast_schedules_matches_the_oracle(cuda, tmp_path, rng
     assert worst < bound
 
 
-def test_q4_k_model_on_the_integer_tensor_cores_matches_the_oracle(cuda, tmp_path, rng):
+@pytest.mark.parametrize("q6", [False, True])
+def test_q4_k_model_on_the_integer_tensor_cores_matches_the_oracle(cuda, tmp_path, rng, monkeypatch, q6):
     """The same model as the planner has it: Q4_K products of 5 to 64 rows on the integer tensor
     cores (``gemm_imma_q4_k_xs``, K split where the output's tiles are few), x quantized to two
     int8 terms by the launch that computes it (the RMSNorms, the decode attention; the down
-    projection's by the gated product, ``glu_q8``); within the same bound, every step's argmax the
-    oracle's (but near-ties)."""
+    projection's by the gated product, ``glu_q8``); with ``q6`` the Q6_K down projection (K 512) too
+    (``gemm_imma_q6_k_xs``, switched on in ``IMMA_XS``); within the same bound, every step's argmax
+    the oracle's (but near-ties)."""
+    from poot_ptx import schedules
     from poot_ptx.executor import CudaExecutor
 
+    if q6:
+        monkeypatch.setitem(schedules.IMMA_XS, "q6_k", schedules.IMMA_Q6_K)
     names, errors = wide_q4_k_llama_regimes(cuda, CudaExecutor, tmp_path / "q4k", rng, "high", tie=0.2)
     assert {"gemm_imma_q4_k_xs", "glu_q8", "glu_split", "sum_parts", "rms_norm+quantize_x", "add_rms_norm+quantize_x"} <= names, names
+    assert ("gemm_imma_q6_k_xs" in names) == q6, names
     worst = max(e for _, e in errors)
     print(f"q4_k llama on the integer tensor cores (5-64 rows) on cuda:0: max |dlogit| {worst:.2g}, by rows {errors}")
     assert worst < 0.1

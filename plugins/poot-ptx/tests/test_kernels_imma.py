@@ -1,6 +1,6 @@
-"""The Q4_K GEMMs on integer tensor cores (``gemm_imma_q4_k``, ``gemm_imma_q4_k_xs``, ``mma.sync``
-m16n8k32 s8) against numpy: x quantized once by ``quantize_q8x2``, then the weights' quants against
-its two int8 terms. The products run where ``POOT_TEST_DEVICE`` names a device with mma.sync
+"""The GEMMs on integer tensor cores (``gemm_imma_q4_k``, ``gemm_imma_q4_k_xs``,
+``gemm_imma_q6_k_xs``; ``mma.sync`` m16n8k32 s8) against numpy: x quantized once by
+``quantize_q8x2``, then the weights' quants against its two int8 terms. The products run where ``POOT_TEST_DEVICE`` names a device with mma.sync
 (``cuda:0`` through ``scripts/gpu-check``); elsewhere small cases run through the Kernel IR
 interpreter (``simt``: the kernels' fragment layouts and indexing, not the hardware), and every
 kernel is compiled to PTX and its instructions checked."""
@@ -16,7 +16,8 @@ from poot.kernel.build import Q8_SPLIT, Q8_THREADS, quantize_q8x2
 from poot.quant import quantization
 from poot.testing.kernels import features_under_test, poisoned, run_host
 from poot_ptx.assembler import find_ptxas, ptxas_usage
-from poot_ptx.kernels.imma import gemm_imma_q4_k, gemm_imma_q4_k_xs
+from poot_ptx.kernels.imma import gemm_imma_q4_k
+from poot_ptx.kernels.imma_xs import gemm_imma_q4_k_xs, gemm_imma_q6_k_xs
 from poot_ptx.kernels.mma import sum_parts
 from poot_ptx.simt import run_simt
 
@@ -194,3 +195,56 @@ def test_glu_written_as_x_in_two_int8_terms(rng, m, n):
     np.testing.assert_allclose(ds[:, :, 1], h.reshape(m, n // 32, 32).sum(axis=2), rtol=1e-4, atol=1e-4 * blocks.max())
     xh, step = _terms(xq, xr, xds, m, n)
     assert (np.abs(xh - h) <= step * 0.5 + 1e-5 * np.abs(h) + 1e-6).all(), "x rebuilt from its terms is off"
+
+
+# (k, ft, rt, wn, ksplit, pipelined, m, n) for Q6_K (K a multiple of 512): odd and even blocks, each regime
+_Q6_SMALL = [
+    (512, 1, 1, 2, 1, False, 5, 32),
+    (1024, 1, 2, 1, 2, True, 13, 48),
+    (512, 2, 4, 1, 1, False, 30, 40),
+    (1024, 1, 8, 1, 2, True, 64, 16),
+]
+_Q6_DEVICE = [
+    (4096, 1, 1, 8, 4, True, 8, 6144),
+    (14336, 1, 2, 8, 4, True, 16, 4096),
+    (4096, 1, 8, 8, 1, True, 64, 1024),
+]
+
+
+@pytest.mark.parametrize("k,ft,rt,wn,ks,pipe,m,n", _Q6_SMALL + (_Q6_DEVICE if ON_DEVICE else []), ids=str)
+def test_imma_q6_k_gemm_matches(rng, k, ft, rt, wn, ks, pipe, m, n):
+    """``gemm_imma_q6_k_xs``: every output written; within the f32-summation bound of x rebuilt from
+    its two int8 terms against gguf's Q6_K dequantization, and within half a second-term step per
+    value of the exact product; K split or not."""
+    q = quantization("q6_k")
+    raw = q.quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32))
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.2, 5, (m, k // 32)).repeat(32, axis=1)).astype(np.float32)
+    xb = {"xq": poisoned((m * k // 4,), np.int32), "xr": poisoned((m * k // 4,), np.int32), "xds": poisoned((m * k // 16,))}
+    _run(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, **xb}, {"m": m})
+    parts = poisoned((ks, m, n))
+    grid = (-(-m // (8 * rt)), -(-n // (16 * ft * wn)), ks)
+    _run(gemm_imma_q6_k_xs(k, ft, rt, wn, ks, pipe), grid, {**xb, "w": np.ascontiguousarray(raw).view(np.int32).reshape(-1), "y": parts}, {"m": m, "n": n})
+    y = parts.sum(axis=0, dtype=np.float64) if ks > 1 else parts[0]
+    assert np.isfinite(y).all(), "an output element was never written"
+    w = q.dequantize(raw).reshape(n, k).astype(np.float64)
+    xh, step = _terms(xb["xq"], xb["xr"], xb["xds"], m, k)
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w).T
+    bad = np.abs(y - xh @ w.T) > 1e-5 * scale + 1e-6
+    assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, worst {np.abs(y - xh @ w.T).max():.3g}"
+    bound = (step / 2) @ np.abs(w).T * 1.01 + 1e-5 * scale + 1e-6
+    assert (np.abs(y - x.astype(np.float64) @ w.T) <= bound).all(), "further from the exact product than two int8 terms allow"
+
+
+@pytest.mark.parametrize("args", [(4096, 1, 1, 8, 4, True), (14336, 1, 2, 8, 4, True), (4096, 1, 4, 8, 2, True), (4096, 1, 8, 8, 1, True)], ids=str)
+@pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
+def test_imma_q6_k_gemm_compiles_to_integer_products(args):
+    """Four products a 32-value quarter for each tile (two 16-value halves, two terms of x); with
+    ptxas, no spills and a launchable workgroup."""
+    kern = gemm_imma_q6_k_xs(*args)
+    ptx = compile_kernel(kern, target("nvptx:sm_90a"), use_cache=False).data.decode()
+    ft, rt = args[1], args[2]
+    assert ptx.count("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32") == 8 * 4 * ft * rt and "cp.async.cg.shared.global" in ptx
+    if find_ptxas():
+        regs, spills, out = ptxas_usage(ptx.encode(), "sm_90a")
+        assert spills == 0, out
+        assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"

@@ -240,6 +240,18 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     ]
     assert many[0].buffers["wd"] == many[2].buffers["w"] and many[0].buffers["wd"] in plan.scratch
     assert [l.kernel.name for l in launches("high", 40)[1]][3:5] == ["split_bf16x2_K512", "gemm_warp_q6_k_K512_2x4_W8_xs"]
+    # Q6_K on the integer tensor cores where switched on (``IMMA_XS``): x quantized once for both
+    monkeypatch.setitem(nvidia_schedules.IMMA_XS, "q6_k", nvidia_schedules.IMMA_Q6_K)
+    both = [l for l in launches("high", 9)[1]]
+    assert [l.kernel.name for l in both][:5] == [
+        "quantize_q8x2_K512",
+        "gemm_imma_q4_k_xs_K512_1x2_W8_S2_pipe",
+        "sum_parts_2",
+        "split_bf16x2_K512",  # (for the Q8_0 product)
+        "gemm_imma_q6_k_xs_K512_1x2_W4_pipe",
+    ]
+    assert all(both[4].buffers[b] == both[0].buffers[b] for b in ("xq", "xr", "xds"))
+    monkeypatch.delitem(nvidia_schedules.IMMA_XS, "q6_k")
     assert [l.kernel.name for l in launches("high", 64)[1]][4] == "gemm_warp_q6_k_K512_2x4_W8_xs"
     assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1", "gemv_warp_packed_q8_0_K512_MR1"]
     assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4", "gemv_warp_packed_q8_0_K512_MR4"]

@@ -24,7 +24,7 @@ from poot.kernel.build import f as _f
 from poot.kernel.build import mul as _mul
 from poot.kernel.build import r as _r
 
-__all__ = ["Q6_K_BYTES", "Q6_K_WORDS", "q6_k_bf16_pairs", "q6_k_lane_loads", "q6_k_lane_words"]
+__all__ = ["Q6_K_BYTES", "Q6_K_WORDS", "joined", "q6_k_bf16_pairs", "q6_k_lane_loads", "q6_k_lane_words"]
 
 Q6_K_BYTES = 210  # a block's bytes
 # the words a lane keeps for a chunk of one row: the quarters' nibble bytes (a, b), the high bits
@@ -55,7 +55,7 @@ def q6_k_lane_loads(pre: str, j: int, ob: K.Expr, hn: K.Expr, pp: K.Expr) -> lis
     return out
 
 
-def _joined(lo: K.Expr, hi: K.Expr, odd: K.Expr) -> K.Expr:
+def joined(lo: K.Expr, hi: K.Expr, odd: K.Expr) -> K.Expr:
     """The 4 bytes that start 2 bytes into word ``lo`` (its upper half, then ``hi``'s lower) where
     ``odd``, else ``lo``: one byte permute and a select."""
     return K.Select(odd, _b("or", _b("and", _b("shr", lo, 16), 0xFFFF), _b("shl", hi, 16)), lo)
@@ -72,8 +72,8 @@ def q6_k_lane_words(pre: str, out_pre: str, j: int) -> list[K.Stmt]:
     w = f"{out_pre}w{j}"
     out: list[K.Stmt] = []
     for piece in ("a", "b", "h"):
-        out += [K.Let(f"{w}{piece}{i}", _joined(raw(f"{piece}{i}"), raw(f"{piece}{i + 1}"), odd)) for i in range(2)]
-    out.append(K.Let(f"{w}sw", _joined(raw("s0"), raw("s1"), odd)))
+        out += [K.Let(f"{w}{piece}{i}", joined(raw(f"{piece}{i}"), raw(f"{piece}{i + 1}"), odd)) for i in range(2)]
+    out.append(K.Let(f"{w}sw", joined(raw("s0"), raw("s1"), odd)))
     out.append(K.Let(f"{w}dd", K.HalfToF32(_b("and", _b("shr", raw("d"), raw("o")), 0xFFFF))))
     for u in range(2):
         byte = _b("and", _b("shr", _r(f"{w}sw"), _mul(_add(_b("shr", _r("t4"), 1), 2 * u), 8)), 255)

@@ -27,11 +27,11 @@ from ..statements import Mma
 from ._fragments import mma_lanes as _mma_lanes
 from ._fragments import warp_tiles_summed as _warp_tiles_summed
 
-__all__ = ["gemm_imma_q4_k", "gemm_imma_q4_k_xs", "glu_q8", "xs_shared_bytes", "GLU_Q8_THREADS", "XS_PAD"]
+__all__ = ["gemm_imma_q4_k", "glu_q8", "sub_block_sums", "GLU_Q8_THREADS", "NIBBLES", "PARAMS"]
 
-_NIBBLES = 0x0F0F0F0F
+NIBBLES = 0x0F0F0F0F
 # the integer GEMMs' parameters: x as ``quantize_q8x2`` writes it, the Q4_K weights, y [m, n]
-_PARAMS = (
+PARAMS = (
     K.Buffer("xq", I32),
     K.Buffer("xr", I32),
     K.Buffer("xds", F32),
@@ -42,7 +42,7 @@ _PARAMS = (
 )
 
 
-def _sub_block_sums(
+def sub_block_sums(
     tag: str,
     acc: tuple[str, ...],
     a: tuple[K.Expr, ...],
@@ -145,10 +145,10 @@ def gemm_imma_q4_k(k: int, ft: int = 2, rt: int = 2, wk: int = 8, un: int = 2, p
             for j in range(ft):
                 # (row g, K 0-3), (row g + 8, K 0-3), (row g, K 4-7), (row g + 8, K 4-7) of the lane's 8
                 words = [_r(f"w{u}_{j}_{h}q{q}") for q in (0, 1) for h in (0, 8)]
-                a = tuple(_b("and", w if sb == 0 else _b("shr", w, 4), _NIBBLES) for w in words)
+                a = tuple(_b("and", w if sb == 0 else _b("shr", w, 4), NIBBLES) for w in words)
                 for i in range(rt):
                     xv, xd = f"x{u}_{i}_{sb}", (f"xd{u}_{i}_0_", f"xd{u}_{i}_1_")
-                    out += _sub_block_sums(
+                    out += sub_block_sums(
                         f"{u}_{sb}_{j}_{i}",
                         acc[j, i],
                         a,
@@ -189,173 +189,10 @@ def gemm_imma_q4_k(k: int, ft: int = 2, rt: int = 2, wk: int = 8, un: int = 2, p
     )
     kern = K.Kernel(
         f"gemm_imma_q4_k_K{k}_{ft}x{rt}_W{wk}_U{un}{'_pipe' if pipelined else ''}",
-        _PARAMS,
+        PARAMS,
         tuple(body),
         (threads, 1, 1),
         (K.Shared("part", F32, threads * nacc),),
-    )
-    verify_kernel(kern)
-    return kern
-
-
-XS_PAD = 8  # words of padding per staged row of x: a half-warp's 8-byte fragment loads hit 32 banks
-_XDS_STRIDE = 20  # floats per staged row of (d, sum) pairs (16 for a block) padded: rows 2 apart 8 banks apart
-
-
-def xs_shared_bytes(rt: int) -> int:
-    """Workgroup memory ``gemm_imma_q4_k_xs`` takes for ``rt`` row tiles: two buffers of a block of
-    x's rows, both terms and the (d, sum) pairs."""
-    return 2 * 8 * rt * (2 * (64 + XS_PAD) + _XDS_STRIDE) * 4
-
-
-@lru_cache(maxsize=None)
-def gemm_imma_q4_k_xs(k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False) -> K.Kernel:
-    """y = x @ w^T for 5 to a few dozen rows of x against Q4_K weight rows on the integer tensor
-    cores, x staged through workgroup memory: what ``gemm_imma_q4_k`` computes, with the warps of a
-    workgroup owning different features instead of splitting K, so that they share one copy of the
-    workgroup's rows of x. Each block of 256 values of x (both int8 terms and the (d, sum) pairs of
-    its rows) is copied into workgroup memory by all threads (``CopyAsync``, double-buffered: the
-    next block's copy is in flight while this one is summed); each warp streams its own features'
-    weights from memory as ``gemm_imma_q4_k`` does, a block's head once and its quants chunk by
-    chunk. A warp owns ``ft`` feature tiles (16 features each) by ``rt`` row tiles (8 rows each); a
-    workgroup ``wn`` warps, so 16 ``ft`` ``wn`` features; no partial tiles to add across warps.
-    With ``ksplit`` S > 1 K is split in S parts (grid z): part s of the sum goes to ``y`` at s m n
-    for ``sum_parts`` to add. ``pipelined``: each block's weights are loaded during the block before
-    (twice the weight registers). Buffers ``xq``, ``xr``, ``xds`` as ``quantize_q8x2`` writes them.
-    Grid (ceil(m / (8 rt)), ceil(n / (16 ft wn)), S); K / S a multiple of 256."""
-    if k % (256 * ksplit):
-        raise ValueError(f"gemm_imma_q4_k_xs needs K a multiple of 256 times its K split ({ksplit}), got {k}")
-    threads, rows = 32 * wn, 8 * rt
-    blocks = k // ksplit // 256  # a workgroup's blocks of K
-    row_words = k // 256 * 36
-    sw = 64 + XS_PAD  # words a staged row of one term
-    term_words, ds_words = rows * sw, rows * _XDS_STRIDE
-    body: list[K.Stmt] = [
-        *_mma_lanes(),
-        K.Let("row0", _mul(K.Builtin("group_id", 0), rows)),
-        K.Let("col0", _add(_mul(K.Builtin("group_id", 1), 16 * ft * wn), _mul(_r("warp"), 16 * ft))),
-        K.Let("b0", _mul(K.Builtin("group_id", 2), blocks) if ksplit > 1 else _c(0)),  # this workgroup's first block
-        K.Let("c", _c(0)),
-        K.Let("sh", _c(0)),
-    ]
-    last_m, last_n = _b("sub", _r("m"), 1), _b("sub", _r("n"), 1)
-    for j in range(ft):
-        for h in (0, 8):
-            body.append(K.Let(f"wr{j}_{h}", _mul(K.Bin("min", _add(_r("col0"), 16 * j + h, _r("g")), last_n), row_words)))
-    acc = {(j, i): tuple(f"acc{j}_{i}_{e}" for e in range(4)) for j in range(ft) for i in range(rt)}
-    for names in acc.values():
-        body += [K.Let(nm, _f(0.0)) for nm in names]
-
-    # the copies of one block of x: per row 16 + 16 sixteen-byte pieces of the two terms, 4 of (d, sum)
-    pieces = rows * 36
-    turns = -(-pieces // threads)
-
-    def copies(blk: K.Expr, buf: K.Expr, tag: str) -> list[K.Stmt]:
-        """All threads' copies of block ``blk`` of the workgroup's rows of x into buffer ``buf``."""
-        out: list[K.Stmt] = []
-        for u in range(turns):
-            pc, r, q = f"pc{tag}{u}", f"pr{tag}{u}", f"pq{tag}{u}"
-            out += [
-                K.Let(pc, _add(K.Builtin("thread_id", 0), u * threads)),
-                K.Let(r, _b("div", _r(pc), 36)),
-                K.Let(q, _b("rem", _r(pc), 36)),
-            ]
-            src = K.Bin("min", _add(_r("row0"), _r(r)), last_m)
-            cps: list[K.Stmt] = []
-            for name, lo, hi in (("xq", 0, 16), ("xr", 16, 32)):
-                piece = _mul(_b("sub", _r(q), lo), 4)
-                cp = K.CopyAsync(f"{name}_s", _add(_mul(buf, term_words), _mul(_r(r), sw), piece), name, _add(_mul(src, k // 4), _mul(blk, 64), piece))
-                cps.append(K.If(K.Bin("and", K.Bin("ge", _r(q), _c(lo)), K.Bin("lt", _r(q), _c(hi))), (cp,)))
-            piece = _mul(_b("sub", _r(q), 32), 4)
-            cp = K.CopyAsync("xds_s", _add(_mul(buf, ds_words), _mul(_r(r), _XDS_STRIDE), piece), "xds", _add(_mul(src, k // 16), _mul(blk, 16), piece))
-            cps.append(K.If(K.Bin("ge", _r(q), _c(32)), (cp,)))
-            if (u + 1) * threads > pieces:
-                out.append(K.If(K.Bin("lt", _r(pc), _c(pieces)), tuple(cps)))
-            else:
-                out += cps
-        return out
-
-    def weights(blk: K.Expr, u: str = "") -> list[K.Stmt]:
-        """The lane's words of block ``blk`` of each of its features (locals suffixed ``u``): the
-        head, then 8 bytes a chunk."""
-        out: list[K.Stmt] = []
-        for j in range(ft):
-            for h in (0, 8):
-                p = f"w{j}_{h}"
-                base = _add(_r(f"wr{j}_{h}"), _mul(blk, 36))
-                out.append(K.VecLoad(tuple(f"{p}{nm}{u}" for nm in ("dm", "s0", "s1", "s2")), "w", base, I32))
-                for cc in range(4):
-                    out.append(K.VecLoad((f"{p}q{cc}_0{u}", f"{p}q{cc}_1{u}"), "w", _add(base, 4 + 8 * cc, _mul(_r("t4"), 2)), I32))
-        return out
-
-    weight_names = [f"w{j}_{h}{nm}" for j in range(ft) for h in (0, 8) for nm in ("dm", "s0", "s1", "s2", *(f"q{cc}_{q}" for cc in range(4) for q in (0, 1)))]
-
-    def products(buf: K.Expr) -> list[K.Stmt]:
-        out: list[K.Stmt] = []
-        for cc in range(4):
-            out += [K.Assign("c", _c(cc)), K.Assign("sh", _c(16 * (cc % 2)))]
-            for j in range(ft):
-                for h in (0, 8):
-                    p = f"w{j}_{h}"
-                    out += [K.Let(f"{p}{nm}{cc}", _r(f"{p}{nm}")) for nm in ("dm", "s0", "s1", "s2")]
-                    out += q4_k_lane_scales(p, cc)
-                    for part in ("l", "h"):  # d sc / Q8_SPLIT: x's terms are summed as Q8_SPLIT s1 + s2
-                        out.append(K.Let(f"{p}sd{part}{cc}", K.Bin("mul", _r(f"{p}sc{part}{cc}", F32), _f(1.0 / Q8_SPLIT))))
-            for sb, part in ((0, "l"), (1, "h")):
-                for i in range(rt):
-                    xrow = _add(_mul(buf, term_words), _mul(_add(8 * i, _r("g")), sw), cc * 16 + sb * 8, _mul(_r("t4"), 2))
-                    xv = f"xb{cc}_{sb}_{i}"
-                    out += [K.VecLoad((f"{xv}h0", f"{xv}h1"), "xq_s", xrow, I32), K.VecLoad((f"{xv}l0", f"{xv}l1"), "xr_s", xrow, I32)]
-                    for e in range(2):  # d and sum of this sub-block for the lane's output rows 2 t4 + e
-                        at = _add(_mul(buf, ds_words), _mul(_add(8 * i + e, _mul(_r("t4"), 2)), _XDS_STRIDE), cc * 4 + sb * 2)
-                        out.append(K.VecLoad((f"{xv}d{e}", f"{xv}s{e}"), "xds_s", at, F32))
-                    for j in range(ft):
-                        words = [_r(f"w{j}_{h}q{cc}_{q}") for q in (0, 1) for h in (0, 8)]
-                        out += _sub_block_sums(
-                            f"_{cc}_{sb}_{j}_{i}",
-                            acc[j, i],
-                            tuple(_b("and", w if sb == 0 else _b("shr", w, 4), _NIBBLES) for w in words),
-                            (_r(f"{xv}h0"), _r(f"{xv}h1"), _r(f"{xv}l0"), _r(f"{xv}l1")),
-                            tuple((_r(f"{xv}d{e}", F32), _r(f"{xv}s{e}", F32)) for e in range(2)),
-                            tuple((_r(f"w{j}_{h}sd{part}{cc}", F32), _r(f"w{j}_{h}mn{part}{cc}", F32)) for h in (0, 8)),
-                        )
-        return out
-
-    body += copies(_r("b0"), _c(0), "a")
-    body.append(K.CopyAsyncSync("commit"))
-    nxt = _add(_r("b0"), K.Bin("min", _add(_r("s"), 1), _c(blocks - 1)))
-    if pipelined:
-        body += weights(_r("b0"))
-    loop: list[K.Stmt] = [
-        K.Let("cur", _b("rem", _r("s"), 2)),
-        # the next block's x (the last block's again on the last step: an unread copy keeps the count of groups even)
-        *copies(nxt, _b("sub", _c(1), _r("cur")), "b"),
-        K.CopyAsyncSync("commit"),
-        *(weights(nxt, "n") if pipelined else weights(_add(_r("b0"), _r("s")))),
-        K.CopyAsyncSync("wait", 1),
-        K.Barrier(),
-        *products(_r("cur")),
-        K.Barrier(),
-    ]
-    if pipelined:  # the next block's words become this block's
-        loop += [K.Assign(nm, _r(f"{nm}n")) for nm in weight_names]
-    body.append(K.For("s", _c(0), _c(blocks), tuple(loop)))
-    body.append(K.CopyAsyncSync("wait", 0))
-    ybase = _mul(_mul(K.Builtin("group_id", 2), _r("m")), _r("n")) if ksplit > 1 else _c(0)
-    for j in range(ft):
-        for i in range(rt):
-            for e in range(4):
-                orow = _add(_r("row0"), 8 * i, _mul(_r("t4"), 2), e % 2)
-                ocol = _add(_r("col0"), 16 * j, _r("g"), 8 * (e // 2))
-                st = K.Store("y", _add(ybase, _mul(orow, _r("n")), ocol), _r(acc[j, i][e], F32))
-                body.append(K.If(K.Bin("and", K.Bin("lt", orow, _r("m")), K.Bin("lt", ocol, _r("n"))), (st,)))
-    shared = (K.Shared("xq_s", I32, 2 * term_words), K.Shared("xr_s", I32, 2 * term_words), K.Shared("xds_s", F32, 2 * ds_words))
-    kern = K.Kernel(
-        f"gemm_imma_q4_k_xs_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else ""),
-        _PARAMS,
-        tuple(body),
-        (threads, 1, 1),
-        shared,
     )
     verify_kernel(kern)
     return kern
