@@ -21,7 +21,7 @@ from poot_ptx.statements import Mma
 
 __all__ = ["run_simt"]
 
-_NP = {"f32": np.float32, "i32": np.int32, "bool": np.bool_}
+_NP = {"f32": np.float32, "f16": np.float16, "i32": np.int32, "bool": np.bool_}
 
 
 def _np(d: dt.DType) -> Any:
@@ -289,12 +289,14 @@ def _from_f16(w: np.ndarray) -> np.ndarray:
 
 def run_simt(k: K.Kernel, grid: Sequence[int], buffers: Mapping[str, np.ndarray], scalars: Mapping[str, Any] | None = None) -> None:
     """Run kernel ``k`` over ``grid`` on ``buffers`` (numpy arrays, written in place; each viewed as
-    its parameter's element type)."""
+    its parameter's element type, as a device binds their bytes)."""
     mem: dict[str, np.ndarray] = {}
     for p in k.buffers:
         arr = buffers[p.name]
         flat = arr.reshape(-1)
-        mem[p.name] = flat.view(_np(p.dtype)) if flat.dtype.itemsize == 4 else flat
+        want = np.dtype(_np(p.dtype))
+        # bytes or halves bound as words (packed weights, f16 pools) are read as the kernel's elements
+        mem[p.name] = flat.view(want) if flat.dtype != want and flat.nbytes % want.itemsize == 0 else flat
     g = (tuple(grid) + (1, 1))[:3]
     for group in product(range(g[0]), range(g[1]), range(g[2])):
         _Group(k, group, g, mem, scalars or {}).run(k.body, np.ones(k.threads, bool))  # type: ignore[arg-type]

@@ -27,9 +27,23 @@ from poot_ptx.assembler import find_ptxas, ptxas_usage
 from poot_ptx.kernels._q6_k import q6_k_bf16_pairs, q6_k_lane_loads, q6_k_lane_words
 from poot_ptx.kernels.attention_mma import MMA_QROWS, attention_mma
 from poot_ptx.kernels.mma import SPLIT_THREADS, gemm_mma, gemm_warp, glu_split, split_bf16x2, sum_parts
+from poot_ptx.simt import run_simt
 
 SUBGROUP, MATRIX = features_under_test()
-mma_only = pytest.mark.skipif(SUBGROUP != 32 or "mma.sync.bf16" not in MATRIX, reason="needs mma.sync: set POOT_TEST_DEVICE=cuda:0 on an NVIDIA GPU")
+ON_DEVICE = SUBGROUP == 32 and "mma.sync.bf16" in MATRIX
+mma_only = pytest.mark.skipif(not ON_DEVICE, reason="needs mma.sync: set POOT_TEST_DEVICE=cuda:0 on an NVIDIA GPU")
+
+
+def _mma_run(kern, grid, bufs, scalars) -> None:  # type: ignore[no-untyped-def]
+    """A tensor-core kernel on the device under test where it has mma.sync, else through the Kernel
+    IR interpreter (``poot_ptx.simt``: the fragment layouts and indexing, not the hardware)."""
+    (run_host if ON_DEVICE else run_simt)(kern, grid, bufs, scalars)
+
+
+def _small_off_device(m: int, n: int, k: int) -> None:
+    """Through the interpreter, the smaller cases only."""
+    if not ON_DEVICE and (k > 1024 or m * n > 6000):
+        pytest.skip("through the interpreter the smaller cases only")
 
 
 @pytest.mark.parametrize(
@@ -136,15 +150,15 @@ def test_sum_parts_adds_a_split_products_parts(rng, parts, count):
     assert (y == want).all()
 
 
-@mma_only
 @pytest.mark.parametrize("parts", [2, 8])
 @pytest.mark.parametrize("m,n,k", [(17, 72, 512), (64, 136, 4096), (40, 24, 14336)])
 def test_gemm_mma_split_along_k_then_summed(rng, parts, m, n, k):
     """Few rows: K split among workgroups, each part stored apart and added by ``sum_parts``."""
+    _small_off_device(m, n, k)
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     part = poisoned((parts, m, n))
-    run_host(
+    _mma_run(
         gemm_mma(k, 2, 4, 2, 4, xsplit=True, ksplit=parts),
         (-(-n // 128), -(-m // 64), parts),
         {"xs": split_reference(x), "w": bits, "y": part},
@@ -158,17 +172,17 @@ def test_gemm_mma_split_along_k_then_summed(rng, parts, m, n, k):
     _close(part[1], x[:, kp : 2 * kp].astype(np.float64) @ w[:, kp : 2 * kp].T.astype(np.float64), np.abs(x[:, kp : 2 * kp]) @ np.abs(w[:, kp : 2 * kp]).T)
 
 
-@mma_only
 @pytest.mark.parametrize("shape", [(2, 2, 2, 4), (1, 4, 1, 1), (2, 4, 4, 4), (2, 2, 4, 8), (2, 4, 4, 8)])
 @pytest.mark.parametrize("xsplit", [False, True])
 @pytest.mark.parametrize("m,n,k", [(5, 37, 96), (70, 72, 128), (16, 64, 4096), (200, 300, 256)])
 def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, xsplit, m, n, k):
+    _small_off_device(m, n, k)
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
     wm, wn, tm, tn = shape
     xb = {"xs": split_reference(x)} if xsplit else {"x": x}
-    run_host(gemm_mma(k, *shape, xsplit=xsplit), (-(-n // (8 * wn * tn)), -(-m // (16 * wm * tm))), {**xb, "w": bits, "y": y}, {"m": m, "n": n})
+    _mma_run(gemm_mma(k, *shape, xsplit=xsplit), (-(-n // (8 * wn * tn)), -(-m // (16 * wm * tm))), {**xb, "w": bits, "y": y}, {"m": m, "n": n})
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
     # rounding the activations to bf16 instead would be ~100x further off: the split is what holds the bound
@@ -176,13 +190,13 @@ def test_gemm_mma_keeps_about_16_bits_of_each_activation(rng, shape, xsplit, m, 
     assert np.abs(rounded - want).max() > 10 * np.abs(y - want).max()
 
 
-@mma_only
 @pytest.mark.parametrize("gemm", ["mma 2x2 4x8", "mma 2x4 4x8", "mma 2x2 2x4", "warp 1x4 W8", "warp 2x4 W8", "warp 1x4 W16"])
 @pytest.mark.parametrize("m,n,k", [(5, 37, 512), (70, 72, 1024), (16, 64, 4096), (200, 300, 512)])
 def test_gemms_on_x_rounded_to_bf16(rng, gemm, m, n, k):
     """Matmul precision "medium": x rounded to bf16 once, one tensor-core product. Every product of
     bf16 values is exact in f32, so the result is the f32 sum of x rounded times w (tested at the
     f32-summation bound), and further from the exact product than the split one would be."""
+    _small_off_device(m, n, k)
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
@@ -191,10 +205,10 @@ def test_gemms_on_x_rounded_to_bf16(rng, gemm, m, n, k):
     if kind == "mma":
         (wm, wn), (tm, tn) = (tuple(map(int, v.split("x"))) for v in (a, b))
         grid = (-(-n // (8 * wn * tn)), -(-m // (16 * wm * tm)))
-        run_host(gemm_mma(k, wm, wn, tm, tn, split=False, xsplit=True), grid, {"xs": xs, "w": bits, "y": y}, {"m": m, "n": n})
+        _mma_run(gemm_mma(k, wm, wn, tm, tn, split=False, xsplit=True), grid, {"xs": xs, "w": bits, "y": y}, {"m": m, "n": n})
     else:
         mt, tn = map(int, a.split("x"))
-        run_host(
+        _mma_run(
             gemm_warp(k, mt, tn, int(b[1:]), split=False, xsplit=True), (-(-m // (16 * mt)), -(-n // (8 * tn))), {"xs": xs, "w": bits, "y": y}, {"m": m, "n": n}
         )
     rounded = bf16_round(x).astype(np.float64) @ w.T.astype(np.float64)
@@ -203,21 +217,20 @@ def test_gemms_on_x_rounded_to_bf16(rng, gemm, m, n, k):
     assert np.abs(y - exact).max() > 10 * np.abs(y - rounded).max()  # it did round x
 
 
-@mma_only
 @pytest.mark.parametrize("mt,tn,wk", [(1, 4, 8), (2, 4, 8), (1, 2, 2)])
 @pytest.mark.parametrize("xsplit", [False, True])
 @pytest.mark.parametrize("m,n,k", [(1, 37, 512), (9, 64, 1024), (16, 40, 2048), (23, 33, 512)])
 def test_gemm_warp_streams_weights_through_tensor_cores(rng, mt, tn, wk, xsplit, m, n, k):
+    _small_off_device(m, n, k)
     w, bits = _bf16(rng, (n, k))
     x = rng.standard_normal((m, k)).astype(np.float32)
     y = poisoned((m, n))
     xb = {"xs": split_reference(x)} if xsplit else {"x": x}
-    run_host(gemm_warp(k, mt, tn, wk, xsplit=xsplit), (-(-m // (16 * mt)), -(-n // (8 * tn))), {**xb, "w": bits, "y": y}, {"m": m, "n": n})
+    _mma_run(gemm_warp(k, mt, tn, wk, xsplit=xsplit), (-(-m // (16 * mt)), -(-n // (8 * tn))), {**xb, "w": bits, "y": y}, {"m": m, "n": n})
     want = x.astype(np.float64) @ w.T.astype(np.float64)
     _close(y, want, np.abs(x) @ np.abs(w).T)
 
 
-@mma_only
 @pytest.mark.parametrize("mt,tn,wk,k", [(1, 4, 8, 1024), (2, 4, 8, 2048), (1, 2, 2, 1024), (1, 4, 16, 14336)])  # 16 warps: the planner's for long rows
 @pytest.mark.parametrize("split,xsplit", [(True, False), (True, True), (False, True)])
 @pytest.mark.parametrize("m,n", [(1, 37), (9, 64), (23, 33)])
@@ -225,6 +238,7 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
     """Q4_K weights streamed and dequantized to bf16 in registers: the same bits as the bf16 GEMM on
     the weights ``dequantize_bf16`` writes, and within the f32-summation bound of x (as two bf16
     terms, or rounded) times the nearest bf16 of gguf's dequantization."""
+    _small_off_device(m, n, k)
     from gguf import GGMLQuantizationType
     from gguf import quants as gq
 
@@ -236,11 +250,11 @@ def test_gemm_warp_dequantizes_q4_k_weights_in_registers(rng, mt, tn, wk, k, spl
     xb = {"xs": split_reference(x) if split else split_reference(x)[: m * k // 2].copy()} if xsplit else {"x": x}
     grid = (-(-m // (16 * mt)), -(-n // (8 * tn)))
     y = poisoned((m, n))
-    run_host(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit, qtype="q4_k"), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
+    _mma_run(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit, qtype="q4_k"), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
     wd = poisoned((n * k // 2,), np.int32)
     run_host(dequantize_bf16("q4_k", k), (dequant_groups("q4_k", n, k),), {"w": raw.view(np.int32).reshape(-1), "wd": wd}, {"n": n})
     same = poisoned((m, n))
-    run_host(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit), grid, {**xb, "w": wd, "y": same}, {"m": m, "n": n})
+    _mma_run(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit), grid, {**xb, "w": wd, "y": same}, {"m": m, "n": n})
     assert (y.view(np.int32) == same.view(np.int32)).all(), f"{(y != same).sum()} outputs differ from the bf16 GEMM on the dequantized weights"
     xr = x if split else bf16_round(x)
     _close(y, xr.astype(np.float64) @ w.T.astype(np.float64), np.abs(x) @ np.abs(w).T)
@@ -300,21 +314,21 @@ def test_q6_k_lanes_dequantize_to_the_bf16_copy(rng, n, k):
     np.testing.assert_array_equal(got, want)
 
 
-@mma_only
 @pytest.mark.parametrize("mt,tn,wk,k", [(1, 4, 8, 1024), (2, 4, 8, 2048), (1, 2, 2, 1024), (1, 4, 8, 14336)])
 @pytest.mark.parametrize("split,xsplit", [(True, False), (True, True), (False, True)])
 @pytest.mark.parametrize("m,n", [(1, 37), (9, 64), (23, 33)])
 def test_gemm_warp_dequantizes_q6_k_weights_in_registers(rng, mt, tn, wk, k, split, xsplit, m, n):
     """Q6_K weights read as stored (odd blocks straddling words) and dequantized to bf16 in registers:
     the same bits as the bf16 GEMM on the weights ``dequantize_bf16`` writes."""
+    _small_off_device(m, n, k)
     raw, wd = _q6_k_case(rng, n, k)
     x = rng.standard_normal((m, k)).astype(np.float32)
     xb = {"xs": split_reference(x) if split else split_reference(x)[: m * k // 2].copy()} if xsplit else {"x": x}
     grid = (-(-m // (16 * mt)), -(-n // (8 * tn)))
     y = poisoned((m, n))
-    run_host(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit, qtype="q6_k"), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
+    _mma_run(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit, qtype="q6_k"), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
     same = poisoned((m, n))
-    run_host(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit), grid, {**xb, "w": wd, "y": same}, {"m": m, "n": n})
+    _mma_run(gemm_warp(k, mt, tn, wk, split=split, xsplit=xsplit), grid, {**xb, "w": wd, "y": same}, {"m": m, "n": n})
     assert (y.view(np.int32) == same.view(np.int32)).all(), f"{(y != same).sum()} outputs differ from the bf16 GEMM on the dequantized weights"
 
 
@@ -343,7 +357,6 @@ def _prefill_case(rng, hq, hkv, d, bs=16):
     )
 
 
-@mma_only
 @pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
 @pytest.mark.parametrize("d,hq,hkv", [(128, 4, 1), (64, 6, 2)])
 @pytest.mark.parametrize("bs", [16, 64])
@@ -351,7 +364,9 @@ def _prefill_case(rng, hq, hkv, d, bs=16):
 def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs, pt):
     """``attention_mma`` (q k^T and P v on tensor cores, both sides split into two bf16 terms) against
     the graph evaluator's attention, over paged pools of f32 or f16 (halves widened as read),
-    several sequences a block."""
+    several sequences a block. Through the interpreter two of the cases."""
+    if not ON_DEVICE and (mask, d, bs, pt) not in (("window+softcap", 64, 16, "f32"), ("causal", 128, 64, "f16")):
+        pytest.skip("through the interpreter two cases only")
 
     data, bs, mb = _prefill_case(rng, hq, hkv, d, bs)
     pools, data = pools_as(data, pt)
@@ -368,10 +383,10 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs, pt):
         "out": out,
     }
     scalars = {"ntok": t, "hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap}
-    run_host(attention_mma(d, causal, pt=pt), (-(-t // MMA_QROWS), hq), bufs, scalars)
+    _mma_run(attention_mma(d, causal, pt=pt), (-(-t // MMA_QROWS), hq), bufs, scalars)
     # as plans build it: the pools' block size fixed in the kernel (tiles read the table once a block), soft-capping only where the model has it
     fixed = poisoned((t, hq, d))
-    run_host(attention_mma(d, causal, block=bs, softcap=softcap > 0, pt=pt), (-(-t // MMA_QROWS), hq), {**bufs, "out": fixed}, scalars)
+    _mma_run(attention_mma(d, causal, block=bs, softcap=softcap > 0, pt=pt), (-(-t // MMA_QROWS), hq), {**bufs, "out": fixed}, scalars)
 
     def reference(d_):  # type: ignore[no-untyped-def]
         b = GraphBuilder()
@@ -404,7 +419,7 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs, pt):
     # matmul precision "medium": q, k, v and P rounded to bf16, one product each. Against attention
     # over q, k and v rounded: what is left is P's rounding (2^-9 of each weight) and f32 order
     out1 = poisoned((t, hq, d))
-    run_host(attention_mma(d, causal, split=False, block=bs, softcap=softcap > 0, pt=pt), (-(-t // MMA_QROWS), hq), {**bufs, "out": out1}, scalars)
+    _mma_run(attention_mma(d, causal, split=False, block=bs, softcap=softcap > 0, pt=pt), (-(-t // MMA_QROWS), hq), {**bufs, "out": out1}, scalars)
     assert np.isfinite(out1).all(), "an output element was never written"
     want1 = reference({**data, **{n: bf16_round(data[n]) for n in ("q", "k", "v")}})
     err1 = np.abs(out1 - want1)
