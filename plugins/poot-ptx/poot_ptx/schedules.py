@@ -44,7 +44,7 @@ from .kernels import mma as linear_mma
 from .kernels import wgmma as linear_wgmma
 from .norm_fold import FOLD_NORMS, fold_norms
 
-__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_Q6_K", "IMMA_SMS"]
+__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_Q4_K", "IMMA_Q6_K", "IMMA_SMS"]
 
 _key, _shape, _warp_gemv_fits = value_key, value_shape, warp_gemv_fits
 
@@ -154,11 +154,12 @@ class SplitX:
 # feature tiles a warp, warps a workgroup, whether the next block's weights load during this one's
 # products, and how many of its workgroups an SM holds at once (by their registers); K is split
 # while the output's tiles give fewer workgroups than SMs hold (132 SMs: an H100's or H200's).
-# Chosen by bench/gpu_matmul.py on Llama-3-8B's shapes. Q6_K's (IMMA_Q6_K) is not in IMMA_XS: it
-# has been timed on one shape only, where it was no faster than the streaming GEMM at 64 rows
+# Chosen by bench/gpu_matmul.py on Llama-3-8B's shapes (remove a type from IMMA_XS to compare:
+# its products then take the streaming and warpgroup GEMMs)
 IMMA_ROWS = 64
-IMMA_XS = {"q4_k": {1: (2, 4, True, 2), 2: (1, 8, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}}
+IMMA_Q4_K = {1: (2, 4, True, 2), 2: (1, 8, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}
 IMMA_Q6_K = {1: (1, 8, True, 2), 2: (1, 4, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}
+IMMA_XS = {"q4_k": IMMA_Q4_K, "q6_k": IMMA_Q6_K}
 IMMA_SMS = 132
 _IMMA_BLOCKS = {"q4_k": 256, "q6_k": 512}  # what K must be a multiple of
 
@@ -286,6 +287,9 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: 
     wd = bufs["w"]  # the weights the tiled GEMM reads: packed ones dequantized first
     streams = _streams(q, kk)  # the streaming GEMM dequantizes Q4_K and Q6_K in registers
     tiled = w.dtype == dt.bf16 or _dequantizes(w)  # else (a Q4_K weight past the budget) the streaming GEMM for every row count
+    xsplit = split is not None
+    imma = quant is not None and xsplit and _imma(n, limits)
+    above = IMMA_ROWS if imma else 4  # fewer rows take the integer GEMM
     if w.dtype != dt.bf16 and tiled:
         if split is None:
             raise Refusal("matmul", "gpu", "packed weights reach the tensor cores through the plan's scratch memory: plan with a SplitX")
@@ -303,15 +307,13 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: 
                 deq,
                 lambda env: (dequant_groups(q, nn, kk),),
                 lambda env: deq_sc,
-                between(64 if streams else 4, None, rows),
+                between(max(64 if streams else 4, above), None, rows),
                 label="dequantize",
             )
         )
         if not streams:
             bufs["w"] = wd
-    xsplit = split is not None
     two = limits.matmul_precision == "high"  # x as two bf16 terms, or rounded to one
-    imma = quant is not None and xsplit and _imma(n, limits)
     if imma:
         out += _imma_launches(n, kk, nn, bufs, rows, quant, limits)  # type: ignore[arg-type]
     if split is not None:
@@ -327,7 +329,6 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: 
     out += wg
     # Q4_K on Hopper from 33 rows (to 64, or every row count where no bf16 copy is made): the
     # warpgroup GEMM dequantizing in workgroup memory
-    above = IMMA_ROWS if imma else 4  # fewer rows take the integer GEMM
     q4_wg = _q4_k_wgmma_launches(n, kk, nn, two, bufs, rows, split, 64 if tiled else None, max(32, above)) if hopper and q == "q4_k" else []
     out += q4_wg
     for mt, wk, lo, hi in ((1, wk16, 4, 16), (2, 8, 16, 32 if q4_wg else 64 if tiled else None))[: 1 if wg and not streams else 2]:

@@ -176,8 +176,8 @@ def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
 def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     """Beyond four rows on a GPU with mma.sync: Q4_K products of 5-64 rows on the integer tensor
     cores (x quantized once; K split where the output's tiles are few, the parts added after; fewer
-    rows a workgroup where x's would not fit its memory), Q6_K products up to 64 rows through the
-    streaming tensor-core GEMM that dequantizes them in registers, beyond 64 dequantized to bf16 into
+    rows a workgroup where x's would not fit its memory), Q6_K ones there too (taken out of
+    ``IMMA_XS``: up to 64 rows through the streaming tensor-core GEMM that dequantizes them in registers), beyond 64 dequantized to bf16 into
     scratch memory for the tiled GEMM; another packed type (Q8_0) dequantized into scratch for both.
     Up to four rows: warp GEMVs (Q4_K's and Q6_K's own on dp4a, any other packed type's through its
     dequantization body); "highest" keeps the register-tiled GEMM; a weight too large for the
@@ -201,8 +201,12 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         )
         return plan, [l for l in plan.launches if l.when is None or l.when({"tokens": tokens})]
 
-    # with Q6_K's streaming GEMM switched off (STREAM_Q6_K), Q6_K takes its bf16 copy from 5 rows
+    # with Q6_K's streaming GEMM switched off (STREAM_Q6_K), Q6_K takes its bf16 copy beyond the
+    # integer GEMM's rows; from 5 rows with that off too
     monkeypatch.setattr(nvidia_schedules, "STREAM_Q6_K", False)
+    deq = next(l for l in launches("high", 65)[1] if l.kernel.name == "dequantize_bf16_q6_k_K512")
+    assert not deq.when({"tokens": 64}) and "gemm_imma_q6_k_xs_K512_1x2_W4_pipe" in [l.kernel.name for l in launches("high", 9)[1]]
+    monkeypatch.delitem(nvidia_schedules.IMMA_XS, "q6_k")  # (on by default: below)
     assert [l.kernel.name for l in launches("high", 9)[1]][4:6] == ["dequantize_bf16_q6_k_K512", "gemm_warp_bf16_K512_1x4_W8_xs"]
     monkeypatch.setattr(nvidia_schedules, "STREAM_Q6_K", True)
     plan, nine = launches("high", 9)
@@ -240,7 +244,7 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     ]
     assert many[0].buffers["wd"] == many[2].buffers["w"] and many[0].buffers["wd"] in plan.scratch
     assert [l.kernel.name for l in launches("high", 40)[1]][3:5] == ["split_bf16x2_K512", "gemm_warp_q6_k_K512_2x4_W8_xs"]
-    # Q6_K on the integer tensor cores where switched on (``IMMA_XS``): x quantized once for both
+    # Q6_K on the integer tensor cores too (``IMMA_XS``): x quantized once for both
     monkeypatch.setitem(nvidia_schedules.IMMA_XS, "q6_k", nvidia_schedules.IMMA_Q6_K)
     both = [l for l in launches("high", 9)[1]]
     assert [l.kernel.name for l in both][:5] == [
@@ -251,7 +255,7 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         "gemm_imma_q6_k_xs_K512_1x2_W4_pipe",
     ]
     assert all(both[4].buffers[b] == both[0].buffers[b] for b in ("xq", "xr", "xds"))
-    monkeypatch.delitem(nvidia_schedules.IMMA_XS, "q6_k")
+    monkeypatch.delitem(nvidia_schedules.IMMA_XS, "q6_k")  # off: Q6_K streams through the warp GEMM
     assert [l.kernel.name for l in launches("high", 64)[1]][4] == "gemm_warp_q6_k_K512_2x4_W8_xs"
     assert [l.kernel.name for l in launches("high", 1)[1]] == ["gemv_warp_q4_k_K512_MR1", "gemv_warp_q6_k_K512_MR1", "gemv_warp_packed_q8_0_K512_MR1"]
     assert [l.kernel.name for l in launches("high", 3)[1]] == ["gemv_warp_q4_k_K512_MR4", "gemv_warp_q6_k_K512_MR4", "gemv_warp_packed_q8_0_K512_MR4"]
