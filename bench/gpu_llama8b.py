@@ -10,8 +10,10 @@ embeddings and output head. The Q4_K model is that model quantized to Q4_K (norm
 poot's quantizer; ``--q4-k-m`` adds it quantized as llama.cpp's Q4_K_M mixes types (the output head,
 and v and down in every second layer, at Q6_K), what a downloaded Q4_K_M file holds.
 ``--vs-llamacpp SRC`` runs llama.cpp's CUDA build on the same GGUF files in the same run
-(``llama-bench`` for batch 1 and prefill, ``llama-batched-bench`` with 128-token prompts for the
-larger batches; poot's batches decode after 16-token prompts). Figures are medians of rounds after a warm-up; the decode roofline is the
+(``llama-bench`` for batch 1 and prefill, ``llama-batched-bench`` for the larger batches). Both
+sides decode the same work: ``--decode-tokens`` (128) after prompts of ``--prompt-tokens`` (128)
+each, as ``llama-batched-bench``'s ``-npp`` and ``-ntg``; llama-bench's batch 1 decodes from an
+empty context. Figures are medians of rounds after a warm-up; the decode roofline is the
 weight bytes a token reads divided by the copy bandwidth (bytes read plus bytes written per second
 of a large device-to-device copy).
 """
@@ -372,6 +374,8 @@ def measure_poot(
     profile: bool = False,
     matmul_precision: str = "high",
     kv_dtype: str = "f16",
+    prompt_tokens: int = 128,
+    decode_tokens: int = 128,
 ) -> dict[str, float]:
     import poot
     from poot.llm.bench import measure_engine
@@ -383,7 +387,7 @@ def measure_poot(
         device,
         max_seqs=max(batches),
         max_step_tokens=max(prefill, 64),
-        max_context=prefill + 64,
+        max_context=max(prefill, prompt_tokens + decode_tokens) + 64,
         progress=True,
         matmul_precision=matmul_precision,
         kv_dtype=kv_dtype,
@@ -394,8 +398,8 @@ def measure_poot(
     rng = np.random.default_rng(1)
     out: dict[str, float] = {}
     for b in batches:
-        prompts = [rng.integers(3, vocab, 16).tolist() for _ in range(b)]
-        r = measure_engine(m, prompts, 40, rounds)
+        prompts = [rng.integers(3, vocab, prompt_tokens).tolist() for _ in range(b)]
+        r = measure_engine(m, prompts, decode_tokens, rounds)
         out[f"decode_b{b}"] = r.decode_tok_s
         say(f"poot: decode batch {b}: {r.decode_tok_s:.1f} tok/s")
     if prefill:
@@ -415,6 +419,8 @@ def main() -> None:
     ap.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--prompt-tokens", type=int, default=128, help="each decoding sequence's prompt (llama-batched-bench's -npp)")
+    ap.add_argument("--decode-tokens", type=int, default=128, help="tokens each sequence decodes (llama-batched-bench's -ntg, llama-bench's -n)")
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
     ap.add_argument("--only", nargs="+", choices=["bf16", "q4_k", "q4_k_m"], help="measure only these of poot's models")
     ap.add_argument(
@@ -483,7 +489,17 @@ def main() -> None:
         if name not in only or (name == "q4_k_m" and not want_mix):
             continue
         res[f"poot_{name}"] = r = measure_poot(
-            path, dims.vocab, args.device, args.batches, args.prefill, args.rounds, args.profile, args.matmul_precision[0], args.kv_dtype
+            path,
+            dims.vocab,
+            args.device,
+            args.batches,
+            args.prefill,
+            args.rounds,
+            args.profile,
+            args.matmul_precision[0],
+            args.kv_dtype,
+            args.prompt_tokens,
+            args.decode_tokens,
         )
         if bw and "decode_b1" in r:  # batch 1 is measured only when --batches names it
             roof = bw / (decode_weight_bytes(dims, args.layers, bpv) if bpv else mixed_weight_bytes(dims, args.layers))
@@ -492,7 +508,17 @@ def main() -> None:
     extra = args.matmul_precision[1:] if "bf16" in only else []
     for prec in extra:  # the bf16 model at the other precisions: only the steps of more than 4 rows differ
         res[f"poot_bf16_{prec}"] = measure_poot(
-            bf16_dir, dims.vocab, args.device, [b for b in args.batches if b > 4] or [1], args.prefill, args.rounds, args.profile, prec, args.kv_dtype
+            bf16_dir,
+            dims.vocab,
+            args.device,
+            [b for b in args.batches if b > 4] or [1],
+            args.prefill,
+            args.rounds,
+            args.profile,
+            prec,
+            args.kv_dtype,
+            args.prompt_tokens,
+            args.decode_tokens,
         )
     models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)) if n in only and (n != "q4_k_m" or want_mix)]
     for name, path in models:  # the same model's batch-1 decode on the other devices
@@ -511,24 +537,28 @@ def main() -> None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         import llamacpp_cuda as lc
 
-        bindir = lc.build(args.vs_llamacpp, args.llamacpp_dir, args.llamacpp_arch)
-        res["llamacpp_version"] = lc.version(bindir)
-        for name, path in (("q4_k", q4k), ("q4_k_m", q4km)):
-            if f"poot_{name}" not in res:
-                continue
-            say(f"llama.cpp: {name}: llama-bench and llama-batched-bench")
-            peer = lc.llama_bench(bindir, path, args.prefill, 128, args.rounds)
-            more = [b for b in args.batches if b > 1]
-            if more:
-                peer.update({f"decode_b{b}": v for b, v in lc.batched_bench(bindir, path, more).items()})
-            if args.prefill:
-                peer[f"prefill_{args.prefill}"] = peer.pop("prefill")
-            res[f"llamacpp_{name}"] = peer
+        try:  # (a peer that fails is reported beside poot's figures, which stand)
+            bindir = lc.build(args.vs_llamacpp, args.llamacpp_dir, args.llamacpp_arch)
+            res["llamacpp_version"] = lc.version(bindir)
+            for name, path in (("q4_k", q4k), ("q4_k_m", q4km)):
+                if f"poot_{name}" not in res:
+                    continue
+                say(f"llama.cpp: {name}: llama-bench and llama-batched-bench")
+                peer = lc.llama_bench(bindir, path, args.prefill, args.decode_tokens, args.rounds)
+                more = [b for b in args.batches if b > 1]
+                if more:
+                    peer.update({f"decode_b{b}": v for b, v in lc.batched_bench(bindir, path, more, args.prompt_tokens, args.decode_tokens).items()})
+                if args.prefill:
+                    peer[f"prefill_{args.prefill}"] = peer.pop("prefill")
+                res[f"llamacpp_{name}"] = peer
+        except (Exception, SystemExit) as e:
+            say(f"llama.cpp: {type(e).__name__}: {e}")
+            res["llamacpp_error"] = f"{type(e).__name__}: {e}"
     print(json.dumps(res, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(res, indent=1))
     if args.vs_llamacpp:
-        print(f"\n| file | measure | poot | llama.cpp CUDA ({res['llamacpp_version']}) | poot / llama.cpp |")
+        print(f"\n| file | measure | poot | llama.cpp CUDA ({res.get('llamacpp_version', res.get('llamacpp_error'))}) | poot / llama.cpp |")
         print("|---|---|---|---|---|")
         for name in ("q4_k", "q4_k_m"):
             ours, peer = res.get(f"poot_{name}", {}), res.get(f"llamacpp_{name}", {})

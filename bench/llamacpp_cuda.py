@@ -52,10 +52,25 @@ def _source(src: Path, into: Path) -> Path:
 
 def build(src: Path, into: Path = DEFAULT_DIR, arch: str = "90a", jobs: int | None = None) -> Path:
     """``llama-bench`` and ``llama-batched-bench`` built for CUDA architecture ``arch`` under
-    ``into`` (once: a second call finds them); their folder."""
+    ``into`` (once: a second call finds them, after waiting while a file ``building`` there says
+    another process is building them); their folder."""
     bindir = into / "build" / "bin"
+    if (into / "building").exists():  # a build under way in another process (scripts/gpu-check's, detached)
+        say(f"waiting for the build under way in {into}")
+        while (into / "building").exists():
+            time.sleep(5)
     if all((bindir / t).exists() for t in TARGETS):
         return bindir
+    into.mkdir(parents=True, exist_ok=True)
+    (into / "building").touch()
+    try:
+        _build(src, into, arch, jobs)
+    finally:
+        (into / "building").unlink(missing_ok=True)
+    return bindir
+
+
+def _build(src: Path, into: Path, arch: str, jobs: int | None) -> None:
     tree = _source(src, into)
     for tool in ("cmake", "ninja", "nvcc"):
         if shutil.which(tool) is None and not (tool == "nvcc" and Path("/usr/local/cuda/bin/nvcc").exists()):
@@ -92,7 +107,6 @@ def build(src: Path, into: Path = DEFAULT_DIR, arch: str = "90a", jobs: int | No
         ["cmake", "--build", str(into / "build"), "--target", *TARGETS, "-j", str(jobs or os.cpu_count() or 4)], check=True, env=env, stdout=subprocess.DEVNULL
     )
     say(f"built in {time.perf_counter() - t0:.0f} s")
-    return bindir
 
 
 def version(bindir: Path) -> str:
@@ -142,13 +156,14 @@ def main() -> None:
     b.add_argument("src", type=Path)
     b.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     b.add_argument("--arch", default="90a")
+    b.add_argument("--jobs", type=int, help="parallel compile jobs (default: every core)")
     r = sub.add_parser("run")
     r.add_argument("model", type=Path)
     r.add_argument("--dir", type=Path, default=DEFAULT_DIR)
     r.add_argument("--batches", type=int, nargs="+", default=[1, 16, 64])
     args = ap.parse_args()
     if args.cmd == "build":
-        print(build(args.src, args.dir, args.arch))
+        print(build(args.src, args.dir, args.arch, args.jobs))
         return
     bindir = args.dir / "build" / "bin"
     res = {"version": version(bindir), **llama_bench(bindir, args.model), "batched": batched_bench(bindir, args.model, args.batches)}
