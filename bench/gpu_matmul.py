@@ -22,11 +22,12 @@ BATCH = 8  # runs a timing (their mean)
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate/up": (14336, 4096), "down": (4096, 14336), "lm_head": (128256, 4096)}
 
 
-# the integer GEMM with x in workgroup memory: (feature tiles a warp, warps, pipelined) tried by row tiles
+# the integer GEMM with x in workgroup memory: (feature tiles a warp, warps, pipelined[, workgroups an
+# SM holds: registers capped for them]) tried by row tiles
 XS_SHAPES = {
-    1: ((2, 8, False), (1, 8, True), (2, 8, True), (2, 4, True)),
+    1: ((2, 8, False), (1, 8, True), (2, 8, True), (2, 4, True), (2, 4, True, 4)),
     2: ((2, 8, False), (1, 8, True), (2, 8, True), (2, 4, True), (1, 4, True)),
-    4: ((1, 8, False), (1, 8, True), (1, 4, True)),
+    4: ((1, 8, False), (1, 8, True), (1, 4, True), (1, 8, False, 2)),
     8: ((1, 8, False), (1, 8, True), (1, 4, False)),
 }
 
@@ -45,13 +46,13 @@ def _imma_xs_schedules(rows: int, k: int, n: int, qtype: str):  # type: ignore[n
     sq = (-(-rows * k // 4 // Q8_THREADS),)
     rt = 1 if rows <= 8 else 2 if rows <= 16 else 4 if rows <= 32 else 8
     out, seen = [], set()
-    for ft, wn, pipe in XS_SHAPES[rt]:
+    for ft, wn, pipe, *cap in XS_SHAPES[rt]:
         if qtype == "q6_k" and ft > 1:
             continue
         tiles = -(-n // (16 * ft * wn))
         for aim in (132, 264, 528):
             parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // per % p == 0), 1)
-            kern = make(k, ft, rt, wn, parts, pipe)
+            kern = make(k, ft, rt, wn, parts, pipe, *cap)
             if kern.name in seen:
                 continue
             seen.add(kern.name)

@@ -8,7 +8,8 @@ buffers). A warp owns ``ft`` feature tiles (16 features each) by ``rt`` row tile
 workgroup ``wn`` warps, so 16 ``ft`` ``wn`` features. With ``ksplit`` S > 1, K is split in S parts
 (grid z): part s of the sum goes to ``y`` at s m n for ``sum_parts`` to add. ``pipelined``: each
 block's weights are loaded during the block before (twice the weight registers). Grid (ceil(m /
-(8 rt)), ceil(n / (16 ft wn)), S).
+(8 rt)), ceil(n / (16 ft wn)), S). ``groups``: workgroups an SM should hold at once (registers
+capped for them, ``Kernel.min_groups``; 0: as many as ptxas's allocation allows).
 
 A lane's eight values of K for a 32-value product are eight consecutive ones where the fragment's
 layout puts 4 and 4 sixteen apart: a permutation of K, the same for both operands."""
@@ -76,6 +77,7 @@ def _staged_kernel(
     weights: Callable[[K.Expr, str], list[K.Stmt]],
     weight_names: list[str],
     products: Callable[[K.Expr, _Staged, dict[tuple[int, int], tuple[str, ...]]], list[K.Stmt]],
+    groups: int = 0,
 ) -> K.Kernel:
     """The frame both staged GEMMs share: lanes, the workgroup's rows and features, x's copies, the
     loop over the workgroup's blocks of K (``weights(blk, suffix)`` loads the lane's words of a
@@ -158,8 +160,8 @@ def _staged_kernel(
                 st = K.Store("y", _add(ybase, _mul(orow, _r("n")), ocol), _r(acc[j, i][e], F32))
                 body.append(K.If(K.Bin("and", K.Bin("lt", orow, _r("m")), K.Bin("lt", ocol, _r("n"))), (st,)))
     shared = (K.Shared("xq_s", I32, 2 * staged.term_words), K.Shared("xr_s", I32, 2 * staged.term_words), K.Shared("xds_s", F32, 2 * staged.ds_words))
-    tag = f"_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "")
-    kern = K.Kernel(name + tag, PARAMS, tuple(body), (threads, 1, 1), shared)
+    tag = f"_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + (f"_G{groups}" if groups else "")
+    kern = K.Kernel(name + tag, PARAMS, tuple(body), (threads, 1, 1), shared, min_groups=groups)
     verify_kernel(kern)
     return kern
 
@@ -169,7 +171,7 @@ def _features(ft: int) -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def gemm_imma_q4_k_xs(k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False) -> K.Kernel:
+def gemm_imma_q4_k_xs(k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False, groups: int = 0) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q4_K weight rows (i32 words of 144-byte blocks):
     what ``imma.gemm_imma_q4_k`` computes, in the staged frame (module docstring). A lane loads a
     block's head once and 8 bytes of quants a 64-value chunk (the chunk's low nibbles its first
@@ -214,7 +216,7 @@ def gemm_imma_q4_k_xs(k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int
                         )
         return out
 
-    return _staged_kernel("gemm_imma_q4_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products)
+    return _staged_kernel("gemm_imma_q4_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups)
 
 
 _SIGN = K.Const(-2139062144, dt.i32)  # 0x80808080: each byte's top bit
@@ -222,7 +224,7 @@ _BIAS = 0x20202020  # 32 in each byte
 
 
 @lru_cache(maxsize=None)
-def gemm_imma_q6_k_xs(k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False) -> K.Kernel:
+def gemm_imma_q6_k_xs(k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False, groups: int = 0) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q6_K weight rows (i32 words of 210-byte blocks; K a
     multiple of 512, so rows start on a word) in the staged frame (module docstring). A block is
     two halves of four 32-value quarters (``_q6_k``'s layout); a lane loads, a block, the 8 bytes of
@@ -297,4 +299,4 @@ def gemm_imma_q6_k_xs(k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int
                             out.append(K.Assign(nm, K.Fma(_r(f"{xv}d{e % 2}", F32), t, _r(nm, F32))))
         return out
 
-    return _staged_kernel("gemm_imma_q6_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products)
+    return _staged_kernel("gemm_imma_q6_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups)
