@@ -84,9 +84,10 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096)
             for mr in sorted({1 if rows == 1 else 4}):
                 kern = G.gemv_warp_packed(qtype, k, mr)
                 out.append((kern.name, kern, lambda n, mr=mr: (-(-n // 8), -(-rows // mr))))
-                if qtype == "q6_k":  # x as two int8 terms, dp4a
-                    kern = G.gemv_warp_q6_k(k, mr)
-                    out.append((kern.name, kern, lambda n, mr=mr: (-(-n // 16), -(-rows // mr))))
+                if qtype == "q6_k":  # x as two int8 terms, dp4a (16 values a lane a block, and 32)
+                    for wide in (False, True)[: 2 if k % 2048 == 0 else 1]:
+                        kern = G.gemv_warp_q6_k(k, mr, wide=wide)
+                        out.append((kern.name, kern, lambda n, mr=mr: (-(-n // 16), -(-rows // mr))))
         elif qtype == "q6_k":  # the streaming tensor-core GEMM dequantizing in registers, against the bf16 copy made first
             from poot.kernel.library.dequant_gpu import dequant_groups, dequantize_bf16
 

@@ -66,25 +66,27 @@ def _q4_k_products(x, raw):
 
 
 @eight_lanes
-@pytest.mark.parametrize("k", [512, 1024 * 3])
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("k", [512, 1024 * 3, 2048])
 @pytest.mark.parametrize("mr,m", [(1, 1), (4, 3), (4, 6), (2, 2)])
-def test_gemv_warp_q6_k_on_x_as_two_int8_terms(rng, k, mr, m):
+def test_gemv_warp_q6_k_on_x_as_two_int8_terms(rng, k, mr, m, wide):
     """Q6_K rows (odd blocks straddling words) against x quantized to two int8 terms in workgroup
-    memory, quants summed by dp4a: what x rebuilt from its terms gives against gguf's dequantization
-    (up to one second term rounding the other way), and within half a step of the second term per
-    value of the exact product."""
+    memory, quants summed by dp4a (``wide``: 32 values a lane, even and odd blocks apart): what x
+    rebuilt from its terms gives against gguf's dequantization (up to one second term rounding the
+    other way), and within half a step of the second term per value of the exact product."""
     from gguf import GGMLQuantizationType
     from gguf import quants as gq
 
-    if k % (16 * SUBGROUP):
-        pytest.skip(f"a step of {SUBGROUP} lanes takes {16 * SUBGROUP} values of K: not a divisor of {k}")
+    step = (64 if wide else 16) * SUBGROUP
+    if k % step or (k == 2048 and not wide):
+        pytest.skip(f"a step of {SUBGROUP} lanes takes {step} values of K: not a divisor of {k}")
     n = 37
     raw = quantization("q6_k").quantize((rng.standard_normal((n, k)) * np.exp2(rng.integers(-4, 4, (n, 1)))).astype(np.float32))
     w = gq.dequantize(raw, GGMLQuantizationType.Q6_K).reshape(n, k).astype(np.float64)
     x = rng.standard_normal((m, k)).astype(np.float32)
     x[0, 32:64] = 0  # a block of zeros: scale 0, nothing divided by it
     y = poisoned((m, n))
-    kern = gemv_warp_q6_k(k, mr, SUBGROUP)
+    kern = gemv_warp_q6_k(k, mr, SUBGROUP, wide)
     run_host(
         kern,
         (-(-n // (kern.threads // SUBGROUP)), -(-m // mr)),

@@ -53,6 +53,8 @@ def _small_off_device(m: int, n: int, k: int) -> None:
         gemv_warp("q4_k", 14336, 1),
         gemv_warp_q6_k(14336, 1),
         gemv_warp_q6_k(4096, 4),
+        gemv_warp_q6_k(14336, 1, wide=True),
+        gemv_warp_q6_k(4096, 4, wide=True),
         gemv_warp_packed("q6_k", 4096, 1),
         gemv_warp_packed("q4_1", 576, 4),
         gemm_mma(4096),
@@ -90,6 +92,38 @@ def test_schedules_compile_to_the_instructions_they_are_for(kern):
         regs, spills, out = ptxas_usage(ptx.encode(), "sm_90")
         assert spills == 0, out
         assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
+
+
+@pytest.mark.parametrize("wide", [False, True])
+@pytest.mark.parametrize("mr,m,k", [(1, 1, 2048), (4, 3, 4096)])
+def test_q6_k_gemv_at_32_lanes(rng, wide, mr, m, k):
+    """The Q6_K GEMV at NVIDIA's 32 lanes a subgroup (elsewhere tested at the CPU Vulkan device's
+    width; ``wide``: 32 values a lane, even and odd blocks apart): every output written, within the
+    f32-summation bound of gguf's dequantization against x rebuilt from its two int8 terms. On the
+    device under test where it has 32-lane subgroups, else through the interpreter."""
+    from gguf import GGMLQuantizationType
+    from gguf import quants as gq
+
+    from poot.testing.kernels import q8x2_reference
+
+    if not ON_DEVICE and k > 2048:
+        pytest.skip("through the interpreter the smaller cases only")
+    n = 20
+    raw = quantization("q6_k").quantize((rng.standard_normal((n, k)) * np.exp2(rng.integers(-4, 4, (n, 1)))).astype(np.float32))
+    w = gq.dequantize(raw, GGMLQuantizationType.Q6_K).reshape(n, k).astype(np.float64)
+    x = rng.standard_normal((m, k)).astype(np.float32)
+    xq, xr, xds = q8x2_reference(x)
+    d = np.repeat(xds.reshape(-1, 2)[:, 0].astype(np.float64), 32).reshape(x.shape)
+    xh = d * sum(t.view(np.int8).reshape(x.shape).astype(np.float64) * f for t, f in ((xq, 1.0), (xr, 1 / 254)))
+    y = poisoned((m, n))
+    kern = gemv_warp_q6_k(k, mr, 32, wide)
+    _mma_run(
+        kern,
+        (-(-n // 16), -(-m // mr)),
+        {"x": x, "w": np.ascontiguousarray(raw).view(np.int32).reshape(-1), "y": y},
+        {"m": m, "n": n, "row_bytes": raw.shape[1]},
+    )
+    _close(y, xh @ w.T, np.abs(x) @ np.abs(w).T, slack=d.max() * np.abs(w).max() * 1.01)
 
 
 @pytest.mark.parametrize("m,k", [(1, 8), (3, 96), (7, 4096), (130, 512)])

@@ -150,25 +150,97 @@ def _q6_k_unit(mr: int) -> list[K.Stmt]:
     return out
 
 
+def _q6_k_wide_unit(mr: int, odd: bool) -> list[K.Stmt]:
+    """A wide lane's 32 values of the row at byte ``rowb``: block ``blk`` (even or ``odd``: a
+    Q6_K row of an even number of 210-byte blocks starts on a word, so an odd block starts two bytes
+    into one, an even one on one), half n = (lane / 4) % 2, chunk c = lane % 4: the 8 bytes of low
+    nibbles at ql bytes 64n + 8c (``qa``: groups 0 and 2) and 64n + 32 + 8c (``qb``: 1 and 3), the
+    high bit pairs at qh 32n + 8c, so values 128n + 32g + 8c + (0..7) of the half's four groups g,
+    as signed bytes q - 32. The four group scales (int8 scales 8n + 2g + c / 2) times d / Q8_SPLIT
+    and x's per-32 d multiply an integer sum, Q8_SPLIT s1 + s2, of both of x's terms. Locals are
+    suffixed by the block's parity: the loop body holds an even block's unit and an odd one's."""
+    t = "o" if odd else "e"
+    out: list[K.Stmt] = [K.Let(f"ob{t}", _add(_r("rowb"), _mul(_r(f"blk{t}"), 210)))]
+    if odd:
+        out.append(K.Let("osh", _mul(_b("and", _r(f"ob{t}"), 2), 8)))  # 16
+
+    def two_words(name: str, rel: K.Expr | int) -> list[K.Stmt]:  # the 8 bytes at ob + rel as {name}0, {name}1
+        w0 = _b("shr", _add(_r(f"ob{t}"), rel), 2)
+        if not odd:
+            return [K.Let(f"{name}{t}{i}", K.Load("w", _add(w0, i) if i else w0, I32)) for i in range(2)]
+        raw = [K.Let(f"{name}{t}r{i}", K.Load("w", _add(w0, i) if i else w0, I32)) for i in range(3)]
+        # (lo >> 16) | (hi << 16), the 16 a local (``osh``): LLVM would make a constant one a funnel
+        # shift, which its SPIR-V target cannot lower
+        join = lambda i: _b("or", _b("and", _b("shr", _r(f"{name}{t}r{i}"), _r("osh")), 0xFFFF), _b("shl", _r(f"{name}{t}r{i + 1}"), 16))  # noqa: E731
+        return raw + [K.Let(f"{name}{t}{i}", join(i)) for i in range(2)]
+
+    out += two_words("qa", _add(_mul(_r("hn"), 64), _mul(_r("c8"), 8)))
+    out += two_words("qb", _add(_mul(_r("hn"), 64), 32, _mul(_r("c8"), 8)))
+    out += two_words("qh", _add(128, _mul(_r("hn"), 32), _mul(_r("c8"), 8)))
+    out += two_words("sc", _add(192, _mul(_r("hn"), 8)))
+    dw = K.Load("w", _b("shr", _add(_r(f"ob{t}"), 208), 2), I32)
+    half = _b("and", _b("shr", dw, 16), 0xFFFF) if odd else _b("and", dw, 0xFFFF)
+    out.append(K.Let(f"dq{t}", K.Bin("mul", K.HalfToF32(half), _f(1.0 / Q8_SPLIT))))
+    lo4, hi2, sign = 0x0F0F0F0F, 0x30303030, _c(0x80808080 - (1 << 32))
+    for i in range(2):
+        qa, qb, qh = (_r(f"{nm}{t}{i}") for nm in ("qa", "qb", "qh"))
+        groups = [
+            _b("or", _b("and", qa, lo4), _b("and", _b("shl", qh, 4), hi2)),
+            _b("or", _b("and", qb, lo4), _b("and", _b("shl", qh, 2), hi2)),
+            _b("or", _b("and", _b("shr", qa, 4), lo4), _b("and", qh, hi2)),
+            _b("or", _b("and", _b("shr", qb, 4), lo4), _b("and", _b("shr", qh, 2), hi2)),
+        ]
+        # q - 32 in each byte without borrows: (q | 0x80) - 0x20 stays in its byte, ^ 0x80 makes it q - 32
+        out += [K.Let(f"qs{t}{g}_{i}", _b("xor", _b("sub", _b("or", groups[g], sign), 0x20202020), sign)) for g in range(4)]
+    for g in range(4):  # scale 8n + 2g + c / 2: byte c / 2 + 2 (g % 2) of word g / 2 of the 8 scale bytes, sign-extended
+        shift = _b("sub", _c(24), _mul(_add(_b("shr", _r("c8"), 1), 2 * (g % 2)), 8))
+        sb = _b("shr", _b("shl", _r(f"sc{t}{g // 2}"), shift), 24)
+        out.append(K.Let(f"sg{t}{g}", K.Bin("mul", _r(f"dq{t}", F32), K.Cast(sb, F32))))
+    for r in range(mr):
+        for g in range(4):
+            sub = _add(_mul(_r("hn"), 4), g)  # the group's 32-value sub-block in the block: 4n + g
+            slot = _add(_mul(_r(f"blk{t}"), 64), _mul(_b("shr", sub, 1), 8), 32 * (g % 2), _mul(_r("c8"), 2))
+            xq, xr = (f"x{nm}{t}{r}_{g}" for nm in ("q", "r"))
+            out += [K.VecLoad((f"{xq}a", f"{xq}b"), "xq", _add(_r(f"xo{r}"), slot), I32), K.VecLoad((f"{xr}a", f"{xr}b"), "xr", _add(_r(f"xo{r}"), slot), I32)]
+            i1 = K.Dot4I8(_r(f"qs{t}{g}_1"), _r(f"{xq}b"), K.Dot4I8(_r(f"qs{t}{g}_0"), _r(f"{xq}a"), _c(0)))
+            i2 = K.Dot4I8(_r(f"qs{t}{g}_1"), _r(f"{xr}b"), K.Dot4I8(_r(f"qs{t}{g}_0"), _r(f"{xr}a"), _c(0)))
+            dx = K.Load("xds", _mul(_add(_r(f"xs{r}"), _mul(_r(f"blk{t}"), 8), sub), 2), F32)
+            both = K.Cast(_add(_mul(i1, Q8_SPLIT), i2), F32)  # |s1| <= 8 * 32 * 127: exact in i32 and f32
+            out.append(K.Assign(f"acc{r}", K.Bin("add", _r(f"acc{r}", F32), K.Bin("mul", K.Bin("mul", _r(f"sg{t}{g}", F32), dx), both))))
+    return out
+
+
 @lru_cache(maxsize=None)
-def gemv_warp_q6_k(k: int, mr: int, lanes: int = 32) -> K.Kernel:
+def gemv_warp_q6_k(k: int, mr: int, lanes: int = 32, wide: bool = False) -> K.Kernel:
     """y[m, j] = sum_k x[m, k] * w[j, k] for Q6_K weights (the output head and half the layers' v and
     down projections of a Q4_K_M file): a subgroup of ``lanes`` a feature, x quantized in workgroup
     memory to two int8 terms as for Q4_K (``_quantize_x_q8``: about 15 bits of each value) and the
     6-bit quants summed against them by dp4a, 16 values a lane a step (``_q6_k_unit``); up to ``mr``
     rows of x. Weights bound as i32 words with ``row_bytes``; K a multiple of 512 (whole pairs of
-    blocks: rows start word-aligned) and of a step's 16 ``lanes`` values. 512 threads: grid (ceil(n / (512 / lanes)), ceil(m / mr))."""
+    blocks: rows start word-aligned) and of a step's 16 ``lanes`` values. With ``wide`` a lane
+    takes 32 values a block (``_q6_k_wide_unit``: fewer loads and scale decodes a value, and one
+    integer sum of x's two terms a group), a step an even block and then an odd one for each eight
+    lanes, so no lane joins words but an odd block's, all of them alike; K then a multiple of 64
+    ``lanes``. 512 threads: grid (ceil(n / (512 / lanes)), ceil(m / mr))."""
     if lanes not in (8, 16, 32, 64):
         raise ValueError(f"gemv_warp_q6_k: subgroups of 8 to 64 lanes, got {lanes}")
     if k % 512 or k % (Q6_K_UNIT * lanes):
         raise ValueError(f"gemv_warp_q6_k needs K a multiple of 512 and of {Q6_K_UNIT * lanes} (a step of {lanes} lanes), got {k}")
+    if wide and k % (64 * lanes):
+        raise ValueError(f"gemv_warp_q6_k (wide) needs K a multiple of {64 * lanes} (a step of {lanes} lanes: two blocks each eight), got {k}")
     threads = 512
     body = [*_subgroup_features(lanes, threads // lanes, mr), *_quantize_x_q8(k, mr, threads)]
     for r in range(mr):  # row r of x in workgroup memory: its words and its per-32 (d, sum) pairs
         body += [K.Let(f"xo{r}", _c(r * k // 4)), K.Let(f"xs{r}", _c(r * k // 32))]
     feature: list[K.Stmt] = [K.Let("rowb", _mul(_r("jf"), _r("row_bytes"))), *(K.Let(f"acc{r}", _f(0.0)) for r in range(mr))]
-    step = [K.Let("u", _add(_mul(_r("it"), lanes), _r("lane"))), *_q6_k_unit(mr)]
-    feature.append(K.For("it", _c(0), _c(k // Q6_K_UNIT // lanes), tuple(step)))
+    if wide:
+        feature += [K.Let("hn", _b("and", _b("shr", _r("lane"), 2), 1)), K.Let("c8", _b("and", _r("lane"), 3))]
+        first = _mul(_add(_mul(_r("it"), lanes // 8), _b("shr", _r("lane"), 3)), 2)  # the lane's even block this step
+        step = [K.Let("blke", first), *_q6_k_wide_unit(mr, False), K.Let("blko", _add(_r("blke"), 1)), *_q6_k_wide_unit(mr, True)]
+        feature.append(K.For("it", _c(0), _c(k // 64 // lanes), tuple(step)))
+    else:
+        step = [K.Let("u", _add(_mul(_r("it"), lanes), _r("lane"))), *_q6_k_unit(mr)]
+        feature.append(K.For("it", _c(0), _c(k // Q6_K_UNIT // lanes), tuple(step)))
     feature += _subgroup_stores(mr)
     body.append(K.If(K.Bin("lt", _r("jf"), _r("n")), tuple(feature)))
     shared = (K.Shared("xq", I32, mr * k // 4), K.Shared("xr", I32, mr * k // 4), K.Shared("xds", F32, mr * k // 16))
@@ -180,6 +252,8 @@ def gemv_warp_q6_k(k: int, mr: int, lanes: int = 32) -> K.Kernel:
         K.ScalarParam("n", I32),
         K.ScalarParam("row_bytes", I32),
     )
-    kern = K.Kernel(f"gemv_warp_q6_k_K{k}_MR{mr}" + (f"_L{lanes}" if lanes != 32 else ""), params, tuple(body), (threads, 1, 1), shared)
+    kern = K.Kernel(
+        f"gemv_warp_q6_k_K{k}_MR{mr}" + (f"_L{lanes}" if lanes != 32 else "") + ("_wide" if wide else ""), params, tuple(body), (threads, 1, 1), shared
+    )
     verify_kernel(kern)
     return kern
