@@ -229,7 +229,8 @@ def test_rope(rng, layout, rot):
 def test_rope_kv_cache(rng, layout, rot, dv, pools):
     """q rotated, k rotated into its pool, v copied into its pool, one launch: the pools' other
     slots keep their contents, a negative slot writes nothing. f16 pools: k within a half's step
-    of the rotation rounded (the two rotations differ in their last f32 bits), v rounded exactly."""
+    of the rotation rounded, plus the f32 rotation's own tolerance (the two rotations differ in
+    their last f32 bits, which near zero is several steps of a half), v rounded exactly."""
     pt = {"f32": np.float32, "f16": np.float16}[pools]
     t, hq, hkv, d, nb, bs = 5, 6, 2, 64, 4, 4
     q, k = rng.standard_normal((t, hq, d)).astype(np.float32), rng.standard_normal((t, hkv, d)).astype(np.float32)
@@ -254,7 +255,7 @@ def test_rope_kv_cache(rng, layout, rot, dv, pools):
     for i, s in enumerate(slots):
         if s >= 0:
             want_k.reshape(nb * bs, hkv, d)[s], want_v.reshape(nb * bs, hkv, dv)[s] = kr[i], v[i]
-    rtol, atol = (1e-5, 2e-5) if pools == "f32" else (2.0**-10, 2.0**-24)
+    rtol, atol = (1e-5, 2e-5) if pools == "f32" else (2.0**-10, 2e-5)
     np.testing.assert_allclose(k_pool.astype(np.float32), want_k.astype(np.float32), rtol=rtol, atol=atol)
     np.testing.assert_array_equal(v_pool, want_v)
 
