@@ -246,7 +246,9 @@ def copy_bandwidth(nbytes: int = 4 << 30, rounds: int = 10) -> float:
     return 2 * nbytes / statistics.median(times)
 
 
-def measure_transformers(path: Path, vocab: int, batches: list[int], prefill: int, rounds: int) -> dict[str, float]:
+def measure_transformers(
+    path: Path, vocab: int, batches: list[int], prefill: int, rounds: int, prompt_tokens: int = 128, decode_tokens: int = 128
+) -> dict[str, float]:
     import torch
     import transformers
 
@@ -266,11 +268,11 @@ def measure_transformers(path: Path, vocab: int, batches: list[int], prefill: in
         return time.perf_counter() - t
 
     for b in batches:
-        ids = torch.tensor(rng.integers(3, vocab, (b, 16)), device=dev)
+        ids = torch.tensor(rng.integers(3, vocab, (b, prompt_tokens)), device=dev)
         gen(ids, 4)
         rates = []
         for _ in range(rounds):  # the difference of two lengths: decode alone, prefill cancelled
-            rates.append(b * 32 / (gen(ids, 40) - gen(ids, 8)))
+            rates.append(b * (decode_tokens - 8) / (gen(ids, decode_tokens) - gen(ids, 8)))
         out[f"decode_b{b}"] = statistics.median(rates)
         say(f"transformers: decode batch {b}: {out[f'decode_b{b}']:.1f} tok/s")
     ids = torch.tensor(rng.integers(3, vocab, (1, prefill)), device=dev)
@@ -420,7 +422,7 @@ def main() -> None:
     ap.add_argument("--prefill", type=int, default=2048)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--prompt-tokens", type=int, default=128, help="each decoding sequence's prompt (llama-batched-bench's -npp)")
-    ap.add_argument("--decode-tokens", type=int, default=128, help="tokens each sequence decodes (llama-batched-bench's -ntg, llama-bench's -n)")
+    ap.add_argument("--decode-tokens", type=int, default=128, help="tokens each sequence decodes (llama-batched-bench's -ntg, llama-bench's -n; above 8)")
     ap.add_argument("--no-peer", action="store_true", help="skip transformers")
     ap.add_argument("--only", nargs="+", choices=["bf16", "q4_k", "q4_k_m"], help="measure only these of poot's models")
     ap.add_argument(
@@ -458,6 +460,8 @@ def main() -> None:
         help="other devices (vulkan:0, wgpu:0) whose batch-1 decode of the same models is measured too, as a ratio to --device's",
     )
     args = ap.parse_args()
+    if args.decode_tokens <= 8:
+        ap.error(f"--decode-tokens must be above 8 (transformers' rate is the difference of it and 8), got {args.decode_tokens}")
 
     dims = SMALL if args.small else LLAMA3_8B
     d = Path(args.dir) / f"{'small' if args.small else '8b'}-L{args.layers}"
@@ -484,7 +488,7 @@ def main() -> None:
     if bw:
         say(f"copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
     if not args.no_peer:
-        res["transformers"] = measure_transformers(bf16_dir, dims.vocab, args.batches, args.prefill, args.rounds)
+        res["transformers"] = measure_transformers(bf16_dir, dims.vocab, args.batches, args.prefill, args.rounds, args.prompt_tokens, args.decode_tokens)
     for name, path, bpv in (("bf16", bf16_dir, 2.0), ("q4_k", q4k, 144 / 256), ("q4_k_m", q4km, 0.0)):
         if name not in only or (name == "q4_k_m" and not want_mix):
             continue

@@ -97,6 +97,21 @@ def gemv_warp_packed(qtype: str, k: int, mr: int, lanes: int = 32) -> K.Kernel:
 Q6_K_UNIT = 16  # values a lane takes a step: four of each of a half-block's four 32-value groups
 
 
+def _q6_k_signed(qa: K.Expr, qb: K.Expr, qh: K.Expr) -> list[K.Expr]:
+    """Four Q6_K bytes of each of a half-block's four 32-value groups g, as the signed bytes q - 32
+    a word: low nibbles from ``qa`` (groups 0 and 2) and ``qb`` (1 and 3), the same four bytes of
+    the high bit pairs ``qh`` (bits 2g, 2g + 1)."""
+    lo4, hi2, sign = 0x0F0F0F0F, 0x30303030, _c(0x80808080 - (1 << 32))
+    groups = [
+        _b("or", _b("and", qa, lo4), _b("and", _b("shl", qh, 4), hi2)),
+        _b("or", _b("and", qb, lo4), _b("and", _b("shl", qh, 2), hi2)),
+        _b("or", _b("and", _b("shr", qa, 4), lo4), _b("and", qh, hi2)),
+        _b("or", _b("and", _b("shr", qb, 4), lo4), _b("and", _b("shr", qh, 2), hi2)),
+    ]
+    # q - 32 in each byte without borrows: (q | 0x80) - 0x20 stays in its byte, ^ 0x80 makes it q - 32
+    return [_b("xor", _b("sub", _b("or", g, sign), 0x20202020), sign) for g in groups]
+
+
 def _q6_k_unit(mr: int) -> list[K.Stmt]:
     """Lane unit ``u`` of the row at byte ``rowb``: block b = u / 16, half n = (u / 8) % 2, word w = u % 8:
     the low nibbles (``A``: ql bytes 64n + 4w.., ``B``: 64n + 32 + 4w..) and high bits (``H``: qh
@@ -125,16 +140,9 @@ def _q6_k_unit(mr: int) -> list[K.Stmt]:
     out += word("qh", _add(_r("ob"), 128, _mul(_r("hn"), 32), _mul(_r("qw"), 4)))
     dat = _add(_r("ob"), 208)  # d: an f16 in the half of its word that (ob + 208) & 2 says
     out.append(K.Let("dd", K.HalfToF32(_b("and", _b("shr", K.Load("w", _b("shr", dat, 2), I32), _mul(_b("and", dat, 2), 8)), 0xFFFF))))
-    lo4, hi2 = 0x0F0F0F0F, 0x30303030
-    groups = [
-        _b("or", _b("and", _r("qa"), lo4), _b("and", _b("shl", _r("qh"), 4), hi2)),
-        _b("or", _b("and", _r("qb"), lo4), _b("and", _b("shl", _r("qh"), 2), hi2)),
-        _b("or", _b("and", _b("shr", _r("qa"), 4), lo4), _b("and", _r("qh"), hi2)),
-        _b("or", _b("and", _b("shr", _r("qb"), 4), lo4), _b("and", _b("shr", _r("qh"), 2), hi2)),
-    ]
+    signed = _q6_k_signed(_r("qa"), _r("qb"), _r("qh"))
     for g in range(4):
-        # q - 32 in each byte without borrows: (q | 0x80) - 0x20 stays in its byte, ^ 0x80 makes it q - 32
-        out.append(K.Let(f"qs{g}", _b("xor", _b("sub", _b("or", groups[g], _c(0x80808080 - (1 << 32))), 0x20202020), _c(0x80808080 - (1 << 32)))))
+        out.append(K.Let(f"qs{g}", signed[g]))
         sat = _add(_r("ob"), 192, _mul(_r("hn"), 8), _b("div", _r("qw"), 4), 2 * g)  # the group's scale byte
         sb = _b("and", _b("shr", K.Load("w", _b("shr", sat, 2), I32), _mul(_b("and", sat, 3), 8)), 255)
         out.append(K.Let(f"sc{g}", K.Bin("mul", _r("dd", F32), K.Cast(_b("sub", _b("xor", sb, 128), 128), F32))))
@@ -181,17 +189,9 @@ def _q6_k_wide_unit(mr: int, odd: bool) -> list[K.Stmt]:
     dw = K.Load("w", _b("shr", _add(_r(f"ob{t}"), 208), 2), I32)
     half = _b("and", _b("shr", dw, 16), 0xFFFF) if odd else _b("and", dw, 0xFFFF)
     out.append(K.Let(f"dq{t}", K.Bin("mul", K.HalfToF32(half), _f(1.0 / Q8_SPLIT))))
-    lo4, hi2, sign = 0x0F0F0F0F, 0x30303030, _c(0x80808080 - (1 << 32))
     for i in range(2):
-        qa, qb, qh = (_r(f"{nm}{t}{i}") for nm in ("qa", "qb", "qh"))
-        groups = [
-            _b("or", _b("and", qa, lo4), _b("and", _b("shl", qh, 4), hi2)),
-            _b("or", _b("and", qb, lo4), _b("and", _b("shl", qh, 2), hi2)),
-            _b("or", _b("and", _b("shr", qa, 4), lo4), _b("and", qh, hi2)),
-            _b("or", _b("and", _b("shr", qb, 4), lo4), _b("and", _b("shr", qh, 2), hi2)),
-        ]
-        # q - 32 in each byte without borrows: (q | 0x80) - 0x20 stays in its byte, ^ 0x80 makes it q - 32
-        out += [K.Let(f"qs{t}{g}_{i}", _b("xor", _b("sub", _b("or", groups[g], sign), 0x20202020), sign)) for g in range(4)]
+        signed = _q6_k_signed(*(_r(f"{nm}{t}{i}") for nm in ("qa", "qb", "qh")))
+        out += [K.Let(f"qs{t}{g}_{i}", signed[g]) for g in range(4)]
     for g in range(4):  # scale 8n + 2g + c / 2: byte c / 2 + 2 (g % 2) of word g / 2 of the 8 scale bytes, sign-extended
         shift = _b("sub", _c(24), _mul(_add(_b("shr", _r("c8"), 1), 2 * (g % 2)), 8))
         sb = _b("shr", _b("shl", _r(f"sc{t}{g // 2}"), shift), 24)
@@ -205,7 +205,7 @@ def _q6_k_wide_unit(mr: int, odd: bool) -> list[K.Stmt]:
             i1 = K.Dot4I8(_r(f"qs{t}{g}_1"), _r(f"{xq}b"), K.Dot4I8(_r(f"qs{t}{g}_0"), _r(f"{xq}a"), _c(0)))
             i2 = K.Dot4I8(_r(f"qs{t}{g}_1"), _r(f"{xr}b"), K.Dot4I8(_r(f"qs{t}{g}_0"), _r(f"{xr}a"), _c(0)))
             dx = K.Load("xds", _mul(_add(_r(f"xs{r}"), _mul(_r(f"blk{t}"), 8), sub), 2), F32)
-            both = K.Cast(_add(_mul(i1, Q8_SPLIT), i2), F32)  # |s1| <= 8 * 32 * 127: exact in i32 and f32
+            both = K.Cast(_add(_mul(i1, Q8_SPLIT), i2), F32)  # |s1|, |s2| <= 8 * 32 * 127: the sum below 2^24, exact in f32
             out.append(K.Assign(f"acc{r}", K.Bin("add", _r(f"acc{r}", F32), K.Bin("mul", K.Bin("mul", _r(f"sg{t}{g}", F32), dx), both))))
     return out
 
