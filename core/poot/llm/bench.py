@@ -28,24 +28,31 @@ class Throughput:
 
 
 def measure_engine(handle, prompts: Sequence[Sequence[int]], decode: int, rounds: int = 3) -> Throughput:  # type: ignore[no-untyped-def]
-    """Prefill every prompt (one step when they fit the token budget), then ``decode`` greedy tokens
-    each, ignoring end tokens."""
+    """Prefill every prompt, then ``decode`` greedy tokens each, ignoring end tokens. As
+    llama-batched-bench splits its figures: prefill is every prompt token over the time until every
+    sequence has its first token; decode is the tokens that come after that over the time they take
+    (prompts that span several steps would otherwise count their later prefill steps as decode)."""
     eng = handle.engine
     params = SamplingParams(temperature=0, max_tokens=decode, ignore_eos=True)
     pre, dec = [], []
     for _ in range(rounds + 1):
         sids = [eng.add(p, params) for p in prompts]
         t0 = time.perf_counter()
-        first: float | None = None
-        done = 0
+        started: set[int] = set()
+        prefilled: float | None = None
+        done = after = 0
         while done < len(sids):
             evs = eng.step()
-            if first is None and sum(ev.token is not None for ev in evs) >= 1:
-                first = time.perf_counter() - t0
+            if prefilled is None:
+                started.update(ev.seq_id for ev in evs if ev.token is not None)
+                if len(started) == len(sids):
+                    prefilled = time.perf_counter() - t0
+            else:
+                after += sum(ev.token is not None for ev in evs)
             done += sum(ev.finished is not None for ev in evs)
         total = time.perf_counter() - t0
-        pre.append(sum(map(len, prompts)) / (first or 1e-9))
-        dec.append(len(prompts) * (decode - 1) / max(total - (first or 0.0), 1e-9))
+        pre.append(sum(map(len, prompts)) / (prefilled or 1e-9))
+        dec.append(after / max(total - (prefilled or 0.0), 1e-9))
     return Throughput(len(prompts), statistics.median(pre[1:]), statistics.median(dec[1:]))
 
 
