@@ -295,11 +295,13 @@ def _matmul_gpu_generic(n: Node, limits: Limits, sched: Schedules | None = None)
         packed = BODIES[w.dtype.name][0] > 1  # (16-bit floats are blocks of one)
         q6 = _gemv_rows("q6_k", kk, limits) if w.dtype.name == "q6_k" and lanes in (8, 16, 32, 64) and kk % max(512, 16 * lanes) == 0 else []
         if q6 and limits.max_workgroup >= 512:
-            # Q6_K (Q4_K_M files' head and half their v and down): x as two int8 terms, dp4a
+            # Q6_K (Q4_K_M files' head and half their v and down): x as two int8 terms, dp4a; 32
+            # values a lane where K takes whole steps of them (fewer loads and scale decodes a value)
+            wide = kk % (64 * lanes) == 0
             gemvs = [
                 Launch(
                     n,
-                    linear_gpu.gemv_warp_q6_k(kk, mr, lanes),
+                    linear_gpu.gemv_warp_q6_k(kk, mr, lanes, wide),
                     {"x": xk, "w": wk, "y": ok},
                     lambda env, mr=mr: (-(-nn // (512 // lanes)), -(-rows(env) // mr)),
                     lambda env: {"m": rows(env), "n": nn, "row_bytes": row_bytes},

@@ -30,7 +30,8 @@ CHILD = textwrap.dedent("""
                                   gemv_warp("q4_k", 4096, 4, 8, xglobal=True), quantize_q8x2(4096))]
     kernels += [(norms.add_rms_norm.instantiate(BLOCK=1024, SUBGROUP=n), n) for n in (8, 32)]
     kernels += [(k, n) for n in (8, 32) for k in (gemv_warp_packed("q6_k", 4096, 1, n), gemv_warp_packed("q4_1", 576, 4, n),
-                                                  gemv_warp_q6_k(4096, 1, n), gemv_warp_q6_k(2048, 4, n))]
+                                                  gemv_warp_q6_k(4096, 1, n), gemv_warp_q6_k(2048, 4, n),
+                                                  gemv_warp_q6_k(4096, 1, n, wide=True), gemv_warp_q6_k(2048, 4, n, wide=True))]
     for k, n in kernels:
         print(k.name, flush=True)
         d.create_shader_module(code=for_wgpu(compile_kernel(k, spirv_target(n)).data))
