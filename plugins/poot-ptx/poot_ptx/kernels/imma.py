@@ -62,8 +62,10 @@ def sub_block_sums(
     for e in range(4):  # output (feature g + 8 (e / 2), row 2 t4 + e % 2)
         (d, xsum), (sd, mn) = rows[e % 2], feats[e // 2]
         whole = K.Cast(_add(_mul(_r(s1[e]), Q8_SPLIT), _r(s2[e])), F32)
-        got = K.Bin("add", _r(acc[e], F32), K.Bin("mul", K.Bin("mul", d, sd), whole))
-        out.append(K.Assign(acc[e], K.Bin("sub", got, K.Bin("mul", mn, xsum))))
+        # two fused multiply-adds: the GPU rounds mul and add apart otherwise (PTX's .rn forbids
+        # fusing them), and this sum is most of the instructions a sub-block at 32-64 rows
+        got = K.Fma(K.Bin("mul", d, sd), whole, _r(acc[e], F32))
+        out.append(K.Assign(acc[e], K.Fma(K.Un("neg", mn), xsum, got)))
     return out
 
 
