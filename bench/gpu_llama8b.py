@@ -293,8 +293,9 @@ def measure_transformers(
     return out
 
 
-def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
-    """Time each launch of every step shape the first time it is replayed, and print the largest.
+def _profile_steps(m, decode_only: bool = False) -> None:  # type: ignore[no-untyped-def]
+    """Time each launch of every step shape the first time it is replayed, and print the largest
+    (``decode_only``: only shapes of one token a sequence).
 
     Profiling replays the step again, and an executor frees a replaced step's replays two launches
     on (``launch``'s contract), so a step the engine first launches while an earlier step of it is
@@ -338,6 +339,9 @@ def _profile_steps(m) -> None:  # type: ignore[no-untyped-def]
         if id(step) in seen:
             return
         seen.add(id(step))
+        env = step.storage.env
+        if decode_only and env.get("tokens") != env.get("batch"):
+            return
         if idle[0]:
             once(step, inputs)
         else:
@@ -373,7 +377,7 @@ def measure_poot(
     batches: list[int],
     prefill: int,
     rounds: int,
-    profile: bool = False,
+    profile: str | None = None,
     matmul_precision: str = "high",
     kv_dtype: str = "f16",
     prompt_tokens: int = 128,
@@ -396,7 +400,7 @@ def measure_poot(
     )
     say(f"poot: ready in {time.perf_counter() - t:.1f} s")
     if profile:
-        _profile_steps(m)
+        _profile_steps(m, decode_only=profile == "decode")
     rng = np.random.default_rng(1)
     out: dict[str, float] = {}
     for b in batches:
@@ -447,9 +451,12 @@ def main() -> None:
     )
     ap.add_argument(
         "--profile",
-        action="store_true",
+        nargs="?",
+        const="all",
+        choices=["all", "decode"],
         help="time every launch of each step shape once (CUDA events, Vulkan timestamps) and print the largest; on CUDA also what "
-        "each of the largest classes of launches costs inside the step's graph (the graph timed without it)",
+        "each of the largest classes of launches costs inside the step's graph (the graph timed without it); 'decode': only the "
+        "steps in which every sequence decodes one token",
     )
     ap.add_argument("--kv-dtype", default="f16", choices=["f32", "f16"], help="poot's KV cache type (default f16, poot's own; transformers keeps a bf16 one)")
     ap.add_argument(
