@@ -45,18 +45,21 @@ def _imma_xs_schedules(rows: int, k: int, n: int, qtype: str):  # type: ignore[n
         return []
     sq = (-(-rows * k // 4 // Q8_THREADS),)
     rt = 1 if rows <= 8 else 2 if rows <= 16 else 4 if rows <= 32 else 8
+    # the regime's row tiles, and past 32 rows also half as many in twice the workgroups (each weight
+    # read by two of them, from the L2 the second time; fewer registers a lane)
+    shapes = [(rt, sh) for sh in XS_SHAPES[rt]] + ([(4, sh) for sh in XS_SHAPES[4] + ((2, 4, True), (2, 8, True))] if rt == 8 else [])
     out, seen = [], set()
-    for ft, wn, pipe, *cap in XS_SHAPES[rt]:
+    for rt, (ft, wn, pipe, *cap) in shapes:
         if qtype == "q6_k" and ft > 1:
             continue
-        tiles = -(-n // (16 * ft * wn))
+        tiles = -(-n // (16 * ft * wn)) * -(-rows // (8 * rt))
         for aim in (132, 264, 528):
             parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // per % p == 0), 1)
             kern = make(k, ft, rt, wn, parts, pipe, *cap)
             if kern.name in seen:
                 continue
             seen.add(kern.name)
-            g = lambda n, ft=ft, wn=wn, parts=parts: (-(-rows // (8 * rt)), -(-n // (16 * ft * wn)), parts)  # noqa: E731
+            g = lambda n, ft=ft, wn=wn, parts=parts, rt=rt: (-(-rows // (8 * rt)), -(-n // (16 * ft * wn)), parts)  # noqa: E731
             if parts == 1:
                 out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, g=g: (sq, g(n))))
             else:
