@@ -231,8 +231,8 @@ def attention_launches_gpu(
         return [per_token, *split]
     # prefill: blocks of 16 query tokens share each key/value tile (while sequences average 8+ new
     # tokens); the backend's own kernel of larger blocks where it has one and sequences average as
-    # many new tokens as a block takes (its workgroups walk a block's sequences one by one, each found
-    # by a serial scan that short prompts do not repay)
+    # many new tokens as it asks (``PrefillAttention.from_tokens``: its workgroups walk a block's
+    # sequences one by one, which many short prompts in a block do not repay)
     prefill = lambda env: tokens(env) >= 8 * batch(env)  # noqa: E731
     blocks = Launch(
         n, bk, a.buffers, lambda env: (-(-tokens(env) // 16), a.hq), lambda env: {"ntok": tokens(env), **scalars(env)}, When("tokens >= 8 * batch", prefill)
@@ -240,15 +240,15 @@ def attention_launches_gpu(
     own = sched.attention_prefill(a) if sched is not None else None
     if own is None:
         return [per_token, *split, blocks]
-    qrows, mk = own
-    long_prompts = lambda env: tokens(env) >= qrows * batch(env)  # noqa: E731
-    blocks.when = When(f"8 * batch <= tokens < {qrows} * batch", lambda env: prefill(env) and not long_prompts(env))
+    start = max(own.from_tokens, 8)
+    long_prompts = lambda env: tokens(env) >= start * batch(env)  # noqa: E731
+    blocks.when = When(f"8 * batch <= tokens < {start} * batch", lambda env: prefill(env) and not long_prompts(env))
     big = Launch(
         n,
-        mk,
+        own.kernel,
         a.buffers,
-        lambda env: (-(-tokens(env) // qrows), a.hq),
+        lambda env: (-(-tokens(env) // own.rows), a.hq),
         lambda env: {"ntok": tokens(env), **scalars(env)},
-        When(f"tokens >= {qrows} * batch", long_prompts),
+        When(f"tokens >= {start} * batch", long_prompts),
     )
     return [per_token, *split, blocks, big]

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = [
     "Schedules",
     "GemvChoice",
+    "PrefillAttention",
     "AttentionOperands",
     "Glu",
     "Node",
@@ -51,6 +52,18 @@ __all__ = [
     "BODIES",
     "LUTS",
 ]
+
+
+@dataclass(frozen=True)
+class PrefillAttention:
+    """A backend's own prefill attention: ``kernel`` takes ``rows`` query tokens a workgroup (grid
+    (ceil(tokens / rows), query heads)) and serves the steps whose sequences average at least
+    ``from_tokens`` new tokens each; blocks of 16 query tokens serve shorter prompts (a workgroup
+    of many short prompts walks them one by one, which costs a large block more)."""
+
+    kernel: Kernel
+    rows: int
+    from_tokens: int
 
 
 @dataclass(frozen=True)
@@ -95,10 +108,9 @@ class Schedules:
         verified. The generic answer keeps a thread a position."""
         return False
 
-    def attention_prefill(self, a: AttentionOperands) -> tuple[int, Kernel] | None:
-        """A prefill attention kernel for long prompts and the query tokens a workgroup takes
-        (its grid: (tokens / those, query heads)), chosen where sequences average that many new
-        tokens; None keeps blocks of 16 query tokens for every prompt."""
+    def attention_prefill(self, a: AttentionOperands) -> PrefillAttention | None:
+        """A prefill attention kernel of the backend's for prompts long enough on average
+        (``PrefillAttention``); None keeps blocks of 16 query tokens for every prompt."""
         return None
 
     def finish(self) -> None:

@@ -26,6 +26,7 @@ from poot.plan.schedules import (
     Limits,
     Node,
     Plan,
+    PrefillAttention,
     QuantizedX,
     Refusal,
     Schedules,
@@ -44,7 +45,12 @@ from .kernels import mma as linear_mma
 from .kernels import wgmma as linear_wgmma
 from .norm_fold import FOLD_NORMS, fold_norms
 
-__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_Q4_K", "IMMA_Q6_K", "IMMA_SMS"]
+__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_Q4_K", "IMMA_Q6_K", "IMMA_SMS", "MMA_FROM_TOKENS"]
+
+# prefill steps whose prompts average this many new tokens or more take the tensor-core attention
+# (64 query tokens a workgroup); shorter ones the CUDA-core blocks of 16. bench/gpu_attention.py
+# --seqs on an H100: 64 tokens of 2 prompts 22 against 40 us, of 4 prompts 35 against 28
+MMA_FROM_TOKENS = 32
 
 _key, _shape, _warp_gemv_fits = value_key, value_shape, warp_gemv_fits
 
@@ -92,17 +98,17 @@ class NvidiaSchedules(Schedules):
         """A warp a position (coalesced key and value rows): verified on NVIDIA GPUs (sm_80 on)."""
         return "mma.sync.bf16" in self.limits.matrix
 
-    def attention_prefill(self, a: AttentionOperands) -> Any:
+    def attention_prefill(self, a: AttentionOperands) -> PrefillAttention | None:
         """Blocks of 64 query tokens on tensor cores (``attention_mma``, FlashAttention-2) where decode
         takes a warp a position (heads of 64 or 128), but at matmul precision "highest" (no tensor
-        cores)."""
+        cores), for steps whose prompts average ``MMA_FROM_TOKENS`` new tokens or more."""
         lim = self.limits
         if lim.matmul_precision == "highest" or "mma.sync.bf16" not in lim.matrix or lim.subgroup != 32:
             return None
         if not (a.dk == a.dv and a.dk in (64, 128) and a.dr == 0 and a.ops["q"].dtype == dt.f32):
             return None
         k = attn_mma.attention_mma(a.dk, a.spec.causal, split=lim.matmul_precision == "high", block=a.bs, softcap=bool(a.spec.softcap), pt=a.pool_type)
-        return attn_mma.MMA_QROWS, k
+        return PrefillAttention(k, attn_mma.MMA_QROWS, MMA_FROM_TOKENS)
 
     def finish(self) -> None:
         if FOLD_NORMS:

@@ -88,9 +88,9 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
 
 
 def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
-    """Prompts of 64+ new tokens on average with heads of 64 or 128 values, given mma.sync: the
-    tensor-core attention; decode there: a warp a position (over f32 or f16 pools); otherwise the
-    thread-a-position schedules."""
+    """Prompts of 32+ new tokens on average (``MMA_FROM_TOKENS``) with heads of 64 or 128 values,
+    given mma.sync: the tensor-core attention; decode there: a warp a position (over f32 or f16
+    pools); otherwise the thread-a-position schedules."""
     mma = Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16"}))
 
     def names(plan, tokens, batch):
@@ -99,7 +99,8 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
 
     wide = nvidia_plan(attention_block_graph(head_dim=64), gpu=True, limits=mma)
     assert names(wide, 128, 2) == ["attention_mma_D64_causal_BS4_nocap"]  # the pools' block size fixed, no soft-cap
-    assert names(wide, 40, 2)[0].startswith("attention_blocks")  # short prompts: the CUDA-core blocks
+    assert names(wide, 64, 2) == ["attention_mma_D64_causal_BS4_nocap"]  # 32 a prompt
+    assert names(wide, 62, 2)[0].startswith("attention_blocks")  # shorter prompts: the CUDA-core blocks
     assert names(wide, 2, 2) == ["attention_decode_D64_causal_S1_nocap"]  # decode: a warp a position, 16 warps a workgroup
     assert names(wide, 200, 200) == ["attention_decode_D64_causal_S1_W4_nocap"]  # many (token, head) pairs: four warps, several an SM
     narrow = nvidia_plan(attention_block_graph(), gpu=True, limits=mma)  # heads of 16: the CUDA-core schedules
@@ -109,6 +110,7 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
     half = nvidia_plan(attention_block_graph(pool_dtype="f16", head_dim=64), gpu=True, limits=mma)  # f16 pools: the same kernels, reading halves
     assert names(half, 128, 2) == ["attention_mma_D64_causal_BS4_nocap_PTf16"] and names(half, 2, 2) == ["attention_decode_D64_causal_S1_nocap_PTf16"]
     assert names(half, 40, 2)[0].startswith("attention_blocks") and "_PTf16" in names(half, 40, 2)[0]
+    assert names(half, 256, 8) == ["attention_mma_D64_causal_BS4_nocap_PTf16"] and names(half, 248, 8)[0].startswith("attention_blocks")
 
 
 def test_matmul_precision_chooses_how_activations_meet_tensor_cores():
