@@ -16,11 +16,12 @@ from poot.load import open_checkpoint
 from poot.load.gguf import read_gguf
 from poot.quant import quantization
 from poot.testing.checkpoints import write_gguf
+from poot.testing.references import gguf_reader
 
 
 def _compare_with_gguf(path: Path, check_data: bool) -> dict[str, int]:
     ours = open_checkpoint(path)
-    ref = gguf.GGUFReader(str(path))
+    ref = gguf_reader(path)
     assert len(ours.tensors) == len(ref.tensors)
     counts: dict[str, int] = {}
     for t in ref.tensors:
@@ -245,14 +246,14 @@ def test_a_checkpoint_whose_numbers_describe_no_model_is_refused_by_field(smollm
     from poot.models.config import ConfigError
     from poot.testing.checkpoints import copy_gguf_header
 
-    ck = open_checkpoint(copy_gguf_header(smollm2_path, tmp_path / "bad.gguf", override={key: value}))
+    ck = open_checkpoint(copy_gguf_header(gguf_reader(smollm2_path), tmp_path / "bad.gguf", override={key: value}))
     with pytest.raises(ConfigError, match=words):
         family_for(ck.architecture).parse_config(ck)
 
 
 @pytest.fixture(scope="module")
 def smollm2_reader(smollm2_path):
-    return gguf.GGUFReader(str(smollm2_path))
+    return gguf_reader(smollm2_path)
 
 
 @pytest.mark.parametrize(
