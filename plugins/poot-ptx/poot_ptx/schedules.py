@@ -48,8 +48,8 @@ from .norm_fold import FOLD_NORMS, fold_norms
 __all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_Q4_K", "IMMA_Q6_K", "IMMA_SMS", "MMA_FROM_TOKENS"]
 
 # prefill steps whose prompts average this many new tokens or more take the tensor-core attention
-# (64 query tokens a workgroup); shorter ones the CUDA-core blocks of 16. bench/gpu_attention.py
-# --seqs on an H100: 64 tokens of 2 prompts 22 against 40 us, of 4 prompts 35 against 28
+# (64 query tokens a workgroup, which walks each of its prompts in turn); shorter ones the CUDA-core
+# blocks of 16. Chosen by bench/gpu_attention.py --seqs: the two cross between 16 and 32 a prompt
 MMA_FROM_TOKENS = 32
 
 _key, _shape, _warp_gemv_fits = value_key, value_shape, warp_gemv_fits
