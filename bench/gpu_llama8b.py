@@ -447,7 +447,7 @@ def main() -> None:
         nargs="+",
         default=["high"],
         choices=["highest", "high", "medium"],
-        help="the bf16 model's matmul precision; more than one: the others measured too (batches > 1 and prefill: batch 1 is GEMVs)",
+        help="the models' matmul precision; more than one: each model measured at the others too (batches > 1 and prefill: batch 1 is GEMVs)",
     )
     ap.add_argument(
         "--profile",
@@ -516,21 +516,24 @@ def main() -> None:
             roof = bw / (decode_weight_bytes(dims, args.layers, bpv) if bpv else mixed_weight_bytes(dims, args.layers))
             res[f"roofline_{name}"] = roof
             say(f"{name}: batch-1 decode {r['decode_b1']:.1f} tok/s = {r['decode_b1'] / roof:.0%} of the {roof:.0f} tok/s roofline")
-    extra = args.matmul_precision[1:] if "bf16" in only else []
-    for prec in extra:  # the bf16 model at the other precisions: only the steps of more than 4 rows differ
-        res[f"poot_bf16_{prec}"] = measure_poot(
-            bf16_dir,
-            dims.vocab,
-            args.device,
-            [b for b in args.batches if b > 4] or [1],
-            args.prefill,
-            args.rounds,
-            args.profile,
-            prec,
-            args.kv_dtype,
-            args.prompt_tokens,
-            args.decode_tokens,
-        )
+    extra = args.matmul_precision[1:]
+    for prec in extra:  # every model at the other precisions: only the steps of more than 4 rows differ
+        for name, path in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)):
+            if name not in only or (name == "q4_k_m" and not want_mix):
+                continue
+            res[f"poot_{name}_{prec}"] = measure_poot(
+                path,
+                dims.vocab,
+                args.device,
+                [b for b in args.batches if b > 4] or [1],
+                args.prefill,
+                args.rounds,
+                args.profile,
+                prec,
+                args.kv_dtype,
+                args.prompt_tokens,
+                args.decode_tokens,
+            )
     models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)) if n in only and (n != "q4_k_m" or want_mix)]
     for name, path in models:  # the same model's batch-1 decode on the other devices
         for other in args.also:
@@ -577,6 +580,10 @@ def main() -> None:
                 a, b = ours.get(key), peer.get(key)  # type: ignore[union-attr]
                 if a and b:
                     print(f"| {name} | {key} tok/s | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+                for prec in extra:  # poot at the other precisions against the same llama.cpp figure
+                    a = res.get(f"poot_{name}_{prec}", {}).get(key)  # type: ignore[union-attr]
+                    if a and b:
+                        print(f"| {name} | {key} tok/s, poot at matmul precision {prec} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
     # the short table
     hf = res.get("transformers", {})
     first = args.matmul_precision[0]
