@@ -202,9 +202,86 @@ def test_errors_have_the_right_status_and_body(server, client):
     assert re.search(r"1024.*\d{4}", long), long  # the context and the prompt's length
     huge = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hello world " * 90_000, "max_tokens": 2})  # a 1 MB prompt
     assert huge.status_code == 400 and len(huge.text) < 400, huge.text[:1000]  # said in full, without the prompt
-    assert huge.json()["error"]["param"] == "prompt" and re.search(r"context is 1024 tokens; the prompt has 180001$", huge.json()["error"]["message"])
+    # refused by its length before the tokenizer reads it: more characters than 1,024 tokens can cover
+    assert huge.json()["error"]["param"] == "prompt" and re.search(
+        r"context is 1024 tokens; the prompt has 1080000 characters", huge.json()["error"]["message"]
+    )
     assert client.chat.completions.create(**ok).choices[0].message.content is not None  # still serving
     assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def test_requests_that_had_failed_steps_or_answered_500(server, client):
+    """Each of these had ended a request in flight beside it (a top_k past int32 failed the step),
+    passed off an engine error as a finished answer, or answered 500 or an error no client could
+    read (lone surrogates quoted back); each now gets its own 4xx in OpenAI's shape while the
+    request beside it keeps every token."""
+    greedy = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Count from one to thirty in words."}], "max_tokens": 60, "temperature": 0}
+    alone = client.chat.completions.create(**greedy)
+    ok = {"model": "SmolLM2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}]
+    recursive = {"$defs": {"a": {"type": "object", "properties": {"x": {"$ref": "#/$defs/a"}}, "required": ["x"]}}, "$ref": "#/$defs/a"}
+    named_object = {"type": "object", "properties": {"name": {"type": "object"}}, "required": ["name"]}
+    cases = [  # (path, body or raw bytes, status, param)
+        ("/v1/chat/completions", {**ok, "tool_choice": {"type": "function", "function": "f"}, "tools": tools}, 400, "tool_choice"),
+        ("/v1/chat/completions", {**ok, "tool_choice": {"type": "function", "function": {"name": ["f"]}}, "tools": tools}, 400, "tool_choice"),
+        ("/v1/chat/completions", {**ok, "tool_choice": "required", "tools": []}, 400, "tool_choice"),
+        ("/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content"),
+        ("/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": [{"type": "text", "text": None}]}]}, 400, "messages[0].content"),
+        (
+            "/v1/chat/completions",
+            {**ok, "messages": [{"role": "assistant", "content": 3, "tool_calls": [{"function": {"name": "f"}}]}]},
+            400,
+            "messages[0].content",
+        ),
+        ("/v1/chat/completions", b'{"model": "SmolLM2", "max_tokens": 2, "messages": [{"role": "user", "content": "hi \\ud800"}]}', 400, "messages"),
+        ("/v1/chat/completions", b'{"model": "\\ud800", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}', 404, "model"),
+        ("/v1/completions", b'{"model": "SmolLM2", "max_tokens": 2, "prompt": "\\udfff"}', 400, "prompt"),
+        (
+            "/v1/chat/completions",
+            {**ok, "max_tokens": 4, "response_format": {"type": "json_schema", "json_schema": {"schema": recursive}}},
+            400,
+            "response_format",
+        ),
+    ]
+    with ThreadPoolExecutor(2) as pool:
+        beside = pool.submit(client.chat.completions.create, **greedy)
+        overflow = pool.submit(client.completions.create, model="SmolLM2", prompt="Hi", max_tokens=2, temperature=0.8, extra_body={"top_k": 2**31})
+        assert overflow.result().usage.completion_tokens == 2  # past the vocabulary: every token kept
+        for path, body, status, param in cases:
+            r = _post(server, path, None, raw=body) if isinstance(body, bytes) else _post(server, path, body)
+            assert r.status_code == status and r.json()["error"]["param"] == param, (body, r.status_code, r.text)
+        beside = beside.result()
+    assert beside.choices[0].message.content == alone.choices[0].message.content
+    # the constraint's failure in a stream: an error event, then the stream's end
+    body = {**ok, "max_tokens": 4, "stream": True, "response_format": {"type": "json_schema", "json_schema": {"schema": recursive}}}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as r:
+        events = [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and any(json.loads(e).get("error", {}).get("param") == "response_format" for e in events[:-1]), events
+    # a JSON answer whose "name" is no string, where tools are offered: content, not a 500
+    r = _post(
+        server,
+        "/v1/chat/completions",
+        {**ok, "max_tokens": 12, "tools": tools, "response_format": {"type": "json_schema", "json_schema": {"schema": named_object}}},
+    )
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{"), r.text
+    # a temperature so small that logits / temperature overflow f32 samples greedily
+    tiny = client.completions.create(model="SmolLM2", prompt="The capital of France is", max_tokens=3, temperature=1e-39)
+    assert tiny.choices[0].text == client.completions.create(model="SmolLM2", prompt="The capital of France is", max_tokens=3, temperature=0).choices[0].text
+    # HEAD, and a 405 that says which methods the path takes
+    assert httpx.head(f"{server}/v1/models", headers={"Authorization": f"Bearer {KEY}"}).status_code == 200
+    put = httpx.put(f"{server}/v1/models", headers={"Authorization": f"Bearer {KEY}"})
+    assert put.status_code == 405 and "GET" in put.headers.get("allow", ""), put.headers
+    assert httpx.get(f"{server}/health").json()["status"] == "ok"
+
+
+def test_a_prompt_longer_than_the_context_can_hold_is_refused_unread(server):
+    """An 8 MB prompt is refused by its length at once (it had been tokenized first, on the event
+    loop: seconds in which /health and every stream waited)."""
+    t = time.perf_counter()
+    r = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hello world " * 700_000, "max_tokens": 2})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "context_length_exceeded", r.text[:500]
+    assert time.perf_counter() - t < 3
+    assert httpx.get(f"{server}/health", timeout=30).json()["status"] == "ok"
 
 
 def test_a_seed_outside_int32_touches_no_other_request(server, client):

@@ -82,3 +82,36 @@ def test_hf_tokenizer_json_directory_agrees(pair, rng, tmp_path):
         a = ours.encode(s)
         assert a == back.encode(s), (name, s)
         assert ours.decode(a) == back.decode(a)
+
+
+def test_a_long_encode_lets_other_threads_run_and_bad_text_is_a_typed_error(pair):
+    """A server's event loop goes on while a long prompt is tokenized in a worker thread (the
+    backend's plain encode held the GIL throughout), and a str that is no Unicode text (a lone
+    surrogate, which a JSON escape can carry) is a TokenizerError naming the character."""
+    import threading
+    import time
+
+    from poot.text.tokenizer import TokenizerError
+
+    _, ours, _ = pair
+    text = "hello world, and again " * 60_000
+    ticks: list[float] = []
+    done = threading.Event()
+
+    def tick() -> None:
+        while not done.is_set():
+            ticks.append(time.perf_counter())
+            time.sleep(0.005)
+
+    ticker = threading.Thread(target=tick)
+    ticker.start()
+    t0 = time.perf_counter()
+    ids = ours.encode(text)
+    t1 = time.perf_counter()
+    done.set()
+    ticker.join()
+    assert len(ids) > 100_000
+    inside = [t for t in ticks if t0 < t < t1]
+    assert len(inside) >= 0.3 * (t1 - t0) / 0.005, (len(inside), t1 - t0)  # the ticker ran most of the time
+    with pytest.raises(TokenizerError, match="character 3"):
+        ours.encode("hi \ud800 there")

@@ -47,6 +47,10 @@ def _pow2(n: int) -> int:
     return 1 << max(0, (n - 1).bit_length())
 
 
+# temperatures below this sample greedily (their limit): logits divided by them would leave f32's range
+GREEDY_BELOW = 1e-30
+
+
 @dataclass
 class Event:
     """What a sequence produced in a step: a token (``None`` when it only finished), the text that
@@ -59,6 +63,9 @@ class Event:
     logprob: float | None = None
     top_logprobs: list[tuple[int, float]] | None = None
     error: str | None = None
+    # the sampling parameter to blame for an error, where the request is ("json_schema", "regex",
+    # "grammar", "choice": a constraint its grammar engine could not follow); None: the server
+    error_param: str | None = None
 
 
 @dataclass
@@ -414,8 +421,8 @@ class Engine:
         bias_vals = np.zeros((rows, width), np.float32)
         for r, s in enumerate(seqs):
             p = s.params
-            d["temperature"][r] = p.temperature
-            d["top_k"][r] = p.top_k
+            d["temperature"][r] = p.temperature if p.temperature >= GREEDY_BELOW else 0.0
+            d["top_k"][r] = min(p.top_k, self.vocab)  # (any k past the vocabulary keeps every token)
             d["top_p"][r] = p.top_p
             d["min_p"][r] = p.min_p
             d["repetition"][r] = p.repetition_penalty
@@ -447,7 +454,8 @@ class Engine:
             try:
                 s.constraint.advance(token)
             except PootError as e:
-                ev.finished, ev.error = "error", str(e)
+                ev.finished, ev.error = "error", f"the output constraint failed: {e}"
+                ev.error_param = next((n for n in ("json_schema", "regex", "grammar", "choice") if getattr(p, n) is not None), None)
                 self._release(s, "error")
                 return ev
         end = (token in self.tok.stop_ids and not p.ignore_eos) or token in p.stop_token_ids or (s.constraint is not None and s.constraint.is_finished())

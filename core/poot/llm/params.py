@@ -18,8 +18,9 @@ MAX_LOGPROBS = 20  # top-N log-probabilities per token at most (OpenAI's limit)
 class SamplingParams:
     """How one sequence is sampled and when it ends.
 
-    ``temperature`` 0 is greedy. Penalties read the sequence's history (prompt and generated tokens):
-    ``repetition_penalty`` divides positive logits of seen tokens and multiplies negative ones;
+    ``temperature`` 0 is greedy (as is any below 1e-30, where logits / temperature would overflow).
+    Penalties read the sequence's history (prompt and generated tokens): ``repetition_penalty``
+    divides positive logits of seen tokens and multiplies negative ones;
     ``presence_penalty`` and ``frequency_penalty`` subtract once per seen token and per occurrence.
     ``logit_bias`` adds to logits first. ``seed`` (any integer) makes draws repeatable (the same seed
     gives the same tokens); without one the engine picks a seed per request. ``logprobs``: the sampled token's

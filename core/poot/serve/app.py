@@ -25,6 +25,8 @@ from ..llm.engine import Event
 from ..llm.handle import ModelHandle
 from ..llm.params import ParameterError, SamplingParams
 from ..text.chat import ChatTemplateError
+from ..text.guided import ConstraintError
+from ..text.tokenizer import TokenizerError
 from .protocol import ApiError, ChatRequest, CompletionRequest, error_body
 from .scheduler import QueueFull, Scheduler
 from .tools import check_tools, forced_call_schema, parse_tool_calls, tool_calls_as_text, tool_system_prompt
@@ -67,6 +69,9 @@ class _Api:
         self.m, self.model_id, self.sched, self.api_key = handle, model_id, scheduler, api_key
         self.context = handle.max_context
         self.created = int(time.time())
+        # the most bytes one token stands for: a text of more characters than the context's tokens
+        # could cover is refused before the tokenizer reads it
+        self.token_span = max((len(b) for b in handle.tokenizer.token_bytes), default=1) or 1
 
     # -- common -------------------------------------------------------------------------------------
     def check_model(self, name: str) -> None:
@@ -88,10 +93,31 @@ class _Api:
             )
         return asked if asked is not None else room
 
+    def fits(self, chars: int, field: str) -> None:
+        """Refuse a text of ``chars`` characters that cannot fit the context (each character is a byte
+        or more, each token covers ``token_span`` bytes at most) before tokenizing it."""
+        if chars > self.context * self.token_span:
+            raise ApiError(
+                400,
+                f"this model's context is {self.context} tokens; the {field} has {chars} characters, more than it can hold",
+                param=field,
+                code="context_length_exceeded",
+            )
+
+    def encode(self, text: str, field: str, special: bool = True) -> list[int]:
+        """``text``'s token ids; a text too long for the context, or no Unicode text, is a 400 naming ``field``."""
+        self.fits(len(text), field)
+        try:
+            return self.m.tokenizer.encode(text, add_special_tokens=special)
+        except TokenizerError as e:
+            raise ApiError(400, f"{field}: {e}", param=field) from None
+
     def token_text(self, tid: int) -> str:
         return self.m.tokenizer.token_bytes[tid].decode("utf-8", errors="replace") if 0 <= tid < len(self.m.tokenizer.token_bytes) else ""
 
-    async def run(self, prompts: list[list[int]], params: list[SamplingParams]) -> tuple[list[int], asyncio.Queue]:
+    async def run(self, prompts: list[list[int]], params: list[SamplingParams], blame: str | None = None) -> tuple[list[int], asyncio.Queue]:
+        """Queue the sequences; their ids and the queue their events arrive on. A constraint that does
+        not compile is a 400 naming ``blame`` (the request's field that set it)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         try:
@@ -102,6 +128,8 @@ class _Api:
             ids = await asyncio.wrap_future(fut)
         except ParameterError as e:
             raise ApiError(400, str(e), param=e.name) from None
+        except ConstraintError as e:
+            raise ApiError(400, str(e), param=blame) from None
         except PootError as e:
             raise ApiError(400, str(e)) from None
         return ids, q
@@ -117,6 +145,21 @@ class _Api:
                     return
 
         return asyncio.create_task(poll())
+
+    @staticmethod
+    def failure(ev: Event, blame: str | None = None) -> ApiError:
+        """An error the engine reported for a sequence, as the client's error: the request's (400,
+        naming ``blame``, the field that set the output's constraint) where the engine blames one of
+        its parameters, else the server's (500)."""
+        msg = ev.error or "generation failed"
+        if ev.error_param is not None:
+            return ApiError(400, msg, param=blame or ev.error_param, code="generation_failed")
+        return ApiError(500, msg, type="server_error", code="generation_failed")
+
+    @staticmethod
+    def blame(req: ChatRequest) -> str:
+        """The chat request's field that set its output's constraint."""
+        return "response_format" if req.response_format is not None and req.response_format.type != "text" else "tool_choice"
 
     @staticmethod
     async def events(ids: list[int], q: asyncio.Queue) -> AsyncIterator[tuple[int, Event]]:
@@ -143,27 +186,38 @@ class _Api:
             msg = dict(msg)
             content = msg.get("content")
             if content is None:  # an assistant turn that only called tools, sent back as the server returned it
-                msg["content"] = content = ""
-            calls = msg.get("tool_calls")
-            if calls and isinstance(calls, list) and "tool_calls" not in tpl.source:
-                msg["content"] = content = "\n".join(t for t in (content, tool_calls_as_text(calls)) if t)
-            if isinstance(content, list):  # content parts: text only
+                content = ""
+            elif isinstance(content, list):  # content parts: text only
                 texts = []
                 for part in content:
                     if not isinstance(part, Mapping) or part.get("type") != "text":
                         raise ApiError(400, f"messages[{i}]: only text content parts are supported", param=f"messages[{i}].content")
-                    texts.append(str(part.get("text", "")))
-                msg["content"] = "".join(texts)
+                    if not isinstance(part.get("text"), str):
+                        raise ApiError(400, f"messages[{i}]: a text part's text must be a string", param=f"messages[{i}].content")
+                    texts.append(part["text"])
+                content = "".join(texts)
+            elif not isinstance(content, str):
+                raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content")
+            calls = msg.get("tool_calls")
+            if calls and isinstance(calls, list) and "tool_calls" not in tpl.source:
+                content = "\n".join(t for t in (content, tool_calls_as_text(calls)) if t)
+            msg["content"] = content
             messages.append(msg)
+        self.fits(sum(len(m["content"]) for m in messages), "messages")
         constraint: dict[str, Any] = {}
         functions = None
         tools = req.tools if req.tools and req.tool_choice != "none" else None
+        if not tools and (req.tool_choice == "required" or isinstance(req.tool_choice, Mapping)):
+            raise ApiError(400, "tool_choice asks for a tool call, but the request has no tools", param="tool_choice")
         if tools:
             functions = check_tools(tools)
             choice = req.tool_choice or "auto"
             forced: str | None = None
             if isinstance(choice, Mapping):
-                forced = (choice.get("function") or {}).get("name")
+                fn = choice.get("function")
+                forced = fn.get("name") if isinstance(fn, Mapping) else None
+                if not isinstance(forced, str):
+                    raise ApiError(400, "tool_choice must be {'type': 'function', 'function': {'name': ...}}", param="tool_choice")
                 if forced not in functions:
                     raise ApiError(400, f"tool_choice names '{forced}', which is not among the tools", param="tool_choice")
             elif choice not in ("auto", "required"):
@@ -190,7 +244,7 @@ class _Api:
             text = tpl.render(messages, add_generation_prompt=True, tools=tools if "tools" in tpl.source else None)
         except ChatTemplateError as e:
             raise ApiError(400, f"the chat template refused these messages: {e}", param="messages") from None
-        return self.m.tokenizer.encode(text, add_special_tokens=False), constraint, functions
+        return self.encode(text, "messages", special=False), constraint, functions
 
     def chat_logprobs(self, ev: Event) -> dict[str, Any] | None:
         if ev.token is None or ev.logprob is None:
@@ -204,17 +258,18 @@ class _Api:
 
     async def chat(self, req: ChatRequest, request: Request) -> Any:
         self.check_model(req.model)
-        prompt, constraint, functions = self.chat_prompt(req)
+        prompt, constraint, functions = await asyncio.to_thread(self.chat_prompt, req)  # (off the event loop: a long prompt takes a while)
         max_tokens = self.budget(len(prompt), req.max_completion_tokens or req.max_tokens)
         lp = (req.top_logprobs or 0) if req.logprobs else None
         base = _params(req, max_tokens, lp, **constraint)
         params = [base if base.seed is None or i == 0 else SamplingParams(**{**base.__dict__, "seed": base.seed + i}) for i in range(req.n)]
-        ids, q = await self.run([prompt] * req.n, params)
+        ids, q = await self.run([prompt] * req.n, params, self.blame(req) if constraint else None)
         rid, created = f"chatcmpl-{uuid.uuid4().hex}", int(time.time())
         head = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": self.model_id, "system_fingerprint": "poot"}
         if req.stream:
             return StreamingResponse(self.chat_stream(req, ids, q, head, len(prompt), functions, constraint), media_type="text/event-stream")
         texts, reasons, lps, ntok = [""] * req.n, [""] * req.n, [[] for _ in range(req.n)], 0
+        failed: ApiError | None = None
         watcher = self.watch(request, ids)
         try:
             async for i, ev in self.events(ids, q):
@@ -224,9 +279,13 @@ class _Api:
                     lps[i].append(e)
                 if ev.finished is not None:
                     reasons[i] = ev.finished
+                if ev.finished == "error" and failed is None:
+                    failed = self.failure(ev, self.blame(req))
         finally:
             watcher.cancel()
             self.sched.cancel(ids)
+        if failed is not None:  # (an answer cut short is not passed off as a whole one)
+            raise failed
         choices = []
         for i in range(req.n):
             msg: dict[str, Any] = {"role": "assistant", "content": texts[i]}
@@ -274,7 +333,9 @@ class _Api:
                     yield sse(
                         {**head, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": {"content": [lp]} if lp else None, "finish_reason": None}]}
                     )
-                if ev.finished is not None:
+                if ev.finished == "error":  # the error in OpenAI's shape, in place of the choice's end
+                    yield sse(error_body(self.failure(ev, self.blame(req))))
+                elif ev.finished is not None:
                     reason = "length" if ev.finished == "length" else "stop"
                     delta: dict[str, Any] = {}
                     if hold:
@@ -295,11 +356,11 @@ class _Api:
     def completion_prompts(self, req: CompletionRequest) -> list[list[int]]:
         p = req.prompt
         if isinstance(p, str):
-            return [self.m.tokenizer.encode(p)]
+            return [self.encode(p, "prompt")]
         if not p:
             raise ApiError(400, "prompt is empty", param="prompt")
         if all(isinstance(x, str) for x in p):
-            return [self.m.tokenizer.encode(x) for x in p]  # type: ignore[arg-type]
+            return [self.encode(x, "prompt") for x in p]  # type: ignore[arg-type]
         if all(isinstance(x, int) for x in p):
             return [list(p)]  # type: ignore[arg-type]
         return [list(x) for x in p]  # type: ignore[arg-type]
@@ -310,7 +371,7 @@ class _Api:
             raise ApiError(400, "suffix is not supported", param="suffix")
         if req.echo:  # refused, not ignored: a client asking for it would read the completion as the prompt's
             raise ApiError(400, "echo is not supported: the prompt is not returned with the completion", param="echo")
-        prompts = self.completion_prompts(req)
+        prompts = await asyncio.to_thread(self.completion_prompts, req)
         prompts = [p for p in prompts for _ in range(req.n)]
         for p in prompts:
             if not p:
@@ -342,7 +403,11 @@ class _Api:
                         ntok += ev.token is not None
                         lp = logprobs(ev, offsets[i])
                         offsets[i] += len(ev.text)
-                        if ev.text or lp or ev.finished is not None:
+                        if ev.finished == "error":
+                            if ev.text or lp:
+                                yield f"data: {json.dumps({**head, 'choices': [{'index': i, 'text': ev.text, 'logprobs': lp, 'finish_reason': None}]})}\n\n"
+                            yield f"data: {json.dumps(error_body(self.failure(ev)))}\n\n"
+                        elif ev.text or lp or ev.finished is not None:
                             reason = None if ev.finished is None else ("length" if ev.finished == "length" else "stop")
                             yield f"data: {json.dumps({**head, 'choices': [{'index': i, 'text': ev.text, 'logprobs': lp, 'finish_reason': reason}]})}\n\n"
                     if req.stream_options is not None and req.stream_options.include_usage:
@@ -355,6 +420,7 @@ class _Api:
             return StreamingResponse(gen(), media_type="text/event-stream")
         texts, reasons, ntok = [""] * len(ids), [""] * len(ids), 0
         lps: list[dict[str, list[Any]]] = [{"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []} for _ in ids]
+        failed: ApiError | None = None
         watcher = self.watch(request, ids)
         try:
             async for i, ev in self.events(ids, q):
@@ -366,9 +432,13 @@ class _Api:
                 ntok += ev.token is not None
                 if ev.finished is not None:
                     reasons[i] = "length" if ev.finished == "length" else "stop"
+                if ev.finished == "error" and failed is None:
+                    failed = self.failure(ev)
         finally:
             watcher.cancel()
             self.sched.cancel(ids)
+        if failed is not None:
+            raise failed
         choices = [
             {"index": i, "text": texts[i], "logprobs": lps[i] if req.logprobs is not None else None, "finish_reason": reasons[i]} for i in range(len(ids))
         ]
@@ -444,7 +514,9 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:  # (a body that is not UTF-8, an unknown path ...)
         kind = "invalid_request_error" if e.status_code < 500 else "server_error"
-        return JSONResponse(error_body(ApiError(e.status_code, str(e.detail), type=kind)), status_code=e.status_code)
+        return JSONResponse(
+            error_body(ApiError(e.status_code, str(e.detail), type=kind)), status_code=e.status_code, headers=getattr(e, "headers", None)
+        )  # (405's Allow)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:  # a bug: still the OpenAI shape, and the loop goes on
@@ -461,7 +533,7 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(api.metrics(), media_type="text/plain; version=0.0.4")
 
-    @app.get("/v1/models")
+    @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models() -> dict[str, Any]:
         return {"object": "list", "data": [{"id": model_id, "object": "model", "created": api.created, "owned_by": "poot"}]}
 

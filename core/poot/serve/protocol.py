@@ -17,8 +17,13 @@ class ApiError(Exception):
         self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
 
 
+def _text(s: str | None) -> str | None:
+    """``s`` as text JSON can carry to any client: lone surrogates (a request's, quoted back) escaped."""
+    return s if s is None or s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def error_body(e: ApiError) -> dict[str, Any]:
-    return {"error": {"message": e.message, "type": e.type, "param": e.param, "code": e.code}}
+    return {"error": {"message": _text(e.message), "type": e.type, "param": _text(e.param), "code": e.code}}
 
 
 class _Body(BaseModel):

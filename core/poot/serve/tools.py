@@ -65,7 +65,7 @@ def forced_call_schema(functions: Mapping[str, Mapping[str, Any]], name: str | N
 
 
 def _call(obj: Any, functions: Mapping[str, Any]) -> dict[str, Any] | None:
-    if not isinstance(obj, dict) or obj.get("name") not in functions:
+    if not isinstance(obj, dict) or not isinstance(obj.get("name"), str) or obj["name"] not in functions:
         return None
     args = obj.get("arguments", obj.get("parameters", {}))
     return {

@@ -36,7 +36,8 @@ SPACE = "\u2581"
 
 
 class TokenizerError(PootError):
-    """A tokenizer cannot be built from what the checkpoint provides."""
+    """A tokenizer cannot be built from what the checkpoint provides, or a text given it is no
+    Unicode text (a lone surrogate, which JSON's escapes can carry)."""
 
 
 def byte_level_alphabet() -> dict[int, str]:
@@ -165,7 +166,16 @@ class Tokenizer:
         return tuple(sorted({i for i in (self.eos_id, *self.eot_ids) if i is not None}))
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # through encode_batch, which lets go of the GIL while it works (encode holds it): a server's
+        # other threads go on while a long prompt is tokenized
+        try:
+            ids = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+        except TypeError:  # (what the backend says of a str that is no Unicode text: lone surrogates)
+            try:
+                text.encode("utf-8")
+            except UnicodeEncodeError as e:
+                raise TokenizerError(f"the text is not valid Unicode: {e.reason} at character {e.start} ({text[e.start]!r})") from None
+            raise
         if add_special_tokens:
             if self._spec.add_bos and self.bos_id is not None:
                 ids = [self.bos_id] + ids
