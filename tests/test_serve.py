@@ -361,3 +361,35 @@ def test_a_server_whose_client_left_stops_on_the_first_sigterm(smollm2_path):
     finally:
         if proc.poll() is None:
             proc.kill()
+
+
+def test_sigterm_answers_the_requests_in_flight_and_stops(smollm2_path):
+    """A server told to stop ends what it is generating with a 503 in OpenAI's shape (a stream: an
+    error event, then [DONE]) and exits; before, a waiting client got a plain-text 500 when the
+    grace period ran out and a stream was cut off without its end."""
+    proc, base = _start("--max-batch", "4")
+    try:
+        body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Write a very long essay."}], "max_tokens": 900, "seed": 3}
+        body["logit_bias"] = {"2": -100}  # (no end token: each runs until it is stopped)
+        with ThreadPoolExecutor(2) as pool:
+            plain = pool.submit(httpx.post, f"{base}/v1/chat/completions", json=body, timeout=60)
+
+            def stream() -> list[str]:
+                with httpx.stream("POST", f"{base}/v1/chat/completions", json={**body, "stream": True}, timeout=60) as r:
+                    return [line[len("data: ") :] for line in r.iter_lines() if line.startswith("data: ")]
+
+            streamed = pool.submit(stream)
+            deadline = time.time() + 60
+            while metrics(base).get("poot_running_sequences", 0) < 2 and time.time() < deadline:
+                time.sleep(0.2)
+            t = time.perf_counter()
+            proc.terminate()
+            r, events = plain.result(), streamed.result()
+        assert r.status_code == 503 and r.json()["error"]["code"] == "server_shutting_down", r.text
+        assert events[-1] == "[DONE]" and json.loads(events[-2])["error"]["code"] == "server_shutting_down", events[-3:]
+        assert len(events) > 3  # (it had streamed tokens before)
+        proc.wait(timeout=15)
+        assert time.perf_counter() - t < 5, "stopped within the grace period's first seconds"
+    finally:
+        if proc.poll() is None:
+            proc.kill()

@@ -54,7 +54,8 @@ GREEDY_BELOW = 1e-30
 @dataclass
 class Event:
     """What a sequence produced in a step: a token (``None`` when it only finished), the text that
-    became final, and why it finished, if it did ("stop", "length", "cancelled", "error")."""
+    became final, and why it finished, if it did ("stop", "length", "cancelled", "error", or
+    "shutdown": a server that stops ended it)."""
 
     seq_id: int
     token: int | None

@@ -1,6 +1,8 @@
 """Serving: an OpenAI-compatible HTTP API (``poot serve``) over one scheduling loop that owns the
 engine. Needs the ``serve`` extra: ``pip install 'poot[serve]'`` (FastAPI, uvicorn)."""
 
+from typing import Any
+
 __all__ = ["create_app", "serve"]
 
 
@@ -53,5 +55,15 @@ def serve(
         f"poot: serving {name or model} on http://{host}:{port}/v1 ({handle.device.name}, matmul precision {handle.matmul_precision}, KV cache {handle.kv_dtype})",
         flush=True,
     )
-    # on SIGTERM or Ctrl-C, requests still in flight get a few seconds to finish, then the server stops
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    sched = app.state.api.sched
+
+    class Draining(uvicorn.Server):  # type: ignore[misc]
+        """On SIGTERM or Ctrl-C the requests in flight are ended with a 503 (an error event in a
+        stream, then its end) and their connections close; uvicorn's grace period is only for
+        what is left after that."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            sched.drain()
+            super().handle_exit(sig, frame)
+
+    Draining(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)).run()

@@ -28,7 +28,7 @@ from ..text.chat import ChatTemplateError
 from ..text.guided import ConstraintError
 from ..text.tokenizer import TokenizerError
 from .protocol import ApiError, ChatRequest, CompletionRequest, error_body
-from .scheduler import QueueFull, Scheduler
+from .scheduler import QueueFull, Scheduler, ShuttingDown
 from .tools import check_tools, forced_call_schema, parse_tool_calls, tool_calls_as_text, tool_system_prompt
 
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # the roles OpenAI's chat API defines
@@ -124,12 +124,16 @@ class _Api:
             fut = self.sched.submit(prompts, params, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
         except QueueFull as e:
             raise ApiError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
+        except ShuttingDown as e:
+            raise ApiError(503, str(e), type="server_error", code="server_shutting_down") from None
         try:
             ids = await asyncio.wrap_future(fut)
         except ParameterError as e:
             raise ApiError(400, str(e), param=e.name) from None
         except ConstraintError as e:
             raise ApiError(400, str(e), param=blame) from None
+        except ShuttingDown as e:
+            raise ApiError(503, str(e), type="server_error", code="server_shutting_down") from None
         except PootError as e:
             raise ApiError(400, str(e)) from None
         return ids, q
@@ -152,6 +156,8 @@ class _Api:
         naming ``blame``, the field that set the output's constraint) where the engine blames one of
         its parameters, else the server's (500)."""
         msg = ev.error or "generation failed"
+        if ev.finished == "shutdown":
+            return ApiError(503, f"{msg}: the answer was cut short; send the request again", type="server_error", code="server_shutting_down")
         if ev.error_param is not None:
             return ApiError(400, msg, param=blame or ev.error_param, code="generation_failed")
         return ApiError(500, msg, type="server_error", code="generation_failed")
@@ -279,7 +285,7 @@ class _Api:
                     lps[i].append(e)
                 if ev.finished is not None:
                     reasons[i] = ev.finished
-                if ev.finished == "error" and failed is None:
+                if ev.finished in ("error", "shutdown") and failed is None:
                     failed = self.failure(ev, self.blame(req))
         finally:
             watcher.cancel()
@@ -333,7 +339,7 @@ class _Api:
                     yield sse(
                         {**head, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": {"content": [lp]} if lp else None, "finish_reason": None}]}
                     )
-                if ev.finished == "error":  # the error in OpenAI's shape, in place of the choice's end
+                if ev.finished in ("error", "shutdown"):  # the error in OpenAI's shape, in place of the choice's end
                     yield sse(error_body(self.failure(ev, self.blame(req))))
                 elif ev.finished is not None:
                     reason = "length" if ev.finished == "length" else "stop"
@@ -403,7 +409,7 @@ class _Api:
                         ntok += ev.token is not None
                         lp = logprobs(ev, offsets[i])
                         offsets[i] += len(ev.text)
-                        if ev.finished == "error":
+                        if ev.finished in ("error", "shutdown"):
                             if ev.text or lp:
                                 yield f"data: {json.dumps({**head, 'choices': [{'index': i, 'text': ev.text, 'logprobs': lp, 'finish_reason': None}]})}\n\n"
                             yield f"data: {json.dumps(error_body(self.failure(ev)))}\n\n"
@@ -432,7 +438,7 @@ class _Api:
                 ntok += ev.token is not None
                 if ev.finished is not None:
                     reasons[i] = "length" if ev.finished == "length" else "stop"
-                if ev.finished == "error" and failed is None:
+                if ev.finished in ("error", "shutdown") and failed is None:
                     failed = self.failure(ev)
         finally:
             watcher.cancel()

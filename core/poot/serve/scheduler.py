@@ -21,11 +21,15 @@ from ..errors import PootError
 from ..llm.engine import Engine, Event
 from ..llm.params import SamplingParams
 
-__all__ = ["Scheduler", "QueueFull", "Stats"]
+__all__ = ["Scheduler", "QueueFull", "ShuttingDown", "Stats"]
 
 
 class QueueFull(PootError):
     """More requests are waiting than the server accepts (--max-queue)."""
+
+
+class ShuttingDown(PootError):
+    """The server is stopping: it takes no new request."""
 
 
 @dataclass
@@ -54,6 +58,7 @@ class Scheduler:
         self._ttft: collections.deque[float] = collections.deque(maxlen=2048)
         self._ttft_sum, self._ttft_count, self._requests, self._tokens = 0.0, 0, 0, 0
         self._stop = threading.Event()
+        self.draining = False  # stopping: new requests are refused, those in flight were ended
         self.error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, name="poot-scheduler", daemon=True)
         self._thread.start()
@@ -62,6 +67,8 @@ class Scheduler:
     def submit(self, prompts: Sequence[list[int]], params: Sequence[SamplingParams], on_event: Callable[[Event], None]) -> Future:
         """Queue sequences; the future gives their ids (or the ``ParameterError`` that refused
         them). ``on_event`` runs on the loop thread: it must only hand the event over."""
+        if self.draining:
+            raise ShuttingDown("the server is shutting down; send the request again to another one, or once it is back")
         with self._lock:
             waiting = self._pending + self._waiting_requests()
             if waiting + 1 > self.max_queue:
@@ -77,6 +84,13 @@ class Scheduler:
 
     def cancel(self, seq_ids: Sequence[int]) -> None:
         self._inbox.put(("cancel", list(seq_ids)))
+
+    def drain(self) -> None:
+        """The server begins to stop (SIGTERM, Ctrl-C): every request in flight ends now, with an
+        error event saying so, so that its handler answers at once instead of being cut off when
+        the grace period runs out; new requests are refused. Safe from a signal handler."""
+        self.draining = True
+        self._inbox.put(("drain",))
 
     def close(self) -> None:
         self._stop.set()
@@ -94,6 +108,8 @@ class Scheduler:
             _, prompts, params, cb, fut = cmd
             ids: list[int] = []
             try:
+                if self.draining:  # (submitted as the drain began)
+                    raise ShuttingDown("the server is shutting down; send the request again to another one, or once it is back")
                 for p, sp in zip(prompts, params):
                     ids.append(self.engine.add(p, sp))
             except Exception as e:  # noqa: BLE001 - the request is refused, the loop goes on
@@ -110,6 +126,12 @@ class Scheduler:
             finally:
                 with self._lock:
                     self._pending -= 1
+        elif cmd[0] == "drain":
+            for s in list(self.engine.running) + list(self.engine.waiting):
+                cb = self._drop(s.id)
+                self.engine.cancel(s.id)
+                if cb is not None:
+                    cb[0](Event(s.id, None, "", "shutdown", error="the server is shutting down"))
         elif cmd[0] == "cancel":
             for i in cmd[1]:
                 sub = self._drop(i)
