@@ -264,6 +264,13 @@ def test_requests_that_had_failed_steps_or_answered_500(server, client):
         {**ok, "max_tokens": 12, "tools": tools, "response_format": {"type": "json_schema", "json_schema": {"schema": named_object}}},
     )
     assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"].startswith("{"), r.text
+    # a stream with tools holds its content to the end (calls are parsed from all of it): its
+    # log-probabilities come with it, one a token
+    body = {**ok, "max_tokens": 5, "stream": True, "tools": tools, "logprobs": True, "temperature": 0, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{server}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as r:
+        chunks = [json.loads(line[len("data: ") :]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+    last = [c for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]][-1]["choices"][0]
+    assert len(last["logprobs"]["content"]) == chunks[-1]["usage"]["completion_tokens"] > 0, (last, chunks[-1])
     # a temperature so small that logits / temperature overflow f32 samples greedily
     tiny = client.completions.create(model="SmolLM2", prompt="The capital of France is", max_tokens=3, temperature=1e-39)
     assert tiny.choices[0].text == client.completions.create(model="SmolLM2", prompt="The capital of France is", max_tokens=3, temperature=0).choices[0].text

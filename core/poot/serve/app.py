@@ -327,6 +327,7 @@ class _Api:
 
         hold = bool(functions)  # tool calls are parsed from the whole answer: content is sent at the end
         texts = [""] * req.n
+        held: list[list[dict[str, Any]]] = [[] for _ in range(req.n)]  # (and its log-probabilities with it)
         ntok = 0
         try:
             for i in range(req.n):
@@ -335,6 +336,8 @@ class _Api:
                 ntok += ev.token is not None
                 texts[i] += ev.text
                 lp = self.chat_logprobs(ev) if req.logprobs else None
+                if hold and lp:
+                    held[i].append(lp)
                 if not hold and (ev.text or lp):
                     yield sse(
                         {**head, "choices": [{"index": i, "delta": {"content": ev.text}, "logprobs": {"content": [lp]} if lp else None, "finish_reason": None}]}
@@ -351,7 +354,8 @@ class _Api:
                             reason = "tool_calls"
                         else:
                             delta = {"content": content}
-                    yield sse({**head, "choices": [{"index": i, "delta": delta, "logprobs": None, "finish_reason": reason}]})
+                    lps = {"content": held[i]} if held[i] else None
+                    yield sse({**head, "choices": [{"index": i, "delta": delta, "logprobs": lps, "finish_reason": reason}]})
             if req.stream_options is not None and req.stream_options.include_usage:
                 yield sse({**head, "choices": [], "usage": {"prompt_tokens": prompt_len, "completion_tokens": ntok, "total_tokens": prompt_len + ntok}})
             yield "data: [DONE]\n\n"
