@@ -75,6 +75,9 @@ def test_template_errors_are_typed():
         ChatTemplate("{{ messages }}").render([{"content": "no role"}])
     with pytest.raises(ChatTemplateError, match="cannot be passed"):
         ChatTemplate("{{ messages }}").render([{"role": "user", "content": object()}])
+    for overflowing in ("{{ range(100001) | list | length }}", "{{ 2.0 ** 5000 }}"):  # (OverflowError had escaped)
+        with pytest.raises(ChatTemplateError, match="OverflowError"):
+            ChatTemplate(overflowing).render([{"role": "user", "content": "x"}])
 
 
 def test_sandbox_blocks_escapes():

@@ -148,3 +148,22 @@ def test_chat_template_flag_takes_a_file_or_the_family_template(gemma3_path, tmp
     assert prompt_tokens(r) > prompt_tokens(raw) + 2, (r.stderr, raw.stderr)  # "Q: " and "\nA:" around it
     r = _poot("run", "gemma3", "hi", "--chat-template", str(tmp_path / "missing.jinja"))
     assert r.returncode == 1 and "--chat-template" in r.stderr and "Traceback" not in r.stderr, r.stderr
+
+
+def test_bench_and_plan_refuse_values_they_cannot_use(tmp_path):
+    """``poot bench --rounds 0`` had ended in a StatisticsError, ``--prompt-tokens -3`` in numpy's
+    ValueError, and ``poot plan --context 10**12`` in a MemoryError; an empty template file and a
+    schema file holding null were ignored: each is named and refused."""
+    empty, null = tmp_path / "empty.jinja", tmp_path / "null.json"
+    empty.write_text("")
+    null.write_text("null")
+    for args, words in (
+        (("bench", "SmolLM2", "--rounds", "0"), "--rounds: must be at least 1"),
+        (("bench", "SmolLM2", "--prompt-tokens", "-3"), "--prompt-tokens: must be at least 1"),
+        (("bench", "SmolLM2", "--batch", "0"), "--batch: must be at least 1"),
+        (("plan", "SmolLM2", "--context", str(10**12)), "--context 1000000000000 is past"),
+        (("run", "SmolLM2", "hi", "--chat-template", str(empty)), "the file is empty"),
+        (("run", "SmolLM2", "hi", "--json-schema", str(null)), "a JSON schema is an object"),
+    ):
+        r = _poot(*args)
+        assert r.returncode in (1, 2) and words in r.stderr and "Traceback" not in r.stderr, (args, r.stderr[-800:])

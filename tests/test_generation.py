@@ -244,6 +244,12 @@ def test_stop_strings_and_logit_bias(smollm2):
         (dict(logprobs=99), "logprobs"),
         (dict(json_schema={}, regex="a"), "regex"),
         (dict(logit_bias={-3: 1.0}), "logit_bias"),
+        (dict(logit_bias={3: "x"}), "logit_bias"),
+        (dict(temperature="1"), "temperature"),
+        (dict(temperature=float("inf")), "temperature"),
+        (dict(repetition_penalty=float("nan")), "repetition_penalty"),
+        (dict(stop_token_ids=[-1]), "stop_token_ids"),
+        (dict(stop_token_ids=["a"]), "stop_token_ids"),
     ],
 )
 def test_bad_parameters_name_themselves(bad, name):
@@ -353,3 +359,55 @@ def test_a_template_that_does_not_compile_stops_chat_not_plain_prompts():
         assert len(m.complete(["Hi"], SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), raw=True)[0].tokens) == 2
         with pytest.raises(ChatTemplateError, match="line 1"):
             m.encode("Hi")
+
+
+def test_prompts_and_parameters_of_the_wrong_kind_name_themselves(smollm2):
+    """Token ids that are not integers, several strings, no prompt at all: a ParameterError naming
+    the prompt (they had been truncated, parsed as ids, or raised bare Python errors); a stop string
+    is one string, not its characters; parameters may come as a mapping; a string alone is one
+    prompt to ``complete``."""
+    for bad in ([1, 2.5], [1, float("nan")], ["hello", "world"], None, 5, b"hello", [{"role": "user", "content": "hi"}, "x"]):
+        with pytest.raises(ParameterError) as e:
+            next(iter(smollm2.generate(bad, SamplingParams(max_tokens=1))))
+        assert e.value.name == "prompt", bad
+    assert SamplingParams(stop="Hzz").stop == ("Hzz",)
+    with pytest.raises(ParameterError) as e:
+        next(iter(smollm2.generate("hi", {"max_tokens": 2, "colour": "red"})))
+    assert e.value.name == "params"
+    greedy = {"temperature": 0, "max_tokens": 4}
+    one = smollm2.complete("The capital of France is", greedy, raw=True)
+    assert len(one) == 1 and one[0].tokens == [ev.token for ev in smollm2.generate(np.array([*smollm2.encode("The capital of France is", raw=True)]), greedy)]
+
+
+def test_a_top_p_too_small_for_f32_keeps_the_likeliest_token(smollm2):
+    """A top_p that is 0 in f32 had kept no token: the sampler drew the vocabulary's size, which
+    was fed back as the next step's input. The likeliest token is kept, as for any top_p > 0."""
+    prompt = "The capital of France is"
+    greedy = smollm2.complete([prompt], SamplingParams(temperature=0, max_tokens=5))[0]
+    tiny = smollm2.complete([prompt], SamplingParams(temperature=1.0, top_p=1e-300, max_tokens=5, seed=3))[0]
+    assert tiny.tokens == greedy.tokens and all(0 <= t < smollm2.vocab for t in tiny.tokens)
+
+
+def test_a_second_thread_generating_on_a_handle_is_refused(smollm2):
+    """The engine serves one thread at a time: two threads stepping it at once had crashed the
+    process (SIGSEGV in the CPU executor). The second is told so; the first is undisturbed."""
+    import threading
+
+    prompt = "Count from one to twenty:"
+    alone = smollm2.complete([prompt], SamplingParams(temperature=0, max_tokens=12))[0].tokens
+    first = smollm2.generate(prompt, SamplingParams(temperature=0, max_tokens=12))
+    got = [next(first).token]
+    errors: list[BaseException] = []
+
+    def other() -> None:
+        try:
+            list(smollm2.generate("hi", SamplingParams(max_tokens=2)))
+        except PootError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=other)
+    t.start()
+    t.join(timeout=60)
+    got += [ev.token for ev in first]
+    assert len(errors) == 1 and "another thread" in str(errors[0])
+    assert got == alone

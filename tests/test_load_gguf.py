@@ -324,3 +324,14 @@ def test_over_long_names_tokens_and_strings_are_refused_by_field(tmp_path, kind,
     if kind == "name":
         ok = write_gguf(tmp_path / "ok.gguf", "llama", {"general.description": "x" * 70_000}, [("w.weight", "f32", (4,), np.ones(4, np.float32))])
         assert open_checkpoint(ok).metadata["general.description"] == "x" * 70_000
+
+
+def test_a_path_that_is_no_file_or_cannot_be_read_is_a_load_error(tmp_path):
+    """A FIFO (or socket) named like a checkpoint, and a directory whose config cannot be reached,
+    are LoadErrors naming the path, not OSErrors."""
+    import os
+
+    fifo = tmp_path / "x.gguf"
+    os.mkfifo(fifo)
+    with pytest.raises(LoadError, match="not a regular file"):
+        open_checkpoint(fifo)

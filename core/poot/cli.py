@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .errors import PootError
+from .errors import ParameterError, PootError
 
 __all__ = ["main"]
 
@@ -160,6 +160,8 @@ def _sampling(args: argparse.Namespace, max_tokens: int | None = None) -> Any:
             schema = json.loads(Path(args.json_schema).read_text())
         except (OSError, ValueError) as e:
             raise ParameterError("--json-schema", f"{args.json_schema}: {e}") from None
+        if not isinstance(schema, (dict, bool)):
+            raise ParameterError("--json-schema", f"{args.json_schema}: a JSON schema is an object (or true/false), got {type(schema).__name__}")
     bias = {}
     for item in args.logit_bias or []:
         tid, _, val = item.partition("=")
@@ -215,6 +217,8 @@ def _load(args: argparse.Namespace, **options: Any) -> Any:
             template = Path(template).read_text()
         except (OSError, UnicodeDecodeError) as e:
             raise PootError(f"--chat-template {args.chat_template}: cannot read it ({e}); give a Jinja file or 'family'") from None
+        if not template.strip():
+            raise PootError(f"--chat-template {args.chat_template}: the file is empty; give a Jinja file or 'family'")
     kw = {
         "chat_template": template,
         "kv_memory": args.kv_memory,
@@ -294,6 +298,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
         except KeyboardInterrupt:  # the answer stops (its sequence cancelled); the chat goes on
             events.close()
             print(" [stopped]", end="", file=sys.stderr)
+        except ParameterError as e:  # (the conversation no longer fits the context, say): this turn is dropped, the chat goes on
+            messages.pop()
+            print(f"poot: {e}; that message was not sent (/reset starts over)", file=sys.stderr)
+            continue
         print()
         messages.append({"role": "assistant", "content": answer})
     m.close()
@@ -351,6 +359,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+PLAN_CONTEXT_MAX = 1 << 20  # positions: past any model's trained context (the step's block table is made)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
     import numpy as np
 
@@ -364,6 +375,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     if args.tokens < 1 or args.context < args.tokens:
         raise PootError(f"--tokens must be at least 1 and at most --context ({args.tokens}, {args.context})")
+    if args.context > PLAN_CONTEXT_MAX:  # (the step's inputs are made to plan it: a pool of that many positions)
+        raise PootError(f"--context {args.context} is past the {PLAN_CONTEXT_MAX} positions `poot plan` describes a step for")
     device = get_device(args.device)
     ck = open_model(args.model)
     fam = family_for(ck.architecture)
@@ -374,7 +387,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     pos = np.arange(args.context - n, args.context)
     batch = StepBatch(np.zeros(n), pos, np.zeros(n), pos, np.array([args.context]), np.arange(blocks).reshape(1, -1), np.array([n - 1]))
     shapes = {
-        name: np.empty((blocks,) + tuple(d.value for d in v.shape[1:]), v.dtype.numpy) for name, v in graph.inputs().items() if name not in batch.as_inputs()
+        name: np.broadcast_to(np.zeros((), v.dtype.numpy), (blocks,) + tuple(d.value for d in v.shape[1:]))  # (a shape, no memory)
+        for name, v in graph.inputs().items()
+        if name not in batch.as_inputs()
     }
     env = step_env(plan, {**batch.as_inputs(), **shapes})
     print(plan.describe(env))
@@ -514,11 +529,11 @@ def build_parser() -> argparse.ArgumentParser:
     srv.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="prefill and decode tokens/s for a few batch sizes")
     model_args(bench)
-    bench.add_argument("--batch", type=int, nargs="+", default=[1, 4, 16])
-    bench.add_argument("--prompt-tokens", type=int, default=128)
-    bench.add_argument("--decode-tokens", type=int, default=32)
-    bench.add_argument("--rounds", type=int, default=3)
-    bench.add_argument("--threads", type=int, default=None, help="CPU threads (default: POOT_THREADS or every core)")
+    bench.add_argument("--batch", type=_at_least(1), nargs="+", default=[1, 4, 16])
+    bench.add_argument("--prompt-tokens", type=_at_least(1), default=128)
+    bench.add_argument("--decode-tokens", type=_at_least(1), default=32)
+    bench.add_argument("--rounds", type=_at_least(1), default=3)
+    bench.add_argument("--threads", type=_at_least(1), default=None, help="CPU threads (default: POOT_THREADS or every core)")
     bench.add_argument("--vs-llamacpp", action="store_true", help="also run llama.cpp (llama-cpp-python) on the same prompt, batch 1, same threads")
     bench.add_argument("--peer-python", help="an interpreter that has llama_cpp (default: this one, installing llama-cpp-python if needed)")
     bench.set_defaults(func=cmd_bench)

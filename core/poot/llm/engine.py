@@ -49,6 +49,8 @@ def _pow2(n: int) -> int:
 
 # temperatures below this sample greedily (their limit): logits divided by them would leave f32's range
 GREEDY_BELOW = 1e-30
+_F32_MAX = float(np.finfo(np.float32).max)
+_F32_TINY = float(np.finfo(np.float32).tiny)  # the least top_p: a smaller one is 0 in f32, and keeps no token
 
 
 @dataclass
@@ -422,11 +424,11 @@ class Engine:
         bias_vals = np.zeros((rows, width), np.float32)
         for r, s in enumerate(seqs):
             p = s.params
-            d["temperature"][r] = p.temperature if p.temperature >= GREEDY_BELOW else 0.0
+            d["temperature"][r] = min(p.temperature, _F32_MAX) if p.temperature >= GREEDY_BELOW else 0.0
             d["top_k"][r] = min(p.top_k, self.vocab)  # (any k past the vocabulary keeps every token)
-            d["top_p"][r] = p.top_p
+            d["top_p"][r] = max(p.top_p, _F32_TINY)  # (the smallest keeps the likeliest token, as any top_p > 0)
             d["min_p"][r] = p.min_p
-            d["repetition"][r] = p.repetition_penalty
+            d["repetition"][r] = min(p.repetition_penalty, _F32_MAX)
             d["presence"][r] = p.presence_penalty
             d["frequency"][r] = p.frequency_penalty
             d["seeds"][r] = s.seed
@@ -444,6 +446,10 @@ class Engine:
 
     def _accept(self, s: SequenceState, token: int, lp: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None) -> Event:
         p = s.params
+        if not 0 <= token < self.vocab:  # (no sampling input should draw one; never fed back as the next input)
+            ev = Event(s.id, None, "", "error", error=f"the sampler drew token {token}, outside the vocabulary of {self.vocab}")
+            self._release(s, "error")
+            return ev
         ev = Event(s.id, token, "")
         if lp is not None and p.logprobs is not None:
             r, (chosen, ids, vals) = lp

@@ -8,8 +8,10 @@ template, and sizes the KV pool from a memory budget. ``generate`` streams one a
 
 from __future__ import annotations
 
+import numbers
 import re
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
@@ -225,6 +227,7 @@ class ModelHandle:
         self.pools["last_tokens"] = np.zeros(max_seqs, np.int32)
         self._executors: dict[bool, Executor] = {}
         self._closed = False
+        self._user = threading.RLock()  # the thread generating: the engine serves one at a time
         self._executor(False)  # compile now; the log-probability variant when first asked
         self._constraint_compiler: Any = None
         self.engine = Engine(
@@ -289,21 +292,43 @@ class ModelHandle:
             if raw or (self.template is None and self.template_error is None):
                 return self.tokenizer.encode(prompt)
             prompt = [{"role": "user", "content": prompt}]
+        if isinstance(prompt, np.ndarray):  # token ids as an array: one row of integers
+            if prompt.ndim != 1 or not np.issubdtype(prompt.dtype, np.integer):
+                raise ParameterError("prompt", f"token ids as an array are one row of integers, got {prompt.dtype} of shape {prompt.shape}")
+            prompt = prompt.tolist()
+        if not isinstance(prompt, Sequence) or isinstance(prompt, (bytes, bytearray)):
+            raise ParameterError("prompt", f"a string, token ids or chat messages, got {type(prompt).__name__}")
         prompt = list(prompt)
         if prompt and isinstance(prompt[0], Mapping):
+            if not all(isinstance(m, Mapping) for m in prompt):
+                raise ParameterError("prompt", "chat messages are dicts, every one of them")
             if self.template_error is not None:
                 raise self.template_error
             if self.template is None:
                 raise ParameterError("messages", "this model has no chat template: give a plain prompt")
             text = self.template.render(prompt, add_generation_prompt=True)  # type: ignore[arg-type]
             return self.tokenizer.encode(text, add_special_tokens=False)
+        bad = next((t for t in prompt if not isinstance(t, numbers.Integral) or isinstance(t, bool)), None)
+        if bad is not None:
+            raise ParameterError("prompt", f"token ids are integers, got {bad!r} (several strings: call once for each)")
         return [int(t) for t in prompt]  # type: ignore[arg-type]
 
     # -- generation ---------------------------------------------------------------------------------
     def generate(self, prompt: str | Sequence[int] | Sequence[Mapping[str, Any]], params: SamplingParams | None = None, raw: bool = False) -> Iterator[Event]:
-        """Stream one sequence's events (other sequences added to ``engine`` advance alongside)."""
+        """Stream one sequence's events (other sequences added to ``engine`` advance alongside).
+        ``params``: a ``SamplingParams``, or a mapping of its fields. One thread generates on a handle
+        at a time; another that tries meanwhile gets a ``PootError``."""
         self._executor(False)  # (a closed handle refuses here)
+        params = _sampling(params)
         ids = self.encode(prompt, raw)
+        if not self._user.acquire(blocking=False):
+            raise PootError("this model is generating in another thread: a handle serves one thread at a time (load one a thread, or serve it)")
+        try:
+            yield from self._generate(ids, params)
+        finally:
+            self._user.release()
+
+    def _generate(self, ids: list[int], params: SamplingParams) -> Iterator[Event]:
         sid = self.engine.add(ids, params)
         bar = prefill_progress(len(ids), self.progress)  # a long prompt takes a while before the first token
         reading = True
@@ -330,12 +355,23 @@ class ModelHandle:
         params: SamplingParams | Sequence[SamplingParams] | None = None,
         raw: bool = False,
     ) -> list[Completion]:
-        """Run several prompts to the end together; one ``Completion`` each, in order."""
-        plist = list(params) if isinstance(params, Sequence) else [params or SamplingParams()] * len(prompts)
+        """Run several prompts to the end together; one ``Completion`` each, in order (a string alone is
+        one prompt). ``params``: one ``SamplingParams`` (or mapping of its fields) for all, or one each."""
+        if isinstance(prompts, str):
+            prompts = [prompts]
+        plist = [_sampling(p) for p in params] if isinstance(params, Sequence) else [_sampling(params)] * len(prompts)
         if len(plist) != len(prompts):
             raise ParameterError("params", f"{len(plist)} parameter sets for {len(prompts)} prompts")
         self._executor(False)  # (a closed handle says so here)
         ids = [self.encode(p, raw) for p in prompts]
+        if not self._user.acquire(blocking=False):
+            raise PootError("this model is generating in another thread: a handle serves one thread at a time (load one a thread, or serve it)")
+        try:
+            return self._complete(ids, plist)
+        finally:
+            self._user.release()
+
+    def _complete(self, ids: list[list[int]], plist: list[SamplingParams]) -> list[Completion]:
         sids = [self.engine.add(x, p) for x, p in zip(ids, plist)]
         out = {s: Completion("", [], "", len(x)) for s, x in zip(sids, ids)}
         left = set(sids)
@@ -367,6 +403,20 @@ class ModelHandle:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _sampling(params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+    """``params`` as ``SamplingParams``: a mapping's fields checked by its constructor."""
+    if params is None:
+        return SamplingParams()
+    if isinstance(params, SamplingParams):
+        return params
+    if isinstance(params, Mapping):
+        try:
+            return SamplingParams(**params)
+        except TypeError as e:  # an unknown field
+            raise ParameterError("params", f"{e}; the fields are SamplingParams'") from None
+    raise ParameterError("params", f"a SamplingParams or a mapping of its fields, got {type(params).__name__}")
 
 
 def load(model: str, device: str | None = None, **options: Any) -> ModelHandle:

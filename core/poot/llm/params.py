@@ -3,6 +3,8 @@ naming the parameter."""
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -52,7 +54,12 @@ class SamplingParams:
             if not ok:
                 raise ParameterError(name, msg)
 
-        check(self.temperature >= 0 and self.temperature == self.temperature, "temperature", f"must be >= 0, got {self.temperature}")
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"):
+            v = getattr(self, name)
+            check(isinstance(v, numbers.Real) and not isinstance(v, bool) and math.isfinite(v), name, f"must be a finite number, got {v!r}")
+        if isinstance(self.stop, str):  # one stop string, not its characters
+            object.__setattr__(self, "stop", (self.stop,))
+        check(self.temperature >= 0, "temperature", f"must be >= 0, got {self.temperature}")
         check(isinstance(self.top_k, int) and self.top_k >= 0, "top_k", f"must be an integer >= 0 (0: off), got {self.top_k!r}")
         check(0 < self.top_p <= 1, "top_p", f"must be in (0, 1], got {self.top_p}")
         check(0 <= self.min_p <= 1, "min_p", f"must be in [0, 1], got {self.min_p}")
@@ -68,7 +75,16 @@ class SamplingParams:
         check(self.seed is None or isinstance(self.seed, int), "seed", f"must be an integer, got {self.seed!r}")
         for k, v in self.logit_bias.items():
             check(isinstance(k, int) and k >= 0, "logit_bias", f"keys are token ids, got {k!r}")
-            check(-100 <= float(v) <= 100, "logit_bias", f"values must be in [-100, 100], got {v} for token {k}")
+            check(
+                isinstance(v, numbers.Real) and not isinstance(v, bool) and -100 <= v <= 100,
+                "logit_bias",
+                f"values must be numbers in [-100, 100], got {v!r} for token {k}",
+            )
+        check(
+            all(isinstance(t, numbers.Integral) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids),
+            "stop_token_ids",
+            f"must be token ids (integers >= 0), got {list(self.stop_token_ids)[:5]!r}",
+        )
         check(all(isinstance(s, str) and s for s in self.stop), "stop", "must be non-empty strings")
         given = [n for n in ("json_schema", "regex", "grammar", "choice") if getattr(self, n) is not None]
         check(len(given) <= 1, given[-1] if given else "json_schema", f"give one constraint, not {', '.join(given)}")

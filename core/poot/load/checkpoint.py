@@ -78,8 +78,13 @@ def open_checkpoint(path: str | Path) -> Checkpoint:
         ck = Checkpoint(p, "safetensors", config, tensors, files)
         ck.weights = WeightMap.from_hf(tensors, str(p), _family_names(ck))
         return ck
-    with open(p, "rb") as f:
-        head = f.read(4)
+    if not p.is_file():
+        raise LoadError(p, "not a regular file or a directory: give a .gguf file or a safetensors model directory")
+    try:
+        with open(p, "rb") as f:
+            head = f.read(4)
+    except OSError as e:
+        raise LoadError(p, f"cannot read it: {e.strerror or e}") from None
     if head == b"GGUF" or p.suffix == ".gguf":
         parts, meta, tensors = open_gguf_split(p)
         ck = Checkpoint(p, "gguf", meta, tensors, [x.path for x in parts])

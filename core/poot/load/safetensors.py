@@ -106,7 +106,11 @@ def open_hf_directory(path: str | Path) -> tuple[dict[str, Any], dict[str, LazyT
     ``model.safetensors`` or shards listed in ``model.safetensors.index.json``."""
     path = Path(path)
     cfg_path = path / "config.json"
-    if not cfg_path.exists():
+    try:
+        found = cfg_path.exists()
+    except OSError as e:  # (a directory that cannot be searched)
+        raise LoadError(path, f"cannot read the directory: {e.strerror or e}") from None
+    if not found:
         raise LoadError(path, "no config.json: a safetensors model directory needs its Hugging Face config")
     try:
         config = json.loads(cfg_path.read_text())

@@ -129,5 +129,13 @@ class ChatTemplate:
             return self._template.render(**context)
         except jinja2.exceptions.TemplateError as e:  # includes the template's own raise_exception
             raise ChatTemplateError(f"{self.name}: {e.message or type(e).__name__}") from None
-        except (TypeError, ValueError, KeyError, IndexError, AttributeError, ZeroDivisionError, RecursionError) as e:
+        except (
+            TypeError,
+            ValueError,
+            KeyError,
+            IndexError,
+            AttributeError,
+            ArithmeticError,
+            RecursionError,
+        ) as e:  # (ArithmeticError: division by zero, an overflow, a range past the sandbox's limit)
             raise ChatTemplateError(f"{self.name} failed while rendering: {type(e).__name__}: {e}") from None
