@@ -9,6 +9,7 @@ sequences cancelled (their KV blocks freed) at once.
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
 import time
 import uuid
@@ -40,10 +41,9 @@ def _params(req: Any, max_tokens: int, logprobs: int | None, **constraint: Any) 
     stop = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
     bias = {}
     for k, v in (req.logit_bias or {}).items():
-        try:
-            bias[int(k)] = float(v)
-        except ValueError:
-            raise ApiError(400, f"logit_bias keys are token ids, got {k!r}", param="logit_bias") from None
+        if not (k.isascii() and k.isdigit()):  # (int() would also take ' 5 ', '1_0' and other scripts' digits)
+            raise ApiError(400, f"logit_bias keys are token ids, got {k!r}", param="logit_bias")
+        bias[int(k)] = float(v)
     try:
         return SamplingParams(
             temperature=1.0 if req.temperature is None else req.temperature,
@@ -383,6 +383,9 @@ class _Api:
             raise ApiError(400, "echo is not supported: the prompt is not returned with the completion", param="echo")
         prompts = await asyncio.to_thread(self.completion_prompts, req)
         prompts = [p for p in prompts for _ in range(req.n)]
+        most = max(self.sched.max_queue, 16)  # a request holds one place in the queue: at most that many sequences
+        if len(prompts) > most:
+            raise ApiError(400, f"{len(prompts)} sequences asked for (prompts x n); this server takes at most {most} a request (--max-queue)", param="prompt")
         for p in prompts:
             if not p:
                 raise ApiError(400, "a prompt is empty", param="prompt")
@@ -492,10 +495,15 @@ class _Auth:
     channel alone, so handlers still see a client's disconnect."""
 
     def __init__(self, app: Any, key: str) -> None:
-        self.app, self.expected = app, f"Bearer {key}".encode()
+        self.app, self.expected = app, key.encode()
+
+    def _allowed(self, header: bytes | None) -> bool:
+        """``Bearer <key>``, the scheme in any case (RFC 7235), the key compared in constant time."""
+        scheme, _, given = (header or b"").strip().partition(b" ")
+        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.expected)
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/") and dict(scope["headers"]).get(b"authorization") != self.expected:
+        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._allowed(dict(scope["headers"]).get(b"authorization")):
             body = error_body(ApiError(401, "invalid API key: send 'Authorization: Bearer <key>'", type="authentication_error", code="invalid_api_key"))
             await JSONResponse(body, status_code=401)(scope, receive, send)
             return

@@ -32,6 +32,7 @@ class _Body(BaseModel):
 
 
 Int = Annotated[int, Strict()]  # an integer as JSON writes it: true is no max_tokens of 1
+MAX_STOPS = 64  # stop strings a request (OpenAI takes 4): each is matched against every new token
 
 
 class StreamOptions(_Body):
@@ -43,7 +44,7 @@ class _Sampling(_Body):
     n: Int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | list[str] | None = None
+    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: Int | None = Field(None, ge=0)
@@ -58,7 +59,7 @@ class _Sampling(_Body):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str] | list[int] | list[list[int]]
+    prompt: str | list[str] | list[Int] | list[list[Int]]
     logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None

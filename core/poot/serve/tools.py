@@ -81,7 +81,7 @@ def parse_tool_calls(text: str, functions: Mapping[str, Any]) -> tuple[str | Non
     for m in _CALL.finditer(text):
         try:
             c = _call(json.loads(m.group(1)), functions)
-        except ValueError:
+        except (ValueError, RecursionError):  # (JSON nested past the parser's depth is no call either)
             c = None
         if c is not None:
             calls.append(c)
@@ -90,7 +90,7 @@ def parse_tool_calls(text: str, functions: Mapping[str, Any]) -> tuple[str | Non
         return (rest or None), calls
     try:  # a bare JSON call (what a required call produces)
         c = _call(json.loads(text), functions)
-    except ValueError:
+    except (ValueError, RecursionError):
         c = None
     return (None, [c]) if c is not None else (text, [])
 
@@ -106,7 +106,9 @@ def tool_calls_as_text(calls: Sequence[Mapping[str, Any]]) -> str:
         args = fn.get("arguments", "{}")
         try:
             args = json.loads(args) if isinstance(args, str) else args
-        except ValueError:
-            pass  # as the client sent it
-        out.append(f"<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args})}</tool_call>")
+            out.append(f"<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args})}</tool_call>")
+        except RecursionError:
+            raise ApiError(400, "a tool call's arguments are nested too deeply", param="messages") from None
+        except ValueError:  # as the client sent it
+            out.append(f"<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args})}</tool_call>")
     return "\n".join(out)

@@ -118,13 +118,19 @@ class ChatTemplate:
         **extra: Any,
     ) -> str:
         """The prompt text for ``messages`` (dicts with 'role' and 'content', maybe 'tool_calls')."""
-        msgs = _plain(list(messages), "messages")
+        try:
+            msgs = _plain(list(messages), "messages")
+        except RecursionError:
+            raise ChatTemplateError("messages are nested too deeply for a chat template") from None
         for i, m in enumerate(msgs):
             if not isinstance(m, dict) or "role" not in m:
                 raise ChatTemplateError(f"messages[{i}] must be an object with a 'role'")
         context = dict(self.special_tokens)
-        context.update(_plain(extra, "template variables"))
-        context.update(messages=msgs, tools=_plain(tools, "tools"), documents=_plain(documents, "documents"), add_generation_prompt=add_generation_prompt)
+        try:
+            context.update(_plain(extra, "template variables"))
+            context.update(messages=msgs, tools=_plain(tools, "tools"), documents=_plain(documents, "documents"), add_generation_prompt=add_generation_prompt)
+        except RecursionError:
+            raise ChatTemplateError("tools or documents are nested too deeply for a chat template") from None
         try:
             return self._template.render(**context)
         except jinja2.exceptions.TemplateError as e:  # includes the template's own raise_exception
