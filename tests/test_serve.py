@@ -431,3 +431,44 @@ def test_a_model_answer_nested_past_the_json_parser_is_content_not_a_500():
     assert parse_tool_calls(deep, functions) == (deep, [])
     assert parse_tool_calls(f"<tool_call>{deep}</tool_call>", functions) == (f"<tool_call>{deep}</tool_call>", [])
     assert parse_tool_calls('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', functions)[1][0]["function"]["name"] == "f"
+
+
+def test_a_request_whose_handler_was_cancelled_leaves_the_loop_running():
+    """A handler cancelled while its request waits in the scheduler's inbox cancels the future the
+    loop would answer; setting a cancelled future's result had raised in the loop's thread and
+    ended it (every later request would have waited forever)."""
+    import threading
+
+    from poot.serve.scheduler import Scheduler
+
+    gate = threading.Event()
+
+    class Engine:  # what the loop asks of an engine, the first add held at the gate
+        running: list = []
+        waiting: list = []
+
+        def __init__(self) -> None:
+            self.next = 0
+
+        def add(self, prompt, params):  # type: ignore[no-untyped-def]
+            gate.wait(10)
+            self.next += 1
+            return self.next
+
+        def cancel(self, seq_id):  # type: ignore[no-untyped-def]
+            return False
+
+        def has_work(self) -> bool:
+            return False
+
+    sched = Scheduler(Engine())  # type: ignore[arg-type]
+    try:
+        first = sched.submit([[1]], [None], lambda ev: None)  # type: ignore[list-item]
+        second = sched.submit([[1]], [None], lambda ev: None)  # type: ignore[list-item]
+        assert second.cancel()  # still in the inbox: the first holds the loop at the gate
+        gate.set()
+        assert first.result(timeout=10) == [1]
+        third = sched.submit([[1]], [None], lambda ev: None)  # type: ignore[list-item]
+        assert third.result(timeout=10) == [2]  # the loop is alive, and the cancelled one was never added
+    finally:
+        sched.close()

@@ -107,6 +107,10 @@ class Scheduler:
         if cmd[0] == "add":
             _, prompts, params, cb, fut = cmd
             ids: list[int] = []
+            if not fut.set_running_or_notify_cancel():  # its handler was cancelled meanwhile: nothing waits for it
+                with self._lock:
+                    self._pending -= 1
+                return
             try:
                 if self.draining:  # (submitted as the drain began)
                     raise ShuttingDown("the server is shutting down; send the request again to another one, or once it is back")
