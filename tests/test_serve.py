@@ -9,6 +9,7 @@ import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import numpy as np
 import pytest
 
 openai = pytest.importorskip("openai")
@@ -450,7 +451,7 @@ def test_a_request_whose_handler_was_cancelled_leaves_the_loop_running():
         def __init__(self) -> None:
             self.next = 0
 
-        def add(self, prompt, params):  # type: ignore[no-untyped-def]
+        def add(self, prompt, params, constraint=None):  # type: ignore[no-untyped-def]
             gate.wait(10)
             self.next += 1
             return self.next
@@ -472,3 +473,28 @@ def test_a_request_whose_handler_was_cancelled_leaves_the_loop_running():
         assert third.result(timeout=10) == [2]  # the loop is alive, and the cancelled one was never added
     finally:
         sched.close()
+
+
+def test_a_constraint_is_compiled_once_a_request_and_its_copies_agree(smollm2_path):
+    """``Engine.constraints`` compiles each distinct constraint of a request once and copies it for
+    the request's other sequences (the server does this off the loop that steps every request):
+    the copies start fresh and allow what the original allows, token by token."""
+    import poot
+    from poot.llm import SamplingParams
+
+    m = poot.load("SmolLM2", "cpu", max_seqs=2, max_context=256, progress=False)
+    try:
+        schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+        params = [SamplingParams(json_schema=schema, max_tokens=24), SamplingParams(json_schema=schema, max_tokens=24, seed=2), SamplingParams()]
+        first, second, none = m.engine.constraints(params)
+        assert none is None and first is not None and second is not first
+        assert (first.bitmask() == second.bitmask()).all()
+        token = int(np.flatnonzero(first.mask())[0])
+        first.advance(token)
+        assert not (first.bitmask() == second.bitmask()).all()  # the copy keeps its own state
+        second.advance(token)
+        assert (first.bitmask() == second.bitmask()).all()
+        out = m.complete(["Give me a JSON object."] * 2, params[:2], raw=True)
+        assert all(json.loads(c.text)["a"] is not None for c in out), [c.text for c in out]
+    finally:
+        m.close()

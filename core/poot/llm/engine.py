@@ -153,7 +153,9 @@ class Engine:
         self.stats = {"steps": 0, "prefill_tokens": 0, "decode_tokens": 0, "padded_tokens": 0}
 
     # -- requests -----------------------------------------------------------------------------------
-    def add(self, prompt: Sequence[int], params: SamplingParams | None = None) -> int:
+    def add(self, prompt: Sequence[int], params: SamplingParams | None = None, constraint: Constraint | None = None) -> int:
+        """Queue a sequence; its id. ``constraint``: its output's constraint compiled already
+        (``constraints``), else compiled here from ``params``."""
         params = params or SamplingParams()
         prompt = [int(t) for t in prompt]
         if not prompt:
@@ -172,7 +174,8 @@ class Engine:
         bad_bias = [t for t in params.logit_bias if t >= self.vocab]
         if bad_bias:
             raise ParameterError("logit_bias", f"token ids {bad_bias[:5]} are outside the vocabulary of {self.vocab}")
-        constraint = self._constraint(params)
+        if constraint is None:
+            constraint = self._constraint(params)
         seed = device_seed(params.seed) if params.seed is not None else int.from_bytes(os.urandom(4), "little", signed=True)
         s = SequenceState(self._next_id, prompt, params, seed, constraint=constraint)
         s.detok = StreamingDetokenizer(self.tok, skip_special_tokens=True)
@@ -180,6 +183,23 @@ class Engine:
         self._next_id += 1
         self.waiting.append(s)
         return s.id
+
+    def constraints(self, params: Sequence[SamplingParams]) -> list[Constraint | None]:
+        """The output constraints of sequences about to be added (``add``'s ``constraint``), each
+        distinct one compiled once and copied for the others that share it: a caller compiles them
+        off the thread that steps the engine (a large grammar takes a second or more)."""
+        out: list[Constraint | None] = []
+        made: dict[tuple, Constraint] = {}
+        for p in params:
+            key = (repr(p.json_schema), p.regex, p.grammar, repr(p.choice))
+            if not p.constrained:
+                out.append(None)
+            elif key in made:
+                out.append(made[key].copy())
+            else:
+                c = made[key] = self._constraint(p)  # type: ignore[assignment]
+                out.append(c)
+        return out
 
     def _constraint(self, p: SamplingParams) -> Constraint | None:
         if not p.constrained:

@@ -120,8 +120,16 @@ class _Api:
         not compile is a 400 naming ``blame`` (the request's field that set it)."""
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
+        compiled = None
+        if any(p.constrained for p in params):  # compiled here, once a request, off the loop that steps every request
+            try:
+                compiled = await asyncio.to_thread(self.m.engine.constraints, params)
+            except ParameterError as e:
+                raise ApiError(400, str(e), param=e.name) from None
+            except ConstraintError as e:
+                raise ApiError(400, str(e), param=blame) from None
         try:
-            fut = self.sched.submit(prompts, params, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev))
+            fut = self.sched.submit(prompts, params, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev), compiled)
         except QueueFull as e:
             raise ApiError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
         except ShuttingDown as e:

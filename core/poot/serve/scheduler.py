@@ -16,6 +16,7 @@ import traceback
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from ..errors import PootError
 from ..llm.engine import Engine, Event
@@ -64,9 +65,13 @@ class Scheduler:
         self._thread.start()
 
     # -- called from request handlers ---------------------------------------------------------------
-    def submit(self, prompts: Sequence[list[int]], params: Sequence[SamplingParams], on_event: Callable[[Event], None]) -> Future:
+    def submit(
+        self, prompts: Sequence[list[int]], params: Sequence[SamplingParams], on_event: Callable[[Event], None], constraints: Sequence[Any] | None = None
+    ) -> Future:
         """Queue sequences; the future gives their ids (or the ``ParameterError`` that refused
-        them). ``on_event`` runs on the loop thread: it must only hand the event over."""
+        them). ``on_event`` runs on the loop thread: it must only hand the event over.
+        ``constraints``: the sequences' output constraints compiled already (``Engine.constraints``,
+        off this loop), else the engine compiles them as it adds them."""
         if self.draining:
             raise ShuttingDown("the server is shutting down; send the request again to another one, or once it is back")
         with self._lock:
@@ -75,7 +80,7 @@ class Scheduler:
                 raise QueueFull(f"{waiting} requests are already waiting to run (at most {self.max_queue} may); try again later")
             self._pending += 1
         fut: Future = Future()
-        self._inbox.put(("add", list(prompts), list(params), on_event, fut))
+        self._inbox.put(("add", list(prompts), list(params), on_event, fut, list(constraints or [None] * len(prompts))))
         return fut
 
     def _waiting_requests(self) -> int:
@@ -105,7 +110,7 @@ class Scheduler:
 
     def _handle(self, cmd: tuple) -> None:
         if cmd[0] == "add":
-            _, prompts, params, cb, fut = cmd
+            _, prompts, params, cb, fut, compiled = cmd
             ids: list[int] = []
             if not fut.set_running_or_notify_cancel():  # its handler was cancelled meanwhile: nothing waits for it
                 with self._lock:
@@ -114,8 +119,8 @@ class Scheduler:
             try:
                 if self.draining:  # (submitted as the drain began)
                     raise ShuttingDown("the server is shutting down; send the request again to another one, or once it is back")
-                for p, sp in zip(prompts, params):
-                    ids.append(self.engine.add(p, sp))
+                for p, sp, c in zip(prompts, params, compiled):
+                    ids.append(self.engine.add(p, sp, c))
             except Exception as e:  # noqa: BLE001 - the request is refused, the loop goes on
                 for i in ids:
                     self.engine.cancel(i)

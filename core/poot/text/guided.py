@@ -66,6 +66,15 @@ class Constraint:
         if not self.bitmask().any() and not self.is_accepting():
             raise ConstraintError(f"{description}: {_STOP_REASONS['NoExtension']}")
 
+    def copy(self) -> Constraint:
+        """A fresh constraint of the same grammar for another sequence, without compiling it again."""
+        new = object.__new__(Constraint)
+        new.compiler, new.grammar, new.description = self.compiler, self.grammar, self.description
+        new._matcher = self._matcher.deep_copy()
+        new._matcher.reset()
+        new._words, new.tokens, new._ended = self._words, [], False
+        return new
+
     def start(self) -> None:
         """Back to the beginning (a constraint object can serve one sequence at a time)."""
         self._matcher.reset()
