@@ -350,6 +350,19 @@ def test_a_full_queue_answers_429_and_recovers(smollm2_path):
     assert "matmul precision medium" in (proc.stdout.read() if proc.stdout else "")  # the flag reached the model's plans
 
 
+def test_the_queue_counts_only_what_the_next_step_cannot_admit(smollm2_path):
+    """With 4 rows and 8 places in the queue, 12 requests at once are all taken: the 4 the next
+    step admits had counted as waiting, so 429s came with fewer than 8 in the queue."""
+    proc, base = _start("--max-batch", "4", "--max-queue", "8")
+    try:
+        body = {"model": "SmolLM2", "messages": [{"role": "user", "content": "Tell me a story."}], "max_tokens": 6, "temperature": 0}
+        with ThreadPoolExecutor(12) as pool:
+            codes = list(pool.map(lambda _: httpx.post(f"{base}/v1/chat/completions", json=body, timeout=300).status_code, range(12)))
+        assert codes == [200] * 12, codes
+    finally:
+        stop_server(proc)
+
+
 def test_a_non_streaming_client_that_leaves_frees_its_blocks(server):
     body = {
         "model": "SmolLM2",
@@ -447,6 +460,7 @@ def test_a_request_whose_handler_was_cancelled_leaves_the_loop_running():
     class Engine:  # what the loop asks of an engine, the first add held at the gate
         running: list = []
         waiting: list = []
+        max_seqs = 1
 
         def __init__(self) -> None:
             self.next = 0

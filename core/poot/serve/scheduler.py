@@ -75,7 +75,9 @@ class Scheduler:
         if self.draining:
             raise ShuttingDown("the server is shutting down; send the request again to another one, or once it is back")
         with self._lock:
-            waiting = self._pending + self._waiting_requests()
+            # requests beyond those the next step admits (its free rows, counted as requests of one sequence)
+            free = max(0, self.engine.max_seqs - len(self.engine.running))
+            waiting = max(0, self._pending + self._waiting_requests() - free)
             if waiting + 1 > self.max_queue:
                 raise QueueFull(f"{waiting} requests are already waiting to run (at most {self.max_queue} may); try again later")
             self._pending += 1
