@@ -15,6 +15,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -321,10 +322,16 @@ class ModelHandle:
         self._executor(False)  # (a closed handle refuses here)
         params = _sampling(params)
         ids = self.encode(prompt, raw)
+        with self._one_thread():
+            yield from self._generate(ids, params)
+
+    @contextmanager
+    def _one_thread(self) -> Iterator[None]:
+        """Held while a thread generates: another thread that tries meanwhile gets a PootError."""
         if not self._user.acquire(blocking=False):
             raise PootError("this model is generating in another thread: a handle serves one thread at a time (load one a thread, or serve it)")
         try:
-            yield from self._generate(ids, params)
+            yield
         finally:
             self._user.release()
 
@@ -364,12 +371,8 @@ class ModelHandle:
             raise ParameterError("params", f"{len(plist)} parameter sets for {len(prompts)} prompts")
         self._executor(False)  # (a closed handle says so here)
         ids = [self.encode(p, raw) for p in prompts]
-        if not self._user.acquire(blocking=False):
-            raise PootError("this model is generating in another thread: a handle serves one thread at a time (load one a thread, or serve it)")
-        try:
+        with self._one_thread():
             return self._complete(ids, plist)
-        finally:
-            self._user.release()
 
     def _complete(self, ids: list[list[int]], plist: list[SamplingParams]) -> list[Completion]:
         sids = [self.engine.add(x, p) for x, p in zip(ids, plist)]
