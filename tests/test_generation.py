@@ -411,3 +411,39 @@ def test_a_second_thread_generating_on_a_handle_is_refused(smollm2):
     got += [ev.token for ev in first]
     assert len(errors) == 1 and "another thread" in str(errors[0])
     assert got == alone
+
+
+def test_a_constraint_that_fails_mid_answer_ends_only_its_sequence(smollm2, monkeypatch):
+    """llguidance can fail while computing a mask (its own limits, past the first token): that had
+    raised out of the step and ended every sequence in it. Now the failing sequence ends with an
+    error naming its parameter and the others go on to the tokens they get alone."""
+    from poot.text.guided import Constraint, ConstraintError
+
+    plain = SamplingParams(temperature=0, max_tokens=10)
+    prompt = "Name three colours:"
+    e = smollm2.engine
+
+    def run() -> dict[int, list]:
+        got: dict[int, list] = {}
+        while e.running or e.waiting:
+            for ev in e.step():
+                got.setdefault(ev.seq_id, []).append(ev)
+        return got
+
+    only = e.add(smollm2.tokenizer.encode(prompt), plain)
+    alone = [ev.token for ev in run()[only]]
+    real = Constraint.bitmask
+
+    def failing(self):
+        if len(self.tokens) >= 2:
+            raise ConstraintError("JSON schema: parser error: too many items")
+        return real(self)
+
+    monkeypatch.setattr(Constraint, "bitmask", failing)
+    guided = e.add(smollm2.tokenizer.encode("Describe a cat as JSON."), SamplingParams(temperature=0, max_tokens=10, json_schema=SCHEMA))
+    other = e.add(smollm2.tokenizer.encode(prompt), plain)
+    got = run()
+    assert [ev.token for ev in got[other]] == alone and got[other][-1].finished == "length"
+    end = got[guided][-1]
+    assert end.finished == "error" and end.error_param == "json_schema" and "too many items" in end.error, end
+    assert len(got[guided]) == 3 and all(ev.finished is None for ev in got[guided][:-1])

@@ -175,6 +175,26 @@ def _post(server, path, body, key=KEY, raw=None):
     return httpx.post(f"{server}{path}", headers=headers, content=raw if raw is not None else json.dumps(body), timeout=120)
 
 
+def test_bodies_past_the_limit_get_413_and_the_server_goes_on(server, client):
+    """A body past --max-body (32 MiB by default) is refused before it is parsed, whether its
+    length is declared or it comes in chunks; a chunked body within the limit is served."""
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    ok = {"model": "SmolLM2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "temperature": 0}
+    big = b'{"model": "SmolLM2", "messages": [{"role": "user", "content": "' + b"a" * (33 << 20) + b'"}]}'
+
+    def chunks(data: bytes):  # (an iterator: httpx sends it chunked, with no Content-Length)
+        for i in range(0, len(data), 1 << 20):
+            yield data[i : i + (1 << 20)]
+
+    for content in (big, chunks(big)):
+        r = httpx.post(f"{server}/v1/chat/completions", headers=headers, content=content, timeout=120)
+        assert r.status_code == 413 and r.json()["error"]["code"] == "request_too_large" and "--max-body" in r.json()["error"]["message"], r.text[:300]
+    stranger = httpx.post(f"{server}/v1/chat/completions", headers={**headers, "Authorization": "Bearer wrong"}, content=chunks(big), timeout=120)
+    assert stranger.status_code == 401, stranger.text[:300]  # the key is checked first: no body is read for a client without it
+    r = httpx.post(f"{server}/v1/chat/completions", headers=headers, content=chunks(json.dumps(ok).encode()), timeout=120)
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == client.chat.completions.create(**ok).choices[0].message.content
+
+
 def test_errors_have_the_right_status_and_body(server, client):
     ok = {"model": "SmolLM2", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     cases = [

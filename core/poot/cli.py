@@ -355,6 +355,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         args.name,
         args.matmul_precision,
         args.kv_dtype,
+        args.max_body,
     )
     return 0
 
@@ -525,6 +526,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' on /v1 requests")
     srv.add_argument("--max-batch", type=_at_least(1), default=16, help="sequences decoded together")
     srv.add_argument("--max-queue", type=_at_least(1), default=256, help="requests waiting beyond that get 429")
+    srv.add_argument("--max-body", default="32M", help="the largest request body taken, e.g. 32M (larger ones get 413)")
     srv.add_argument("--name", default=None, help="the model id clients use (default: MODEL as given)")
     srv.set_defaults(func=cmd_serve)
     bench = sub.add_parser("bench", help="prefill and decode tokens/s for a few batch sizes")

@@ -87,6 +87,7 @@ class SequenceState:
     stop: StopMatcher | None = None
     finished: str | None = None
     awaiting: int = 0  # tokens of it that steps in flight are sampling
+    failure: str | None = None  # why its constraint gave no mask for the step in flight (it ends on that step's token)
 
     @property
     def pending(self) -> int:
@@ -458,16 +459,30 @@ class Engine:
                 bias_ids[r, j] = tid
                 bias_vals[r, j] = val
             if s.constraint is not None:
-                m = s.constraint.bitmask()
+                s.failure = None
+                try:
+                    m = s.constraint.bitmask()
+                except Exception as e:  # (llguidance's own too) this sequence ends on the step's token; the others in the step go on
+                    s.failure = f"the output constraint failed: {e}"
+                    continue
                 d["mask"][r] = 0
                 d["mask"][r, : min(len(m), self._words)] = m[: self._words]
         d["bias_ids"], d["bias_vals"] = bias_ids, bias_vals
         return d
 
+    @staticmethod
+    def _constraint_param(p: SamplingParams) -> str | None:
+        """The parameter that set a sequence's output constraint (what a failure of it blames)."""
+        return next((n for n in ("json_schema", "regex", "grammar", "choice") if getattr(p, n) is not None), None)
+
     def _accept(self, s: SequenceState, token: int, lp: tuple[int, tuple[np.ndarray, np.ndarray, np.ndarray]] | None) -> Event:
         p = s.params
         if not 0 <= token < self.vocab:  # (no sampling input should draw one; never fed back as the next input)
             ev = Event(s.id, None, "", "error", error=f"the sampler drew token {token}, outside the vocabulary of {self.vocab}")
+            self._release(s, "error")
+            return ev
+        if s.failure is not None:
+            ev = Event(s.id, None, "", "error", error=s.failure, error_param=self._constraint_param(p))
             self._release(s, "error")
             return ev
         ev = Event(s.id, token, "")
@@ -482,7 +497,7 @@ class Engine:
                 s.constraint.advance(token)
             except PootError as e:
                 ev.finished, ev.error = "error", f"the output constraint failed: {e}"
-                ev.error_param = next((n for n in ("json_schema", "regex", "grammar", "choice") if getattr(p, n) is not None), None)
+                ev.error_param = self._constraint_param(p)
                 self._release(s, "error")
                 return ev
         end = (token in self.tok.stop_ids and not p.ignore_eos) or token in p.stop_token_ids or (s.constraint is not None and s.constraint.is_finished())

@@ -46,13 +46,13 @@ KV_DTYPES = POOL_TYPES  # what the KV pools may hold (the kernels' pool types): 
 __all__ = ["ModelHandle", "Completion", "load", "parse_bytes"]
 
 
-def parse_bytes(text: str | int) -> int:
-    """'512M', '2G', '1.5GiB', '1000000' -> bytes."""
+def parse_bytes(text: str | int, name: str = "kv_memory") -> int:
+    """'512M', '2G', '1.5GiB', '1000000' -> bytes (an error names the parameter ``name``)."""
     if isinstance(text, int):
         return text
     m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([kKmMgGtT]?)(i?[bB])?\s*", str(text))
     if not m:
-        raise ParameterError("kv_memory", f"'{text}' is not a size (examples: 512M, 2G, 1073741824)")
+        raise ParameterError(name, f"'{text}' is not a size (examples: 512M, 2G, 1073741824)")
     mult = {"": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}[m.group(2).lower()]
     return int(float(m.group(1)) * mult)
 

@@ -25,8 +25,10 @@ def serve(
     name: str | None = None,
     matmul_precision: str = "high",
     kv_dtype: str = "f16",
+    max_body: str | int = "32M",
 ) -> None:
-    """Load ``model`` and serve it until interrupted."""
+    """Load ``model`` and serve it until interrupted. ``max_body``: the largest request body taken
+    (a size such as '32M'); larger ones get a 413."""
     try:
         import uvicorn
     except ImportError:
@@ -37,7 +39,9 @@ def serve(
 
     from ..errors import PootError
     from ..llm import load
+    from ..llm.handle import parse_bytes
 
+    limit = parse_bytes(max_body, "max_body")
     try:  # before the model loads: a port in use is known at once, not after "serving"
         with socket.create_server((host, port)):
             pass
@@ -50,7 +54,7 @@ def serve(
     if context is not None:
         opts["max_context"] = context
     handle = load(model, device, **opts)
-    app = create_app(handle, name or model, api_key, max_queue)
+    app = create_app(handle, name or model, api_key, max_queue, limit)
     print(
         f"poot: serving {name or model} on http://{host}:{port}/v1 ({handle.device.name}, matmul precision {handle.matmul_precision}, KV cache {handle.kv_dtype})",
         flush=True,

@@ -9,7 +9,6 @@ sequences cancelled (their KV blocks freed) at once.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
@@ -28,6 +27,7 @@ from ..llm.params import ParameterError, SamplingParams
 from ..text.chat import ChatTemplateError
 from ..text.guided import ConstraintError
 from ..text.tokenizer import TokenizerError
+from .middleware import Auth, BodyLimit
 from .protocol import ApiError, ChatRequest, CompletionRequest, error_body
 from .scheduler import QueueFull, Scheduler, ShuttingDown
 from .tools import check_tools, forced_call_schema, parse_tool_calls, tool_calls_as_text, tool_system_prompt
@@ -130,12 +130,9 @@ class _Api:
                 raise ApiError(400, str(e), param=blame) from None
         try:
             fut = self.sched.submit(prompts, params, lambda ev: loop.call_soon_threadsafe(q.put_nowait, ev), compiled)
+            ids = await asyncio.wrap_future(fut)
         except QueueFull as e:
             raise ApiError(429, str(e), type="rate_limit_exceeded", code="queue_full") from None
-        except ShuttingDown as e:
-            raise ApiError(503, str(e), type="server_error", code="server_shutting_down") from None
-        try:
-            ids = await asyncio.wrap_future(fut)
         except ParameterError as e:
             raise ApiError(400, str(e), param=e.name) from None
         except ConstraintError as e:
@@ -498,27 +495,10 @@ class _Api:
         return "\n".join(lines) + "\n"
 
 
-class _Auth:
-    """``Authorization: Bearer <key>`` on /v1 routes. A plain ASGI middleware: it leaves the receive
-    channel alone, so handlers still see a client's disconnect."""
-
-    def __init__(self, app: Any, key: str) -> None:
-        self.app, self.expected = app, key.encode()
-
-    def _allowed(self, header: bytes | None) -> bool:
-        """``Bearer <key>``, the scheme in any case (RFC 7235), the key compared in constant time."""
-        scheme, _, given = (header or b"").strip().partition(b" ")
-        return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), self.expected)
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and scope["path"].startswith("/v1/") and not self._allowed(dict(scope["headers"]).get(b"authorization")):
-            body = error_body(ApiError(401, "invalid API key: send 'Authorization: Bearer <key>'", type="authentication_error", code="invalid_api_key"))
-            await JSONResponse(body, status_code=401)(scope, receive, send)
-            return
-        await self.app(scope, receive, send)
+MAX_BODY = 32 << 20  # bytes of a request's body, by default: far past any prompt a context holds
 
 
-def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, max_queue: int = 256) -> FastAPI:
+def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, max_queue: int = 256, max_body: int = MAX_BODY) -> FastAPI:
     scheduler = Scheduler(handle.engine, max_queue)
     api = _Api(handle, model_id, scheduler, api_key)
     app = FastAPI(title="poot", version="0.1.0")
@@ -548,8 +528,9 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
     async def _unexpected(request: Request, e: Exception) -> JSONResponse:  # a bug: still the OpenAI shape, and the loop goes on
         return JSONResponse(error_body(ApiError(500, f"internal error: {type(e).__name__}: {e}", type="server_error")), status_code=500)
 
-    if api_key is not None:
-        app.add_middleware(_Auth, key=api_key)
+    app.add_middleware(BodyLimit, limit=max_body)
+    if api_key is not None:  # (added last: it runs first, so a client without the key has no body read)
+        app.add_middleware(Auth, key=api_key)
 
     @app.get("/health")
     async def health() -> dict[str, str]:
