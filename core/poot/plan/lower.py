@@ -229,6 +229,9 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
                 plan.launches.append(ew)
         elif n.op == "matmul":
             fused_few = n.id in glus or n.id in in_siblings  # few rows: a fused launch computes this product (or its use), reading x its own way
+            if n.id in siblings:  # (before any sibling's own launches: the backend's fused ones take rows from them)
+                plan.launches.extend(siblings_launches(siblings[n.id], limits, sched, qx))
+                plan.launches.extend(sched.siblings_many_rows(siblings[n.id]))
             ls = (
                 matmul_gpu(n, limits, sched, None if fused_few else qx)
                 if gpu
@@ -236,8 +239,6 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
             )
             if fused_few:
                 ls = [l for l in ls if not l.kernel.name.startswith("gemv_warp_")]
-            if n.id in siblings:
-                plan.launches.extend(siblings_launches(siblings[n.id], limits, sched, qx))
             plan.launches.extend(ls)
         elif n.op == "gather":
             plan.launches.append(gather_launch(n, _key(n.inputs[0]) in rows16))

@@ -97,6 +97,12 @@ class Schedules:
         in registers)."""
         return None
 
+    def siblings_many_rows(self, ns: Sequence[Node]) -> list[Launch]:
+        """Beyond four rows, launches that compute several products of one x (``ns``: q, k and v,
+        found by ``find_siblings``) together, each under its own ``When``; the backend's
+        ``matmul_many_rows`` then leaves those rows of each product to them. None: each its own."""
+        return []
+
     def glu_split(self, glu: Glu, h: Value, users: Sequence[Node]) -> list[Launch]:
         """Beyond a few rows, launches that compute the gated MLP's product ``h`` (silu(g) * u) in
         the form its ``users`` read it, instead of the generic elementwise kernel; none keeps that."""

@@ -63,6 +63,7 @@ class NvidiaSchedules(Schedules):
         super().__init__(plan, limits)
         self.split = SplitX(plan, 2 if limits.matmul_precision == "high" else 1)
         self.quant = QuantizedX(plan)  # x quantized for the integer tensor-core GEMM (not the one-row GEMVs')
+        self.fused: set[int] = set()  # matmuls whose integer GEMM launches with their siblings' (``siblings_many_rows``)
 
     def gemv(self, qtype: str, k: int, n: int, rows: int) -> GemvChoice:
         """Q4_K lanes of 32 quant bytes (``wide``) for one row of x, where they are faster. On Hopper
@@ -89,7 +90,21 @@ class NvidiaSchedules(Schedules):
         """Beyond four rows, the tensor-core GEMMs where matmul ``n`` takes them (``_on_tensor_cores``)."""
         if not _on_tensor_cores(n, self.limits):
             return None
-        return _tensor_core_launches(n, self.limits, self.split, self.quant)
+        return _tensor_core_launches(n, self.limits, self.split, self.quant, n.id in self.fused)
+
+    def siblings_many_rows(self, ns: Sequence[Node]) -> list[Launch]:
+        """Products of one x (q, k and v) from 5 to ``IMMA_ROWS`` rows as one integer GEMM launch a
+        regime where ``_fusable``: a launch and one K split for all of them (their sum of features
+        fills the GPU where each alone would be split further or leave SMs idle), one ``sum_parts``
+        dividing the sums among their outputs."""
+        if not _fusable(ns, self.limits):
+            return []
+        x, w = ns[0].inputs
+        kk = w.shape[1].value
+        total = sum(m.inputs[1].shape[0].value for m in ns)
+        rows = lambda env: int(np.prod(value_shape(x, env)[:-1]))  # noqa: E731
+        self.fused.update(m.id for m in ns)
+        return _imma_launches(ns[0], kk, total, {}, rows, self.quant, self.limits, ns)
 
     def glu_split(self, glu: Glu, h: Value, users: Sequence[Node]) -> list[Launch]:
         return glu_split_launches(glu, h, users, self.limits, self.split, self.quant)
@@ -183,42 +198,79 @@ def _imma(n: Node, limits: Limits) -> bool:
     return IMMA_ROWS > 4 and q in IMMA_XS and kk % _IMMA_BLOCKS[q] == 0 and limits.matmul_precision != "highest" and _on_tensor_cores(n, limits)
 
 
-def _imma_launches(n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callable[[Env], int], quant: QuantizedX, limits: Limits) -> list[Launch]:
+def _imma_launches(
+    n: Node, kk: int, nn: int, bufs: dict[str, Any], rows: Callable[[Env], int], quant: QuantizedX, limits: Limits, siblings: Sequence[Node] = ()
+) -> list[Launch]:
     """Matmul ``n`` of 5 to ``IMMA_ROWS`` rows on the integer tensor cores: x quantized once
     (``quant``), then the weight type's staged GEMM in regimes of 1, 2, 4 and 8 row tiles (fewer, in
     more workgroups, where x's rows would not fit the device's workgroup memory), K split in parts
-    (added by ``sum_parts``) where the output's tiles are too few to fill the GPU."""
+    (added by ``sum_parts``) where the output's tiles are too few to fill the GPU. With
+    ``siblings`` (``n`` first among them: products of one x by weights of one type and K), all of
+    them in one launch a regime (``parts``; ``_fusable`` says when), ``nn`` their features."""
     q = n.inputs[1].dtype.name
     make = linear_imma_xs.gemm_imma_q4_k_xs if q == "q4_k" else linear_imma_xs.gemm_imma_q6_k_xs
     areas, out = quant.of(n, n.inputs[0], kk, rows, between(4, IMMA_ROWS, rows))
     xq = _quantized(areas)
+    sizes = tuple(m.inputs[1].shape[0].value for m in siblings)
+    if siblings:
+        ws = {f"w{i}": value_key(m.inputs[1]) for i, m in enumerate(siblings)}
+        ys = {f"y{i}": value_key(m.outputs[0]) for i, m in enumerate(siblings)}
+    else:
+        ws, ys = {"w": bufs["w"]}, {"y": bufs["y"]}
     sc = lambda env: {"m": rows(env), "n": nn}  # noqa: E731
+    for rt, lo, hi in _imma_regimes(limits):
+        ft, wn, pipe, per_sm = IMMA_XS[q][rt]
+        tiles = -(-nn // (16 * ft * wn))
+        parts = next((p for p in (8, 4, 2) if tiles * p <= IMMA_SMS * per_sm and kk // _IMMA_BLOCKS[q] % p == 0 and nn % 4 == 0), 1)
+        k = make(kk, ft, rt, wn, parts, pipe, parts=sizes)
+        grid = lambda env, rt=rt, tiles=tiles, parts=parts: (-(-rows(env) // (8 * rt)), tiles, parts)  # noqa: E731
+        when = between(lo, IMMA_ROWS if hi is None or hi > IMMA_ROWS else hi, rows)
+        label = f"{len(siblings)} matmuls" if siblings else ""
+        if parts == 1:
+            out.append(Launch(n, k, {**xq, **ws, **ys}, grid, sc, when, label=label))
+            continue
+        area = quant.plan.add_scratch(lambda env, parts=parts: parts * rows(env) * nn)
+        out += [
+            Launch(n, k, {**xq, **ws, "y": area}, grid, sc, when, label=label),
+            _sum_parts(n, parts, area, ys if sizes else bufs["y"], rows, nn, when, sizes),
+        ]
+    return out
+
+
+def _imma_regimes(limits: Limits) -> list[tuple[int, int, int | None]]:
+    """The integer GEMM's regimes up to ``IMMA_ROWS`` rows: (row tiles, rows above, rows up to; None:
+    no bound), row tiles halved where x's rows would not fit the device's workgroup memory."""
     room = max(limits.shared_bytes, limits.dynamic_shared)
+    out = []
     for rt, lo, hi in ((1, 4, 8), (2, 8, 16), (4, 16, 32), (8, 32, None)):
         if lo >= IMMA_ROWS:
             break
         while rt > 1 and linear_imma_xs.xs_shared_bytes(rt) > room:
             rt //= 2
-        ft, wn, pipe, per_sm = IMMA_XS[q][rt]
-        tiles = -(-nn // (16 * ft * wn))
-        parts = next((p for p in (8, 4, 2) if tiles * p <= IMMA_SMS * per_sm and kk // _IMMA_BLOCKS[q] % p == 0 and nn % 4 == 0), 1)
-        k = make(kk, ft, rt, wn, parts, pipe)
-        grid = lambda env, rt=rt, tiles=tiles, parts=parts: (-(-rows(env) // (8 * rt)), tiles, parts)  # noqa: E731
-        when = between(lo, IMMA_ROWS if hi is None or hi > IMMA_ROWS else hi, rows)
-        if parts == 1:
-            out.append(Launch(n, k, {**xq, "w": bufs["w"], "y": bufs["y"]}, grid, sc, when))
-            continue
-        area = quant.plan.add_scratch(lambda env, parts=parts: parts * rows(env) * nn)
-        out += [Launch(n, k, {**xq, "w": bufs["w"], "y": area}, grid, sc, when), _sum_parts(n, parts, area, bufs["y"], rows, nn, when)]
+        out.append((rt, lo, hi))
     return out
 
 
-def _sum_parts(n: Node, parts: int, area: tuple[int, int], y: Any, rows: Callable[[Env], int], nn: int, when: When) -> Launch:
-    """The launch adding a K-split GEMM's ``parts`` (scratch ``area``) into ``y``."""
+def _fusable(ns: Sequence[Node], limits: Limits) -> bool:
+    """Whether products of one x (``find_siblings``'s) take one integer GEMM launch a regime: each
+    takes the integer GEMM (``_imma``), all of one weight type and K, and every one's features a
+    multiple of a workgroup's in every regime (a workgroup's features lie in one weight)."""
+    if len(ns) < 2 or not all(_imma(m, limits) for m in ns):
+        return False
+    w0 = ns[0].inputs[1]
+    if any(m.inputs[1].dtype != w0.dtype or m.inputs[1].shape[1] != w0.shape[1] for m in ns):
+        return False
+    widths = {16 * IMMA_XS[w0.dtype.name][rt][0] * IMMA_XS[w0.dtype.name][rt][1] for rt, _, _ in _imma_regimes(limits)}
+    return all(m.inputs[1].shape[0].value % wd == 0 for m in ns for wd in widths)
+
+
+def _sum_parts(n: Node, parts: int, area: tuple[int, int], y: Any, rows: Callable[[Env], int], nn: int, when: When, sizes: tuple[int, ...] = ()) -> Launch:
+    """The launch adding a K-split GEMM's ``parts`` (scratch ``area``) into ``y`` (with ``sizes``, a
+    dictionary of outputs ``y0``, ``y1``, ... that many features each, ``nn`` their sum)."""
     return Launch(
         n,
-        linear_mma.sum_parts(parts),
-        {"p": area, "y": y},
+        linear_mma.sum_parts(parts, sizes),
+        {"p": area, **y} if sizes else {"p": area, "y": y},
         lambda env: (-(-rows(env) * nn // 4 // linear_mma.SPLIT_THREADS),),
         lambda env: {"count": rows(env) * nn},
         when,
@@ -274,7 +326,7 @@ def _on_tensor_cores(n: Node, limits: Limits) -> bool:
     return (q in ("bf16", "q4_k") and _warp_gemv_fits(w.dtype, kk, limits)) or (q == "q6_k" and _streams(q, kk)) or _dequantizes(w)
 
 
-def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: QuantizedX | None = None) -> list[Launch]:
+def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: QuantizedX | None = None, fused: bool = False) -> list[Launch]:
     """Matmul ``n`` beyond four rows on tensor cores: a GEMM streaming the weights like a GEMV up to 64
     rows, a tiled one beyond, or on Hopper (wgmma) the warpgroup GEMM from 17 rows (``_wgmma_launches``;
     Q4_K and Q6_K weights there stream up to 64 rows, Q4_K up to 32 and then the warpgroup GEMM that
@@ -282,7 +334,8 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: 
     ``split``). Packed weights are first dequantized to bf16 into scratch memory (``dequantize_bf16``),
     but for those streamed up to 64 rows, which those GEMMs dequantize to the same bf16 values
     (docs/NUMERICS.md). Products of 5 to ``IMMA_ROWS`` rows of a type in ``IMMA_XS`` take the
-    integer tensor cores instead, on x quantized once (``quant``, ``_imma_launches``)."""
+    integer tensor cores instead, on x quantized once (``quant``, ``_imma_launches``), or, ``fused``,
+    in a launch with products of the same x (``NvidiaSchedules.siblings_many_rows``)."""
     x, w = n.inputs
     nn, kk = w.shape[0].value, w.shape[1].value
     rows = lambda env: int(np.prod(_shape(x, env)[:-1]))  # noqa: E731
@@ -320,7 +373,7 @@ def _tensor_core_launches(n: Node, limits: Limits, split: SplitX | None, quant: 
         if not streams:
             bufs["w"] = wd
     two = limits.matmul_precision == "high"  # x as two bf16 terms, or rounded to one
-    if imma:
+    if imma and not fused:
         out += _imma_launches(n, kk, nn, bufs, rows, quant, limits)  # type: ignore[arg-type]
     if split is not None:
         xs, pre = split.of(n, x, kk, rows, between(IMMA_ROWS if imma else 4, None, rows))

@@ -154,6 +154,56 @@ def test_imma_gemm_with_x_in_workgroup_memory_matches(rng, k, ft, rt, wn, ks, pi
     _check_q4_k_product(y, raw, x, xb)
 
 
+# (k, ft, rt, wn, ksplit, pipelined, m, sizes): several products of one x in one launch (q, k, v);
+# on the device Llama-3-8B's q, k and v at the planner's shapes too
+_PARTS_SMALL = [
+    (512, 1, 2, 2, 1, True, 13, (64, 32, 32)),
+    (1024, 1, 1, 2, 2, False, 6, (32, 64)),
+    (512, 1, 8, 1, 2, True, 40, (16, 32, 16)),
+]
+_PARTS_DEVICE = [
+    (4096, 1, 2, 8, 4, True, 16, (4096, 1024, 1024)),
+    (4096, 1, 8, 8, 1, True, 64, (4096, 1024, 1024)),
+]
+
+
+@pytest.mark.parametrize("k,ft,rt,wn,ks,pipe,m,sizes", _PARTS_SMALL + (_PARTS_DEVICE if ON_DEVICE else []), ids=str)
+def test_imma_gemm_of_several_weights_matches_each_alone(rng, k, ft, rt, wn, ks, pipe, m, sizes):
+    """``gemm_imma_q4_k_xs`` with ``parts``: each weight's product is ``_check_q4_k_product``'s, and
+    the same bits as that weight's own launch (K split: its parts added and divided among the
+    outputs by ``sum_parts(S, sizes)``)."""
+    raws = [quantization("q4_k").quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32)) for n in sizes]
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.2, 5, (m, k // 32)).repeat(32, axis=1)).astype(np.float32)
+    xb = {"xq": poisoned((m * k // 4,), np.int32), "xr": poisoned((m * k // 4,), np.int32), "xds": poisoned((m * k // 16,))}
+    _run(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, **xb}, {"m": m})
+    total = sum(sizes)
+    ws = {f"w{i}": raw.view(np.int32).reshape(-1) for i, raw in enumerate(raws)}
+    ys = [poisoned((m, n)) for n in sizes]
+    grid = (-(-m // (8 * rt)), total // (16 * ft * wn), ks)
+    kern = gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe, parts=tuple(sizes))
+    if ks == 1:
+        _run(kern, grid, {**xb, **ws, **{f"y{i}": y for i, y in enumerate(ys)}}, {"m": m, "n": total})
+    else:
+        scratch = poisoned((ks, m, total))
+        _run(kern, grid, {**xb, **ws, "y": scratch}, {"m": m, "n": total})
+        _run(sum_parts(ks, tuple(sizes)), (-(-m * total // 4 // 256),), {"p": scratch, **{f"y{i}": y for i, y in enumerate(ys)}}, {"count": m * total})
+    for raw, y, n in zip(raws, ys, sizes, strict=True):
+        _check_q4_k_product(y, raw, x, xb)
+        alone = poisoned((ks, m, n))
+        _run(
+            gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe),
+            (grid[0], n // (16 * ft * wn), ks),
+            {**xb, "w": raw.view(np.int32).reshape(-1), "y": alone},
+            {"m": m, "n": n},
+        )
+        if ks > 1:
+            one = poisoned((m, n))
+            _run(sum_parts(ks), (-(-m * n // 4 // 256),), {"p": alone, "y": one}, {"count": m * n})
+        else:
+            one = alone[0]
+        assert np.array_equal(y.view(np.int32), one.view(np.int32)), "a weight's product differs from its own launch's"
+
+
 @pytest.mark.parametrize(
     "args",
     [(4096, 2, 1, 4, 4, True), (4096, 2, 2, 8, 8), (14336, 1, 2, 8, 8, True), (4096, 1, 4, 8, 4, True), (4096, 1, 8, 8, 1), (4096, 1, 8, 8, 2, True)],

@@ -351,6 +351,37 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert [l.kernel.name.split("_K")[0] for l in launches("high", 300)[1]] == ["split_bf16x2", "gemm_warp_q4_k", "gemm_warp_q6_k", "gemm_simt_q8_0"]
 
 
+def test_q_k_and_v_of_5_to_64_rows_take_one_integer_gemm_launch():
+    """Products of one x by Q4_K weights whose features are whole workgroups (q, k and v): from 5 to
+    64 rows one integer GEMM launch a regime for all three (K split for their sum of features, one
+    ``sum_parts`` dividing the sums among their outputs); one row their fused GEMV; beyond 64 rows
+    each its own. Features that are not whole workgroups keep a launch each."""
+
+    def plan(sizes):  # type: ignore[no-untyped-def]
+        b = GraphBuilder()
+        x = b.input("x", "f32", [sym("tokens"), 512])
+        graph = b.build({f"y{i}": b.linear(x, b.weight(f"w{i}", "q4_k", [n, 512])) for i, n in enumerate(sizes)})
+        hopper = Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), dynamic_shared=227 * 1024)
+        p = nvidia_plan(graph, device="cuda:0", gpu=True, limits=hopper)
+        return p, lambda t: [l for l in p.launches if l.when is None or l.when({"tokens": t})]
+
+    p, at = plan((512, 256, 256))
+    one, twelve = at(1), at(12)
+    assert [l.kernel.name for l in one] == ["quantize_q8x2_K512", "gemv_warp_3x_q4_k_K512_MR1_512_256_256_xs_G3"]
+    assert [l.kernel.name for l in twelve] == ["quantize_q8x2_K512", "gemm_imma_q4_k_xs_K512_1x2_W8_S2_pipe_P512_256_256", "sum_parts_2_into_512_256_256"]
+    fused, add = twelve[1], twelve[2]
+    assert fused.label == "3 matmuls" and fused.grid({"tokens": 12}) == (1, 8, 2) and fused.scalars({"tokens": 12}) == {"m": 12, "n": 1024}
+    assert [fused.buffers[f"w{i}"] for i in range(3)] == [one[1].buffers[f"w{i}"] for i in range(3)]  # the weights as stored
+    assert fused.buffers["y"] == add.buffers["p"] in p.scratch and [add.buffers[f"y{i}"] for i in range(3)] == [one[1].buffers[f"y{i}"] for i in range(3)]
+    assert all(fused.buffers[b] == twelve[0].buffers[b] for b in ("xq", "xr", "xds"))
+    assert [l.kernel.name for l in at(64)][1] == "gemm_imma_q4_k_xs_K512_1x8_W8_S2_pipe_P512_256_256"
+    beyond = [l.kernel.name for l in at(65)]  # each its own warpgroup GEMM
+    assert beyond.count("gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs") == 3 and not any("_P5" in nm or "_into_" in nm for nm in beyond)
+    _, at = plan((512, 192, 192))  # 192 features: not whole workgroups of 128
+    names = [l.kernel.name for l in at(12)]
+    assert names.count("quantize_q8x2_K512") == 1 and sum(nm.startswith("gemm_imma_q4_k_xs_K512_") and "_P" not in nm for nm in names) == 3
+
+
 def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monkeypatch):
     """Hopper, one row: each x that one-row Q4_K GEMVs read (q/k/v's, the gated MLP's, o's, down's)
     is quantized by one launch placed before its first reader, into scratch areas its readers

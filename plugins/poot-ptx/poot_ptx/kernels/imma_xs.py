@@ -74,35 +74,35 @@ def _staged_kernel(
     wn: int,
     ksplit: int,
     pipelined: bool,
-    weights: Callable[[K.Expr, str], list[K.Stmt]],
+    weights: Callable[[K.Expr, str, str], list[K.Stmt]],
     weight_names: list[str],
     products: Callable[[K.Expr, _Staged, dict[tuple[int, int], tuple[str, ...]]], list[K.Stmt]],
     groups: int = 0,
+    parts: tuple[int, ...] = (),
 ) -> K.Kernel:
     """The frame both staged GEMMs share: lanes, the workgroup's rows and features, x's copies, the
-    loop over the workgroup's blocks of K (``weights(blk, suffix)`` loads the lane's words of a
-    block, ``products(buf, staged, acc)`` sums it against buffer ``buf``), and the stores."""
+    loop over the workgroup's blocks of K (``weights(blk, suffix, buffer)`` loads the lane's words
+    of a block, ``products(buf, staged, acc)`` sums it against buffer ``buf``), and the stores.
+    With ``parts`` (feature counts, each a multiple of a workgroup's features), several products
+    of one x in one launch: weights ``w0``, ``w1``, ..., the features numbered through them in
+    turn (n their sum); a workgroup's features lie in one part, so the branch that picks it is
+    uniform. Unsplit, part i goes to ``y{i}``; with K split, every part to ``y`` at s m n + its
+    first feature, for ``sum_parts(S, parts)`` to add and divide."""
     if k % (256 * ksplit):
         raise ValueError(f"{name} needs K a multiple of 256 times its K split ({ksplit}), got {k}")
     threads, rows = 32 * wn, 8 * rt
+    width = 16 * ft * wn  # a workgroup's features
+    if any(size % width for size in parts):
+        raise ValueError(f"{name}: every part must be a multiple of a workgroup's {width} features, got {parts}")
     blocks = k // ksplit // 256  # a workgroup's blocks of K
     staged = _Staged(rt)
-    body: list[K.Stmt] = [
+    head: list[K.Stmt] = [
         *_mma_lanes(),
         K.Let("row0", _mul(K.Builtin("group_id", 0), rows)),
-        K.Let("col0", _add(_mul(K.Builtin("group_id", 1), 16 * ft * wn), _mul(_r("warp"), 16 * ft))),
+        K.Let("col0", _add(_mul(K.Builtin("group_id", 1), width), _mul(_r("warp"), 16 * ft))),
         K.Let("b0", _mul(K.Builtin("group_id", 2), blocks) if ksplit > 1 else _c(0)),  # this workgroup's first block
-        K.Let("c", _c(0)),
-        K.Let("sh", _c(0)),
     ]
-    last_m, last_n = _b("sub", _r("m"), 1), _b("sub", _r("n"), 1)
-    for j in range(ft):  # the lane's features: rows g and g + 8 of each feature tile
-        for h in (0, 8):
-            body.append(K.Let(f"f{j}_{h}", K.Bin("min", _add(_r("col0"), 16 * j + h, _r("g")), last_n)))
-    acc = {(j, i): tuple(f"acc{j}_{i}_{e}" for e in range(4)) for j in range(ft) for i in range(rt)}
-    for names in acc.values():
-        body += [K.Let(nm, _f(0.0)) for nm in names]
-
+    last_m = _b("sub", _r("m"), 1)
     pieces = rows * 36  # a block's copies: per row 16 + 16 sixteen-byte pieces of the two terms, 4 of (d, sum)
     turns = -(-pieces // threads)
 
@@ -131,37 +131,70 @@ def _staged_kernel(
                 out += cps
         return out
 
-    body += copies(_r("b0"), _c(0), "a")
-    body.append(K.CopyAsyncSync("commit"))
-    nxt = _add(_r("b0"), K.Bin("min", _add(_r("s"), 1), _c(blocks - 1)))
-    if pipelined:
-        body += weights(_r("b0"), "")
-    loop: list[K.Stmt] = [
-        K.Let("cur", _b("rem", _r("s"), 2)),
-        # the next block's x (the last block's again on the last step: an unread copy keeps the count of groups even)
-        *copies(nxt, _b("sub", _c(1), _r("cur")), "b"),
-        K.CopyAsyncSync("commit"),
-        *(weights(nxt, "n") if pipelined else weights(_add(_r("b0"), _r("s")), "")),
-        K.CopyAsyncSync("wait", 1),
-        K.Barrier(),
-        *products(_r("cur"), staged, acc),
-        K.Barrier(),
-    ]
-    if pipelined:  # the next block's words become this block's
-        loop += [K.Assign(nm, _r(f"{nm}n")) for nm in weight_names]
-    body.append(K.For("s", _c(0), _c(blocks), tuple(loop)))
-    body.append(K.CopyAsyncSync("wait", 0))
-    ybase = _mul(_mul(K.Builtin("group_id", 2), _r("m")), _r("n")) if ksplit > 1 else _c(0)
-    for j in range(ft):
-        for i in range(rt):
-            for e in range(4):  # output (feature g + 8 (e / 2), row 2 t4 + e % 2)
-                orow = _add(_r("row0"), 8 * i, _mul(_r("t4"), 2), e % 2)
-                ocol = _add(_r("col0"), 16 * j, _r("g"), 8 * (e // 2))
-                st = K.Store("y", _add(ybase, _mul(orow, _r("n")), ocol), _r(acc[j, i][e], F32))
-                body.append(K.If(K.Bin("and", K.Bin("lt", orow, _r("m")), K.Bin("lt", ocol, _r("n"))), (st,)))
+    def core(wbuf: str, ybuf: str, first: int | None, size: int | None) -> list[K.Stmt]:
+        """The product of the weights in ``wbuf`` (the part of ``size`` features from feature
+        ``first``; None: the whole of n) into ``ybuf``."""
+        col = _r("col0") if first is None else _b("sub", _r("col0"), first)  # the warp's first feature in its weights
+        bound = _r("n") if size is None else _c(size)  # features in ``wbuf``
+        last_n = _b("sub", bound, 1)
+        body: list[K.Stmt] = [K.Let("c", _c(0)), K.Let("sh", _c(0))]
+        for j in range(ft):  # the lane's features: rows g and g + 8 of each feature tile
+            for h in (0, 8):
+                body.append(K.Let(f"f{j}_{h}", K.Bin("min", _add(col, 16 * j + h, _r("g")), last_n)))
+        acc = {(j, i): tuple(f"acc{j}_{i}_{e}" for e in range(4)) for j in range(ft) for i in range(rt)}
+        for names in acc.values():
+            body += [K.Let(nm, _f(0.0)) for nm in names]
+        body += copies(_r("b0"), _c(0), "a")
+        body.append(K.CopyAsyncSync("commit"))
+        nxt = _add(_r("b0"), K.Bin("min", _add(_r("s"), 1), _c(blocks - 1)))
+        if pipelined:
+            body += weights(_r("b0"), "", wbuf)
+        loop: list[K.Stmt] = [
+            K.Let("cur", _b("rem", _r("s"), 2)),
+            # the next block's x (the last block's again on the last step: an unread copy keeps the count of groups even)
+            *copies(nxt, _b("sub", _c(1), _r("cur")), "b"),
+            K.CopyAsyncSync("commit"),
+            *(weights(nxt, "n", wbuf) if pipelined else weights(_add(_r("b0"), _r("s")), "", wbuf)),
+            K.CopyAsyncSync("wait", 1),
+            K.Barrier(),
+            *products(_r("cur"), staged, acc),
+            K.Barrier(),
+        ]
+        if pipelined:  # the next block's words become this block's
+            loop += [K.Assign(nm, _r(f"{nm}n")) for nm in weight_names]
+        body.append(K.For("s", _c(0), _c(blocks), tuple(loop)))
+        body.append(K.CopyAsyncSync("wait", 0))
+        split = ksplit > 1
+        ybase = _mul(_mul(K.Builtin("group_id", 2), _r("m")), _r("n")) if split else _c(0)
+        stride = _r("n") if size is None or split else _c(size)  # a row of the output written
+        for j in range(ft):
+            for i in range(rt):
+                for e in range(4):  # output (feature g + 8 (e / 2), row 2 t4 + e % 2)
+                    orow = _add(_r("row0"), 8 * i, _mul(_r("t4"), 2), e % 2)
+                    ocol = _add(col, 16 * j, _r("g"), 8 * (e // 2))
+                    at = _add(ybase, _mul(orow, stride), _add(ocol, first) if split and first else ocol)
+                    st = K.Store(ybuf, at, _r(acc[j, i][e], F32))
+                    body.append(K.If(K.Bin("and", K.Bin("lt", orow, _r("m")), K.Bin("lt", ocol, bound)), (st,)))
+        return body
+
+    params: tuple[K.Param, ...] = PARAMS
+    if not parts:
+        body = head + core("w", "y", None, None)
+    else:
+        body = list(head)
+        first = 0
+        for i, size in enumerate(parts):  # the workgroup's part: the branch is uniform
+            wg0 = _mul(K.Builtin("group_id", 1), width)
+            inside = K.Bin("and", K.Bin("ge", wg0, _c(first)), K.Bin("lt", wg0, _c(first + size)))
+            body.append(K.If(inside, tuple(core(f"w{i}", "y" if ksplit > 1 else f"y{i}", first, size))))
+            first += size
+        ws = tuple(K.Buffer(f"w{i}", I32) for i in range(len(parts)))
+        ys = (K.Buffer("y", F32, readonly=False),) if ksplit > 1 else tuple(K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts)))
+        params = (*PARAMS[:3], *ws, *ys, *PARAMS[5:])
     shared = (K.Shared("xq_s", I32, 2 * staged.term_words), K.Shared("xr_s", I32, 2 * staged.term_words), K.Shared("xds_s", F32, 2 * staged.ds_words))
     tag = f"_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + (f"_G{groups}" if groups else "")
-    kern = K.Kernel(name + tag, PARAMS, tuple(body), (threads, 1, 1), shared, min_groups=groups)
+    tag += "_P" + "_".join(map(str, parts)) if parts else ""
+    kern = K.Kernel(name + tag, params, tuple(body), (threads, 1, 1), shared, min_groups=groups)
     verify_kernel(kern)
     return kern
 
@@ -171,7 +204,9 @@ def _features(ft: int) -> list[str]:
 
 
 @lru_cache(maxsize=None)
-def gemm_imma_q4_k_xs(k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False, groups: int = 0) -> K.Kernel:
+def gemm_imma_q4_k_xs(
+    k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False, groups: int = 0, parts: tuple[int, ...] = ()
+) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q4_K weight rows (i32 words of 144-byte blocks):
     what ``imma.gemm_imma_q4_k`` computes, in the staged frame (module docstring). A lane loads a
     block's head once and 8 bytes of quants a 64-value chunk (the chunk's low nibbles its first
@@ -179,15 +214,15 @@ def gemm_imma_q4_k_xs(k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int
     row_words = k // 256 * 36
     names = ("dm", "s0", "s1", "s2", *(f"q{cc}_{q}" for cc in range(4) for q in (0, 1)))
 
-    def weights(blk: K.Expr, u: str) -> list[K.Stmt]:
+    def weights(blk: K.Expr, u: str, wb: str) -> list[K.Stmt]:
         out: list[K.Stmt] = []
         for j in range(ft):
             for h in (0, 8):
                 p = f"w{j}_{h}"
                 base = _add(_mul(_r(f"f{j}_{h}"), row_words), _mul(blk, 36))
-                out.append(K.VecLoad(tuple(f"{p}{nm}{u}" for nm in ("dm", "s0", "s1", "s2")), "w", base, I32))
+                out.append(K.VecLoad(tuple(f"{p}{nm}{u}" for nm in ("dm", "s0", "s1", "s2")), wb, base, I32))
                 for cc in range(4):
-                    out.append(K.VecLoad((f"{p}q{cc}_0{u}", f"{p}q{cc}_1{u}"), "w", _add(base, 4 + 8 * cc, _mul(_r("t4"), 2)), I32))
+                    out.append(K.VecLoad((f"{p}q{cc}_0{u}", f"{p}q{cc}_1{u}"), wb, _add(base, 4 + 8 * cc, _mul(_r("t4"), 2)), I32))
         return out
 
     def products(buf: K.Expr, staged: _Staged, acc: dict[tuple[int, int], tuple[str, ...]]) -> list[K.Stmt]:
@@ -216,7 +251,9 @@ def gemm_imma_q4_k_xs(k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int
                         )
         return out
 
-    return _staged_kernel("gemm_imma_q4_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups)
+    return _staged_kernel(
+        "gemm_imma_q4_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups, parts
+    )
 
 
 _SIGN = K.Const(-2139062144, dt.i32)  # 0x80808080: each byte's top bit
@@ -224,7 +261,9 @@ _BIAS = 0x20202020  # 32 in each byte
 
 
 @lru_cache(maxsize=None)
-def gemm_imma_q6_k_xs(k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False, groups: int = 0) -> K.Kernel:
+def gemm_imma_q6_k_xs(
+    k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False, groups: int = 0, parts: tuple[int, ...] = ()
+) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q6_K weight rows (i32 words of 210-byte blocks; K a
     multiple of 512, so rows start on a word) in the staged frame (module docstring). A block is
     two halves of four 32-value quarters (``_q6_k``'s layout); a lane loads, a block, the 8 bytes of
@@ -241,7 +280,7 @@ def gemm_imma_q6_k_xs(k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int
     pieces = {f"l{h}{p}": 64 * h + 32 * p for h in (0, 1) for p in (0, 1)} | {f"h{h}": 128 + 32 * h for h in (0, 1)}
     names = ["o", *(f"{pc}{i}" for pc in pieces for i in range(3)), *(f"s{i}" for i in range(5)), "d"]
 
-    def weights(blk: K.Expr, u: str) -> list[K.Stmt]:
+    def weights(blk: K.Expr, u: str, wb: str) -> list[K.Stmt]:
         out: list[K.Stmt] = []
         for j in range(ft):
             for h in (0, 8):
@@ -250,10 +289,10 @@ def gemm_imma_q6_k_xs(k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int
                 out.append(K.Let(f"{p}o{u}", _mul(_b("and", blk, 1), 16)))  # 16: an odd block starts 2 bytes into a word
                 for pc, rel in pieces.items():
                     w0 = _b("shr", _add(ob, rel, _mul(_r("t4"), 8)), 2)
-                    out += [K.Let(f"{p}{pc}{i}{u}", K.Load("w", _add(w0, i) if i else w0, I32)) for i in range(3)]
+                    out += [K.Let(f"{p}{pc}{i}{u}", K.Load(wb, _add(w0, i) if i else w0, I32)) for i in range(3)]
                 sw = _b("shr", _add(ob, 192), 2)
-                out += [K.Let(f"{p}s{i}{u}", K.Load("w", _add(sw, i) if i else sw, I32)) for i in range(5)]
-                out.append(K.Let(f"{p}d{u}", K.Load("w", _b("shr", _add(ob, 208), 2), I32)))
+                out += [K.Let(f"{p}s{i}{u}", K.Load(wb, _add(sw, i) if i else sw, I32)) for i in range(5)]
+                out.append(K.Let(f"{p}d{u}", K.Load(wb, _b("shr", _add(ob, 208), 2), I32)))
         return out
 
     def products(buf: K.Expr, staged: _Staged, acc: dict[tuple[int, int], tuple[str, ...]]) -> list[K.Stmt]:
@@ -299,4 +338,6 @@ def gemm_imma_q6_k_xs(k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int
                             out.append(K.Assign(nm, K.Fma(_r(f"{xv}d{e % 2}", F32), t, _r(nm, F32))))
         return out
 
-    return _staged_kernel("gemm_imma_q6_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups)
+    return _staged_kernel(
+        "gemm_imma_q6_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups, parts
+    )

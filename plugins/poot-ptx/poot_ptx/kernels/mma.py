@@ -113,18 +113,35 @@ def glu_split(n: int, terms: int = 2) -> K.Kernel:
 
 
 @lru_cache(maxsize=None)
-def sum_parts(parts: int) -> K.Kernel:
+def sum_parts(parts: int, sizes: tuple[int, ...] = ()) -> K.Kernel:
     """y[i] = sum over s < ``parts`` of p[s count + i], i < count, in order of s (a K-split GEMM's parts
-    added): a thread four elements (count a multiple of 4); grid (ceil(count / 4 / SPLIT_THREADS),)."""
+    added): a thread four elements (count a multiple of 4); grid (ceil(count / 4 / SPLIT_THREADS),).
+    With ``sizes`` (feature counts, multiples of 4, ``n`` their sum) the sums of rows of n are
+    divided among outputs ``y0``, ``y1``, ...: feature c of part j to row r of ``y{j}`` (several
+    products of one x computed as one)."""
+    if any(sz % 4 for sz in sizes):
+        raise ValueError(f"sum_parts: every size must be a multiple of 4, got {sizes}")
     body: list[K.Stmt] = [K.Let("i", _mul(_add(_mul(K.Builtin("group_id", 0), SPLIT_THREADS), K.Builtin("thread_id", 0)), 4))]
     inner: list[K.Stmt] = [K.VecLoad(tuple(f"a{v}" for v in range(4)), "p", _r("i"), F32)]
     for s in range(1, parts):
         inner.append(K.VecLoad(tuple(f"b{s}_{v}" for v in range(4)), "p", _add(_mul(_r("count"), s), _r("i")), F32))
         inner += [K.Assign(f"a{v}", K.Bin("add", _r(f"a{v}", F32), _r(f"b{s}_{v}", F32))) for v in range(4)]
-    inner.append(K.VecStore("y", _r("i"), tuple(_r(f"a{v}", F32) for v in range(4))))
+    sums = tuple(_r(f"a{v}", F32) for v in range(4))
+    if not sizes:
+        inner.append(K.VecStore("y", _r("i"), sums))
+        outs: tuple[K.Param, ...] = (K.Buffer("y", F32, readonly=False),)
+    else:
+        total = sum(sizes)
+        inner += [K.Let("row", K.Bin("div", _r("i"), _c(total))), K.Let("col", K.Bin("rem", _r("i"), _c(total)))]
+        first = 0
+        for j, sz in enumerate(sizes):
+            mine = K.Bin("and", K.Bin("ge", _r("col"), _c(first)), K.Bin("lt", _r("col"), _c(first + sz)))
+            inner.append(K.If(mine, (K.VecStore(f"y{j}", _add(_mul(_r("row"), sz), _b("sub", _r("col"), first)), sums),)))
+            first += sz
+        outs = tuple(K.Buffer(f"y{j}", F32, readonly=False) for j in range(len(sizes)))
     body.append(K.If(K.Bin("lt", _r("i"), _r("count")), tuple(inner)))
-    params = (K.Buffer("p", F32), K.Buffer("y", F32, readonly=False), K.ScalarParam("count", I32))
-    kern = K.Kernel(f"sum_parts_{parts}", params, tuple(body), (SPLIT_THREADS, 1, 1), ())
+    params = (K.Buffer("p", F32), *outs, K.ScalarParam("count", I32))
+    kern = K.Kernel(f"sum_parts_{parts}" + ("_into_" + "_".join(map(str, sizes)) if sizes else ""), params, tuple(body), (SPLIT_THREADS, 1, 1), ())
     verify_kernel(kern)
     return kern
 
