@@ -177,6 +177,7 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
     outputs = {_key(v) for v in graph.outputs.values()}
     siblings = find_siblings(graph, limits, glus) if fuse and gpu else {}
     in_siblings = {m.id for ns in siblings.values() for m in ns}
+    glu_pairs: set[int] = set()  # gated MLPs whose two products the backend was offered together
     adds = residual_adds(graph, norms_at, groups, virtual, in_place) if fuse else {}
     added = {a.id for a in adds.values()}
     rope_caches = recognise_rope_caches(graph) if fuse else {}
@@ -232,6 +233,9 @@ def _plan(graph: Graph, fuse: bool, limits: Limits, gpu: bool = False, schedules
             if n.id in siblings:  # (before any sibling's own launches: the backend's fused ones take rows from them)
                 plan.launches.extend(siblings_launches(siblings[n.id], limits, sched, qx))
                 plan.launches.extend(sched.siblings_many_rows(siblings[n.id]))
+            elif n.id in glus and glus[n.id].root not in glu_pairs:  # the gated MLP's two products, likewise, at the first of them
+                glu_pairs.add(glus[n.id].root)
+                plan.launches.extend(sched.siblings_many_rows([glus[n.id].gate, glus[n.id].up]))
             ls = (
                 matmul_gpu(n, limits, sched, None if fused_few else qx)
                 if gpu

@@ -98,9 +98,10 @@ class Schedules:
         return None
 
     def siblings_many_rows(self, ns: Sequence[Node]) -> list[Launch]:
-        """Beyond four rows, launches that compute several products of one x (``ns``: q, k and v,
-        found by ``find_siblings``) together, each under its own ``When``; the backend's
-        ``matmul_many_rows`` then leaves those rows of each product to them. None: each its own."""
+        """Beyond four rows, launches that compute several products of one x together (``ns``: q, k
+        and v, found by ``find_siblings``; a gated MLP's gate and up, ``find_glus``), each under its
+        own ``When``; the backend's ``matmul_many_rows`` then leaves those rows of each product to
+        them. None: each its own."""
         return []
 
     def glu_split(self, glu: Glu, h: Value, users: Sequence[Node]) -> list[Launch]:

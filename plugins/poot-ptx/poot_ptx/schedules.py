@@ -93,10 +93,10 @@ class NvidiaSchedules(Schedules):
         return _tensor_core_launches(n, self.limits, self.split, self.quant, n.id in self.fused)
 
     def siblings_many_rows(self, ns: Sequence[Node]) -> list[Launch]:
-        """Products of one x (q, k and v) from 5 to ``IMMA_ROWS`` rows as one integer GEMM launch a
-        regime where ``_fusable``: a launch and one K split for all of them (their sum of features
-        fills the GPU where each alone would be split further or leave SMs idle), one ``sum_parts``
-        dividing the sums among their outputs."""
+        """Products of one x (q, k and v; gate and up) from 5 to ``IMMA_ROWS`` rows as one integer
+        GEMM launch a regime where ``_fusable``: a launch and one K split for all of them (their sum
+        of features fills the GPU where each alone would be split further or leave SMs idle), one
+        ``sum_parts`` dividing the sums among their outputs."""
         if not _fusable(ns, self.limits):
             return []
         x, w = ns[0].inputs

@@ -436,6 +436,9 @@ def test_one_row_q4_k_products_read_x_quantized_once_before_them(tmp_path, monke
     # computes it (the norms, the decode attention; down's by the gated product, ``glu_q8``); the
     # final norm (the head is Q6_K) plain
     assert "glu_q8_N512" in many and "gemm_imma_q4_k_xs_K512_2x1_W4_S2_pipe" in many and not any(nm.startswith(("quantize_q8x2", "gemv_")) for nm in many)
+    # q, k and v one launch, gate and up one (unsplit: their features fill the GPU), o and down each their own
+    assert many.count("gemm_imma_q4_k_xs_K256_2x1_W4_pipe_P256_128_128") == many.count("gemm_imma_q4_k_xs_K256_2x1_W4_pipe_P512_512") == 2
+    assert sum(nm.startswith("gemm_imma") for nm in many) == 8 and "sum_parts_2" in many
     assert {"rms_norm_q8_K256", "add_rms_norm_q8_K256"} <= set(many) and any(nm.startswith("attention_decode") and nm.endswith("_Q8") for nm in many)
     assert any(nm.startswith("add_rms_norm_BLOCK") for nm in many)
     assert not any(l.kernel.name.startswith("gemv_warp_q4_k") and "_xs" not in l.kernel.name and "MR1" in l.kernel.name for l in step)
