@@ -104,9 +104,9 @@ def test_gather_reads_embedding_rows_out_of_the_layout(rng, qtype):
         G.gather_packed.instantiate(QTYPE=qtype, BLOCK=128),
         (ids.size,),
         {"table": raw, "lut": np.zeros(1, np.float32), "ids": ids, "out": want},
-        {"cols": k, "row_bytes": raw.reshape(n, -1).shape[1]},
+        {"cols": k, "row_bytes": raw.reshape(n, -1).shape[1], "rows": n},
     )
     got = poisoned((ids.size, k))
-    run_host(R.gather_q8_rows16.instantiate(QTYPE=qtype, BLOCK=128), (ids.size,), {"table": laid, "ids": ids, "out": got}, {"cols": k})
+    run_host(R.gather_q8_rows16.instantiate(QTYPE=qtype, BLOCK=128), (ids.size,), {"table": laid, "ids": ids, "out": got}, {"cols": k, "rows": n})
     np.testing.assert_array_equal(got.view(np.int32), want.view(np.int32))
     np.testing.assert_array_equal(got, dequantize(raw.reshape(-1), TYPES[qtype]).reshape(n, k)[ids])

@@ -192,3 +192,26 @@ def test_a_steps_symbols_come_from_its_inputs_shapes():
         step_env(plan, {**inputs, "ctx": np.zeros((2, 1), np.int32)})
     with pytest.raises(PootError, match="input 'seq': dimension tokens is 4 here but 5 elsewhere"):
         step_env(plan, {**inputs, "seq": np.zeros(4, np.int32)})
+
+
+def test_rows_gathered_from_a_steps_own_values_run_at_every_step_size(rng):
+    """A gather whose table is one of the step's values (the decoder's hidden states at the logit
+    rows: its rows are the step's tokens) is planned and gathers those rows, for each step size."""
+    import numpy as np
+
+    from poot.plugins import host
+    from poot.runtime import get_device
+
+    b = GraphBuilder()
+    h = b.input("h", "f32", [sym("tokens"), 8])
+    rows = b.input("rows", "i32", [sym("picked")])
+    dev = get_device("cpu")
+    plan = compile_plan(b.build({"y": b.gather(h, rows)}), dev)
+    ex = host().hook.poot_executor(device=dev)(plan)
+    try:
+        for tokens, picked in ((5, 2), (9, 4)):
+            x = rng.standard_normal((tokens, 8)).astype(np.float32)
+            at = rng.integers(0, tokens, picked).astype(np.int32)
+            np.testing.assert_array_equal(ex.run({"h": x, "rows": at}, {})["y"], x[at])
+    finally:
+        ex.close()

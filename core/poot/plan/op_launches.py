@@ -130,10 +130,14 @@ def gather_launch(n: Node, rows16: bool = False) -> Launch:
     if n.attrs["axis"] != 0 or table.rank != 2:
         raise Refusal("gather", "host", "the planner gathers rows of a 2-D table only")
     cols = table.shape[1].value
+    # the table's rows, per step: it may be the step's hidden states (gathered at the logit rows)
+    nrows = lambda env: int(_shape(table, env)[0])  # noqa: E731
     tokens = lambda env: max(1, int(np.prod(_shape(ids, env))))  # noqa: E731
     if rows16:
         k = linear_q8_rows.gather_q8_rows16.instantiate(QTYPE=table.dtype.name, BLOCK=128)
-        return Launch(n, k, {"table": _key(table), "ids": _key(ids), "out": _key(out)}, lambda env: (tokens(env),), lambda env: {"cols": cols})
+        return Launch(
+            n, k, {"table": _key(table), "ids": _key(ids), "out": _key(out)}, lambda env: (tokens(env),), lambda env: {"cols": cols, "rows": nrows(env)}
+        )
     if table.dtype == dt.f16:  # f16 activations are stored as f16
         k = gather_lib.gather_f16.instantiate(BLOCK=128)
         return Launch(
@@ -141,7 +145,7 @@ def gather_launch(n: Node, rows16: bool = False) -> Launch:
             k,
             {"table": _key(table), "lut": np.zeros(1, np.float32), "ids": _key(ids), "out": _key(out)},
             lambda env: (tokens(env),),
-            lambda env: {"cols": cols},
+            lambda env: {"cols": cols, "rows": nrows(env)},
         )
     if table.dtype.name in BODIES:
         bs, bb, _ = BODIES[table.dtype.name]
@@ -151,10 +155,10 @@ def gather_launch(n: Node, rows16: bool = False) -> Launch:
             k,
             {"table": _key(table), "lut": LUTS.get(table.dtype.name, np.zeros(1, np.float32)), "ids": _key(ids), "out": _key(out)},
             lambda env: (tokens(env),),
-            lambda env: {"cols": cols, "row_bytes": cols // bs * bb},
+            lambda env: {"cols": cols, "row_bytes": cols // bs * bb, "rows": nrows(env)},
         )
     k = gather_lib.gather_f32.instantiate(BLOCK=128)
-    return Launch(n, k, {"table": _key(table), "ids": _key(ids), "out": _key(out)}, lambda env: (tokens(env),), lambda env: {"cols": cols})
+    return Launch(n, k, {"table": _key(table), "ids": _key(ids), "out": _key(out)}, lambda env: (tokens(env),), lambda env: {"cols": cols, "rows": nrows(env)})
 
 
 def reduce_launch(n: Node) -> Launch:

@@ -465,7 +465,7 @@ def test_synthesized_kernels_on_the_device_match_the_oracle(device, rng):
     ids = rng.integers(0, rows, 7).astype(np.int32)
     k, spv = compile_spirv(gather.gather_f32, BLOCK=64)
     out = poisoned((7, cols))
-    run(device, k, spv, (7,), {"table": x, "ids": ids, "out": out}, {"cols": cols})
+    run(device, k, spv, (7,), {"table": x, "ids": ids, "out": out}, {"cols": cols, "rows": rows})
     np.testing.assert_array_equal(out, x[ids])
 
 

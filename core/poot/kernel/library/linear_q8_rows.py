@@ -142,11 +142,12 @@ def gemv_q8_rows16(xq: In[i32], w: In[u8], y: Out[f32], n: i32, k: i32, QTYPE: C
 
 
 @kernel(workgroup=("BLOCK", 1, 1))
-def gather_q8_rows16(table: In[u8], ids: In[i32], out: Out[f32], cols: i32, QTYPE: Const = "q8_0", BLOCK: Const = 128):
+def gather_q8_rows16(table: In[u8], ids: In[i32], out: Out[f32], cols: i32, rows: i32, QTYPE: Const = "q8_0", BLOCK: Const = 128):
     """out[t, :] = dequant(table)[ids[t], :] for a table laid out 16 rows a record (the stored
-    gather's values: the f16 scale times the quant); grid (tokens,)."""
+    gather's values: the f16 scale times the quant; ids clamped to the ``rows``, as
+    ``gather.gather_packed``); grid (tokens,)."""
     t = group_id(0)
-    row = ids[t]
+    row = min(max(ids[t], 0), rows - 1)
     nb = cols // 32
     rec = 544
     if QTYPE == "q5_0":
