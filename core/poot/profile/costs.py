@@ -100,14 +100,26 @@ def launch_costs(
     return out
 
 
+# labels of a matmul's launches that prepare its operands or finish its sums (counted as the rest are)
+_PREPARES = frozenset({"quantize_x", "quantize_x_host", "split_x", "dequantize", "sum_parts"})
+
+
 def _flops(launch, storage: StoragePlan, by_key, attended: int) -> int:  # type: ignore[no-untyped-def]
     node = launch.node
     outs = [storage.shapes.get((node.id, v.index), ()) for v in node.outputs]
     out_elems = sum(_elements(s) for s in outs)
     op = node.op
+    if op == "matmul" and launch.label in _PREPARES:  # x or the weights made ready, or K-split parts added: not the product
+        return out_elems
     if op == "matmul" and node.inputs:
         a = node.inputs[0]
         k = storage.shapes.get((a.node.id, a.index), ())
+        # several products of one x in one launch (q, k and v; a gated MLP's gate and up): each
+        # weight's features, where the launch's node is only the first product
+        ws = [ref for nm, ref in launch.buffers.items() if nm in ("wg", "wu") or (nm[:1] == "w" and nm[1:].isdigit())]
+        if ws and outs and outs[0]:
+            rows = out_elems // max(1, outs[0][-1])
+            return 2 * rows * sum(storage.shapes.get(ref, (0,))[0] for ref in ws) * (k[-1] if k else 1)
         return 2 * out_elems * (k[-1] if k else 1)
     if op == "attention" and outs and outs[0]:
         shape = outs[0]

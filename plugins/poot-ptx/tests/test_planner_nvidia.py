@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import collections
 
+import numpy as np
 import pytest
 
 from poot.errors import Refusal
 from poot.graph import GraphBuilder
 from poot.graph.dims import sym
 from poot.plan import Limits, plan_graph
+from poot.plan.memory import plan_storage
+from poot.profile.costs import launch_costs
 from poot.testing.paged import attention_block_graph
 from poot_ptx import schedules as nvidia_schedules
 from poot_ptx.schedules import NvidiaSchedules
@@ -375,6 +378,10 @@ def test_q_k_and_v_of_5_to_64_rows_take_one_integer_gemm_launch():
     assert fused.buffers["y"] == add.buffers["p"] in p.scratch and [add.buffers[f"y{i}"] for i in range(3)] == [one[1].buffers[f"y{i}"] for i in range(3)]
     assert all(fused.buffers[b] == twelve[0].buffers[b] for b in ("xq", "xr", "xds"))
     assert [l.kernel.name for l in at(64)][1] == "gemm_imma_q4_k_xs_K512_1x8_W8_S2_pipe_P512_256_256"
+    # the profile's FLOPs: the fused launch counts every weight's product, the launches around it none
+    storage = plan_storage(p, {"tokens": 12})
+    flops = [c.flops for c in launch_costs(p, storage, {}, np.arange(12))]
+    assert flops[1] == 2 * 12 * 512 * (512 + 256 + 256) and flops[0] < flops[1] // 100 and flops[2] < flops[1] // 100
     beyond = [l.kernel.name for l in at(65)]  # each its own warpgroup GEMM
     assert beyond.count("gemm_wgmma_bf16_K512_N128_S4_BK32_W64_P8_xs") == 3 and not any("_P5" in nm or "_into_" in nm for nm in beyond)
     _, at = plan((512, 192, 192))  # 192 features: not whole workgroups of 128
