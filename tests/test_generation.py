@@ -447,3 +447,18 @@ def test_a_constraint_that_fails_mid_answer_ends_only_its_sequence(smollm2, monk
     end = got[guided][-1]
     assert end.finished == "error" and end.error_param == "json_schema" and "too many items" in end.error, end
     assert len(got[guided]) == 3 and all(ev.finished is None for ev in got[guided][:-1])
+
+
+def test_logit_bias_sizes_share_a_few_step_shapes(smollm2):
+    """Each distinct width of the bias inputs is a step shape the executor captures and keeps: past
+    512 entries the width was the exact count, so a client could grow the server's memory with
+    every new size. Sizes now round up to powers of two; the biases still apply."""
+    e = smollm2.engine
+    prompt = smollm2.tokenizer.encode("The colour of the sky is")
+    for n in (600, 777, 1000):
+        bias = {t: -100.0 for t in range(n)}
+        bias[n + 5] = 100.0  # (every step picks this token)
+        got = smollm2.complete([prompt], SamplingParams(temperature=0, max_tokens=2, logit_bias=bias))[0].tokens
+        assert got == [n + 5, n + 5]
+    widths = {shape[1] for key in e._envs for shape in key[1:] if len(shape) == 2 and shape[1] in (600, 777, 1000, 1024)}
+    assert widths == {1024}, widths

@@ -75,6 +75,33 @@ def test_stop_strings_across_piece_boundaries(text, cuts, stops):
         assert matched is None and out == text
 
 
+def _held_back(buf: str, stops: list[str]) -> int:
+    """The reference: the longest end of ``buf`` that begins some stop string, by trying each."""
+    return max((k for s in stops for k in range(1, min(len(s) - 1, len(buf)) + 1) if buf.endswith(s[:k])), default=0)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    pieces=st.lists(st.text(alphabet="ab|", max_size=6), max_size=12),
+    stops=st.lists(st.text(alphabet="ab|", min_size=1, max_size=7), min_size=1, max_size=4),
+)
+def test_what_is_held_back_is_the_longest_start_of_a_stop_string(pieces, stops):
+    """The matcher carries each stop string's automaton state across pieces instead of trying every
+    start of it against the held text each piece (that had cost the square of a long stop string
+    a token, on the loop every client waits on): after each piece it holds exactly what trying
+    them holds, on a small alphabet where starts overlap themselves."""
+    m = StopMatcher(stops)
+    text = ""
+    for p in pieces:
+        released = len(text) - len(m._held)
+        r = m.feed(p)
+        text += p
+        if r.stopped:
+            break
+        want = _held_back(text[released:], stops)
+        assert m._held == text[len(text) - want :] if want else m._held == "", (text, stops, m._held)
+
+
 def test_stop_holds_back_a_possible_start():
     m = StopMatcher(["</answer>"])
     assert m.feed("the answer is 4</ans").text == "the answer is 4"

@@ -438,9 +438,10 @@ class Engine:
             "row_count_rows": np.full(rows, -1, np.int32),
             "mask": np.full((rows, self._words), -1, np.int32),
         }
-        width = next((w for w in BIAS_WIDTHS if w >= max((len(s.params.logit_bias) for s in seqs), default=0)), None)
-        if width is None:
-            width = max(len(s.params.logit_bias) for s in seqs)
+        most = max((len(s.params.logit_bias) for s in seqs), default=0)
+        # a few widths, so that a step's captured shapes (each kept by the executor) stay few: past
+        # the last, powers of two (any bias a request may give is one of a dozen more)
+        width = next((w for w in BIAS_WIDTHS if w >= most), None) or 1 << (most - 1).bit_length()
         bias_ids = np.full((rows, width), -1, np.int32)
         bias_vals = np.zeros((rows, width), np.float32)
         for r, s in enumerate(seqs):

@@ -21,8 +21,15 @@ class StopResult:
 
 
 class StopMatcher:
+    """Stop strings matched over a stream of text pieces. Each stop string carries how much of its
+    start the text ends with (a KMP automaton's state, advanced a character at a time), so what is
+    held back costs nothing to find again: a piece costs its length times the number of stop
+    strings, however long they are and however much text is held."""
+
     def __init__(self, stops: Sequence[str]) -> None:
         self.stops = [s for s in stops if s]
+        self._fail = [_failure(s) for s in self.stops]
+        self._state = [0] * len(self.stops)  # per stop string: the length of its start the text ends with
         self._held = ""
         self.done = False
 
@@ -38,12 +45,15 @@ class StopMatcher:
         if first is not None:
             self.done, self._held = True, ""
             return StopResult(buf[: first[0]], True, first[1])
-        keep = 0  # the longest end of buf that begins some stop string
-        for s in self.stops:
-            for k in range(min(len(s) - 1, len(buf)), keep, -1):
-                if buf.endswith(s[:k]):
-                    keep = k
-                    break
+        for j, s in enumerate(self.stops):  # (no stop string occurs in the text: no state reaches its length)
+            fail, q = self._fail[j], self._state[j]
+            for ch in piece:
+                while q and s[q] != ch:
+                    q = fail[q - 1]
+                if s[q] == ch:
+                    q += 1
+            self._state[j] = q
+        keep = min(max(self._state, default=0), len(buf))  # the longest end of buf that begins some stop string
         self._held = buf[len(buf) - keep :] if keep else ""
         return StopResult(buf[: len(buf) - keep], False)
 
@@ -51,3 +61,16 @@ class StopMatcher:
         """At the end of generation (no stop matched): release what was held back."""
         out, self._held = self._held, ""
         return out
+
+
+def _failure(s: str) -> list[int]:
+    """KMP's failure function of ``s``: for each prefix, the length of its longest proper border."""
+    fail = [0] * len(s)
+    k = 0
+    for i in range(1, len(s)):
+        while k and s[i] != s[k]:
+            k = fail[k - 1]
+        if s[i] == s[k]:
+            k += 1
+        fail[i] = k
+    return fail
