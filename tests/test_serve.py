@@ -41,6 +41,20 @@ def client(server):
 
 def test_models(client):
     assert [m.id for m in client.models.list().data] == ["SmolLM2"]
+    assert client.models.retrieve("SmolLM2").id == "SmolLM2"
+    with pytest.raises(openai.NotFoundError) as e:
+        client.models.retrieve("x" * 10_000)
+    assert e.value.body["code"] == "model_not_found" and len(e.value.body["message"]) < 400  # (the name is not echoed whole)
+
+
+def test_sequence_and_message_counts_are_refused_before_the_work(server):
+    """Too many prompts are refused before any is tokenized, and more messages than the context has
+    tokens before the template renders them (a 25 MB body of either had kept the server busy for
+    seconds before its 400)."""
+    many = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": ["word " * 2000] * 2500, "max_tokens": 1})
+    assert many.status_code == 400 and "2500 sequences" in many.json()["error"]["message"], many.text[:300]
+    empty = _post(server, "/v1/chat/completions", {"model": "SmolLM2", "messages": [{"role": "user", "content": ""}] * 200_000, "max_tokens": 1})
+    assert empty.status_code == 400 and "200000 messages cannot fit" in empty.json()["error"]["message"], empty.text[:300]
 
 
 def test_chat_streaming_equals_non_streaming(client):

@@ -76,7 +76,8 @@ class _Api:
     # -- common -------------------------------------------------------------------------------------
     def check_model(self, name: str) -> None:
         if name != self.model_id:
-            raise ApiError(404, f"the model '{name}' does not exist; this server serves '{self.model_id}'", param="model", code="model_not_found")
+            shown = name if len(name) <= 200 else name[:200] + "..."
+            raise ApiError(404, f"the model '{shown}' does not exist; this server serves '{self.model_id}'", param="model", code="model_not_found")
 
     def budget(self, prompt_len: int, asked: int | None, field: str = "messages") -> int:
         """Tokens the answer may take: what was asked, or the room the context leaves. A prompt that
@@ -190,6 +191,13 @@ class _Api:
         if tpl is None:
             why = f"its chat template does not compile ({self.m.template_error})" if self.m.template_error else "has no chat template"
             raise ApiError(400, f"'{self.model_id}' {why}: use /v1/completions", param="messages")
+        if len(req.messages) > self.context:  # (each message takes a token of the prompt at least; refused before the template renders them)
+            raise ApiError(
+                400,
+                f"this model's context is {self.context} tokens; {len(req.messages)} messages cannot fit it",
+                param="messages",
+                code="context_length_exceeded",
+            )
         messages = []
         for i, msg in enumerate(req.messages):
             if msg.get("role") not in ROLES:
@@ -386,11 +394,13 @@ class _Api:
             raise ApiError(400, "suffix is not supported", param="suffix")
         if req.echo:  # refused, not ignored: a client asking for it would read the completion as the prompt's
             raise ApiError(400, "echo is not supported: the prompt is not returned with the completion", param="echo")
+        given = req.prompt
+        count = 1 if isinstance(given, str) or (given and all(isinstance(x, int) for x in given)) else len(given or ())
+        most = max(self.sched.max_queue, 16)  # a request holds one place in the queue: at most that many sequences
+        if count * req.n > most:  # (before any prompt is tokenized)
+            raise ApiError(400, f"{count * req.n} sequences asked for (prompts x n); this server takes at most {most} a request (--max-queue)", param="prompt")
         prompts = await asyncio.to_thread(self.completion_prompts, req)
         prompts = [p for p in prompts for _ in range(req.n)]
-        most = max(self.sched.max_queue, 16)  # a request holds one place in the queue: at most that many sequences
-        if len(prompts) > most:
-            raise ApiError(400, f"{len(prompts)} sequences asked for (prompts x n); this server takes at most {most} a request (--max-queue)", param="prompt")
         for p in prompts:
             if not p:
                 raise ApiError(400, "a prompt is empty", param="prompt")
@@ -540,9 +550,17 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
     async def metrics() -> PlainTextResponse:
         return PlainTextResponse(api.metrics(), media_type="text/plain; version=0.0.4")
 
+    def model_card() -> dict[str, Any]:
+        return {"id": model_id, "object": "model", "created": api.created, "owned_by": "poot"}
+
     @app.api_route("/v1/models", methods=["GET", "HEAD"])
     async def models() -> dict[str, Any]:
-        return {"object": "list", "data": [{"id": model_id, "object": "model", "created": api.created, "owned_by": "poot"}]}
+        return {"object": "list", "data": [model_card()]}
+
+    @app.api_route("/v1/models/{name:path}", methods=["GET", "HEAD"])
+    async def model(name: str) -> dict[str, Any]:  # (the openai client's models.retrieve)
+        api.check_model(name)
+        return model_card()
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatRequest, request: Request) -> Any:
