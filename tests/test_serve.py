@@ -258,6 +258,14 @@ def test_requests_that_had_failed_steps_or_answered_500(server, client):
     named_object = {"type": "object", "properties": {"name": {"type": "object"}}, "required": ["name"]}
     cases = [  # (path, body or raw bytes, status, param)
         ("/v1/chat/completions", {**ok, "tool_choice": {"type": "function", "function": "f"}, "tools": tools}, 400, "tool_choice"),
+        ("/v1/chat/completions", {**ok, "tools": tools + tools}, 400, "tools[1].function.name"),  # two functions of one name
+        ("/v1/chat/completions", {**ok, "tools": [{"type": "function", "function": {"name": ""}}]}, 400, "tools[0].function.name"),
+        (
+            "/v1/chat/completions",
+            {**ok, "tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "string"}}}]},
+            400,
+            "tools[0].function.parameters",
+        ),
         ("/v1/chat/completions", {**ok, "tool_choice": {"type": "function", "function": {"name": ["f"]}}, "tools": tools}, 400, "tool_choice"),
         ("/v1/chat/completions", {**ok, "tool_choice": "required", "tools": []}, 400, "tool_choice"),
         ("/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": 7}]}, 400, "messages[0].content"),

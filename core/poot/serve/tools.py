@@ -19,6 +19,7 @@ from .protocol import ApiError
 
 __all__ = ["check_tools", "tool_system_prompt", "forced_call_schema", "parse_tool_calls"]
 
+_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")  # what OpenAI takes as a function's name
 _CALL = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.S)
 
 
@@ -29,10 +30,15 @@ def check_tools(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, An
         fn = t.get("function") if isinstance(t, Mapping) else None
         if not isinstance(t, Mapping) or t.get("type") != "function" or not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
             raise ApiError(400, f"tools[{i}] must be {{'type': 'function', 'function': {{'name': ..., 'parameters': {{...}}}}}}", param=f"tools[{i}]")
+        name = fn["name"]
+        if not _NAME.fullmatch(name):
+            raise ApiError(400, f"tools[{i}].function.name must be 1-64 letters, digits, '_' or '-', got {name[:80]!r}", param=f"tools[{i}].function.name")
+        if name in out:
+            raise ApiError(400, f"tools[{i}]: a second function named {name!r}", param=f"tools[{i}].function.name")
         params = fn.get("parameters", {"type": "object", "properties": {}})
-        if not isinstance(params, Mapping):
-            raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema object", param=f"tools[{i}].function.parameters")
-        out[fn["name"]] = params
+        if not isinstance(params, Mapping) or params.get("type", "object") != "object":
+            raise ApiError(400, f"tools[{i}].function.parameters must be a JSON schema of an object", param=f"tools[{i}].function.parameters")
+        out[name] = params
     return out
 
 
@@ -71,8 +77,17 @@ def _call(obj: Any, functions: Mapping[str, Any]) -> dict[str, Any] | None:
     return {
         "id": f"call_{uuid.uuid4().hex[:24]}",
         "type": "function",
-        "function": {"name": obj["name"], "arguments": args if isinstance(args, str) else json.dumps(args)},
+        "function": {"name": obj["name"], "arguments": args if isinstance(args, str) and _is_json(args) else json.dumps(args)},
     }
+
+
+def _is_json(text: str) -> bool:
+    """Whether ``text`` is JSON text (a call's arguments are sent as JSON-encoded text)."""
+    try:
+        json.loads(text)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def parse_tool_calls(text: str, functions: Mapping[str, Any]) -> tuple[str | None, list[dict[str, Any]]]:
