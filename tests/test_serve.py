@@ -259,6 +259,9 @@ def test_requests_that_had_failed_steps_or_answered_500(server, client):
     cases = [  # (path, body or raw bytes, status, param)
         ("/v1/chat/completions", {**ok, "tool_choice": {"type": "function", "function": "f"}, "tools": tools}, 400, "tool_choice"),
         ("/v1/chat/completions", {**ok, "tools": tools + tools}, 400, "tools[1].function.name"),  # two functions of one name
+        ("/v1/chat/completions", {**ok, "stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ("/v1/completions", {"model": "SmolLM2", "prompt": "a", "stream_options": {"include_usage": True}}, 400, "stream_options"),
+        ("/v1/chat/completions", {**ok, "top_logprobs": 3}, 400, "top_logprobs"),
         ("/v1/chat/completions", {**ok, "tools": [{"type": "function", "function": {"name": ""}}]}, 400, "tools[0].function.name"),
         (
             "/v1/chat/completions",
@@ -541,7 +544,7 @@ def test_a_constraint_is_compiled_once_a_request_and_its_copies_agree(smollm2_pa
     m = poot.load("SmolLM2", "cpu", max_seqs=2, max_context=256, progress=False)
     try:
         schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
-        params = [SamplingParams(json_schema=schema, max_tokens=24), SamplingParams(json_schema=schema, max_tokens=24, seed=2), SamplingParams()]
+        params = [SamplingParams(json_schema=schema, max_tokens=48, seed=1), SamplingParams(json_schema=schema, max_tokens=48, seed=2), SamplingParams()]
         first, second, none = m.engine.constraints(params)
         assert none is None and first is not None and second is not first
         assert (first.bitmask() == second.bitmask()).all()

@@ -79,6 +79,13 @@ class _Api:
             shown = name if len(name) <= 200 else name[:200] + "..."
             raise ApiError(404, f"the model '{shown}' does not exist; this server serves '{self.model_id}'", param="model", code="model_not_found")
 
+    @staticmethod
+    def check_stream(req: Any) -> None:
+        """``stream_options`` only with ``stream`` (as OpenAI answers: a client asking for usage in a
+        stream it did not ask for has a bug worth seeing)."""
+        if req.stream_options is not None and not req.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", param="stream_options")
+
     def budget(self, prompt_len: int, asked: int | None, field: str = "messages") -> int:
         """Tokens the answer may take: what was asked, or the room the context leaves. A prompt that
         fills the context blames ``field`` (the request's prompt field)."""
@@ -277,6 +284,9 @@ class _Api:
 
     async def chat(self, req: ChatRequest, request: Request) -> Any:
         self.check_model(req.model)
+        self.check_stream(req)
+        if req.top_logprobs and not req.logprobs:  # (OpenAI refuses it too, rather than answer without them)
+            raise ApiError(400, "top_logprobs needs logprobs: true", param="top_logprobs")
         prompt, constraint, functions = await asyncio.to_thread(self.chat_prompt, req)  # (off the event loop: a long prompt takes a while)
         max_tokens = self.budget(len(prompt), req.max_completion_tokens or req.max_tokens)
         lp = (req.top_logprobs or 0) if req.logprobs else None
@@ -390,6 +400,7 @@ class _Api:
 
     async def completions(self, req: CompletionRequest, request: Request) -> Any:
         self.check_model(req.model)
+        self.check_stream(req)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
         if req.echo:  # refused, not ignored: a client asking for it would read the completion as the prompt's

@@ -67,7 +67,7 @@ def _sampling(model: str) -> st.SearchStrategy[dict[str, Any]]:
     return st.fixed_dictionaries(
         {"model": st.just(model), "max_tokens": st.integers(1, 4), "stream": st.booleans()},
         optional=optional,  # type: ignore[arg-type]
-    )
+    ).map(lambda b: b if b["stream"] else {k: v for k, v in b.items() if k != "stream_options"})  # (stream_options only with stream)
 
 
 def _chat(model: str) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
@@ -80,9 +80,11 @@ def _chat(model: str) -> st.SearchStrategy[tuple[str, dict[str, Any]]]:
             "response_format": st.sampled_from([{"type": "text"}, {"type": "json_object"}]),
         },
     )
-    body = st.tuples(_sampling(model), st.lists(message, min_size=1, max_size=3), extra).map(
-        lambda t: {**t[0], "messages": t[1] + [{"role": "user", "content": "Hi"}], **t[2]}
-    )
+    body = (
+        st.tuples(_sampling(model), st.lists(message, min_size=1, max_size=3), extra)
+        .map(lambda t: {**t[0], "messages": t[1] + [{"role": "user", "content": "Hi"}], **t[2]})
+        .map(lambda b: b if b.get("logprobs") or not b.get("top_logprobs") else {k: v for k, v in b.items() if k != "top_logprobs"})
+    )  # (top_logprobs needs logprobs)
     return body.map(lambda b: (CHAT, b))
 
 
