@@ -101,7 +101,7 @@ class Schedules:
         """Beyond four rows, launches that compute several products of one x together (``ns``: q, k
         and v, found by ``find_siblings``; a gated MLP's gate and up, ``find_glus``), each under its
         own ``When``; the backend's ``matmul_many_rows`` then leaves those rows of each product to
-        them. None: each its own."""
+        them. An empty list: each its own."""
         return []
 
     def glu_split(self, glu: Glu, h: Value, users: Sequence[Node]) -> list[Launch]:

@@ -285,6 +285,40 @@ def test_imma_q6_k_gemm_matches(rng, k, ft, rt, wn, ks, pipe, m, n):
     assert (np.abs(y - x.astype(np.float64) @ w.T) <= bound).all(), "further from the exact product than two int8 terms allow"
 
 
+@pytest.mark.parametrize("ks", [1, 2])
+def test_imma_q6_k_gemm_of_several_weights_gives_each_alones_bits(rng, ks):
+    """``gemm_imma_q6_k_xs`` with ``parts`` (the planner fuses Q6_K siblings too): each weight's
+    product is the same bits as that weight's own launch, K split (its parts divided among the
+    outputs by ``sum_parts(S, sizes)``) or not."""
+    k, ft, rt, wn, m, sizes = 1024, 1, 2, 1, 13, (32, 16, 16)
+    q = quantization("q6_k")
+    raws = [q.quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32)) for n in sizes]
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.2, 5, (m, k // 32)).repeat(32, axis=1)).astype(np.float32)
+    xb = {"xq": poisoned((m * k // 4,), np.int32), "xr": poisoned((m * k // 4,), np.int32), "xds": poisoned((m * k // 16,))}
+    _run(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, **xb}, {"m": m})
+    total, width = sum(sizes), 16 * ft * wn
+    words = [np.ascontiguousarray(raw).view(np.int32).reshape(-1) for raw in raws]
+    ys = [poisoned((m, n)) for n in sizes]
+    grid = (-(-m // (8 * rt)), total // width, ks)
+    kern = gemm_imma_q6_k_xs(k, ft, rt, wn, ks, True, parts=sizes)
+    if ks == 1:
+        _run(kern, grid, {**xb, **{f"w{i}": w for i, w in enumerate(words)}, **{f"y{i}": y for i, y in enumerate(ys)}}, {"m": m, "n": total})
+    else:
+        scratch = poisoned((ks, m, total))
+        _run(kern, grid, {**xb, **{f"w{i}": w for i, w in enumerate(words)}, "y": scratch}, {"m": m, "n": total})
+        _run(sum_parts(ks, sizes), (-(-m * total // 4 // 256),), {"p": scratch, **{f"y{i}": y for i, y in enumerate(ys)}}, {"count": m * total})
+    for w, y, n in zip(words, ys, sizes, strict=True):
+        alone = poisoned((ks, m, n))
+        _run(gemm_imma_q6_k_xs(k, ft, rt, wn, ks, True), (grid[0], n // width, ks), {**xb, "w": w, "y": alone}, {"m": m, "n": n})
+        if ks > 1:
+            one = poisoned((m, n))
+            _run(sum_parts(ks), (-(-m * n // 4 // 256),), {"p": alone, "y": one}, {"count": m * n})
+        else:
+            one = alone[0]
+        assert np.isfinite(y).all(), "an output element was never written"
+        assert np.array_equal(y.view(np.int32), one.view(np.int32)), "a weight's product differs from its own launch's"
+
+
 @pytest.mark.parametrize("args", [(4096, 1, 1, 8, 4, True), (14336, 1, 2, 8, 4, True), (4096, 1, 4, 8, 2, True), (4096, 1, 8, 8, 1, True)], ids=str)
 @pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
 def test_imma_q6_k_gemm_compiles_to_integer_products(args):
