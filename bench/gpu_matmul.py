@@ -68,6 +68,49 @@ def _imma_xs_schedules(rows: int, k: int, n: int, qtype: str):  # type: ignore[n
     return out
 
 
+# the f16 tensor-core GEMM on exact Q4_K weights (``hmma_xs``): (feature tiles, row tiles, warps
+# along features, warps along rows, pipelined, workgroups an SM holds: registers capped for them)
+HMMA_SHAPES = (
+    (2, 4, 4, 2, True, 0),
+    (2, 4, 4, 1, True, 0),
+    (1, 4, 8, 2, True, 1),
+    (1, 4, 8, 2, False, 1),
+    (2, 2, 4, 4, False, 1),
+    (1, 2, 8, 2, True, 1),
+    (1, 4, 4, 1, True, 0),
+)
+
+
+def _hmma_schedules(rows: int, k: int, n: int):  # type: ignore[no-untyped-def]
+    """``gemm_hmma_q4_k_xs`` with x split into f16 terms first ("+f16"), shapes of a workgroup of
+    ``rows`` / 2 to ``rows`` rows, K split to fill about 132 workgroups (264 for 32 rows or fewer a
+    workgroup, two of which an SM holds)."""
+    from poot_ptx.kernels import hmma_xs as H
+    from poot_ptx.kernels import mma as M
+
+    if k % 256:
+        return []
+    sx = (-(-rows * k // 256 // (H.SPLIT_F16_THREADS // 32)),)
+    out, seen = [], set()
+    for ft, rt, wf, wr, pipe, groups in HMMA_SHAPES:
+        if not rows / 2 <= 8 * rt * wr <= max(rows, 8):
+            continue
+        tiles = -(-n // (16 * ft * wf)) * -(-rows // (8 * rt * wr))
+        for aim in (132 if 8 * rt * wr > 32 else 264,):
+            parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // 256 % p == 0), 1)
+            kern = H.gemm_hmma_q4_k_xs(k, ft, rt, wf, wr, parts, pipe, groups)
+            if kern.name in seen:
+                continue
+            seen.add(kern.name)
+            g = lambda n, ft=ft, rt=rt, wf=wf, wr=wr, parts=parts: (-(-rows // (8 * rt * wr)), -(-n // (16 * ft * wf)), parts)  # noqa: E731
+            if parts == 1:
+                out.append((kern.name + "+f16", (H.split_f16x2(k), kern), lambda n, g=g: (sx, g(n))))
+            else:
+                add = M.sum_parts(parts)
+                out.append((kern.name + "+f16+sum", (H.split_f16x2(k), kern, add), lambda n, g=g: (sx, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
+    return out
+
+
 def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096):  # type: ignore[no-untyped-def]
     """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows of a
     product of ``n`` features (the warpgroup GEMMs too with ``wgmma``: a Hopper GPU)."""
@@ -160,6 +203,7 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096)
                             kern = gemm_imma_q4_k(k, ft, rt, wk, un, pipe)
                             out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, ft=ft, rt=rt: (sq, (-(-rows // (8 * rt)), -(-n // (16 * ft))))))
                     out += _imma_xs_schedules(rows, k, n, "q4_k")
+                    out += _hmma_schedules(rows, k, n)
                 for parts in (1, 2, 4, 8) if wgmma else ():  # Hopper: the warpgroup GEMM dequantizing in workgroup memory
                     if k % (64 * parts) == 0:
                         kern = W.gemm_wgmma_q4_k(k, terms, parts)
@@ -312,6 +356,7 @@ def main() -> int:
             xp, yp = ctx.alloc(x.nbytes), ctx.alloc(rows * n * 4)
             xq, xr, xds = ctx.alloc(rows * k), ctx.alloc(rows * k), ctx.alloc(rows * k // 4)  # quantized x: bytes, bytes, f32 per 16 values
             xs = ctx.alloc(rows * k * 4)  # x split into two bf16 terms
+            xh, xl = ctx.alloc(rows * k * 2), ctx.alloc(rows * k * 2)  # ... or two f16 terms
             parts = ctx.alloc(8 * rows * n * 4)  # a K-split GEMM's parts
             lut = ctx.alloc(64)  # (the packed types timed here have no lookup table)
             ctx.upload(xp, x)
@@ -326,7 +371,22 @@ def main() -> int:
                     continue
                 grids = grid(n) if isinstance(kern, tuple) else (grid(n),)
                 copied = any(kk.name.startswith("dequantize") for kk in kerns)
-                ptrs = {"wd": wd, "x": xp, "w": wp, "y": yp, "xq": xq, "xr": xr, "xds": xds, "xq_in": xq, "xr_in": xr, "xds_in": xds, "xs": xs, "lut": lut}
+                ptrs = {
+                    "wd": wd,
+                    "x": xp,
+                    "w": wp,
+                    "y": yp,
+                    "xq": xq,
+                    "xr": xr,
+                    "xds": xds,
+                    "xq_in": xq,
+                    "xr_in": xr,
+                    "xds_in": xds,
+                    "xs": xs,
+                    "lut": lut,
+                    "xh": xh,
+                    "xl": xl,
+                }
 
                 def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
                     nm = ck.kernel.name
@@ -345,7 +405,7 @@ def main() -> int:
 
                 t = median_seconds(ctx, run, args.repeat, args.queue, warm=2)
                 print(f"| {sname} | {rows} | {name} {n}x{k} | {t * 1e6:.1f} | {w.nbytes / t / 1e12:.2f} | {2 * rows * n * k / t / 1e12:.1f} |", flush=True)
-            for ptr in (xp, yp, xq, xr, xds, xs, parts, lut):
+            for ptr in (xp, yp, xq, xr, xds, xs, parts, lut, xh, xl):
                 ctx.free(ptr)
         ctx.free(wp)
         ctx.free(wd)

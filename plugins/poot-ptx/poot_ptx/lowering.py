@@ -13,7 +13,7 @@ from poot.backend import dtypes as dt
 from poot.backend import kir as K
 from poot.errors import Refusal
 
-from .statements import Mma, Wgmma, WgmmaSync
+from .statements import Hfma2, Mma, PackF16x2, Wgmma, WgmmaSync
 
 __all__ = ["NvptxLowering"]
 
@@ -123,6 +123,18 @@ class NvptxLowering(KernelLowering):
                 self.intrinsic("llvm.nvvm.wmma.m16n16k16.store.d.row.stride.f32.p3", L.VoidType(), [p3f] + [F32] * 8 + [I32]),
                 [ptr(st.c, F32)] + outs + [L.Constant(I32, st.n)],
             )
+
+    def lower_hfma2(self, st: Hfma2) -> None:
+        b = self.b
+        h2 = L.VectorType(L.HalfType(), 2)
+        a, x, c = (b.bitcast(self.expr(e), h2) for e in (st.a, st.b, st.c))
+        r = b.call(self.intrinsic("llvm.fma.v2f16", h2, [h2, h2, h2]), [a, x, c])
+        b.store(b.bitcast(r, I32), self._var_ptr(st.out)[0])
+
+    def lower_pack_f16x2(self, st: PackF16x2) -> None:
+        # cvt puts its first source in the upper half
+        asm = L.InlineAsm(L.FunctionType(I32, [F32, F32]), "cvt.rn.f16x2.f32 $0, $1, $2;", "=r,f,f")
+        self.b.store(self.b.call(asm, [self.expr(st.hi), self.expr(st.lo)]), self._var_ptr(st.out)[0])
 
     def lower_mma(self, st: Mma) -> None:
         self._matrix()

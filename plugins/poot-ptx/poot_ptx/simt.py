@@ -17,7 +17,7 @@ import numpy as np
 
 from poot.backend import dtypes as dt
 from poot.backend import kir as K
-from poot_ptx.statements import Mma
+from poot_ptx.statements import Hfma2, Mma, PackF16x2
 
 __all__ = ["run_simt"]
 
@@ -181,8 +181,17 @@ class _Group:
                 np.add.at(arr, i[mask], self.ev(st.value, mask)[mask].astype(arr.dtype))
             elif isinstance(st, Mma):
                 self.mma(st, mask)
+            elif isinstance(st, Hfma2):
+                a, b, c = (_halves(self.ev(e, mask)).astype(np.float64) for e in (st.a, st.b, st.c))
+                self.set(st.out, _pack_halves((a * b + c).astype(np.float16)), mask)  # one rounding: f16 products are exact in f64
+            elif isinstance(st, PackF16x2):
+                lo, hi = (self.ev(e, mask).astype(np.float16) for e in (st.lo, st.hi))
+                self.set(st.out, _pack_halves(np.stack([lo, hi], axis=-1)), mask)
             else:
                 raise NotImplementedError(f"simt: statement {type(st).__name__}")
+
+    def set(self, name: str, v: np.ndarray, mask: np.ndarray) -> None:
+        self.vars[name] = np.where(mask, v, self.vars[name])
 
     def mma(self, st: Mma, mask: np.ndarray) -> None:
         """PTX's m16n8k16 (bf16, f16) and m16n8k32 (s8) fragment layouts, a warp at a time."""
@@ -281,6 +290,16 @@ def _from_bf16(w: np.ndarray) -> np.ndarray:
     u = w.astype(np.int32).view(np.uint32)
     pair = np.stack([u & 0xFFFF, u >> 16], axis=-1).astype(np.uint32) << 16
     return pair.view(np.float32).astype(np.float64)
+
+
+def _halves(w: np.ndarray) -> np.ndarray:
+    """i32 words as pairs of f16 values [..., 2], the low half first."""
+    return w.astype(np.int32).view(np.float16).reshape(*w.shape, 2)
+
+
+def _pack_halves(h: np.ndarray) -> np.ndarray:
+    """Pairs of f16 values [..., 2] as i32 words, the first in the low half."""
+    return np.ascontiguousarray(h.astype(np.float16)).view(np.int32).reshape(h.shape[:-1])
 
 
 def _from_f16(w: np.ndarray) -> np.ndarray:

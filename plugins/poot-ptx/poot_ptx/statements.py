@@ -11,7 +11,7 @@ from poot.backend import TargetStmt
 from poot.backend import dtypes as dt
 from poot.backend import kir as K
 
-__all__ = ["Mma", "Wgmma", "WgmmaSync", "WGMMA_SYNC"]
+__all__ = ["Hfma2", "Mma", "PackF16x2", "Wgmma", "WgmmaSync", "WGMMA_SYNC"]
 
 Expr = K.Expr
 
@@ -49,6 +49,46 @@ class Mma(TargetStmt):
         for e in self.a + self.b:
             if c.expr(e) != dt.i32:
                 raise c.fail("mma registers are i32 (two 16-bit or four 8-bit values each)")
+
+
+def _set_i32(c, name: str, what: str) -> None:  # type: ignore[no-untyped-def]
+    if c.local(name) != dt.i32:
+        raise c.fail(f"{what} writes an i32 local declared before it; '{name}' is not one")
+
+
+@dataclass(frozen=True)
+class Hfma2(TargetStmt):
+    """``out`` = a * b + c on pairs of f16 values (i32 locals, the first value in the low half),
+    each rounded once (``fma.rn.f16x2``): a tensor-core operand built two values an instruction."""
+
+    out: str
+    a: Expr
+    b: Expr
+    c: Expr
+
+    lowering = "hfma2"
+
+    def check(self, c) -> None:  # type: ignore[no-untyped-def]
+        _set_i32(c, self.out, "hfma2")
+        if any(c.expr(e) != dt.i32 for e in (self.a, self.b, self.c)):
+            raise c.fail("hfma2 takes i32 words of two f16 values")
+
+
+@dataclass(frozen=True)
+class PackF16x2(TargetStmt):
+    """``out`` = the nearest f16 of each of two f32 values (nearest even), ``lo`` in the low half of
+    the i32 local (``cvt.rn.f16x2.f32``)."""
+
+    out: str
+    lo: Expr
+    hi: Expr
+
+    lowering = "pack_f16x2"
+
+    def check(self, c) -> None:  # type: ignore[no-untyped-def]
+        _set_i32(c, self.out, "pack_f16x2")
+        if any(c.expr(e) != dt.f32 for e in (self.lo, self.hi)):
+            raise c.fail("pack_f16x2 takes two f32 values")
 
 
 @dataclass(frozen=True)
