@@ -111,6 +111,42 @@ def _hmma_schedules(rows: int, k: int, n: int):  # type: ignore[no-untyped-def]
     return out
 
 
+def _wgmma_f16_schedules(rows: int, k: int, n: int):  # type: ignore[no-untyped-def]
+    """Hopper: ``gemm_wgmma_q4_k_f16`` with x split into f16 terms first ("+f16wg"): workgroups of
+    ``rows`` rows (and half as many past 32), one or two warpgroups, K split to fill about 132
+    workgroups (264 for 32 rows or fewer)."""
+    from poot_ptx.kernels import hmma_xs as H
+    from poot_ptx.kernels import mma as M
+    from poot_ptx.kernels import wgmma_f16 as W
+
+    if k % 256:
+        return []
+    sx = (-(-rows * k // 256 // (H.SPLIT_F16_THREADS // 32)),)
+    out, seen = [], set()
+    for r in sorted({max(8, -(-rows // 8) * 8), *((32,) if rows > 32 else ())}):
+        for wg, aim in ((2, 132), (1, 132), (2, 264), (1, 264)) if r > 32 else ((2, 264), (1, 264)):
+            tiles = -(-n // (64 * wg)) * -(-rows // r)
+            parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // 256 % p == 0), 1)
+            if (r, wg, parts) in seen:
+                continue
+            seen.add((r, wg, parts))
+            g = lambda n, r=r, wg=wg, parts=parts: (-(-rows // r), -(-n // (64 * wg)), parts)  # noqa: E731
+            for terms in (2, 1):  # 1: x's first term only (matmul precision "medium")
+                kern = W.gemm_wgmma_q4_k_f16(k, r, wg, parts, terms=terms)
+                if parts == 1:
+                    out.append((kern.name + "+f16wg", (H.split_f16x2(k, order="wgmma"), kern), lambda n, g=g: (sx, g(n))))
+                else:
+                    add = M.sum_parts(parts)
+                    out.append(
+                        (
+                            kern.name + "+f16wg+sum",
+                            (H.split_f16x2(k, order="wgmma"), kern, add),
+                            lambda n, g=g: (sx, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),)),
+                        )
+                    )
+    return out
+
+
 def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096):  # type: ignore[no-untyped-def]
     """(name, kernel, grid of (features n)) for every schedule that takes ``rows`` rows of a
     product of ``n`` features (the warpgroup GEMMs too with ``wgmma``: a Hopper GPU)."""
@@ -204,6 +240,7 @@ def schedules(rows: int, k: int, qtype: str, wgmma: bool = False, n: int = 4096)
                             out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, ft=ft, rt=rt: (sq, (-(-rows // (8 * rt)), -(-n // (16 * ft))))))
                     out += _imma_xs_schedules(rows, k, n, "q4_k")
                     out += _hmma_schedules(rows, k, n)
+                    out += _wgmma_f16_schedules(rows, k, n) if wgmma else []
                 for parts in (1, 2, 4, 8) if wgmma else ():  # Hopper: the warpgroup GEMM dequantizing in workgroup memory
                     if k % (64 * parts) == 0:
                         kern = W.gemm_wgmma_q4_k(k, terms, parts)
@@ -390,7 +427,7 @@ def main() -> int:
 
                 def bufs(ck):  # type: ignore[no-untyped-def]  # a K-split GEMM writes the parts sum_parts reads
                     nm = ck.kernel.name
-                    parted = "_P" in nm if nm.startswith("gemm_wgmma") else "_S" in nm
+                    parted = "_P" in nm if nm.startswith("gemm_wgmma") and "_f16" not in nm else "_S" in nm
                     named = {**ptrs, "p": parts, "y": parts} if parted else {**ptrs, "p": parts}
                     if copied and not nm.startswith("dequantize"):  # the tiled GEMM reads the bf16 copy
                         named["w"] = wd

@@ -13,7 +13,7 @@ from poot.backend import dtypes as dt
 from poot.backend import kir as K
 from poot.errors import Refusal
 
-from .statements import Hfma2, Mma, PackF16x2, Wgmma, WgmmaSync
+from .statements import Hfma2, Mma, PackF16x2, Wgmma, WgmmaRegA, WgmmaSync
 
 __all__ = ["NvptxLowering"]
 
@@ -160,6 +160,15 @@ class NvptxLowering(KernelLowering):
         if "wgmma" not in self.t.matrix:
             raise Refusal(f"kernel {self.k.name}", self.t.key, "warpgroup matrix products (wgmma) are lowered for nvptx:sm_90a only")
 
+    def _descriptor(self, name: str, off: K.Expr, lbo: int, sbo: int, swizzle: int) -> list[L.Value]:
+        """A wgmma matrix descriptor's two words for shared array ``name`` at byte ``off``: start
+        address / 16, lbo / 16, sbo / 16, the swizzle mode (bits 62-63)."""
+        b = self.b
+        addr = b.add(b.ptrtoint(self.mem[name][0], I32), self.expr(off))
+        start = b.and_(b.lshr(addr, L.Constant(I32, 4)), L.Constant(I32, 0x3FFF))
+        layout = {0: 0, 128: 1, 64: 2, 32: 3}[swizzle] << 30
+        return [b.or_(start, L.Constant(I32, (lbo >> 4) << 16)), L.Constant(I32, (sbo >> 4) | layout)]
+
     def lower_wgmma(self, st: Wgmma) -> None:
         """wgmma.mma_async by inline PTX (LLVM has no intrinsic for it): the two operands' matrix
         descriptors (start address / 16, lbo / 16, sbo / 16, the swizzle mode) built from the shared
@@ -168,10 +177,7 @@ class NvptxLowering(KernelLowering):
         b = self.b
         words: list[L.Value] = []
         for name, off in ((st.a, st.a_offset), (st.b, st.b_offset)):
-            addr = b.add(b.ptrtoint(self.mem[name][0], I32), self.expr(off))
-            start = b.and_(b.lshr(addr, L.Constant(I32, 4)), L.Constant(I32, 0x3FFF))
-            layout = {0: 0, 128: 1, 64: 2, 32: 3}[st.swizzle] << 30  # bits 62-63 of the descriptor
-            words += [b.or_(start, L.Constant(I32, (st.lbo >> 4) << 16)), L.Constant(I32, (st.sbo >> 4) | layout)]
+            words += self._descriptor(name, off, st.lbo, st.sbo, st.swizzle)
         na = len(st.acc)
         d = ", ".join(f"${i}" for i in range(na))
         asm = (
@@ -183,6 +189,28 @@ class NvptxLowering(KernelLowering):
         fn = L.InlineAsm(L.FunctionType(L.LiteralStructType([F32] * na), [I32] * 5 + [F32] * na), asm, cons, side_effect=True)
         ptrs = [self._var_ptr(nm)[0] for nm in st.acc]
         out = b.call(fn, words + [L.Constant(I32, 1)] + [b.load(p) for p in ptrs])
+        for i, p in enumerate(ptrs):
+            b.store(b.extract_value(out, i), p)
+
+    def lower_wgmma_reg_a(self, st: WgmmaRegA) -> None:
+        """wgmma.mma_async with A's fragment in registers (f16), by inline PTX: B's descriptor built
+        from its shared array's address as ``lower_wgmma`` builds it (swizzle 0)."""
+        self._wgmma_target()
+        b = self.b
+        words = self._descriptor(st.b, st.b_offset, st.lbo, st.sbo, 0)
+        na = len(st.acc)
+        d = ", ".join(f"${i}" for i in range(na))
+        a = ", ".join(f"${na + i}" for i in range(4))
+        asm = (
+            "{ .reg .b64 db; .reg .pred p; "
+            f"mov.b64 db, {{${na + 4}, ${na + 5}}}; setp.ne.b32 p, ${na + 6}, 0; "
+            f"wgmma.mma_async.sync.aligned.m64n{2 * na}k16.f32.f16.f16 {{{d}}}, {{{a}}}, db, p, 1, 1, 0; }}"
+        )
+        cons = ",".join(["=f"] * na + ["r"] * 7 + [str(i) for i in range(na)]) + ",~{memory}"
+        fn = L.InlineAsm(L.FunctionType(L.LiteralStructType([F32] * na), [I32] * 7 + [F32] * na), asm, cons, side_effect=True)
+        ptrs = [self._var_ptr(nm)[0] for nm in st.acc]
+        regs = [self.expr(e) for e in st.a]
+        out = b.call(fn, regs + words + [L.Constant(I32, int(st.accumulate))] + [b.load(p) for p in ptrs])
         for i, p in enumerate(ptrs):
             b.store(b.extract_value(out, i), p)
 

@@ -17,7 +17,7 @@ import numpy as np
 
 from poot.backend import dtypes as dt
 from poot.backend import kir as K
-from poot_ptx.statements import Hfma2, Mma, PackF16x2
+from poot_ptx.statements import Hfma2, Mma, PackF16x2, WgmmaRegA, WgmmaSync
 
 __all__ = ["run_simt"]
 
@@ -173,7 +173,7 @@ class _Group:
                 i = self.idx(st.index, mask, src.size - 3, st.buffer)
                 for j in range(4):
                     dst[(at + j)[mask]] = _as(src[(i + j)[mask]], dst.dtype)
-            elif isinstance(st, (K.Barrier, K.CopyAsyncSync, K.AwaitPrior, K.Prefetch, K.Fence)):
+            elif isinstance(st, (K.Barrier, K.CopyAsyncSync, K.AwaitPrior, K.Prefetch, K.Fence, WgmmaSync)):  # products complete when issued
                 pass
             elif isinstance(st, K.AtomicAdd):
                 arr = self.mem[st.buffer]
@@ -181,6 +181,8 @@ class _Group:
                 np.add.at(arr, i[mask], self.ev(st.value, mask)[mask].astype(arr.dtype))
             elif isinstance(st, Mma):
                 self.mma(st, mask)
+            elif isinstance(st, WgmmaRegA):
+                self.wgmma_reg_a(st, mask)
             elif isinstance(st, Hfma2):
                 a, b, c = (_halves(self.ev(e, mask)).astype(np.float64) for e in (st.a, st.b, st.c))
                 self.set(st.out, _pack_halves((a * b + c).astype(np.float16)), mask)  # one rounding: f16 products are exact in f64
@@ -192,6 +194,35 @@ class _Group:
 
     def set(self, name: str, v: np.ndarray, mask: np.ndarray) -> None:
         self.vars[name] = np.where(mask, v, self.vars[name])
+
+    def wgmma_reg_a(self, st: WgmmaRegA, mask: np.ndarray) -> None:
+        """wgmma with A's fragment in registers: each warpgroup's 64 x 16 A from its four warps'
+        m16n8k16 fragments, B (n x 16 f16) from workgroup memory by the descriptor's layout."""
+        if not mask.all():
+            raise RuntimeError(f"{self.k.name}: wgmma reached by part of a workgroup")
+        groups, n = self.t // 128, 2 * len(st.acc)
+        a = _from_f16(np.stack([self.ev(e, mask) for e in st.a])).reshape(4, groups, 4, 8, 4, 2)  # reg, group, warp, g, t, pair
+        A = np.zeros((groups, 64, 16))
+        for t, j in product(range(4), range(2)):
+            for w in range(4):
+                A[:, 16 * w : 16 * w + 8, 2 * t + j] = a[0, :, w, :, t, j]
+                A[:, 16 * w + 8 : 16 * w + 16, 2 * t + j] = a[1, :, w, :, t, j]
+                A[:, 16 * w : 16 * w + 8, 8 + 2 * t + j] = a[2, :, w, :, t, j]
+                A[:, 16 * w + 8 : 16 * w + 16, 8 + 2 * t + j] = a[3, :, w, :, t, j]
+        mem = self.mem[st.b].view(np.uint8)
+        off = self.ev(st.b_offset, mask).reshape(groups, 128)[:, 0].astype(np.int64)
+        r, k = np.arange(n)[:, None], np.arange(16)[None, :]
+        at = (r // 8) * st.sbo + (k // 8) * st.lbo + (r % 8) * 16 + (k % 8) * 2  # n x 16 bytes
+        B = np.stack([mem[(o + at)[..., None] + np.arange(2)].copy().view(np.float16)[..., 0] for o in off]).astype(np.float64)
+        D = A @ B.transpose(0, 2, 1)  # groups, 64, n
+        acc = np.stack([self.vars[nm] for nm in st.acc]).reshape(n // 8, 4, groups, 4, 8, 4)  # j, c, group, warp, g, t
+        out = np.empty_like(acc, dtype=np.float64)
+        for j, c, w in product(range(n // 8), range(4), range(4)):
+            rows = slice(16 * w + 8 * (c // 2), 16 * w + 8 * (c // 2) + 8)
+            out[j, c, :, w] = D[:, rows, 8 * j + (c % 2) : 8 * j + 8 : 2]  # (group, g, t): column 8 j + 2 t + c % 2
+        res = (out + (acc.astype(np.float64) if st.accumulate else 0.0)).astype(np.float32)
+        for q, nm in enumerate(st.acc):
+            self.vars[nm] = res.reshape(len(st.acc), -1)[q]
 
     def mma(self, st: Mma, mask: np.ndarray) -> None:
         """PTX's m16n8k16 (bf16, f16) and m16n8k32 (s8) fragment layouts, a warp at a time."""

@@ -11,7 +11,7 @@ from poot.backend import TargetStmt
 from poot.backend import dtypes as dt
 from poot.backend import kir as K
 
-__all__ = ["Hfma2", "Mma", "PackF16x2", "Wgmma", "WgmmaSync", "WGMMA_SYNC"]
+__all__ = ["Hfma2", "Mma", "PackF16x2", "Wgmma", "WgmmaRegA", "WgmmaSync", "WGMMA_SYNC"]
 
 Expr = K.Expr
 
@@ -91,6 +91,20 @@ class PackF16x2(TargetStmt):
             raise c.fail("pack_f16x2 takes two f32 values")
 
 
+def _check_warpgroup(c, acc: tuple[str, ...]) -> None:  # type: ignore[no-untyped-def]
+    """What every warpgroup product needs: every thread reaching it, whole warpgroups, n / 2 f32
+    accumulators for n a multiple of 8 up to 256."""
+    if c.divergent:
+        raise c.fail("a warpgroup matrix product must be reached by every thread")
+    if c.threads % 128:
+        raise c.fail(f"warpgroup matrix products need whole warpgroups of 128 threads, the workgroup has {c.threads}")
+    if not acc or len(acc) % 4 or len(acc) > 128:
+        raise c.fail(f"wgmma takes n / 2 accumulators for n a multiple of 8 up to 256, got {len(acc)}")
+    for nm in acc:
+        if c.local(nm) != dt.f32:
+            raise c.fail(f"wgmma accumulator '{nm}' must be an f32 local")
+
+
 @dataclass(frozen=True)
 class Wgmma(TargetStmt):
     """A warpgroup's asynchronous 64 x n x 16 matrix multiply-accumulate with both operands in
@@ -123,15 +137,7 @@ class Wgmma(TargetStmt):
         return 1024 if self.swizzle else 16  # a swizzle atom lies at an address aligned to its size
 
     def check(self, c) -> None:  # type: ignore[no-untyped-def]
-        if c.divergent:
-            raise c.fail("a warpgroup matrix product must be reached by every thread")
-        if c.threads % 128:
-            raise c.fail(f"warpgroup matrix products need whole warpgroups of 128 threads, the workgroup has {c.threads}")
-        if not self.acc or len(self.acc) % 4 or len(self.acc) > 128:
-            raise c.fail(f"wgmma takes n / 2 accumulators for n a multiple of 8 up to 256, got {len(self.acc)}")
-        for nm in self.acc:
-            if c.local(nm) != dt.f32:
-                raise c.fail(f"wgmma accumulator '{nm}' must be an f32 local")
+        _check_warpgroup(c, self.acc)
         for name, off in ((self.a, self.a_offset), (self.b, self.b_offset)):
             if c.shared(name) is None:
                 raise c.fail(f"wgmma operand '{name}' must be a shared array")
@@ -139,6 +145,38 @@ class Wgmma(TargetStmt):
                 raise c.fail(f"wgmma offset into '{name}' must be i32 bytes")
         if self.swizzle not in (0, 32, 64, 128):
             raise c.fail(f"wgmma swizzle is 0, 32, 64 or 128 bytes, got {self.swizzle}")
+        for what, v in (("lbo", self.lbo), ("sbo", self.sbo)):
+            if v % 16 or not 0 <= v < 1 << 18:
+                raise c.fail(f"wgmma {what} must be a multiple of 16 below 2^18 bytes, got {v}")
+
+
+@dataclass(frozen=True)
+class WgmmaRegA(TargetStmt):
+    """A warpgroup's asynchronous 64 x n x 16 f16 matrix multiply-accumulate with A in registers
+    (``wgmma.mma_async`` with an A fragment, sm_90a): warp w of the warpgroup holds A's rows 16 w to
+    16 w + 15 in ``a``, four i32 words of f16 pairs laid out as ``Mma``'s A (m16n8k16); B (n rows x
+    16, K-major, f16) is read from workgroup array ``b`` at byte ``b_offset`` as ``Wgmma``'s B with
+    swizzle 0 (value (r, k) at byte ``b_offset + (r // 8) * sbo + (k // 8) * lbo + (r % 8) * 16 +
+    (k % 8) * 2``). ``acc`` (n / 2 f32 locals, ``Wgmma``'s layout) += A B^T, or = A B^T where
+    ``accumulate`` is False. Ordered by ``WgmmaSync``: neither ``acc`` nor the registers of ``a``
+    may be touched before a wait covers it."""
+
+    acc: tuple[str, ...]
+    a: tuple[Expr, Expr, Expr, Expr]
+    b: str
+    b_offset: Expr
+    lbo: int
+    sbo: int
+    accumulate: bool = True
+
+    lowering = "wgmma_reg_a"
+
+    def check(self, c) -> None:  # type: ignore[no-untyped-def]
+        _check_warpgroup(c, self.acc)
+        if len(self.a) != 4 or any(c.expr(e) != dt.i32 for e in self.a):
+            raise c.fail("wgmma's A fragment is four i32 words of f16 pairs")
+        if c.shared(self.b) is None or c.expr(self.b_offset) != dt.i32:
+            raise c.fail(f"wgmma operand '{self.b}' must be a shared array at an i32 byte offset")
         for what, v in (("lbo", self.lbo), ("sbo", self.sbo)):
             if v % 16 or not 0 <= v < 1 << 18:
                 raise c.fail(f"wgmma {what} must be a multiple of 16 below 2^18 bytes, got {v}")

@@ -171,3 +171,119 @@ def test_hmma_gemm_compiles_to_f16_products(args):
         regs, spills, out = ptxas_usage(ptx.encode(), "sm_90a")
         assert spills == 0, out
         assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
+
+
+# (k, rows, warpgroups, ksplit, pipelined, m, n) of the warpgroup kernel (sm_90a): through the
+# interpreter small ones; on the device Llama-3-8B's too
+_WG_SMALL = [
+    (512, 16, 1, 1, True, 13, 64),
+    (1024, 64, 2, 2, True, 37, 200),
+    (768, 32, 1, 3, False, 40, 64),
+]
+_WG_DEVICE = [
+    (4096, 64, 2, 1, True, 64, 14336),
+    (4096, 64, 2, 2, True, 50, 6144),
+    (14336, 64, 2, 4, True, 64, 4096),
+    (4096, 32, 2, 2, True, 17, 4096),
+]
+WGMMA = ON_DEVICE and "wgmma" in MATRIX
+
+
+@pytest.mark.parametrize("k,rows,wg,ks,pipe,m,n", _WG_SMALL + (_WG_DEVICE if WGMMA else []), ids=str)
+def test_wgmma_f16_gemm_matches_the_exact_product(rng, k, rows, wg, ks, pipe, m, n):
+    """``gemm_wgmma_q4_k_f16`` on ``split_f16x2(order="wgmma")``'s x: ``_check`` (through the
+    interpreter where the device under test has no wgmma)."""
+    from poot_ptx.kernels.wgmma_f16 import gemm_wgmma_q4_k_f16
+
+    raw, x = _q4_k(rng, n, k), _x(rng, m, k)
+    b = {"xh": _halves_poisoned(m * k // 2), "xl": _halves_poisoned(m * k // 2), "xds": poisoned((m * k // 16,))}
+    run = run_host if WGMMA else run_simt
+    run(split_f16x2(k, order="wgmma"), (-(-m * k // 256 // (SPLIT_F16_THREADS // 32)),), {"x": x, **b}, {"m": m})
+    parts = poisoned((ks, m, n))
+    run(
+        gemm_wgmma_q4_k_f16(k, rows, wg, ks, pipe),
+        (-(-m // rows), -(-n // (64 * wg)), ks),
+        {**b, "w": raw.view(np.int32).reshape(-1), "y": parts},
+        {"m": m, "n": n},
+    )
+    y = parts[0] if ks == 1 else parts.sum(axis=0, dtype=np.float64)
+    _check(y, raw, x)
+
+
+def test_wgmma_f16_gemm_of_x_first_term_matches_x_rounded(rng):
+    """``terms`` 1 (matmul precision "medium"): the product of x as its first f16 term alone (the
+    ``xl`` plane is not read) within the f32-summation bound."""
+    from poot_ptx.kernels.wgmma_f16 import gemm_wgmma_q4_k_f16
+
+    k, rows, m, n = 512, 16, 13, 64
+    raw, x = _q4_k(rng, n, k), _x(rng, m, k)
+    b = {"xh": _halves_poisoned(m * k // 2), "xl": _halves_poisoned(m * k // 2), "xds": poisoned((m * k // 16,))}
+    run = run_host if WGMMA else run_simt
+    run(split_f16x2(k, order="wgmma"), (-(-m * k // 256 // (SPLIT_F16_THREADS // 32)),), {"x": x, **b}, {"m": m})
+    y = poisoned((m, n))
+    kern = gemm_wgmma_q4_k_f16(k, rows, 1, terms=1)
+    assert "xl" not in {p.name for p in kern.params}
+    run(kern, (1, 1, 1), {"xh": b["xh"], "xds": b["xds"], "w": raw.view(np.int32).reshape(-1), "y": y}, {"m": m, "n": n})
+    first = np.empty((m, k))
+    first[:, np.arange(k).reshape(-1, 32)[:, _WG_ORDER].reshape(-1)] = b["xh"].view(np.float16).reshape(m, k)
+    first *= b["xds"].reshape(m, k // 256, XDS_BLOCK)[:, :, 8].astype(np.float64).repeat(256, axis=1)
+    w = quantization("q4_k").dequantize(raw).reshape(n, k).astype(np.float64)
+    zero = raw.copy().reshape(n, -1, 144)
+    zero[:, :, 16:] = 0  # quants 0: what is left is -dmin m a value, which meets x's exact sums
+    w0 = quantization("q4_k").dequantize(zero.reshape(raw.shape)).reshape(n, k).astype(np.float64)
+    want = first @ (w - w0).T + x.astype(np.float64) @ w0.T
+    scale = np.abs(x.astype(np.float64)) @ np.abs(w).T
+    assert np.isfinite(y).all() and (np.abs(y - want) <= 1e-5 * scale + 1e-6).all()
+
+
+# the wgmma order of a sub-block's 32 values: stored position 16 h + 8 e + 2 t + p holds value 8 t + 4 h + e + 2 p
+_WG_ORDER = [8 * t + 4 * h + e + 2 * p for h in (0, 1) for e in (0, 1) for t in range(4) for p in (0, 1)]
+
+
+@pytest.mark.parametrize("ks", [1, 2])
+def test_wgmma_f16_gemm_of_several_weights_gives_each_alones_bits(rng, ks):
+    """``gemm_wgmma_q4_k_f16`` with ``parts``: each weight's product the same bits as its own launch's."""
+    from poot_ptx.kernels.wgmma_f16 import gemm_wgmma_q4_k_f16
+
+    k, rows, wg, m, sizes = 512, 16, 1, 11, (128, 64, 64)
+    raws, x = [_q4_k(rng, n, k) for n in sizes], _x(rng, m, k)
+    b = {"xh": _halves_poisoned(m * k // 2), "xl": _halves_poisoned(m * k // 2), "xds": poisoned((m * k // 16,))}
+    run = run_host if WGMMA else run_simt
+    run(split_f16x2(k, order="wgmma"), (-(-m * k // 256 // (SPLIT_F16_THREADS // 32)),), {"x": x, **b}, {"m": m})
+    total = sum(sizes)
+    words = [raw.view(np.int32).reshape(-1) for raw in raws]
+    ys = [poisoned((m, n)) for n in sizes]
+    grid = (-(-m // rows), total // (64 * wg), ks)
+    kern = gemm_wgmma_q4_k_f16(k, rows, wg, ks, True, parts=sizes)
+    ws = {f"w{i}": w for i, w in enumerate(words)}
+    if ks == 1:
+        run(kern, grid, {**b, **ws, **{f"y{i}": y for i, y in enumerate(ys)}}, {"m": m, "n": total})
+    else:
+        scratch = poisoned((ks, m, total))
+        run(kern, grid, {**b, **ws, "y": scratch}, {"m": m, "n": total})
+        run(sum_parts(ks, sizes), (-(-m * total // 4 // 256),), {"p": scratch, **{f"y{i}": y for i, y in enumerate(ys)}}, {"count": m * total})
+    for raw, w, y, n in zip(raws, words, ys, sizes, strict=True):
+        _check(y, raw, x)
+        alone = poisoned((ks, m, n))
+        run(gemm_wgmma_q4_k_f16(k, rows, wg, ks, True), (grid[0], n // (64 * wg), ks), {**b, "w": w, "y": alone}, {"m": m, "n": n})
+        one = alone[0]
+        if ks > 1:
+            one = poisoned((m, n))
+            run(sum_parts(ks), (-(-m * n // 4 // 256),), {"p": alone, "y": one}, {"count": m * n})
+        assert np.array_equal(y.view(np.int32), one.view(np.int32)), "a weight's product differs from its own launch's"
+
+
+@pytest.mark.parametrize("args", [(4096, 64, 2, 1, True), (14336, 64, 2, 4, True), (4096, 32, 2, 2, True)], ids=str)
+@pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
+def test_wgmma_f16_gemm_compiles_to_warpgroup_products(args):
+    """Four warpgroup products a sub-block (two steps of 16, two terms of x) with the weights'
+    fragment in registers; with ptxas, no spills, no products serialized, a launchable workgroup."""
+    from poot_ptx.kernels.wgmma_f16 import gemm_wgmma_q4_k_f16
+
+    kern = gemm_wgmma_q4_k_f16(*args)
+    ptx = compile_kernel(kern, target("nvptx:sm_90a"), use_cache=False).data.decode()
+    assert ptx.count("wgmma.mma_async.sync.aligned.m64n") == 32 and "fma.rn.f16x2" in ptx and "mma.sync" not in ptx
+    if find_ptxas():
+        regs, spills, out = ptxas_usage(ptx.encode(), "sm_90a")
+        assert spills == 0 and "serializ" not in out, out
+        assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from poot.backend import kir as K
 from poot.kernel.build import F32
@@ -13,7 +13,7 @@ from poot.kernel.build import f as _f
 from poot.kernel.build import mul as _mul
 from poot.kernel.build import r as _r
 
-__all__ = ["mma_lanes", "warp_tiles_summed"]
+__all__ = ["mma_lanes", "by_parts", "staged_blocks", "warp_tiles_summed"]
 
 
 def mma_lanes() -> list[K.Stmt]:
@@ -52,3 +52,65 @@ def warp_tiles_summed(flat: list[str], wk: int, threads: int, place: Callable[[K
     ]
     out.append(K.For("o", _r("tid"), _c(32 * nacc), tuple(each), step=threads))
     return out
+
+
+def by_parts(
+    head: list[K.Stmt],
+    core: Callable[[str, str, int | None, int | None], list[K.Stmt]],
+    parts: Sequence[int],
+    width: int,
+    ksplit: int,
+    params: tuple[K.Param, ...],
+) -> tuple[list[K.Stmt], tuple[K.Param, ...]]:
+    """A staged GEMM's body and parameters for one weight (``parts`` empty: ``core("w", "y", None,
+    None)`` after ``head``) or several of one x: ``core(weights, output, first feature, features)``
+    for the part holding the workgroup's ``width`` features (a uniform branch), weights ``w0``,
+    ``w1``, ... into ``y0``, ``y1``, ... (with K split, all into ``y``). ``params``: the one-weight
+    kernel's (x's three buffers, ``w``, ``y``, then scalars)."""
+    if not parts:
+        return head + core("w", "y", None, None), params
+    body, first = list(head), 0
+    for i, size in enumerate(parts):
+        wg0 = _mul(K.Builtin("group_id", 1), width)
+        inside = K.Bin("and", K.Bin("ge", wg0, _c(first)), K.Bin("lt", wg0, _c(first + size)))
+        body.append(K.If(inside, tuple(core(f"w{i}", "y" if ksplit > 1 else f"y{i}", first, size))))
+        first += size
+    ws = tuple(K.Buffer(f"w{i}", params[3].dtype) for i in range(len(parts)))
+    ys = (K.Buffer("y", F32, readonly=False),) if ksplit > 1 else tuple(K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts)))
+    return body, (*params[:3], *ws, *ys, *params[5:])
+
+
+def staged_blocks(
+    blocks: int,
+    copies: Callable[[K.Expr, K.Expr], list[K.Stmt]],
+    weights: Callable[[K.Expr, str], list[K.Stmt]],
+    products: Callable[[K.Expr], list[K.Stmt]],
+    names: Sequence[str],
+    pipelined: bool,
+    visible: Sequence[K.Stmt] = (),
+) -> list[K.Stmt]:
+    """The loop of the staged GEMMs over the workgroup's ``blocks`` blocks of K from block ``b0``:
+    x's copies of the next block into the other buffer (``copies(block, buffer)``) in flight
+    while this one is summed (``products(buffer)``), the weights' words of a block loaded by
+    ``weights(block, suffix)`` (``pipelined``: the next block's, suffixed "n", becoming this
+    block's, ``names``, at the step's end). ``visible``: statements between the copies' wait and
+    the barrier (making them visible to the tensor cores)."""
+    out: list[K.Stmt] = [*copies(_r("b0"), _c(0)), K.CopyAsyncSync("commit")]
+    nxt = _add(_r("b0"), K.Bin("min", _add(_r("s"), 1), _c(blocks - 1)))
+    if pipelined:
+        out += weights(_r("b0"), "")
+    loop: list[K.Stmt] = [
+        K.Let("cur", _b("rem", _r("s"), 2)),
+        # the next block's x (the last block's again on the last step: an unread copy keeps the count of groups even)
+        *copies(nxt, _b("sub", _c(1), _r("cur"))),
+        K.CopyAsyncSync("commit"),
+        *(weights(nxt, "n") if pipelined else weights(_add(_r("b0"), _r("s")), "")),
+        K.CopyAsyncSync("wait", 1),
+        *visible,
+        K.Barrier(),
+        *products(_r("cur")),
+        K.Barrier(),
+    ]
+    if pipelined:  # the next block's words become this block's
+        loop += [K.Assign(nm, _r(f"{nm}n")) for nm in names]
+    return [*out, K.For("s", _c(0), _c(blocks), tuple(loop)), K.CopyAsyncSync("wait", 0)]

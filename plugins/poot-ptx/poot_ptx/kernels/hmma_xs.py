@@ -43,7 +43,9 @@ from poot.kernel.build import r as _r
 from poot.kernel.build import silu_mul as _silu_mul
 
 from ..statements import Hfma2, Mma, PackF16x2
+from ._fragments import by_parts as _by_parts
 from ._fragments import mma_lanes as _mma_lanes
+from ._fragments import staged_blocks as _staged_blocks
 
 __all__ = ["gemm_hmma_q4_k_xs", "split_f16x2", "hmma_shared_bytes", "SPLIT_F16_THREADS", "XDS_BLOCK"]
 
@@ -67,14 +69,14 @@ def _h2(v: float) -> K.Expr:
 
 
 @lru_cache(maxsize=None)
-def split_f16x2(k: int, glu: bool = False) -> K.Kernel:
+def split_f16x2(k: int, glu: bool = False, order: str = "mma") -> K.Kernel:
     """x [m, k] (f32; with ``glu``, silu(g) * u of g and u [m, k]) as ``gemm_hmma_q4_k_xs`` reads
     it: each block of 256 values of a row times s, the power of two that puts the block's largest
     magnitude in [2^14, 2^15) (f16's range holds it with room), as the nearest f16 (``xh``) and the
     nearest f16 of what is left (``xl``), two values a word in the module's order; and in ``xds``,
     ``XDS_BLOCK`` floats a row and block: the exact f32 sums of its 32-value sub-blocks (of x, not
-    scaled) and 1 / s. A warp a row's block, a lane 8 values; grid (ceil(m k / 256 / 8),). K a
-    multiple of 256."""
+    scaled) and 1 / s. ``order`` "wgmma": each 32 values in ``wgmma_f16``'s order instead. A warp a
+    row's block, a lane 8 values; grid (ceil(m k / 256 / 8),). K a multiple of 256."""
     if k % 256:
         raise ValueError(f"split_f16x2 needs K a multiple of 256, got {k}")
     per_row = k // 256
@@ -109,15 +111,21 @@ def split_f16x2(k: int, glu: bool = False) -> K.Kernel:
     hi_words, lo_words = [], []
     for q in (0, 4):  # a group of four: words (0, 2) and (1, 3)
         for e in (0, 1):
-            a, b = f"t{q + e}", f"t{q + e + 2}"
+            a, b = f"t{q + e}", f"t{q + e + 2}"  # the lane's values 4 h + e and that + 2, h = q / 4
             h, lo = f"h{q + e}", f"l{q + e}"
             inner += [K.Let(h, _c(0)), PackF16x2(h, _r(a, F32), _r(b, F32)), K.Let(lo, _c(0))]
             ha, hb = K.HalfToF32(_r(h)), K.HalfToF32(_b("shr", _r(h), 16))
             inner.append(PackF16x2(lo, K.Bin("sub", _r(a, F32), ha), K.Bin("sub", _r(b, F32), hb)))
             hi_words.append(_r(h))
             lo_words.append(_r(lo))
-    word = _add(_mul(_r("row"), k // 2), _mul(_r("blk"), 128), _mul(_r("lane"), 4))
-    inner += [K.VecStore("xh", word, tuple(hi_words)), K.VecStore("xl", word, tuple(lo_words))]
+    if order == "mma":
+        word = _add(_mul(_r("row"), k // 2), _mul(_r("blk"), 128), _mul(_r("lane"), 4))
+        inner += [K.VecStore("xh", word, tuple(hi_words)), K.VecStore("xl", word, tuple(lo_words))]
+    else:  # the sub-block's word 8 h + 4 e + t for lane t of its four (``wgmma_f16``)
+        sub = _add(_mul(_r("row"), k // 2), _mul(_r("blk"), 128), _mul(_b("div", _r("lane"), 4), 16), _b("rem", _r("lane"), 4))
+        for i, (hw, lw) in enumerate(zip(hi_words, lo_words, strict=True)):
+            h, e = divmod(i, 2)
+            inner += [K.Store("xh", _add(sub, 8 * h + 4 * e), hw), K.Store("xl", _add(sub, 8 * h + 4 * e), lw)]
     total: K.Expr = _r("v0", F32)
     for v in vals[1:]:
         total = K.Bin("add", total, _r(v, F32))
@@ -135,7 +143,15 @@ def split_f16x2(k: int, glu: bool = False) -> K.Kernel:
     body.append(K.If(K.Bin("lt", _r("wb"), _mul(_r("m"), per_row)), tuple(inner)))  # a warp's lanes all in or all out
     ins = (K.Buffer("g", F32), K.Buffer("u", F32)) if glu else (K.Buffer("x", F32),)
     outs = (K.Buffer("xh", I32, readonly=False), K.Buffer("xl", I32, readonly=False), K.Buffer("xds", F32, readonly=False))
-    kern = K.Kernel(f"split_f16x2_K{k}" + ("_glu" if glu else ""), (*ins, *outs, K.ScalarParam("m", I32)), tuple(body), (SPLIT_F16_THREADS, 1, 1), ())
+    if order not in ("mma", "wgmma"):
+        raise ValueError(f"split_f16x2: order is 'mma' or 'wgmma', got {order!r}")
+    kern = K.Kernel(
+        f"split_f16x2_K{k}" + ("_glu" if glu else "") + ("_wg" if order == "wgmma" else ""),
+        (*ins, *outs, K.ScalarParam("m", I32)),
+        tuple(body),
+        (SPLIT_F16_THREADS, 1, 1),
+        (),
+    )
     verify_kernel(kern)
     return kern
 
@@ -300,25 +316,7 @@ def gemm_hmma_q4_k_xs(
             body.append(K.Let(f"f{j}_{hf}", K.Bin("min", _add(col, 16 * j + hf, _r("g")), last_n)))
         for names in (*acc.values(), *blk_acc.values()):
             body += [K.Let(nm, _f(0.0)) for nm in names]
-        body += copies(_r("b0"), _c(0))
-        body.append(K.CopyAsyncSync("commit"))
-        nxt = _add(_r("b0"), K.Bin("min", _add(_r("s"), 1), _c(blocks - 1)))
-        if pipelined:
-            body += weights(_r("b0"), "", wbuf)
-        loop: list[K.Stmt] = [
-            K.Let("cur", _b("rem", _r("s"), 2)),
-            *copies(nxt, _b("sub", _c(1), _r("cur"))),  # the last block's again on the last step: the count of groups stays even
-            K.CopyAsyncSync("commit"),
-            *(weights(nxt, "n", wbuf) if pipelined else weights(_add(_r("b0"), _r("s")), "", wbuf)),
-            K.CopyAsyncSync("wait", 1),
-            K.Barrier(),
-            *products(_r("cur")),
-            K.Barrier(),
-        ]
-        if pipelined:
-            loop += [K.Assign(nm, _r(f"{nm}n")) for nm in wnames]
-        body.append(K.For("s", _c(0), _c(blocks), tuple(loop)))
-        body.append(K.CopyAsyncSync("wait", 0))
+        body += _staged_blocks(blocks, copies, lambda blk, u: weights(blk, u, wbuf), products, wnames, pipelined)
         split = ksplit > 1
         ybase = _mul(_mul(K.Builtin("group_id", 2), _r("m")), _r("n")) if split else _c(0)
         stride = _r("n") if size is None or split else _c(size)
@@ -332,20 +330,7 @@ def gemm_hmma_q4_k_xs(
                     body.append(K.If(K.Bin("and", K.Bin("lt", orow, _r("m")), K.Bin("lt", ocol, bound)), (st,)))
         return body
 
-    params: tuple[K.Param, ...] = PARAMS
-    if not parts:
-        body = head + core("w", "y", None, None)
-    else:
-        body = list(head)
-        first = 0
-        for i, size in enumerate(parts):  # the workgroup's part: the branch is uniform
-            wg0 = _mul(K.Builtin("group_id", 1), width)
-            inside = K.Bin("and", K.Bin("ge", wg0, _c(first)), K.Bin("lt", wg0, _c(first + size)))
-            body.append(K.If(inside, tuple(core(f"w{i}", "y" if ksplit > 1 else f"y{i}", first, size))))
-            first += size
-        ws = tuple(K.Buffer(f"w{i}", I32) for i in range(len(parts)))
-        ys = (K.Buffer("y", F32, readonly=False),) if ksplit > 1 else tuple(K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts)))
-        params = (*PARAMS[:3], *ws, *ys, *PARAMS[5:])
+    body, params = _by_parts(head, core, parts, width, ksplit, PARAMS)
     shared = (K.Shared("xh_s", I32, 2 * term_words), K.Shared("xl_s", I32, 2 * term_words), K.Shared("xds_s", F32, 2 * ds_words))
     tag = f"_K{k}_{ft}x{rt}_W{wf}x{wr}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + (f"_G{groups}" if groups else "")
     tag += "_P" + "_".join(map(str, parts)) if parts else ""

@@ -31,7 +31,9 @@ from poot.kernel.build import mul as _mul
 from poot.kernel.build import r as _r
 
 from ..statements import Mma
+from ._fragments import by_parts as _by_parts
 from ._fragments import mma_lanes as _mma_lanes
+from ._fragments import staged_blocks as _staged_blocks
 from ._q6_k import joined as _joined
 from .imma import NIBBLES, PARAMS, sub_block_sums
 
@@ -144,26 +146,15 @@ def _staged_kernel(
         acc = {(j, i): tuple(f"acc{j}_{i}_{e}" for e in range(4)) for j in range(ft) for i in range(rt)}
         for names in acc.values():
             body += [K.Let(nm, _f(0.0)) for nm in names]
-        body += copies(_r("b0"), _c(0), "a")
-        body.append(K.CopyAsyncSync("commit"))
-        nxt = _add(_r("b0"), K.Bin("min", _add(_r("s"), 1), _c(blocks - 1)))
-        if pipelined:
-            body += weights(_r("b0"), "", wbuf)
-        loop: list[K.Stmt] = [
-            K.Let("cur", _b("rem", _r("s"), 2)),
-            # the next block's x (the last block's again on the last step: an unread copy keeps the count of groups even)
-            *copies(nxt, _b("sub", _c(1), _r("cur")), "b"),
-            K.CopyAsyncSync("commit"),
-            *(weights(nxt, "n", wbuf) if pipelined else weights(_add(_r("b0"), _r("s")), "", wbuf)),
-            K.CopyAsyncSync("wait", 1),
-            K.Barrier(),
-            *products(_r("cur"), staged, acc),
-            K.Barrier(),
-        ]
-        if pipelined:  # the next block's words become this block's
-            loop += [K.Assign(nm, _r(f"{nm}n")) for nm in weight_names]
-        body.append(K.For("s", _c(0), _c(blocks), tuple(loop)))
-        body.append(K.CopyAsyncSync("wait", 0))
+        tags = iter(("a", "b"))
+        body += _staged_blocks(
+            blocks,
+            lambda blk, buf: copies(blk, buf, next(tags)),
+            lambda blk, u: weights(blk, u, wbuf),
+            lambda buf: products(buf, staged, acc),
+            weight_names,
+            pipelined,
+        )
         split = ksplit > 1
         ybase = _mul(_mul(K.Builtin("group_id", 2), _r("m")), _r("n")) if split else _c(0)
         stride = _r("n") if size is None or split else _c(size)  # a row of the output written
@@ -177,20 +168,7 @@ def _staged_kernel(
                     body.append(K.If(K.Bin("and", K.Bin("lt", orow, _r("m")), K.Bin("lt", ocol, bound)), (st,)))
         return body
 
-    params: tuple[K.Param, ...] = PARAMS
-    if not parts:
-        body = head + core("w", "y", None, None)
-    else:
-        body = list(head)
-        first = 0
-        for i, size in enumerate(parts):  # the workgroup's part: the branch is uniform
-            wg0 = _mul(K.Builtin("group_id", 1), width)
-            inside = K.Bin("and", K.Bin("ge", wg0, _c(first)), K.Bin("lt", wg0, _c(first + size)))
-            body.append(K.If(inside, tuple(core(f"w{i}", "y" if ksplit > 1 else f"y{i}", first, size))))
-            first += size
-        ws = tuple(K.Buffer(f"w{i}", I32) for i in range(len(parts)))
-        ys = (K.Buffer("y", F32, readonly=False),) if ksplit > 1 else tuple(K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts)))
-        params = (*PARAMS[:3], *ws, *ys, *PARAMS[5:])
+    body, params = _by_parts(head, core, parts, width, ksplit, PARAMS)
     shared = (K.Shared("xq_s", I32, 2 * staged.term_words), K.Shared("xr_s", I32, 2 * staged.term_words), K.Shared("xds_s", F32, 2 * staged.ds_words))
     tag = f"_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + (f"_G{groups}" if groups else "")
     tag += "_P" + "_".join(map(str, parts)) if parts else ""
