@@ -131,8 +131,8 @@ def _wgmma_f16_schedules(rows: int, k: int, n: int):  # type: ignore[no-untyped-
                 continue
             seen.add((r, wg, parts))
             g = lambda n, r=r, wg=wg, parts=parts: (-(-rows // r), -(-n // (64 * wg)), parts)  # noqa: E731
-            for terms in (2, 1):  # 1: x's first term only (matmul precision "medium")
-                kern = W.gemm_wgmma_q4_k_f16(k, r, wg, parts, terms=terms)
+            for terms, stages in ((2, 2), (2, 3 if r > 32 else 4), (1, 2), (1, 4)):  # terms 1: x's first term only ("medium")
+                kern = W.gemm_wgmma_q4_k_f16(k, r, wg, parts, terms=terms, stages=stages)
                 if parts == 1:
                     out.append((kern.name + "+f16wg", (H.split_f16x2(k, order="wgmma"), kern), lambda n, g=g: (sx, g(n))))
                 else:

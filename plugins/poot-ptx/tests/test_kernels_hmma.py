@@ -173,26 +173,29 @@ def test_hmma_gemm_compiles_to_f16_products(args):
         assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
 
 
-# (k, rows, warpgroups, ksplit, pipelined, m, n) of the warpgroup kernel (sm_90a): through the
-# interpreter small ones; on the device Llama-3-8B's too
+# (k, rows, warpgroups, ksplit, pipelined, m, n, stages) of the warpgroup kernel (sm_90a): through
+# the interpreter small ones; on the device Llama-3-8B's too
 _WG_SMALL = [
-    (512, 16, 1, 1, True, 13, 64),
-    (1024, 64, 2, 2, True, 37, 200),
-    (768, 32, 1, 3, False, 40, 64),
+    (512, 16, 1, 1, True, 13, 64, 2),
+    (1024, 64, 2, 2, True, 37, 200, 2),
+    (768, 32, 1, 3, False, 40, 64, 2),
+    (2048, 16, 1, 1, True, 9, 64, 3),
+    (1536, 8, 1, 2, True, 5, 64, 4),
 ]
 _WG_DEVICE = [
-    (4096, 64, 2, 1, True, 64, 14336),
-    (4096, 64, 2, 2, True, 50, 6144),
-    (14336, 64, 2, 4, True, 64, 4096),
-    (4096, 32, 2, 2, True, 17, 4096),
+    (4096, 64, 2, 1, True, 64, 14336, 2),
+    (4096, 64, 2, 2, True, 50, 6144, 2),
+    (14336, 64, 2, 4, True, 64, 4096, 2),
+    (4096, 32, 2, 2, True, 17, 4096, 2),
+    (4096, 64, 2, 1, True, 61, 4096, 3),
 ]
 WGMMA = ON_DEVICE and "wgmma" in MATRIX
 
 
-@pytest.mark.parametrize("k,rows,wg,ks,pipe,m,n", _WG_SMALL + (_WG_DEVICE if WGMMA else []), ids=str)
-def test_wgmma_f16_gemm_matches_the_exact_product(rng, k, rows, wg, ks, pipe, m, n):
+@pytest.mark.parametrize("k,rows,wg,ks,pipe,m,n,stages", _WG_SMALL + (_WG_DEVICE if WGMMA else []), ids=str)
+def test_wgmma_f16_gemm_matches_the_exact_product(rng, k, rows, wg, ks, pipe, m, n, stages):
     """``gemm_wgmma_q4_k_f16`` on ``split_f16x2(order="wgmma")``'s x: ``_check`` (through the
-    interpreter where the device under test has no wgmma)."""
+    interpreter where the device under test has no wgmma); ``stages`` buffers of x in the ring."""
     from poot_ptx.kernels.wgmma_f16 import gemm_wgmma_q4_k_f16
 
     raw, x = _q4_k(rng, n, k), _x(rng, m, k)
@@ -201,7 +204,7 @@ def test_wgmma_f16_gemm_matches_the_exact_product(rng, k, rows, wg, ks, pipe, m,
     run(split_f16x2(k, order="wgmma"), (-(-m * k // 256 // (SPLIT_F16_THREADS // 32)),), {"x": x, **b}, {"m": m})
     parts = poisoned((ks, m, n))
     run(
-        gemm_wgmma_q4_k_f16(k, rows, wg, ks, pipe),
+        gemm_wgmma_q4_k_f16(k, rows, wg, ks, pipe, stages=stages),
         (-(-m // rows), -(-n // (64 * wg)), ks),
         {**b, "w": raw.view(np.int32).reshape(-1), "y": parts},
         {"m": m, "n": n},

@@ -88,24 +88,29 @@ def staged_blocks(
     names: Sequence[str],
     pipelined: bool,
     visible: Sequence[K.Stmt] = (),
+    stages: int = 2,
 ) -> list[K.Stmt]:
     """The loop of the staged GEMMs over the workgroup's ``blocks`` blocks of K from block ``b0``:
-    x's copies of the next block into the other buffer (``copies(block, buffer)``) in flight
-    while this one is summed (``products(buffer)``), the weights' words of a block loaded by
-    ``weights(block, suffix)`` (``pipelined``: the next block's, suffixed "n", becoming this
-    block's, ``names``, at the step's end). ``visible``: statements between the copies' wait and
-    the barrier (making them visible to the tensor cores)."""
-    out: list[K.Stmt] = [*copies(_r("b0"), _c(0)), K.CopyAsyncSync("commit")]
-    nxt = _add(_r("b0"), K.Bin("min", _add(_r("s"), 1), _c(blocks - 1)))
+    x's copies of the block ``stages`` - 1 ahead into a ring of ``stages`` buffers
+    (``copies(block, buffer)``) in flight while this one is summed (``products(buffer)``), the
+    weights' words of a block loaded by ``weights(block, suffix)`` (``pipelined``: the next
+    block's, suffixed "n", becoming this block's, ``names``, at the step's end). ``visible``:
+    statements between the copies' wait and the barrier (making them visible to the tensor
+    cores). Past the last block the last is copied again, unread: every step commits one group."""
+    last = _c(blocks - 1)
+    out: list[K.Stmt] = []
+    for j in range(stages - 1):
+        out += [*copies(_add(_r("b0"), K.Bin("min", _c(j), last)) if j else _r("b0"), _c(j)), K.CopyAsyncSync("commit")]
+    ahead = _add(_r("b0"), K.Bin("min", _add(_r("s"), stages - 1), last))
     if pipelined:
         out += weights(_r("b0"), "")
+    ring = _b("sub", _c(1), _r("cur")) if stages == 2 else _b("rem", _add(_r("s"), stages - 1), stages)
     loop: list[K.Stmt] = [
-        K.Let("cur", _b("rem", _r("s"), 2)),
-        # the next block's x (the last block's again on the last step: an unread copy keeps the count of groups even)
-        *copies(nxt, _b("sub", _c(1), _r("cur"))),
+        K.Let("cur", _b("rem", _r("s"), stages)),
+        *copies(ahead, ring),
         K.CopyAsyncSync("commit"),
-        *(weights(nxt, "n") if pipelined else weights(_add(_r("b0"), _r("s")), "")),
-        K.CopyAsyncSync("wait", 1),
+        *(weights(_add(_r("b0"), K.Bin("min", _add(_r("s"), 1), last)), "n") if pipelined else weights(_add(_r("b0"), _r("s")), "")),
+        K.CopyAsyncSync("wait", stages - 1),
         *visible,
         K.Barrier(),
         *products(_r("cur")),

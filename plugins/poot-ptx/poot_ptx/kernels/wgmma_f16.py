@@ -35,13 +35,15 @@ from .hmma_xs import _HDS, _MAGIC, PARAMS, XDS_BLOCK, _h2
 __all__ = ["gemm_wgmma_q4_k_f16", "wgmma_f16_shared_bytes"]
 
 
-def wgmma_f16_shared_bytes(rows: int) -> int:
-    """Workgroup memory ``gemm_wgmma_q4_k_f16`` takes for ``rows`` rows: two buffers of a block."""
-    return 2 * rows * (2 * 128 + _HDS) * 4
+def wgmma_f16_shared_bytes(rows: int, terms: int = 2, stages: int = 2) -> int:
+    """Workgroup memory ``gemm_wgmma_q4_k_f16`` takes for ``rows`` rows: ``stages`` buffers of a block."""
+    return stages * rows * (terms * 128 + _HDS) * 4
 
 
 @lru_cache(maxsize=None)
-def gemm_wgmma_q4_k_f16(k: int, rows: int = 64, wg: int = 2, ksplit: int = 1, pipelined: bool = True, parts: tuple[int, ...] = (), terms: int = 2) -> K.Kernel:
+def gemm_wgmma_q4_k_f16(
+    k: int, rows: int = 64, wg: int = 2, ksplit: int = 1, pipelined: bool = True, parts: tuple[int, ...] = (), terms: int = 2, stages: int = 2
+) -> K.Kernel:
     """y = x @ w^T for up to ``rows`` (8-256, a multiple of 8) rows of x a workgroup
     (``split_f16x2(order="wgmma")``'s buffers) against Q4_K weight rows (i32 words of 144-byte
     blocks): ``wg`` warpgroups of 64 features each. Every thread copies x a block at a time into
@@ -50,7 +52,8 @@ def gemm_wgmma_q4_k_f16(k: int, rows: int = 64, wg: int = 2, ksplit: int = 1, pi
     ``rows`` by 16 a sub-block (two steps, two terms of x) in flight while it builds the next
     sub-block's; y += d / s (the block's sums) - (dmin m) sum(x) as ``hmma_xs``. ``ksplit``,
     ``parts``: as ``hmma_xs.gemm_hmma_q4_k_xs``. ``terms`` 1: x's first term only (``xl`` neither
-    copied nor multiplied; matmul precision "medium": 11 bits of each value). Grid (ceil(m / rows),
+    copied nor multiplied; matmul precision "medium": 11 bits of each value). ``stages``: buffers of
+    x in the ring (the copies run ``stages`` - 1 blocks ahead). Grid (ceil(m / rows),
     ceil(n / (64 wg)), S). K / S a multiple of 256."""
     name = "gemm_wgmma_q4_k_f16"
     if k % (256 * ksplit):
@@ -192,7 +195,7 @@ def gemm_wgmma_q4_k_f16(k: int, rows: int = 64, wg: int = 2, ksplit: int = 1, pi
         body += [K.Let(nm, _f(0.0)) for nm in (*y, *ba)]
         body += [K.Let(f"w{hf}a{s}{h}{e}", _c(0)) for hf in slots for s in (0, 1) for h in (0, 1) for e in (0, 1)]
         # (after the copies' wait, this thread's copies made visible to the tensor cores; after the barrier, everyone's)
-        body += _staged_blocks(blocks, copies, lambda blk, u: weights(blk, u, wbuf), products, wnames, pipelined, (WgmmaSync("proxy"),))
+        body += _staged_blocks(blocks, copies, lambda blk, u: weights(blk, u, wbuf), products, wnames, pipelined, (WgmmaSync("proxy"),), stages)
         split = ksplit > 1
         ybase = _mul(_mul(K.Builtin("group_id", 2), _r("m")), _r("n")) if split else _c(0)
         stride = _r("n") if size is None or split else _c(size)
@@ -207,10 +210,16 @@ def gemm_wgmma_q4_k_f16(k: int, rows: int = 64, wg: int = 2, ksplit: int = 1, pi
         return body
 
     body, params = _by_parts(head, core, parts, width, ksplit, PARAMS)
-    shared = (*(K.Shared(f"{p}_s", I32, 2 * term_words) for p in planes), K.Shared("xds_s", F32, 2 * ds_words))
+    shared = (*(K.Shared(f"{p}_s", I32, stages * term_words) for p in planes), K.Shared("xds_s", F32, stages * ds_words))
     if terms == 1:
         params = tuple(p for p in params if p.name != "xl")
-    tag = f"_K{k}_R{rows}_G{wg}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + ("_T1" if terms == 1 else "")
+    tag = (
+        f"_K{k}_R{rows}_G{wg}"
+        + (f"_S{ksplit}" if ksplit > 1 else "")
+        + ("_pipe" if pipelined else "")
+        + ("_T1" if terms == 1 else "")
+        + (f"_X{stages}" if stages != 2 else "")
+    )
     tag += "_P" + "_".join(map(str, parts)) if parts else ""
     kern = K.Kernel(name + tag, params, tuple(body), (threads, 1, 1), shared)
     verify_kernel(kern)
