@@ -231,6 +231,11 @@ def test_errors_have_the_right_status_and_body(server, client):
         err = r.json()["error"]
         assert words in err["message"] and err["type"], (kw, err)
     assert _post(server, "/v1/chat/completions", None, raw=b'{"model": "SmolLM2", "messages": [}').json()["error"]["param"] is None  # not a byte offset
+    # a body not sent as JSON, or JSON but not an object: said so, not pydantic's words about dictionaries
+    plain = httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"}, content=json.dumps(ok))
+    assert plain.status_code == 400 and "Content-Type: application/json, not 'text/plain'" in plain.json()["error"]["message"], plain.text
+    listed = _post(server, "/v1/chat/completions", [ok])
+    assert listed.status_code == 400 and "must be a JSON object" in listed.json()["error"]["message"], listed.text
     echo = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hi", "max_tokens": 2, "echo": True})
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo", echo.text
     long = _post(server, "/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": "word " * 3000}]}).json()["error"]["message"]

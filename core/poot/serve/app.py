@@ -536,7 +536,11 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
         if first.get("type") == "json_invalid":  # (its location is a byte offset, not a parameter)
             return JSONResponse(error_body(ApiError(400, f"the body is not valid JSON: {first.get('msg', '')}")), status_code=400)
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
-        return JSONResponse(error_body(ApiError(400, f"{where or 'body'}: {first.get('msg', 'invalid')}", param=where or None)), status_code=400)
+        if not where:  # the body as a whole: not an object, or not sent as JSON at all
+            kind = request.headers.get("content-type", "")
+            said = f"Content-Type: application/json, not {kind[:100]!r}" if "json" not in kind.lower() else "one JSON object"
+            return JSONResponse(error_body(ApiError(400, f"the body must be a JSON object of the request's parameters, sent as {said}")), status_code=400)
+        return JSONResponse(error_body(ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param=where)), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, e: StarletteHTTPException) -> JSONResponse:  # (a body that is not UTF-8, an unknown path ...)
