@@ -47,21 +47,21 @@ from ._fragments import by_parts as _by_parts
 from ._fragments import mma_lanes as _mma_lanes
 from ._fragments import staged_blocks as _staged_blocks
 
-__all__ = ["gemm_hmma_q4_k_xs", "split_f16x2", "hmma_shared_bytes", "SPLIT_F16_THREADS", "XDS_BLOCK"]
+__all__ = ["gemm_hmma_q4_k_xs", "split_f16x2", "f16_pair", "hmma_shared_bytes", "DS_STRIDE", "F16_MAGIC", "PARAMS", "SPLIT_F16_THREADS", "XDS_BLOCK"]
 
 SPLIT_F16_THREADS = 256
 XDS_BLOCK = 16  # floats per row and block in ``xds``: the 8 sums, the inverse scale, 7 unused
 _HX = 144  # words a staged row of one term of a block: 128 and 16 more, so rows 1 apart sit 16 banks apart
-_HDS = 20  # floats a staged row of (sums, scale): rows 2 apart sit 8 banks apart
-_MAGIC = 0x64006400  # the f16 pair (1024, 1024)
+DS_STRIDE = 20  # floats a staged row of (sums, scale): rows 2 apart sit 8 banks apart
+F16_MAGIC = 0x64006400  # the f16 pair (1024, 1024)
 
 
 def hmma_shared_bytes(rows: int) -> int:
     """Workgroup memory ``gemm_hmma_q4_k_xs`` takes for ``rows`` rows of x: two buffers of a block."""
-    return 2 * rows * (2 * _HX + _HDS) * 4
+    return 2 * rows * (2 * _HX + DS_STRIDE) * 4
 
 
-def _h2(v: float) -> K.Expr:
+def f16_pair(v: float) -> K.Expr:
     """The i32 word of the f16 pair (v, v)."""
     bits = int(np.array([v], np.float16).view(np.uint16)[0])
     word = bits | (bits << 16)
@@ -191,7 +191,7 @@ def gemm_hmma_q4_k_xs(
         raise ValueError(f"{name}: every part must be a multiple of a workgroup's {width} features, got {parts}")
     blocks = k // ksplit // 256
     row_words = k // 256 * 36
-    term_words, ds_words = rows * _HX, rows * _HDS
+    term_words, ds_words = rows * _HX, rows * DS_STRIDE
     head: list[K.Stmt] = [
         *_mma_lanes(),
         K.Let("wfi", _b("rem", _r("warp"), wf)),
@@ -221,7 +221,7 @@ def gemm_hmma_q4_k_xs(
         for u in range(-(-rows * 4 // threads)):
             r = _add(_b("div", K.Builtin("thread_id", 0), 4), u * threads // 4)
             src = _add(_mul(K.Bin("min", _add(_r("row0"), r), last_m), k // 16), _mul(blk, XDS_BLOCK), _mul(_r("dq"), 4))
-            cp = K.CopyAsync("xds_s", _add(_mul(buf, ds_words), _mul(r, _HDS), _mul(_r("dq"), 4)), "xds", src)
+            cp = K.CopyAsync("xds_s", _add(_mul(buf, ds_words), _mul(r, DS_STRIDE), _mul(_r("dq"), 4)), "xds", src)
             out.append(cp if (u + 1) * threads <= rows * 4 else K.If(K.Bin("lt", r, _c(rows)), (cp,)))
         return out
 
@@ -268,11 +268,11 @@ def gemm_hmma_q4_k_xs(
                     sb = 2 * cc + (part == "h")
                     byte = lambda w, sb=sb: _b("and", _b("shr", _r(f"{w}{sb // 4}"), 8 * (sb % 4)), 255)  # noqa: E731
                     h2 = f"{p}h2{part}{cc}"  # (sc, sc) as f16: 1024 + sc under the magic, less 1024
-                    out += [K.Let(h2, _c(0)), Hfma2(h2, _b("or", _mul(byte(f"{p}sc"), 0x10001), _MAGIC), _h2(1.0), _h2(-1024.0))]
+                    out += [K.Let(h2, _c(0)), Hfma2(h2, _b("or", _mul(byte(f"{p}sc"), 0x10001), F16_MAGIC), f16_pair(1.0), f16_pair(-1024.0))]
                     mul_, add_ = f"{p}hm{part}{cc}", f"{p}ha{part}{cc}"
                     scale, off = (1.0, -1024.0) if part == "l" else (1.0 / 16, -64.0)  # a high nibble comes as 16 q
-                    out += [K.Let(mul_, _c(0)), Hfma2(mul_, _r(h2), _h2(scale), _h2(0.0))]
-                    out += [K.Let(add_, _c(0)), Hfma2(add_, _r(h2), _h2(off), _h2(0.0))]
+                    out += [K.Let(mul_, _c(0)), Hfma2(mul_, _r(h2), f16_pair(scale), f16_pair(0.0))]
+                    out += [K.Let(add_, _c(0)), Hfma2(add_, _r(h2), f16_pair(off), f16_pair(0.0))]
                     out.append(K.Let(f"{p}mn{part}{cc}", K.Bin("mul", _r(f"{p}dmin", F32), K.Cast(byte(f"{p}mn"), F32))))
             for sb, part, mask in ((0, "l", 0x000F000F), (1, "h", 0x00F000F0)):
                 blk32 = 2 * cc + sb
@@ -282,13 +282,13 @@ def gemm_hmma_q4_k_xs(
                         for e in (0, 1):
                             word = _r(f"{p}q{cc}_{h}") if e == 0 else _b("shr", _r(f"{p}q{cc}_{h}"), 8)
                             a = f"{p}a{blk32}{h}{e}"
-                            out += [K.Let(a, _c(0)), Hfma2(a, _b("or", _b("and", word, mask), _MAGIC), _r(f"{p}hm{part}{cc}"), _r(f"{p}ha{part}{cc}"))]
+                            out += [K.Let(a, _c(0)), Hfma2(a, _b("or", _b("and", word, mask), F16_MAGIC), _r(f"{p}hm{part}{cc}"), _r(f"{p}ha{part}{cc}"))]
                 for i in range(rt):
                     frag = _add(_mul(_add(_r("wrow"), 8 * i, _r("g")), _HX), 16 * blk32, _mul(_r("t4"), 4))
                     hi, lo = tuple(f"bh{blk32}_{i}_{n}" for n in range(4)), tuple(f"bl{blk32}_{i}_{n}" for n in range(4))
                     out += [K.VecLoad(hi, "xh_s", _add(_mul(buf, term_words), frag), I32), K.VecLoad(lo, "xl_s", _add(_mul(buf, term_words), frag), I32)]
                     for e in (0, 1):  # the sub-block's sums of x for the lane's two output rows
-                        out.append(K.Let(f"xs{blk32}_{i}_{e}", K.Load("xds_s", _add(_mul(buf, ds_words), _mul(srow(i, e), _HDS), blk32), F32)))
+                        out.append(K.Let(f"xs{blk32}_{i}_{e}", K.Load("xds_s", _add(_mul(buf, ds_words), _mul(srow(i, e), DS_STRIDE), blk32), F32)))
                     for j in range(ft):
                         for h in (0, 1):
                             a = tuple(_r(f"w{j}_{hf}a{blk32}{h}{e}") for e in (0, 1) for hf in (0, 8))
@@ -299,7 +299,7 @@ def gemm_hmma_q4_k_xs(
                             out.append(K.Assign(acc[j, i][e], K.Fma(K.Un("neg", mn), _r(f"xs{blk32}_{i}_{e % 2}", F32), _r(acc[j, i][e], F32))))
         for i in range(rt):  # y += d / s (the block's sums)
             for e in (0, 1):
-                out.append(K.Let(f"rs{i}_{e}", K.Load("xds_s", _add(_mul(buf, ds_words), _mul(srow(i, e), _HDS), 8), F32)))
+                out.append(K.Let(f"rs{i}_{e}", K.Load("xds_s", _add(_mul(buf, ds_words), _mul(srow(i, e), DS_STRIDE), 8), F32)))
         for j in range(ft):
             for i in range(rt):
                 for e in range(4):

@@ -30,14 +30,14 @@ from ..statements import Hfma2, WgmmaRegA, WgmmaSync
 from ._fragments import by_parts as _by_parts
 from ._fragments import mma_lanes as _mma_lanes
 from ._fragments import staged_blocks as _staged_blocks
-from .hmma_xs import _HDS, _MAGIC, PARAMS, XDS_BLOCK, _h2
+from .hmma_xs import DS_STRIDE, F16_MAGIC, PARAMS, XDS_BLOCK, f16_pair
 
 __all__ = ["gemm_wgmma_q4_k_f16", "wgmma_f16_shared_bytes"]
 
 
 def wgmma_f16_shared_bytes(rows: int, terms: int = 2, stages: int = 2) -> int:
     """Workgroup memory ``gemm_wgmma_q4_k_f16`` takes for ``rows`` rows: ``stages`` buffers of a block."""
-    return stages * rows * (terms * 128 + _HDS) * 4
+    return stages * rows * (terms * 128 + DS_STRIDE) * 4
 
 
 @lru_cache(maxsize=None)
@@ -67,7 +67,7 @@ def gemm_wgmma_q4_k_f16(
         raise ValueError(f"{name}: {threads} threads copy {rows} rows of x in whole turns only")
     blocks = k // ksplit // 256
     row_words = k // 256 * 36
-    term_words, ds_words = 128 * rows, _HDS * rows  # a buffer of one term: 32 pieces of each row
+    term_words, ds_words = 128 * rows, DS_STRIDE * rows  # a buffer of one term: 32 pieces of each row
     nacc = rows // 2  # accumulators a thread: features g and g + 8 by the rows 8 j + 2 t4 (+1)
     head: list[K.Stmt] = [
         *_mma_lanes(),
@@ -100,7 +100,7 @@ def gemm_wgmma_q4_k_f16(
         for u in range(-(-rows * 4 // threads)):
             r = _add(_b("div", K.Builtin("thread_id", 0), 4), u * threads // 4)
             src = _add(_mul(K.Bin("min", _add(_r("row0"), r), last_m), k // 16), _mul(blk, XDS_BLOCK), _mul(_r("dq"), 4))
-            cp = K.CopyAsync("xds_s", _add(_mul(buf, ds_words), _mul(r, _HDS), _mul(_r("dq"), 4)), "xds", src)
+            cp = K.CopyAsync("xds_s", _add(_mul(buf, ds_words), _mul(r, DS_STRIDE), _mul(_r("dq"), 4)), "xds", src)
             out.append(cp if (u + 1) * threads <= rows * 4 else K.If(K.Bin("lt", r, _c(rows)), (cp,)))
         return out
 
@@ -149,18 +149,18 @@ def gemm_wgmma_q4_k_f16(
                 scale, off = (1.0 / 16, -64.0) if part else (1.0, -1024.0)  # a high nibble comes as 16 q
                 out += [
                     K.Let(h2, _c(0)),
-                    Hfma2(h2, _b("or", _mul(byte("sc"), 0x10001), _MAGIC), _h2(1.0), _h2(-1024.0)),  # (sc, sc): 1024 + sc less 1024
+                    Hfma2(h2, _b("or", _mul(byte("sc"), 0x10001), F16_MAGIC), f16_pair(1.0), f16_pair(-1024.0)),  # (sc, sc): 1024 + sc less 1024
                     K.Let(mul_, _c(0)),
-                    Hfma2(mul_, _r(h2), _h2(scale), _h2(0.0)),
+                    Hfma2(mul_, _r(h2), f16_pair(scale), f16_pair(0.0)),
                     K.Let(add_, _c(0)),
-                    Hfma2(add_, _r(h2), _h2(off), _h2(0.0)),
+                    Hfma2(add_, _r(h2), f16_pair(off), f16_pair(0.0)),
                     K.Let(f"{p}mn_{sb}", K.Bin("mul", _r(f"{p}dmin", F32), K.Cast(byte("mn"), F32))),
                 ]
                 for h in (0, 1):
                     for e in (0, 1):
                         word = _r(f"{p}q{cc}_{h}") if e == 0 else _b("shr", _r(f"{p}q{cc}_{h}"), 8)
                         a = f"{p}a{sb % 2}{h}{e}"  # two sets: this sub-block's, the last one's (in flight)
-                        out += [K.Assign(a, _c(0)), Hfma2(a, _b("or", _b("and", word, mask), _MAGIC), _r(mul_), _r(add_))]
+                        out += [K.Assign(a, _c(0)), Hfma2(a, _b("or", _b("and", word, mask), F16_MAGIC), _r(mul_), _r(add_))]
             out.append(WgmmaSync("fence"))
             for h in (0, 1):
                 frag = tuple(_r(f"w{hf}a{sb % 2}{h}{e}") for e in (0, 1) for hf in slots)
@@ -172,7 +172,7 @@ def gemm_wgmma_q4_k_f16(
                 for e in (0, 1):
                     if part == 0:  # the sums of this sub-block and the next, for the lane's row
                         names = (f"xs{sb}_{j}_{e}", f"xs{sb + 1}_{j}_{e}")
-                        out.append(K.VecLoad(names, "xds_s", _add(_mul(buf, ds_words), _mul(xrow(j, e), _HDS), sb), F32))
+                        out.append(K.VecLoad(names, "xds_s", _add(_mul(buf, ds_words), _mul(xrow(j, e), DS_STRIDE), sb), F32))
                     for hi in (0, 1):
                         nm = y[4 * j + 2 * hi + e]
                         mn = _r(f"w{8 * hi}mn_{sb}", F32)
@@ -180,7 +180,7 @@ def gemm_wgmma_q4_k_f16(
         out.append(WgmmaSync("wait", 0))
         for j in range(rows // 8):  # y += d / s (the block's sums)
             for e in (0, 1):
-                out.append(K.Let(f"rs{j}_{e}", K.Load("xds_s", _add(_mul(buf, ds_words), _mul(xrow(j, e), _HDS), 8), F32)))
+                out.append(K.Let(f"rs{j}_{e}", K.Load("xds_s", _add(_mul(buf, ds_words), _mul(xrow(j, e), DS_STRIDE), 8), F32)))
                 for hi in (0, 1):
                     i = 4 * j + 2 * hi + e
                     d = _r(f"w{8 * hi}d", F32)
