@@ -105,32 +105,26 @@ def _staged_kernel(
         K.Let("b0", _mul(K.Builtin("group_id", 2), blocks) if ksplit > 1 else _c(0)),  # this workgroup's first block
     ]
     last_m = _b("sub", _r("m"), 1)
-    pieces = rows * 36  # a block's copies: per row 16 + 16 sixteen-byte pieces of the two terms, 4 of (d, sum)
-    turns = -(-pieces // threads)
 
     def copies(blk: K.Expr, buf: K.Expr, tag: str) -> list[K.Stmt]:
-        """All threads' copies of block ``blk`` of the workgroup's rows of x into buffer ``buf``."""
+        """All threads' copies of block ``blk`` of the workgroup's rows of x into buffer ``buf``: a
+        thread's piece of each term (16 sixteen-byte pieces a row, the same offsets in both) and of
+        the (d, sum) pairs (4 a row), consecutive threads along a row."""
         out: list[K.Stmt] = []
-        for u in range(turns):
-            pc, r, q = f"pc{tag}{u}", f"pr{tag}{u}", f"pq{tag}{u}"
-            out += [
-                K.Let(pc, _add(K.Builtin("thread_id", 0), u * threads)),
-                K.Let(r, _b("div", _r(pc), 36)),
-                K.Let(q, _b("rem", _r(pc), 36)),
-            ]
-            src = K.Bin("min", _add(_r("row0"), _r(r)), last_m)
-            cps: list[K.Stmt] = []
-            for nm, lo, hi in (("xq", 0, 16), ("xr", 16, 32)):
-                piece = _mul(_b("sub", _r(q), lo), 4)
-                cp = K.CopyAsync(f"{nm}_s", _add(_mul(buf, staged.term_words), _mul(_r(r), _SW), piece), nm, _add(_mul(src, k // 4), _mul(blk, 64), piece))
-                cps.append(K.If(K.Bin("and", K.Bin("ge", _r(q), _c(lo)), K.Bin("lt", _r(q), _c(hi))), (cp,)))
-            piece = _mul(_b("sub", _r(q), 32), 4)
-            dst = _add(_mul(buf, staged.ds_words), _mul(_r(r), _XDS_STRIDE), piece)
-            cps.append(K.If(K.Bin("ge", _r(q), _c(32)), (K.CopyAsync("xds_s", dst, "xds", _add(_mul(src, k // 16), _mul(blk, 16), piece)),)))
-            if (u + 1) * threads > pieces:
-                out.append(K.If(K.Bin("lt", _r(pc), _c(pieces)), tuple(cps)))
-            else:
-                out += cps
+        for count, per, parts_ in (
+            (16 * rows, 16, (("xq", staged.term_words, _SW, k // 4, 64), ("xr", staged.term_words, _SW, k // 4, 64))),
+            (4 * rows, 4, (("xds", staged.ds_words, _XDS_STRIDE, k // 16, 16),)),
+        ):
+            for u in range(-(-count // threads)):
+                pc = f"pc{tag}{per}_{u}"
+                out.append(K.Let(pc, _add(K.Builtin("thread_id", 0), u * threads)))
+                r, piece = _b("div", _r(pc), per), _mul(_b("rem", _r(pc), per), 4)
+                src = K.Bin("min", _add(_r("row0"), r), last_m)
+                cps = tuple(
+                    K.CopyAsync(f"{nm}_s", _add(_mul(buf, size), _mul(r, stride), piece), nm, _add(_mul(src, row), _mul(blk, step), piece))
+                    for nm, size, stride, row, step in parts_
+                )
+                out += cps if (u + 1) * threads <= count else [K.If(K.Bin("lt", _r(pc), _c(count)), cps)]
         return out
 
     def core(wbuf: str, ybuf: str, first: int | None, size: int | None) -> list[K.Stmt]:
