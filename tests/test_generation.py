@@ -315,8 +315,10 @@ def test_the_kv_pool_fits_a_device_beside_its_weights():
 
 
 def test_any_integer_seed_is_a_seed(smollm2):
-    """A seed outside int32 (OpenAI clients send any integer) draws like its int32 wrap-around,
-    repeatably, and leaves the sequences beside it alone (it had failed the whole step)."""
+    """A seed outside int32 (OpenAI clients send any integer) draws repeatably, and leaves the
+    sequences beside it alone (it had failed the whole step); seeds apart by a multiple of 2**32
+    are different seeds (they had wrapped onto one), those within int32 are the kernels' own."""
+    from poot.llm.params import device_seed
 
     def seeded(seed):
         return SamplingParams(temperature=1.0, seed=seed, max_tokens=8, ignore_eos=True)
@@ -325,7 +327,9 @@ def test_any_integer_seed_is_a_seed(smollm2):
     alone = smollm2.complete(["The ocean is"], greedy, raw=True)[0]
     prompts = ["Once upon a time"] * 3 + ["The ocean is"]
     big, wrapped, negative, beside = smollm2.complete(prompts, [seeded(3_000_000_000), seeded(3_000_000_000 - 2**32), seeded(-(2**70) + 5), greedy], raw=True)
-    assert big.tokens == wrapped.tokens and len(negative.tokens) == 8
+    assert len(big.tokens) == len(wrapped.tokens) == len(negative.tokens) == 8
+    assert device_seed(3_000_000_000) != device_seed(3_000_000_000 - 2**32) == 3_000_000_000 - 2**32
+    assert len({device_seed(s) for s in (42, 2**32 + 42, -1, 2**32 - 1, 2**64 + 42, -(2**70) + 5)}) == 6 and device_seed(10**5000) == device_seed(10**5000)
     assert beside.tokens == alone.tokens and beside.finish_reason == "length"
     assert smollm2.complete(["Once upon a time"], seeded(3_000_000_000), raw=True)[0].tokens == big.tokens
 

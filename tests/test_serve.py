@@ -224,6 +224,22 @@ def test_errors_have_the_right_status_and_body(server, client):
         (dict(body={**ok, "max_tokens": True}), 400, "max_tokens"),
         (dict(raw=b'{"model": "SmolLM2", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'), 400, "finite"),
         (dict(raw=b'{"model": "SmolLM2", "messages": [{"role": "user", "content": "\xff\xfe"}]}'), 400, ""),
+        # messages OpenAI refuses, which had been rendered as empty turns or had their calls dropped
+        (dict(body={**ok, "messages": [{"role": "user"}]}), 400, "a user message needs its content"),
+        (dict(body={**ok, "messages": [{"role": "user", "content": []}]}), 400, "a user message needs its content"),
+        (
+            dict(body={**ok, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None, "tool_calls": "x"}]}),
+            400,
+            "tool_calls must be",
+        ),
+        (
+            dict(body={**ok, "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "tool_calls": [{"function": None}]}]}),
+            400,
+            "tool_calls must be",
+        ),
+        (dict(body={**ok, "messages": [{"role": "user", "content": "Hi", "tool_calls": []}]}), 400, "only an assistant message has tool_calls"),
+        (dict(body={**ok, "messages": [{"role": "tool", "content": "21 C"}]}), 400, "tool_call_id"),
+        (dict(body={**ok, "tools": [{"type": "function"}], "tool_choice": "none"}), 400, "tools"),
     ]
     for kw, status, words in cases:
         r = _post(server, "/v1/chat/completions", kw.get("body"), key=kw.get("key", KEY), raw=kw.get("raw"))
@@ -236,6 +252,9 @@ def test_errors_have_the_right_status_and_body(server, client):
     assert plain.status_code == 400 and "Content-Type: application/json, not 'text/plain'" in plain.json()["error"]["message"], plain.text
     listed = _post(server, "/v1/chat/completions", [ok])
     assert listed.status_code == 400 and "must be a JSON object" in listed.json()["error"]["message"], listed.text
+    for prompt in ([1.0, 2.0], [True, 2], None, {"a": 1}):  # (pydantic had named the union's first member: "prompt.str: ...")
+        bad = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": prompt, "max_tokens": 2})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt" and "list of token ids" in bad.json()["error"]["message"], bad.text
     echo = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hi", "max_tokens": 2, "echo": True})
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo", echo.text
     long = _post(server, "/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": "word " * 3000}]}).json()["error"]["message"]

@@ -3,6 +3,7 @@ naming the parameter."""
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -96,5 +97,12 @@ class SamplingParams:
 
 def device_seed(seed: int) -> int:
     """Any integer seed as the int32 the sampling kernels draw from: one in int32's range as it is,
-    another wrapped modulo 2**32 (as a C cast does), so every integer a client may send is a seed."""
-    return (int(seed) + (1 << 31)) % (1 << 32) - (1 << 31)
+    another as 32 bits of a hash of the whole integer, so that seeds apart by a multiple of 2**32
+    (42 and 2**32 + 42, -1 and 2**32 - 1) draw differently and every integer a client may send is a
+    seed."""
+    s = int(seed)
+    if -(1 << 31) <= s < (1 << 31):
+        return s
+    raw = s.to_bytes(s.bit_length() // 8 + 1, "little", signed=True)  # (no decimal digits: Python caps their count)
+    digest = hashlib.blake2b(raw, digest_size=4, person=b"poot-seed").digest()
+    return int.from_bytes(digest, "little", signed=True)

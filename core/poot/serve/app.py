@@ -27,12 +27,11 @@ from ..llm.params import ParameterError, SamplingParams
 from ..text.chat import ChatTemplateError
 from ..text.guided import ConstraintError
 from ..text.tokenizer import TokenizerError
+from .messages import chat_messages
 from .middleware import Auth, BodyLimit
 from .protocol import ApiError, ChatRequest, CompletionRequest, error_body
 from .scheduler import QueueFull, Scheduler, ShuttingDown
-from .tools import check_tools, forced_call_schema, parse_tool_calls, tool_calls_as_text, tool_system_prompt
-
-ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # the roles OpenAI's chat API defines
+from .tools import check_tools, forced_call_schema, parse_tool_calls, tool_system_prompt
 
 __all__ = ["create_app"]
 
@@ -205,33 +204,12 @@ class _Api:
                 param="messages",
                 code="context_length_exceeded",
             )
-        messages = []
-        for i, msg in enumerate(req.messages):
-            if msg.get("role") not in ROLES:
-                raise ApiError(400, f"messages[{i}].role must be one of {', '.join(ROLES)}, got {msg.get('role')!r}", param=f"messages[{i}].role")
-            msg = dict(msg)
-            content = msg.get("content")
-            if content is None:  # an assistant turn that only called tools, sent back as the server returned it
-                content = ""
-            elif isinstance(content, list):  # content parts: text only
-                texts = []
-                for part in content:
-                    if not isinstance(part, Mapping) or part.get("type") != "text":
-                        raise ApiError(400, f"messages[{i}]: only text content parts are supported", param=f"messages[{i}].content")
-                    if not isinstance(part.get("text"), str):
-                        raise ApiError(400, f"messages[{i}]: a text part's text must be a string", param=f"messages[{i}].content")
-                    texts.append(part["text"])
-                content = "".join(texts)
-            elif not isinstance(content, str):
-                raise ApiError(400, f"messages[{i}].content must be a string or a list of text parts", param=f"messages[{i}].content")
-            calls = msg.get("tool_calls")
-            if calls and isinstance(calls, list) and "tool_calls" not in tpl.source:
-                content = "\n".join(t for t in (content, tool_calls_as_text(calls)) if t)
-            msg["content"] = content
-            messages.append(msg)
+        messages = chat_messages(req.messages, tpl.source)
         self.fits(sum(len(m["content"]) for m in messages), "messages")
         constraint: dict[str, Any] = {}
         functions = None
+        if req.tools:  # (checked even where tool_choice "none" leaves them unused)
+            check_tools(req.tools)
         tools = req.tools if req.tools and req.tool_choice != "none" else None
         if not tools and (req.tool_choice == "required" or isinstance(req.tool_choice, Mapping)):
             raise ApiError(400, "tool_choice asks for a tool call, but the request has no tools", param="tool_choice")
@@ -536,6 +514,9 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
         if first.get("type") == "json_invalid":  # (its location is a byte offset, not a parameter)
             return JSONResponse(error_body(ApiError(400, f"the body is not valid JSON: {first.get('msg', '')}")), status_code=400)
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        if where.startswith("prompt"):  # (pydantic names the first member of the union it tried)
+            why = "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids"
+            return JSONResponse(error_body(ApiError(400, why, param="prompt")), status_code=400)
         if not where:  # the body as a whole: not an object, or not sent as JSON at all
             kind = request.headers.get("content-type", "")
             said = f"Content-Type: application/json, not {kind[:100]!r}" if "json" not in kind.lower() else "one JSON object"
