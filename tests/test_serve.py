@@ -252,6 +252,14 @@ def test_errors_have_the_right_status_and_body(server, client):
     assert plain.status_code == 400 and "Content-Type: application/json, not 'text/plain'" in plain.json()["error"]["message"], plain.text
     listed = _post(server, "/v1/chat/completions", [ok])
     assert listed.status_code == 400 and "must be a JSON object" in listed.json()["error"]["message"], listed.text
+    # what OpenAI's schema lets be null is taken: an assistant turn that only called a tool, a function's answer
+    history = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "w", "arguments": "{}"}}]},
+        {"role": "function", "name": "w", "content": None},
+    ]
+    took = _post(server, "/v1/chat/completions", {**ok, "messages": history})
+    assert took.status_code == 200, took.text
     for prompt in ([1.0, 2.0], [True, 2], None, {"a": 1}):  # (pydantic had named the union's first member: "prompt.str: ...")
         bad = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": prompt, "max_tokens": 2})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt" and "list of token ids" in bad.json()["error"]["message"], bad.text

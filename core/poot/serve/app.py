@@ -518,8 +518,8 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
             why = "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids"
             return JSONResponse(error_body(ApiError(400, why, param="prompt")), status_code=400)
         if not where:  # the body as a whole: not an object, or not sent as JSON at all
-            kind = request.headers.get("content-type", "")
-            said = f"Content-Type: application/json, not {kind[:100]!r}" if "json" not in kind.lower() else "one JSON object"
+            kind = request.headers.get("content-type")  # (without one, the body is read as JSON)
+            said = f"Content-Type: application/json, not {kind[:100]!r}" if kind and "json" not in kind.lower() else "one JSON object"
             return JSONResponse(error_body(ApiError(400, f"the body must be a JSON object of the request's parameters, sent as {said}")), status_code=400)
         return JSONResponse(error_body(ApiError(400, f"{where}: {first.get('msg', 'invalid')}", param=where)), status_code=400)
 

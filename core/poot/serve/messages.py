@@ -17,15 +17,15 @@ ROLES = ("system", "developer", "user", "assistant", "tool", "function")  # the 
 
 def is_tool_call(c: Any) -> bool:
     """Whether ``c`` is a tool call as a client sends it back: a function with a string name and
-    its arguments as JSON text (or omitted)."""
+    its arguments as JSON text (as OpenAI returns them; an object is taken too, or none)."""
     fn = c.get("function") if isinstance(c, Mapping) else None
-    return isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments", ""), str)
+    return isinstance(fn, Mapping) and isinstance(fn.get("name"), str) and isinstance(fn.get("arguments", ""), (str, Mapping))
 
 
 def _text(i: int, role: str, content: Any) -> str:
     """A message's content as text: a string, or the text of its text parts joined; None (an
-    assistant turn that only called tools) as nothing."""
-    if content is None and role == "assistant":
+    assistant turn that only called tools, a function's answer) as nothing."""
+    if content is None and role in ("assistant", "function"):  # (OpenAI's schema lets both be null)
         return ""
     if isinstance(content, str):
         return content

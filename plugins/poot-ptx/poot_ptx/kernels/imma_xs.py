@@ -140,7 +140,7 @@ def _staged_kernel(
         acc = {(j, i): tuple(f"acc{j}_{i}_{e}" for e in range(4)) for j in range(ft) for i in range(rt)}
         for names in acc.values():
             body += [K.Let(nm, _f(0.0)) for nm in names]
-        tags = iter(("a", "b"))
+        tags = iter(["a", "b", *(f"c{i}" for i in range(2, 16))])  # one a block copied ahead (the names of two stages as before)
         body += _staged_blocks(
             blocks,
             lambda blk, buf: copies(blk, buf, next(tags)),

@@ -81,7 +81,7 @@ def gemm_wgmma_q4_k_f16(
     if terms not in (1, 2):
         raise ValueError(f"{name}: x in 1 or 2 terms, got {terms}")
     planes = ("xh", "xl")[:terms]
-    ru = min(rows, 16)  # a warp's turn of copies: ``ru`` rows by 32 / ``ru`` consecutive pieces
+    ru = 16 if rows % 16 == 0 else 8  # a warp's turn of copies: ``ru`` rows by 32 / ``ru`` consecutive pieces
 
     def copies(blk: K.Expr, buf: K.Expr) -> list[K.Stmt]:
         """All threads' copies of block ``blk`` of the workgroup's rows into buffer ``buf`` (piece c of
