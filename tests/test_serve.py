@@ -260,6 +260,8 @@ def test_errors_have_the_right_status_and_body(server, client):
     ]
     took = _post(server, "/v1/chat/completions", {**ok, "messages": history})
     assert took.status_code == 200, took.text
+    missing = _post(server, "/v1/completions", {"model": "SmolLM2", "max_tokens": 2})
+    assert missing.status_code == 400 and missing.json()["error"]["message"] == "prompt is required" and missing.json()["error"]["param"] == "prompt"
     for prompt in ([1.0, 2.0], [True, 2], None, {"a": 1}):  # (pydantic had named the union's first member: "prompt.str: ...")
         bad = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": prompt, "max_tokens": 2})
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt" and "list of token ids" in bad.json()["error"]["message"], bad.text

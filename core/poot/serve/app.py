@@ -514,6 +514,8 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
         if first.get("type") == "json_invalid":  # (its location is a byte offset, not a parameter)
             return JSONResponse(error_body(ApiError(400, f"the body is not valid JSON: {first.get('msg', '')}")), status_code=400)
         where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        if first.get("type") == "missing" and where:
+            return JSONResponse(error_body(ApiError(400, f"{where} is required", param=where)), status_code=400)
         if where.startswith("prompt"):  # (pydantic names the first member of the union it tried)
             why = "prompt must be a string, a list of strings, a list of token ids or a list of lists of token ids"
             return JSONResponse(error_body(ApiError(400, why, param="prompt")), status_code=400)
