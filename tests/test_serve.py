@@ -240,12 +240,18 @@ def test_errors_have_the_right_status_and_body(server, client):
         (dict(body={**ok, "messages": [{"role": "user", "content": "Hi", "tool_calls": []}]}), 400, "only an assistant message has tool_calls"),
         (dict(body={**ok, "messages": [{"role": "tool", "content": "21 C"}]}), 400, "tool_call_id"),
         (dict(body={**ok, "tools": [{"type": "function"}], "tool_choice": "none"}), 400, "tools"),
+        # OpenAI's request fields before tools: refused with what to send (ignored, they went unseen)
+        (dict(body={**ok, "functions": [{"name": "w", "parameters": {"type": "object"}}]}), 400, "deprecated form of tools"),
+        (dict(body={**ok, "function_call": {"name": "w"}}), 400, "deprecated form of tool_choice"),
+        (dict(body={**ok, "messages": ["hi"]}), 400, "messages[0]"),
     ]
     for kw, status, words in cases:
         r = _post(server, "/v1/chat/completions", kw.get("body"), key=kw.get("key", KEY), raw=kw.get("raw"))
         assert r.status_code == status, (kw, r.status_code, r.text)
         err = r.json()["error"]
         assert words in err["message"] and err["type"], (kw, err)
+    noop = _post(server, "/v1/chat/completions", {**ok, "functions": [], "function_call": "none", "max_tokens": 1})  # (changes nothing: taken)
+    assert noop.status_code == 200, noop.text
     assert _post(server, "/v1/chat/completions", None, raw=b'{"model": "SmolLM2", "messages": [}').json()["error"]["param"] is None  # not a byte offset
     # a body not sent as JSON, or JSON but not an object: said so, not pydantic's words about dictionaries
     plain = httpx.post(f"{server}/v1/chat/completions", headers={"Authorization": f"Bearer {KEY}", "Content-Type": "text/plain"}, content=json.dumps(ok))
@@ -524,6 +530,84 @@ def test_a_model_answer_nested_past_the_json_parser_is_content_not_a_500():
     assert parse_tool_calls(deep, functions) == (deep, [])
     assert parse_tool_calls(f"<tool_call>{deep}</tool_call>", functions) == (f"<tool_call>{deep}</tool_call>", [])
     assert parse_tool_calls('<tool_call>{"name": "f", "arguments": {"a": 1}}</tool_call>', functions)[1][0]["function"]["name"] == "f"
+
+
+def test_legacy_function_calls_refusals_and_developer_messages_are_rendered():
+    """What older clients send (an assistant's ``function_call``, a ``function`` message) and newer
+    ones (``refusal`` parts, the ``developer`` role) reaches the template as what it knows: the call
+    as the assistant's one tool call and the function's answer as the tool's answer to it, the
+    refusal as the assistant's text, a developer message as the system prompt where the template
+    has no developer role; misplaced or malformed ones are 400s naming the field."""
+    from poot.serve.messages import chat_messages
+    from poot.serve.protocol import ApiError
+    from poot.text.chat import ChatTemplate
+
+    chatml = (
+        "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}"
+        "{% for c in m.tool_calls or [] %}[{{ c.function.name }} {{ c.function.arguments }}]{% endfor %}"
+        "{% if m.tool_call_id %}({{ m.tool_call_id }}){% endif %}<|im_end|>\n{% endfor %}"
+    )
+    history = [
+        {"role": "developer", "content": "Be brief."},
+        {"role": "user", "content": "Weather in Oslo?"},
+        {"role": "assistant", "content": None, "function_call": {"name": "weather", "arguments": '{"city": "Oslo"}'}},
+        {"role": "function", "name": "weather", "content": "-3 C"},
+        {"role": "assistant", "content": [{"type": "text", "text": "It is -3 C. "}, {"type": "refusal", "refusal": "No forecasts."}]},
+    ]
+    made = chat_messages(history, chatml)
+    assert [m["role"] for m in made] == ["system", "user", "assistant", "tool", "assistant"]
+    assert all("function_call" not in m for m in made) and made[4]["content"] == "It is -3 C. No forecasts."
+    text = ChatTemplate(chatml).render(made, add_generation_prompt=False)
+    assert "<|im_start|>system\nBe brief.<|im_end|>" in text and '[weather {"city": "Oslo"}]' in text
+    assert "<|im_start|>tool\n-3 C(function_call_2)<|im_end|>" in text, text
+    # a template without tool_calls gets the call written into the assistant's text (not as ASCII
+    # escapes; arguments that are not JSON, or nest past the parser, as sent); one that knows the
+    # developer role keeps it
+    plain = chat_messages(history, "{% if m.role == 'developer' %}{% endif %}")
+    assert plain[0]["role"] == "developer" and '<tool_call>{"name": "weather", "arguments": {"city": "Oslo"}}</tool_call>' == plain[2]["content"]
+    assert chat_messages(history, "{# no developer role here #}")[0]["role"] == "system"
+    deep = "[" * 5000
+    odd = [{"role": "assistant", "content": None, "function_call": {"name": "météo", "arguments": deep}}]
+    assert chat_messages(odd, "")[0]["content"] == f'<tool_call>{{"name": "météo", "arguments": "{deep}"}}</tool_call>'
+    # the refusal OpenAI returns as the message's field is its text; a function's answer after a
+    # turn of tool_calls answers no legacy call
+    refused = chat_messages([{"role": "assistant", "content": None, "refusal": "I cannot."}], chatml)
+    assert refused[0]["content"] == "I cannot." and "refusal" not in refused[0]
+    later = [
+        {"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": "{}"}},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "abc", "function": {"name": "g", "arguments": "{}"}}]},
+        {"role": "function", "name": "g", "content": "x"},
+    ]
+    assert "tool_call_id" not in chat_messages(later, chatml)[2]
+    nulled = chat_messages([*history[2:3], {"role": "function", "name": "weather", "content": "x", "tool_call_id": None}], chatml)
+    assert nulled[1]["tool_call_id"] == "function_call_0"
+    bad = [
+        ([{"role": "user", "content": "Hi", "function_call": {"name": "f", "arguments": "{}"}}], "messages[0].function_call", "only an assistant"),
+        ([{"role": "assistant", "content": None, "function_call": {"name": 3}}], "messages[0].function_call", "{name, arguments}"),
+        (
+            [{"role": "assistant", "content": None, "function_call": {"name": "f"}, "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}],
+            "messages[0].function_call",
+            "without tool_calls",
+        ),
+        ([{"role": "assistant", "content": None, "function_call": {"name": "f"}}], "messages[0].function_call", "{name, arguments}"),
+        ([{"role": "user", "content": [{"type": "refusal", "refusal": "no"}]}], "messages[0].content[0]", "only text content parts are supported in a user"),
+        ([{"role": "assistant", "content": ["x", {"type": "refusal", "refusal": 5}]}], "messages[0].content[0]", "an assistant message"),
+        ([{"role": "assistant", "content": [{"type": "refusal", "refusal": 5}]}], "messages[0].content[0]", "a refusal part's refusal"),
+        ([{"role": "assistant", "content": None, "refusal": 3}], "messages[0].refusal", "a string"),
+        ([{"role": "user", "content": "hi", "refusal": "no"}], "messages[0].refusal", "only an assistant"),
+        (
+            [{"role": "assistant", "content": None, "function_call": {"name": "f", "arguments": '{"a": "\ud800"}'}}],
+            "messages[0].function_call",
+            "not valid Unicode",
+        ),
+        ([{"role": "function", "content": "x"}], "messages[0].name", "needs the name"),
+        ([{"role": "function", "name": "f", "content": "x", "tool_call_id": 5}], "messages[0].tool_call_id", "must be a string"),
+        ([{"role": "user", "content": "hi"}, {"role": "developer", "content": "ok \ud800"}], "messages[1].content", "not valid Unicode"),
+    ]
+    for msgs, param, words in bad:
+        with pytest.raises(ApiError) as e:
+            chat_messages(msgs, chatml)
+        assert e.value.status == 400 and e.value.param == param and words in str(e.value), (msgs, e.value)
 
 
 def test_a_request_whose_handler_was_cancelled_leaves_the_loop_running():

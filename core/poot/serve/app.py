@@ -204,6 +204,13 @@ class _Api:
                 param="messages",
                 code="context_length_exceeded",
             )
+        legacy = (
+            ("functions", "tools", 'tools: [{"type": "function", "function": ...}]'),
+            ("function_call", "tool_choice", 'tool_choice: "auto", "none" or {"type": "function", "function": {"name": ...}}'),
+        )
+        for old, now, send in legacy:  # (if ignored, a client's functions would go unseen without a word)
+            if getattr(req, old) not in (None, [], "none", "auto"):  # (what would change nothing is taken)
+                raise ApiError(400, f"{old} is OpenAI's deprecated form of {now}: send {send}, and read tool_calls in the answer", param=old)
         messages = chat_messages(req.messages, tpl.source)
         self.fits(sum(len(m["content"]) for m in messages), "messages")
         constraint: dict[str, Any] = {}
@@ -513,7 +520,7 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
         first = errs[0] if errs else {}
         if first.get("type") == "json_invalid":  # (its location is a byte offset, not a parameter)
             return JSONResponse(error_body(ApiError(400, f"the body is not valid JSON: {first.get('msg', '')}")), status_code=400)
-        where = ".".join(str(x) for x in first.get("loc", ()) if x != "body")
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in first.get("loc", ()) if x != "body").lstrip(".")  # messages[0].role
         if first.get("type") == "missing" and where:
             return JSONResponse(error_body(ApiError(400, f"{where} is required", param=where)), status_code=400)
         if where.startswith("prompt"):  # (pydantic names the first member of the union it tried)

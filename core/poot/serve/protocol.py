@@ -84,4 +84,6 @@ class ChatRequest(_Sampling):
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: str | dict[str, Any] | None = None
+    functions: Any = None  # OpenAI's forms before tools, refused with what to send instead
+    function_call: Any = None
     parallel_tool_calls: bool | None = None

@@ -110,9 +110,10 @@ def parse_tool_calls(text: str, functions: Mapping[str, Any]) -> tuple[str | Non
     return (None, [c]) if c is not None else (text, [])
 
 
-def tool_calls_as_text(calls: Sequence[Mapping[str, Any]]) -> str:
+def tool_calls_as_text(calls: Sequence[Mapping[str, Any]], where: str = "messages") -> str:
     """An assistant message's ``tool_calls`` written back in the call format the model was asked
-    for, for a chat template that does not render ``tool_calls`` itself."""
+    for, for a chat template that does not render ``tool_calls`` itself; arguments that are not
+    JSON (or nest past the parser) as the client sent them. ``where``: the field, for errors."""
     out = []
     for c in calls:
         fn = c.get("function") if isinstance(c, Mapping) else None
@@ -121,9 +122,10 @@ def tool_calls_as_text(calls: Sequence[Mapping[str, Any]]) -> str:
         args = fn.get("arguments", "{}")
         try:
             args = json.loads(args) if isinstance(args, str) else args
-            out.append(f"<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args})}</tool_call>")
-        except RecursionError:
-            raise ApiError(400, "a tool call's arguments are nested too deeply", param="messages") from None
-        except ValueError:  # as the client sent it
-            out.append(f"<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args})}</tool_call>")
+        except (ValueError, RecursionError):  # as the client sent it
+            pass
+        try:
+            out.append(f"<tool_call>{json.dumps({'name': fn.get('name'), 'arguments': args}, ensure_ascii=False)}</tool_call>")
+        except RecursionError:  # (arguments sent as an object nested past the encoder)
+            raise ApiError(400, f"{where}: a call's arguments are nested too deeply", param=where) from None
     return "\n".join(out)
