@@ -55,16 +55,19 @@ def _imma_xs_schedules(rows: int, k: int, n: int, qtype: str):  # type: ignore[n
         tiles = -(-n // (16 * ft * wn)) * -(-rows // (8 * rt))
         for aim in (132, 264, 528):
             parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // per % p == 0), 1)
-            kern = make(k, ft, rt, wn, parts, pipe, *cap)
-            if kern.name in seen:
-                continue
-            seen.add(kern.name)
-            g = lambda n, ft=ft, wn=wn, parts=parts, rt=rt: (-(-rows // (8 * rt)), -(-n // (16 * ft * wn)), parts)  # noqa: E731
-            if parts == 1:
-                out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, g=g: (sq, g(n))))
-            else:
-                add = M.sum_parts(parts)
-                out.append((kern.name + "+q8+sum", (quantize_q8x2(k), kern, add), lambda n, g=g: (sq, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
+            # Q4_K's mins a multiply-add an output a sub-block, or a tf32 product a block ("_tm")
+            variants = [{}] + ([dict(tensor_mins=True)] if qtype == "q4_k" else [])
+            for kw in variants:
+                kern = make(k, ft, rt, wn, parts, pipe, cap[0] if cap else 0, **kw)
+                if kern.name in seen:
+                    continue
+                seen.add(kern.name)
+                g = lambda n, ft=ft, wn=wn, parts=parts, rt=rt: (-(-rows // (8 * rt)), -(-n // (16 * ft * wn)), parts)  # noqa: E731
+                if parts == 1:
+                    out.append((kern.name + "+q8", (quantize_q8x2(k), kern), lambda n, g=g: (sq, g(n))))
+                else:
+                    add = M.sum_parts(parts)
+                    out.append((kern.name + "+q8+sum", (quantize_q8x2(k), kern, add), lambda n, g=g: (sq, g(n), (-(-rows * n // 4 // M.SPLIT_THREADS),))))
     return out
 
 

@@ -139,11 +139,13 @@ class NvptxLowering(KernelLowering):
     def lower_mma(self, st: Mma) -> None:
         self._matrix()
         b = self.b
-        name = {dt.bf16: "llvm.nvvm.mma.m16n8k16.row.col.bf16", dt.i8: "llvm.nvvm.mma.m16n8k32.row.col.s8"}.get(
-            st.dtype, "llvm.nvvm.mma.m16n8k16.row.col.f32.f32"
-        )
+        name = {
+            dt.bf16: "llvm.nvvm.mma.m16n8k16.row.col.bf16",
+            dt.i8: "llvm.nvvm.mma.m16n8k32.row.col.s8",
+            dt.f32: "llvm.nvvm.mma.m16n8k8.row.col.tf32",
+        }.get(st.dtype, "llvm.nvvm.mma.m16n8k16.row.col.f32.f32")
         tacc = I32 if st.dtype == dt.i8 else F32
-        if st.dtype in (dt.bf16, dt.i8):
+        if st.dtype in (dt.bf16, dt.i8, dt.f32):
             regs = [self.expr(e) for e in st.a + st.b]
             types = [I32] * 6
         else:  # f16 pairs are <2 x half>

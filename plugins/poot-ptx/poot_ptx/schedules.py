@@ -45,7 +45,19 @@ from .kernels import mma as linear_mma
 from .kernels import wgmma as linear_wgmma
 from .norm_fold import FOLD_NORMS, fold_norms
 
-__all__ = ["NvidiaSchedules", "SplitX", "DEQUANT_BYTES", "WGMMA_GROUPS", "IMMA_ROWS", "IMMA_XS", "IMMA_Q4_K", "IMMA_Q6_K", "IMMA_SMS", "MMA_FROM_TOKENS"]
+__all__ = [
+    "NvidiaSchedules",
+    "SplitX",
+    "DEQUANT_BYTES",
+    "WGMMA_GROUPS",
+    "IMMA_ROWS",
+    "IMMA_XS",
+    "IMMA_Q4_K",
+    "IMMA_Q6_K",
+    "IMMA_TF32_MINS",
+    "IMMA_SMS",
+    "MMA_FROM_TOKENS",
+]
 
 # prefill steps whose prompts average this many new tokens or more take the tensor-core attention
 # (64 query tokens a workgroup, which walks each of its prompts in turn); shorter ones the CUDA-core
@@ -173,14 +185,19 @@ class SplitX:
 # the integer tensor-core GEMMs (``gemm_imma_q4_k_xs``, ``gemm_imma_q6_k_xs``) take products of 5
 # to IMMA_ROWS rows (4: off) of the types in IMMA_XS; by the row tiles of 8 a regime of rows needs:
 # feature tiles a warp, warps a workgroup, whether the next block's weights load during this one's
-# products, and how many of its workgroups an SM holds at once (by their registers); K is split
-# while the output's tiles give fewer workgroups than SMs hold (132 SMs: an H100's or H200's).
+# products, and the workgroups an SM is given: K is split while the output's tiles give fewer than
+# that many for each SM (132 SMs: an H100's or H200's). That is how many an SM holds at once (by
+# their registers), or at 33-64 rows twice that: there Q4_K's mins are tf32 products
+# (IMMA_TF32_MINS, by row tiles), which frees the registers for two workgroups an SM, so long as
+# the next block's weights are not loaded ahead (that doubles the weight registers), and two waves
+# of them were the fastest (docs/PERFORMANCE-LOG.md).
 # Chosen by bench/gpu_matmul.py on Llama-3-8B's shapes (remove a type from IMMA_XS to compare:
 # its products then take the streaming and warpgroup GEMMs)
 IMMA_ROWS = 64
-IMMA_Q4_K = {1: (2, 4, True, 2), 2: (1, 8, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}
+IMMA_Q4_K = {1: (2, 4, True, 2), 2: (1, 8, True, 2), 4: (1, 8, True, 1), 8: (1, 8, False, 4)}
 IMMA_Q6_K = {1: (1, 8, True, 2), 2: (1, 4, True, 2), 4: (1, 8, True, 1), 8: (1, 8, True, 1)}
 IMMA_XS = {"q4_k": IMMA_Q4_K, "q6_k": IMMA_Q6_K}
+IMMA_TF32_MINS = (8,)
 IMMA_SMS = 132
 _IMMA_BLOCKS = {"q4_k": 256, "q6_k": 512}  # what K must be a multiple of
 
@@ -222,7 +239,7 @@ def _imma_launches(
         ft, wn, pipe, per_sm = IMMA_XS[q][rt]
         tiles = -(-nn // (16 * ft * wn))
         parts = next((p for p in (8, 4, 2) if tiles * p <= IMMA_SMS * per_sm and kk // _IMMA_BLOCKS[q] % p == 0 and nn % 4 == 0), 1)
-        k = make(kk, ft, rt, wn, parts, pipe, parts=sizes)
+        k = make(kk, ft, rt, wn, parts, pipe, parts=sizes, **({"tensor_mins": True} if q == "q4_k" and rt in IMMA_TF32_MINS else {}))
         grid = lambda env, rt=rt, tiles=tiles, parts=parts: (-(-rows(env) // (8 * rt)), tiles, parts)  # noqa: E731
         when = between(lo, IMMA_ROWS if hi is None or hi > IMMA_ROWS else hi, rows)
         label = f"{len(siblings)} matmuls" if siblings else ""

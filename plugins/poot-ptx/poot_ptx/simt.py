@@ -225,7 +225,7 @@ class _Group:
             self.vars[nm] = res.reshape(len(st.acc), -1)[q]
 
     def mma(self, st: Mma, mask: np.ndarray) -> None:
-        """PTX's m16n8k16 (bf16, f16) and m16n8k32 (s8) fragment layouts, a warp at a time."""
+        """PTX's m16n8k16 (bf16, f16), m16n8k32 (s8) and m16n8k8 (tf32) fragment layouts, a warp at a time."""
         if not mask.all():
             raise RuntimeError(f"{self.k.name}: mma.sync reached by part of a workgroup")
         warps = self.t // 32
@@ -236,6 +236,11 @@ class _Group:
             kk, per = 32, 4
             av = a.astype(np.int32).view(np.int8).reshape(4, warps, 8, 4, 4).astype(np.int64)
             bv = b.astype(np.int32).view(np.int8).reshape(2, warps, 8, 4, 4).astype(np.int64)
+        elif st.dtype == dt.f32:  # tf32: the top 19 bits of each value
+            kk, per = 8, 1
+            tf32 = lambda v: (v.astype(np.int32) & np.int32(-8192)).view(np.float32).astype(np.float64)  # noqa: E731
+            av = tf32(a).reshape(4, warps, 8, 4, 1)
+            bv = tf32(b).reshape(2, warps, 8, 4, 1)
         else:
             kk, per = 16, 2
             conv = _from_bf16 if st.dtype == dt.bf16 else _from_f16

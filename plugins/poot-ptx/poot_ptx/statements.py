@@ -28,7 +28,12 @@ class Mma(TargetStmt):
 
     With ``dtype`` i8 it is the integer m16n8k32 product: the registers hold four signed bytes each
     (A's columns 4t to 4t + 3 and 16 + 4t on, B's rows likewise), ``acc`` four i32 locals, the same
-    tile layout."""
+    tile layout.
+
+    With ``dtype`` f32 it is the tf32 m16n8k8 product: each register holds one f32 value's bits (the
+    tensor cores read its top 19), a[0..3] A's (row, column) (group, t), (group + 8, t), (group,
+    t + 4), (group + 8, t + 4), b[0] and b[1] B's rows t and t + 4 of column ``group``; ``acc`` as
+    for the f16 products."""
 
     acc: tuple[str, str, str, str]
     a: tuple[Expr, Expr, Expr, Expr]
@@ -38,8 +43,8 @@ class Mma(TargetStmt):
     lowering = "mma"
 
     def check(self, c) -> None:  # type: ignore[no-untyped-def]
-        if self.dtype not in (dt.bf16, dt.f16, dt.i8):
-            raise c.fail(f"mma operands must be bf16 or f16 pairs or i8 quads, got {self.dtype}")
+        if self.dtype not in (dt.bf16, dt.f16, dt.i8, dt.f32):
+            raise c.fail(f"mma operands must be bf16 or f16 pairs, i8 quads or f32 (tf32) values, got {self.dtype}")
         if len(self.acc) != 4 or len(self.a) != 4 or len(self.b) != 2:
             raise c.fail("mma takes four accumulators, four A and two B registers")
         want = dt.i32 if self.dtype == dt.i8 else dt.f32
@@ -48,7 +53,7 @@ class Mma(TargetStmt):
                 raise c.fail(f"mma accumulator '{nm}' must be an {want} local")
         for e in self.a + self.b:
             if c.expr(e) != dt.i32:
-                raise c.fail("mma registers are i32 (two 16-bit or four 8-bit values each)")
+                raise c.fail("mma registers are i32 (two 16-bit or four 8-bit values each, or one f32's bits)")
 
 
 def _set_i32(c, name: str, what: str) -> None:  # type: ignore[no-untyped-def]

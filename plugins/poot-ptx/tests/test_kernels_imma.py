@@ -139,13 +139,16 @@ _XS_DEVICE = [
 
 
 @pytest.mark.parametrize("k,ft,rt,wn,ks,pipe,m,n", _XS_SMALL + (_XS_DEVICE if ON_DEVICE else []), ids=str)
-def test_imma_gemm_with_x_in_workgroup_memory_matches(rng, k, ft, rt, wn, ks, pipe, m, n):
+@pytest.mark.parametrize("tensor_mins", [True, False], ids=["tf32-mins", "fma-mins"])
+def test_imma_gemm_with_x_in_workgroup_memory_matches(rng, k, ft, rt, wn, ks, pipe, m, n, tensor_mins):
     """``gemm_imma_q4_k_xs``: ``_check_q4_k_product``; with K split, its parts added by ``sum_parts``
-    in order; ``pipe``: each block's weights loaded during the block before."""
+    in order; ``pipe``: each block's weights loaded during the block before. The block's mins one
+    tf32 product a tile (planned at 33-64 rows), or a multiply-add an output a sub-block."""
     raw, x, xb = _q4_k_case(rng, m, n, k)
     parts = poisoned((ks, m, n))
     grid = (-(-m // (8 * rt)), -(-n // (16 * ft * wn)), ks)
-    _run(gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe), grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": parts}, {"m": m, "n": n})
+    kern = gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe, tensor_mins=tensor_mins)
+    _run(kern, grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": parts}, {"m": m, "n": n})
     if ks == 1:
         y = parts[0]
     else:
@@ -168,7 +171,8 @@ _PARTS_DEVICE = [
 
 
 @pytest.mark.parametrize("k,ft,rt,wn,ks,pipe,m,sizes", _PARTS_SMALL + (_PARTS_DEVICE if ON_DEVICE else []), ids=str)
-def test_imma_gemm_of_several_weights_matches_each_alone(rng, k, ft, rt, wn, ks, pipe, m, sizes):
+@pytest.mark.parametrize("tensor_mins", [False, True], ids=["fma-mins", "tf32-mins"])
+def test_imma_gemm_of_several_weights_matches_each_alone(rng, k, ft, rt, wn, ks, pipe, m, sizes, tensor_mins):
     """``gemm_imma_q4_k_xs`` with ``parts``: each weight's product is ``_check_q4_k_product``'s, and
     the same bits as that weight's own launch (K split: its parts added and divided among the
     outputs by ``sum_parts(S, sizes)``)."""
@@ -180,7 +184,7 @@ def test_imma_gemm_of_several_weights_matches_each_alone(rng, k, ft, rt, wn, ks,
     ws = {f"w{i}": raw.view(np.int32).reshape(-1) for i, raw in enumerate(raws)}
     ys = [poisoned((m, n)) for n in sizes]
     grid = (-(-m // (8 * rt)), total // (16 * ft * wn), ks)
-    kern = gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe, parts=tuple(sizes))
+    kern = gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe, parts=tuple(sizes), tensor_mins=tensor_mins)
     if ks == 1:
         _run(kern, grid, {**xb, **ws, **{f"y{i}": y for i, y in enumerate(ys)}}, {"m": m, "n": total})
     else:
@@ -191,7 +195,7 @@ def test_imma_gemm_of_several_weights_matches_each_alone(rng, k, ft, rt, wn, ks,
         _check_q4_k_product(y, raw, x, xb)
         alone = poisoned((ks, m, n))
         _run(
-            gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe),
+            gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe, tensor_mins=tensor_mins),
             (grid[0], n // (16 * ft * wn), ks),
             {**xb, "w": raw.view(np.int32).reshape(-1), "y": alone},
             {"m": m, "n": n},
@@ -206,23 +210,37 @@ def test_imma_gemm_of_several_weights_matches_each_alone(rng, k, ft, rt, wn, ks,
 
 @pytest.mark.parametrize(
     "args",
-    [(4096, 2, 1, 4, 4, True), (4096, 2, 2, 8, 8), (14336, 1, 2, 8, 8, True), (4096, 1, 4, 8, 4, True), (4096, 1, 8, 8, 1), (4096, 1, 8, 8, 2, True)],
+    [
+        (4096, 2, 1, 4, 4, True),
+        (4096, 2, 2, 8, 8),
+        (14336, 1, 2, 8, 8, True),
+        (4096, 1, 4, 8, 4, True),
+        (4096, 1, 8, 8, 1),
+        (14336, 1, 8, 8, 8),
+        (4096, 1, 8, 8, 2, True),
+    ],
     ids=str,
 )
 @pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
-def test_imma_gemm_with_x_in_workgroup_memory_compiles_to_integer_products(args):
+@pytest.mark.parametrize("tensor_mins", [True, False], ids=["tf32-mins", "fma-mins"])
+def test_imma_gemm_with_x_in_workgroup_memory_compiles_to_integer_products(args, tensor_mins):
     """Two products a sub-block for each tile, x's copies asynchronous, its fragments from
-    workgroup memory; with ptxas, no spills and a launchable workgroup."""
-    kern = gemm_imma_q4_k_xs(*args)
+    workgroup memory; with ``tensor_mins`` two tf32 products a tile a block (x's sums in two
+    terms); with ptxas, no spills and a launchable workgroup."""
+    kern = gemm_imma_q4_k_xs(*args, tensor_mins=tensor_mins)
     ptx = compile_kernel(kern, target("nvptx:sm_90a"), use_cache=False).data.decode()
     ft, rt = args[1], args[2]
     n = ptx.count("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32")
     assert n == 4 * 2 * 2 * ft * rt, n  # a block's 4 chunks, 2 sub-blocks, 2 terms
     assert "cp.async.cg.shared.global" in ptx and ptx.count("ld.shared") >= 4 * 2 * rt * 2
+    assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == (2 * ft * rt if tensor_mins else 0)
+    unloaded = len(args) < 6 or not args[5]  # no block's weights loaded ahead
     if find_ptxas():
         regs, spills, out = ptxas_usage(ptx.encode(), "sm_90a")
         assert spills == 0, out
         assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
+        if tensor_mins and rt == 8 and unloaded:  # (the planner gives an SM two of these at 33-64 rows: IMMA_Q4_K)
+            assert 2 * regs * kern.threads <= 65536, f"{regs} registers a thread: two workgroups of {kern.threads} no longer fit an SM"
 
 
 @mma_only
@@ -273,7 +291,12 @@ def test_imma_q6_k_gemm_matches(rng, k, ft, rt, wn, ks, pipe, m, n):
     _run(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, **xb}, {"m": m})
     parts = poisoned((ks, m, n))
     grid = (-(-m // (8 * rt)), -(-n // (16 * ft * wn)), ks)
-    _run(gemm_imma_q6_k_xs(k, ft, rt, wn, ks, pipe), grid, {**xb, "w": np.ascontiguousarray(raw).view(np.int32).reshape(-1), "y": parts}, {"m": m, "n": n})
+    _run(
+        gemm_imma_q6_k_xs(k, ft, rt, wn, ks, pipe),
+        grid,
+        {**xb, "w": np.ascontiguousarray(raw).view(np.int32).reshape(-1), "y": parts},
+        {"m": m, "n": n},
+    )
     y = parts.sum(axis=0, dtype=np.float64) if ks > 1 else parts[0]
     assert np.isfinite(y).all(), "an output element was never written"
     w = q.dequantize(raw).reshape(n, k).astype(np.float64)

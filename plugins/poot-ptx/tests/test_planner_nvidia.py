@@ -276,7 +276,7 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     at = lambda t: [l for l in hopper.launches if l.when is None or l.when({"tokens": t})]  # noqa: E731
     assert [l.kernel.name for l in at(40)] == [
         "quantize_q8x2_K512",
-        "gemm_imma_q4_k_xs_K512_1x8_W8_S2_pipe",
+        "gemm_imma_q4_k_xs_K512_1x8_W8_S2_tm",
         "sum_parts_2",
         "split_bf16x2_K512",
         "gemm_warp_q6_k_K512_2x4_W8_xs",
@@ -377,7 +377,7 @@ def test_q_k_and_v_of_5_to_64_rows_take_one_integer_gemm_launch():
     assert [fused.buffers[f"w{i}"] for i in range(3)] == [one[1].buffers[f"w{i}"] for i in range(3)]  # the weights as stored
     assert fused.buffers["y"] == add.buffers["p"] in p.scratch and [add.buffers[f"y{i}"] for i in range(3)] == [one[1].buffers[f"y{i}"] for i in range(3)]
     assert all(fused.buffers[b] == twelve[0].buffers[b] for b in ("xq", "xr", "xds"))
-    assert [l.kernel.name for l in at(64)][1] == "gemm_imma_q4_k_xs_K512_1x8_W8_S2_pipe_P512_256_256"
+    assert [l.kernel.name for l in at(64)][1] == "gemm_imma_q4_k_xs_K512_1x8_W8_S2_P512_256_256_tm"
     # the profile's FLOPs: the fused launch counts every weight's product, the launches around it none
     storage = plan_storage(p, {"tokens": 12})
     flops = [c.flops for c in launch_costs(p, storage, {}, np.arange(12))]

@@ -49,23 +49,24 @@ def sub_block_sums(
     b: tuple[K.Expr, ...],
     rows: tuple[tuple[K.Expr, K.Expr], ...],
     feats: tuple[tuple[K.Expr, K.Expr], ...],
+    mins: bool = True,
 ) -> list[K.Stmt]:
     """One 16-feature by 8-row tile's sums over a 32-value sub-block added to its f32
     accumulators ``acc``: the quants ``a`` (A's four registers) against x's two terms ``b`` (B's
     registers of the first term, then the second's) in two integer products, then y += (d_x
     d sc / Q8_SPLIT) (Q8_SPLIT s1 + s2) - (dmin m) sum(x). ``rows``: (d, sum) of x's sub-block for
     the lane's two rows (2 t4, 2 t4 + 1); ``feats``: (d sc / Q8_SPLIT, dmin m) for its two features
-    (g, g + 8). Locals suffixed ``tag``."""
+    (g, g + 8). ``mins`` False: the - (dmin m) sum(x) term left to the caller. Locals suffixed ``tag``."""
     s1, s2 = tuple(f"s1{tag}_{e}" for e in range(4)), tuple(f"s2{tag}_{e}" for e in range(4))
     out: list[K.Stmt] = [K.Let(nm, _c(0)) for nm in s1 + s2]
     out += [Mma(s1, a, b[:2], dt.i8), Mma(s2, a, b[2:], dt.i8)]  # type: ignore[arg-type]
     for e in range(4):  # output (feature g + 8 (e / 2), row 2 t4 + e % 2)
         (d, xsum), (sd, mn) = rows[e % 2], feats[e // 2]
         whole = K.Cast(_add(_mul(_r(s1[e]), Q8_SPLIT), _r(s2[e])), F32)
-        # two fused multiply-adds: the GPU rounds mul and add apart otherwise (PTX's .rn forbids
-        # fusing them), and this sum is most of the instructions a sub-block at 32-64 rows
+        # fused multiply-adds (two with the mins): the GPU rounds mul and add apart otherwise (PTX's
+        # .rn forbids fusing them), and this sum is most of the instructions a sub-block at 32-64 rows
         got = K.Fma(K.Bin("mul", d, sd), whole, _r(acc[e], F32))
-        out.append(K.Assign(acc[e], K.Fma(K.Un("neg", mn), xsum, got)))
+        out.append(K.Assign(acc[e], K.Fma(K.Un("neg", mn), xsum, got) if mins else got))
     return out
 
 

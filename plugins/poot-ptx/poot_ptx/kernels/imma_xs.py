@@ -62,10 +62,67 @@ class _Staged:
         word = _add(_mul(buf, self.term_words), _mul(_add(8 * i, _r("g")), _SW), at // 4, _mul(_r("t4"), 2))
         return [K.VecLoad((f"{name}h0", f"{name}h1"), "xq_s", word, I32), K.VecLoad((f"{name}l0", f"{name}l1"), "xr_s", word, I32)]
 
-    def scale(self, buf: K.Expr, i: int, e: int, block32: int, names: tuple[str, str]) -> K.Stmt:
-        """Locals ``names``: (d, sum) of 32-value block ``block32`` of the lane's output row 8 i + 2 t4 + e."""
+    def scale(self, buf: K.Expr, i: int, e: int, block32: int, names: tuple[str, ...]) -> K.Stmt:
+        """Locals ``names``: (d, sum) of 32-value block ``block32`` of the lane's output row 8 i + 2 t4 + e,
+        or with four names, of blocks ``block32`` (even) and the next in one load."""
         at = _add(_mul(buf, self.ds_words), _mul(_add(8 * i + e, _mul(_r("t4"), 2)), _XDS_STRIDE), 2 * block32)
         return K.VecLoad(names, "xds_s", at, F32)
+
+    def sums(self, buf: K.Expr, i: int, name: str) -> list[K.Stmt]:
+        """Locals ``{name}{h}{s}``: row 8 i + g's sums of the block's 32-value blocks t4 (s 0) and
+        t4 + 4 (s 1) as two tf32 terms, the first the value's top 19 bits (h 0), the second the rest
+        (h 1): a tf32 product's B fragment (``_block_mins``)."""
+        at = _add(_mul(buf, self.ds_words), _mul(_add(8 * i, _r("g")), _XDS_STRIDE), _mul(_r("t4"), 2), 1)
+        out: list[K.Stmt] = []
+        for s in (0, 1):
+            v = f"{name}v{s}"
+            out += [
+                K.Let(v, K.Load("xds_s", _add(at, 8) if s else at, F32)),
+                K.Let(f"{name}0{s}", _b("and", K.Bitcast(_r(v, F32), I32), _TF32)),
+                K.Let(f"{name}1{s}", K.Bitcast(K.Bin("sub", _r(v, F32), K.Bitcast(_r(f"{name}0{s}"), F32)), I32)),
+            ]
+        return out
+
+
+_TF32 = K.Const(-8192, dt.i32)  # 0xFFFFE000: an f32's sign, exponent and the 10 mantissa bits tf32 keeps
+_TWO23 = 0x4B000000  # the bits of 2^23: or-ed with an integer below 2^23, the float 2^23 + it
+
+
+def _block_mins(
+    staged: _Staged, buf: K.Expr, ft: int, rt: int, acc: dict[tuple[int, int], tuple[str, ...]], s1: str, s2: str, dmin: Callable[[str], K.Expr]
+) -> list[K.Stmt]:
+    """y -= dmin sum_j m_j sum(x_j) over a Q4_K block's eight 32-value sub-blocks, for every tile of
+    the warp, as two tf32 products a tile (K = the 8 sub-blocks) of the mins m (exact) against x's
+    sub-block sums, one for each of their two tf32 terms (``_Staged.sums``), in place of eight
+    multiply-adds an output.
+    A lane's A fragment holds m of its features g and g + 8 for sub-blocks t4 and t4 + 4 (ggml's
+    get_scale_min_k4: byte 4 + j of the scales for j < 4, else the high nibble of byte 4 + j under
+    the top two bits of byte j), from the block's scale words ``s1``, ``s2`` (suffixes of each
+    feature's prefix); ``dmin(p)`` is feature ``p``'s dmin (f32)."""
+    out: list[K.Stmt] = [K.Let("msh", _mul(_r("t4"), 8))]
+
+    def tf32(m: K.Expr) -> K.Expr:  # a small integer's float bits, without a conversion
+        return K.Bitcast(K.Bin("sub", K.Bitcast(_b("or", m, _TWO23), F32), _f(8388608.0)), I32)
+
+    for p in _features(ft):
+        u, v = _b("shr", _r(f"{p}{s1}"), _r("msh")), _b("shr", _r(f"{p}{s2}"), _r("msh"))
+        out += [
+            K.Let(f"{p}ma", tf32(_b("and", u, 63))),
+            K.Let(f"{p}mb", tf32(_b("or", _b("and", _b("shr", v, 4), 15), _b("and", _b("shr", u, 2), 48)))),
+        ]
+    for i in range(rt):
+        xs = f"xm{i}_"
+        out += staged.sums(buf, i, xs)
+        for j in range(ft):
+            lo, hi = f"w{j}_0", f"w{j}_8"
+            a = (_r(f"{lo}ma"), _r(f"{hi}ma"), _r(f"{lo}mb"), _r(f"{hi}mb"))
+            mm = tuple(f"mm{j}_{i}_{e}" for e in range(4))
+            out += [K.Let(nm, _f(0.0)) for nm in mm]
+            out += [Mma(mm, a, (_r(f"{xs}{h}0"), _r(f"{xs}{h}1")), dt.f32) for h in (0, 1)]  # type: ignore[arg-type]
+            for e in range(4):  # output (feature g + 8 (e / 2), row 2 t4 + e % 2)
+                nm = acc[j, i][e]
+                out.append(K.Assign(nm, K.Fma(K.Un("neg", dmin(f"w{j}_{8 * (e // 2)}")), _r(mm[e], F32), _r(nm, F32))))
+    return out
 
 
 def _staged_kernel(
@@ -81,6 +138,7 @@ def _staged_kernel(
     products: Callable[[K.Expr, _Staged, dict[tuple[int, int], tuple[str, ...]]], list[K.Stmt]],
     groups: int = 0,
     parts: tuple[int, ...] = (),
+    tag: str = "",
 ) -> K.Kernel:
     """The frame both staged GEMMs share: lanes, the workgroup's rows and features, x's copies, the
     loop over the workgroup's blocks of K (``weights(blk, suffix, buffer)`` loads the lane's words
@@ -89,7 +147,8 @@ def _staged_kernel(
     of one x in one launch: weights ``w0``, ``w1``, ..., the features numbered through them in
     turn (n their sum); a workgroup's features lie in one part, so the branch that picks it is
     uniform. Unsplit, part i goes to ``y{i}``; with K split, every part to ``y`` at s m n + its
-    first feature, for ``sum_parts(S, parts)`` to add and divide."""
+    first feature, for ``sum_parts(S, parts)`` to add and divide. ``tag`` ends the kernel's name
+    (the caller's variant)."""
     if k % (256 * ksplit):
         raise ValueError(f"{name} needs K a multiple of 256 times its K split ({ksplit}), got {k}")
     threads, rows = 32 * wn, 8 * rt
@@ -164,8 +223,9 @@ def _staged_kernel(
 
     body, params = _by_parts(head, core, parts, width, ksplit, PARAMS)
     shared = (K.Shared("xq_s", I32, 2 * staged.term_words), K.Shared("xr_s", I32, 2 * staged.term_words), K.Shared("xds_s", F32, 2 * staged.ds_words))
-    tag = f"_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + (f"_G{groups}" if groups else "")
+    variant, tag = tag, f"_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + (f"_G{groups}" if groups else "")
     tag += "_P" + "_".join(map(str, parts)) if parts else ""
+    tag += variant
     kern = K.Kernel(name + tag, params, tuple(body), (threads, 1, 1), shared, min_groups=groups)
     verify_kernel(kern)
     return kern
@@ -177,12 +237,22 @@ def _features(ft: int) -> list[str]:
 
 @lru_cache(maxsize=None)
 def gemm_imma_q4_k_xs(
-    k: int, ft: int = 2, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False, groups: int = 0, parts: tuple[int, ...] = ()
+    k: int,
+    ft: int = 2,
+    rt: int = 2,
+    wn: int = 8,
+    ksplit: int = 1,
+    pipelined: bool = False,
+    groups: int = 0,
+    parts: tuple[int, ...] = (),
+    tensor_mins: bool = False,
 ) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q4_K weight rows (i32 words of 144-byte blocks):
     what ``imma.gemm_imma_q4_k`` computes, in the staged frame (module docstring). A lane loads a
     block's head once and 8 bytes of quants a 64-value chunk (the chunk's low nibbles its first
-    32 values, the high ones its second). K / S a multiple of 256."""
+    32 values, the high ones its second). K / S a multiple of 256. ``tensor_mins``: the block's
+    mins as tf32 products, two a tile (``_block_mins``, "_tm"), else a multiply-add an output a
+    sub-block."""
     row_words = k // 256 * 36
     names = ("dm", "s0", "s1", "s2", *(f"q{cc}_{q}" for cc in range(4) for q in (0, 1)))
 
@@ -210,7 +280,9 @@ def gemm_imma_q4_k_xs(
                 for i in range(rt):
                     xv = f"xb{cc}_{sb}_{i}"
                     out += staged.fragments(buf, i, 64 * cc + 32 * sb, xv)
-                    out += [staged.scale(buf, i, e, 2 * cc + sb, (f"{xv}d{e}", f"{xv}s{e}")) for e in range(2)]
+                    if sb == 0:  # both sub-blocks' (d, sum) asked for in one 16-byte load
+                        both = lambda e, i=i: tuple(f"xb{cc}_{h}_{i}{nm}{e}" for h in (0, 1) for nm in ("d", "s"))  # noqa: E731
+                        out += [staged.scale(buf, i, e, 2 * cc, both(e)) for e in range(2)]
                     for j in range(ft):
                         words = [_r(f"w{j}_{h}q{cc}_{q}") for q in (0, 1) for h in (0, 8)]
                         out += sub_block_sums(
@@ -220,11 +292,26 @@ def gemm_imma_q4_k_xs(
                             (_r(f"{xv}h0"), _r(f"{xv}h1"), _r(f"{xv}l0"), _r(f"{xv}l1")),
                             tuple((_r(f"{xv}d{e}", F32), _r(f"{xv}s{e}", F32)) for e in range(2)),
                             tuple((_r(f"w{j}_{h}sd{part}{cc}", F32), _r(f"w{j}_{h}mn{part}{cc}", F32)) for h in (0, 8)),
+                            mins=not tensor_mins,
                         )
+        if tensor_mins:
+            out += _block_mins(staged, buf, ft, rt, acc, "s1", "s2", lambda p: _r(f"{p}dmin0", F32))
         return out
 
     return _staged_kernel(
-        "gemm_imma_q4_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups, parts
+        "gemm_imma_q4_k_xs",
+        k,
+        ft,
+        rt,
+        wn,
+        ksplit,
+        pipelined,
+        weights,
+        [p + nm for p in _features(ft) for nm in names],
+        products,
+        groups,
+        parts,
+        "_tm" if tensor_mins else "",
     )
 
 
@@ -234,7 +321,14 @@ _BIAS = 0x20202020  # 32 in each byte
 
 @lru_cache(maxsize=None)
 def gemm_imma_q6_k_xs(
-    k: int, ft: int = 1, rt: int = 2, wn: int = 8, ksplit: int = 1, pipelined: bool = False, groups: int = 0, parts: tuple[int, ...] = ()
+    k: int,
+    ft: int = 1,
+    rt: int = 2,
+    wn: int = 8,
+    ksplit: int = 1,
+    pipelined: bool = False,
+    groups: int = 0,
+    parts: tuple[int, ...] = (),
 ) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q6_K weight rows (i32 words of 210-byte blocks; K a
     multiple of 512, so rows start on a word) in the staged frame (module docstring). A block is
