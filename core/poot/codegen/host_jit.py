@@ -1,8 +1,12 @@
 """Loading host-target artifacts into this process and running their grids.
 
-The object file from the worker is added to an MCJIT engine; the kernel's grid entry point becomes a
-ctypes function. ``ctypes`` calls release the GIL, so Python threads run ranges of workgroups in
-parallel.
+The object file from the worker is linked into this process by LLVM's ORC JIT with JITLink, each
+kernel its own JIT library (MCJIT on Windows, where llvmlite has no JITLink), and the kernel's grid
+entry point becomes a ctypes function. JITLink places all of an object's sections in one block: the
+code reaches its constants by 32-bit PC-relative offsets, and MCJIT's loader, which maps each section
+apart, could place them gigabytes apart in a process with large mappings around (a GPU driver's, a
+model's) and then aborted the process.
+``ctypes`` calls release the GIL, so Python threads run ranges of workgroups in parallel.
 """
 
 from __future__ import annotations
@@ -34,13 +38,26 @@ class HostKernel:
         self.kernel = kernel
         target = llvm.Target.from_default_triple()
         tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(), features=llvm.get_host_cpu_features().flatten(), opt=3, reloc="pic")
-        self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
-        self._engine.add_object_file(llvm.ObjectFileRef.from_data(artifact.data))
-        self._engine.finalize_object()
-        addr = self._engine.get_function_address(kernel.name)
+        packed = f"{kernel.name}_packed"  # for native launch chains: every host lowering emits it
+        try:
+            jit = llvm.create_lljit_compiler(tm, use_jit_link=True)
+        except RuntimeError:  # llvmlite has no JITLink on Windows: MCJIT there (COFF objects, no such layouts)
+            self._engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), tm)
+            self._engine.add_object_file(llvm.ObjectFileRef.from_data(artifact.data))
+            self._engine.finalize_object()
+            addr, self.packed_address = self._engine.get_function_address(kernel.name), self._engine.get_function_address(packed)
+        else:
+            lib = llvm.JITLibraryBuilder().add_object_img(artifact.data).add_current_process()
+            try:
+                # the library holds its JIT; addresses stay valid while this object holds the library
+                self._library = lib.export_symbol(kernel.name).export_symbol(packed).link(jit, kernel.name)
+            except RuntimeError as e:
+                raise PootError(
+                    f"kernel {kernel.name}: its object file could not be loaded into this process ({e}; LLVM's diagnostics are on stderr)"
+                ) from None
+            addr, self.packed_address = self._library[kernel.name], self._library[packed]
         if not addr:
             raise PootError(f"kernel {kernel.name}: the object file has no entry point")
-        self.packed_address = self._engine.get_function_address(f"{kernel.name}_packed")  # for native launch chains
         argtypes = [ctypes.c_void_p if isinstance(p, Buffer) else _CTYPES[p.dtype.name] for p in kernel.params] + [ctypes.c_int32] * 5
         self._fn = ctypes.CFUNCTYPE(None, *argtypes)(addr)
 
