@@ -55,8 +55,10 @@ def _imma_xs_schedules(rows: int, k: int, n: int, qtype: str):  # type: ignore[n
         tiles = -(-n // (16 * ft * wn)) * -(-rows // (8 * rt))
         for aim in (132, 264, 528):
             parts = next((p for p in (8, 4, 2) if tiles * p <= aim and k // per % p == 0), 1)
-            # Q4_K's mins a multiply-add an output a sub-block, or a tf32 product a block ("_tm")
+            # Q4_K's mins a multiply-add an output a sub-block, or a tf32 product a block ("_tm"); x's
+            # two int8 terms, or its first alone ("_T1": matmul precision "medium")
             variants = [{}] + ([dict(tensor_mins=True)] if qtype == "q4_k" else [])
+            variants += [dict(kw, terms=1) for kw in variants]
             for kw in variants:
                 kern = make(k, ft, rt, wn, parts, pipe, cap[0] if cap else 0, **kw)
                 if kern.name in seen:

@@ -440,8 +440,9 @@ def build_parser() -> argparse.ArgumentParser:
             "--matmul-precision",
             choices=MATMUL_PRECISIONS,
             default="high",
-            help="on tensor cores: 'high' keeps ~16 bits of each activation (two bf16 terms), 'medium' rounds them to bf16 "
-            "(half the work, what bf16 frameworks do), 'highest' uses no tensor cores; on the CPU, 'highest' multiplies "
+            help="on tensor cores: 'high' keeps ~16 bits of each activation (two bf16 or int8 terms), 'medium' about 8 "
+            "(bf16, or one int8 term a 32-value block with packed weights, as llama.cpp; half the work), 'highest' uses no "
+            "tensor cores; on the CPU, 'highest' multiplies "
             "Q4_0/Q4_1/Q5_0/Q8_0/Q4_K/Q6_K weights in f32 where the others take x as two int8 terms (default: high)",
         )
 

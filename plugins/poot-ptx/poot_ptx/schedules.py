@@ -210,7 +210,8 @@ def _quantized(areas: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
 def _imma(n: Node, limits: Limits) -> bool:
     """Whether matmul ``n`` takes the integer tensor-core GEMM from 5 to ``IMMA_ROWS`` rows: weights
     of a type in ``IMMA_XS``, rows of whole blocks (Q6_K: pairs of them), on tensor cores
-    (``_on_tensor_cores``), x split for them (not at matmul precision "highest")."""
+    (``_on_tensor_cores``), x split for them (not at matmul precision "highest"; at "medium" its
+    first term alone)."""
     q, kk = n.inputs[1].dtype.name, n.inputs[1].shape[1].value
     return IMMA_ROWS > 4 and q in IMMA_XS and kk % _IMMA_BLOCKS[q] == 0 and limits.matmul_precision != "highest" and _on_tensor_cores(n, limits)
 
@@ -239,7 +240,9 @@ def _imma_launches(
         ft, wn, pipe, per_sm = IMMA_XS[q][rt]
         tiles = -(-nn // (16 * ft * wn))
         parts = next((p for p in (8, 4, 2) if tiles * p <= IMMA_SMS * per_sm and kk // _IMMA_BLOCKS[q] % p == 0 and nn % 4 == 0), 1)
-        k = make(kk, ft, rt, wn, parts, pipe, parts=sizes, **({"tensor_mins": True} if q == "q4_k" and rt in IMMA_TF32_MINS else {}))
+        # at matmul precision "medium" x's first int8 term alone (about 8 bits a value, as llama.cpp's)
+        terms = 1 if limits.matmul_precision == "medium" else 2
+        k = make(kk, ft, rt, wn, parts, pipe, parts=sizes, terms=terms, **({"tensor_mins": True} if q == "q4_k" and rt in IMMA_TF32_MINS else {}))
         grid = lambda env, rt=rt, tiles=tiles, parts=parts: (-(-rows(env) // (8 * rt)), tiles, parts)  # noqa: E731
         when = between(lo, IMMA_ROWS if hi is None or hi > IMMA_ROWS else hi, rows)
         label = f"{len(siblings)} matmuls" if siblings else ""

@@ -45,12 +45,14 @@ def test_imma_gemm_compiles_to_integer_products(args):
         assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
 
 
-def _terms(xq: np.ndarray, xr: np.ndarray, xds: np.ndarray, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """x rebuilt from ``quantize_q8x2``'s buffers (d (q1 + q2 / Q8_SPLIT), float64), and each value's
-    second-term step d / Q8_SPLIT."""
+def _terms(xq: np.ndarray, xr: np.ndarray, xds: np.ndarray, m: int, k: int, terms: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    """x rebuilt from ``quantize_q8x2``'s buffers (d (q1 + q2 / Q8_SPLIT), float64; ``terms`` 1: d q1),
+    and each value's step in the last term kept (d / Q8_SPLIT; d)."""
     q1 = xq.view(np.int8).reshape(m, k).astype(np.float64)
-    q2 = xr.view(np.int8).reshape(m, k).astype(np.float64)
     d = xds.reshape(m, k // 32, 2)[:, :, 0].astype(np.float64).repeat(32, axis=1)
+    if terms == 1:
+        return d * q1, d
+    q2 = xr.view(np.int8).reshape(m, k).astype(np.float64)
     return d * (q1 + q2 / Q8_SPLIT), d / Q8_SPLIT
 
 
@@ -69,10 +71,10 @@ def _q4_k_case(rng, m: int, n: int, k: int):  # type: ignore[no-untyped-def]
     return raw, x, {"xq": xq, "xr": xr, "xds": xds}
 
 
-def _check_q4_k_product(y: np.ndarray, raw: np.ndarray, x: np.ndarray, xb: dict) -> None:
+def _check_q4_k_product(y: np.ndarray, raw: np.ndarray, x: np.ndarray, xb: dict, terms: int = 2) -> None:
     """Every output written; within the f32-summation bound of what x rebuilt from its two int8
-    terms gives against gguf's dequantization (the sub-block minimums against x's exact sums), and
-    within half a second-term step per value of the exact product."""
+    terms (or its first, ``terms`` 1) gives against gguf's dequantization (the sub-block minimums
+    against x's exact sums), and within half a last-term step per value of the exact product."""
     (m, k), n = x.shape, y.shape[1]
     q = quantization("q4_k")
     assert np.isfinite(y).all(), "an output element was never written"
@@ -80,14 +82,14 @@ def _check_q4_k_product(y: np.ndarray, raw: np.ndarray, x: np.ndarray, xb: dict)
     zero = raw.copy().reshape(n, -1, 144)
     zero[:, :, 16:] = 0  # quants 0: what is left is -dmin m a value
     w0 = q.dequantize(zero.reshape(raw.shape)).reshape(n, k).astype(np.float64)
-    xh, step = _terms(xb["xq"], xb["xr"], xb["xds"], m, k)
+    xh, step = _terms(xb["xq"], xb["xr"], xb["xds"], m, k, terms)
     x64 = x.astype(np.float64)
     want = xh @ (w - w0).T + x64 @ w0.T
     scale = np.abs(x64) @ np.abs(w).T
     bad = np.abs(y - want) > 1e-5 * scale + 1e-6
     assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, worst {np.abs(y - want).max():.3g}"
     bound = (step / 2) @ np.abs(w - w0).T * 1.01 + 1e-5 * scale + 1e-6
-    assert (np.abs(y - x64 @ w.T) <= bound).all(), "further from the exact product than two int8 terms allow"
+    assert (np.abs(y - x64 @ w.T) <= bound).all(), f"further from the exact product than {terms} int8 terms allow"
 
 
 @pytest.mark.parametrize(
@@ -157,6 +159,26 @@ def test_imma_gemm_with_x_in_workgroup_memory_matches(rng, k, ft, rt, wn, ks, pi
     _check_q4_k_product(y, raw, x, xb)
 
 
+@pytest.mark.parametrize(
+    "k,ft,rt,wn,ks,pipe,m,n,tensor_mins",
+    [(512, 2, 1, 2, 1, False, 5, 40, False), (1024, 1, 2, 2, 2, True, 16, 64, False), (512, 1, 8, 2, 2, False, 64, 32, True)]
+    + ([(4096, 1, 2, 8, 4, True, 16, 6144, False), (4096, 1, 8, 8, 2, False, 64, 6144, True)] if ON_DEVICE else []),
+    ids=str,
+)
+def test_imma_gemm_of_x_first_term_alone_matches(rng, k, ft, rt, wn, ks, pipe, m, n, tensor_mins):
+    """``gemm_imma_q4_k_xs(terms=1)`` (matmul precision "medium"): ``_check_q4_k_product`` against x's
+    first int8 term alone, with random words where the second term would be (never read)."""
+    raw, x, xb = _q4_k_case(rng, m, n, k)
+    xb["xr"] = rng.integers(-(2**31), 2**31, xb["xr"].shape, dtype=np.int64).astype(np.int32)
+    parts = poisoned((ks, m, n))
+    grid = (-(-m // (8 * rt)), -(-n // (16 * ft * wn)), ks)
+    kern = gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe, tensor_mins=tensor_mins, terms=1)
+    assert kern.name.endswith("_T1") and all(sh.name != "xr_s" for sh in kern.shared)
+    _run(kern, grid, {**xb, "w": raw.view(np.int32).reshape(-1), "y": parts}, {"m": m, "n": n})
+    y = parts.sum(axis=0, dtype=np.float64) if ks > 1 else parts[0]
+    _check_q4_k_product(y, raw, x, xb, terms=1)
+
+
 # (k, ft, rt, wn, ksplit, pipelined, m, sizes): several products of one x in one launch (q, k, v);
 # on the device Llama-3-8B's q, k and v at the planner's shapes too
 _PARTS_SMALL = [
@@ -222,17 +244,17 @@ def test_imma_gemm_of_several_weights_matches_each_alone(rng, k, ft, rt, wn, ks,
     ids=str,
 )
 @pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
-@pytest.mark.parametrize("tensor_mins", [True, False], ids=["tf32-mins", "fma-mins"])
-def test_imma_gemm_with_x_in_workgroup_memory_compiles_to_integer_products(args, tensor_mins):
-    """Two products a sub-block for each tile, x's copies asynchronous, its fragments from
+@pytest.mark.parametrize("tensor_mins,terms", [(True, 2), (False, 2), (True, 1)], ids=["tf32-mins", "fma-mins", "tf32-mins-one-term"])
+def test_imma_gemm_with_x_in_workgroup_memory_compiles_to_integer_products(args, tensor_mins, terms):
+    """A product a sub-block a term of x for each tile, x's copies asynchronous, its fragments from
     workgroup memory; with ``tensor_mins`` two tf32 products a tile a block (x's sums in two
     terms); with ptxas, no spills and a launchable workgroup."""
-    kern = gemm_imma_q4_k_xs(*args, tensor_mins=tensor_mins)
+    kern = gemm_imma_q4_k_xs(*args, tensor_mins=tensor_mins, terms=terms)
     ptx = compile_kernel(kern, target("nvptx:sm_90a"), use_cache=False).data.decode()
     ft, rt = args[1], args[2]
     n = ptx.count("mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32")
-    assert n == 4 * 2 * 2 * ft * rt, n  # a block's 4 chunks, 2 sub-blocks, 2 terms
-    assert "cp.async.cg.shared.global" in ptx and ptx.count("ld.shared") >= 4 * 2 * rt * 2
+    assert n == 4 * 2 * terms * ft * rt, n  # a block's 4 chunks, 2 sub-blocks, each term
+    assert "cp.async.cg.shared.global" in ptx and ptx.count("ld.shared") >= 4 * 2 * rt * terms
     assert ptx.count("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32") == (2 * ft * rt if tensor_mins else 0)
     unloaded = len(args) < 6 or not args[5]  # no block's weights loaded ahead
     if find_ptxas():
@@ -279,20 +301,27 @@ _Q6_DEVICE = [
 ]
 
 
-@pytest.mark.parametrize("k,ft,rt,wn,ks,pipe,m,n", _Q6_SMALL + (_Q6_DEVICE if ON_DEVICE else []), ids=str)
-def test_imma_q6_k_gemm_matches(rng, k, ft, rt, wn, ks, pipe, m, n):
+@pytest.mark.parametrize(
+    "k,ft,rt,wn,ks,pipe,m,n,terms",
+    [(*c, 2) for c in _Q6_SMALL + (_Q6_DEVICE if ON_DEVICE else [])] + [(1024, 1, 2, 1, 2, True, 13, 48, 1), (1024, 1, 8, 1, 1, True, 64, 16, 1)],
+    ids=str,
+)
+def test_imma_q6_k_gemm_matches(rng, k, ft, rt, wn, ks, pipe, m, n, terms):
     """``gemm_imma_q6_k_xs``: every output written; within the f32-summation bound of x rebuilt from
-    its two int8 terms against gguf's Q6_K dequantization, and within half a second-term step per
-    value of the exact product; K split or not."""
+    its two int8 terms (``terms`` 1: its first, the second's words random and never read) against
+    gguf's Q6_K dequantization, and within half a last-term step per value of the exact product; K
+    split or not."""
     q = quantization("q6_k")
     raw = q.quantize((rng.standard_normal((n, k)) * 0.1).astype(np.float32))
     x = (rng.standard_normal((m, k)) * rng.uniform(0.2, 5, (m, k // 32)).repeat(32, axis=1)).astype(np.float32)
     xb = {"xq": poisoned((m * k // 4,), np.int32), "xr": poisoned((m * k // 4,), np.int32), "xds": poisoned((m * k // 16,))}
     _run(quantize_q8x2(k), (-(-m * k // 4 // Q8_THREADS),), {"x": x, **xb}, {"m": m})
+    if terms == 1:
+        xb["xr"] = rng.integers(-(2**31), 2**31, xb["xr"].shape, dtype=np.int64).astype(np.int32)
     parts = poisoned((ks, m, n))
     grid = (-(-m // (8 * rt)), -(-n // (16 * ft * wn)), ks)
     _run(
-        gemm_imma_q6_k_xs(k, ft, rt, wn, ks, pipe),
+        gemm_imma_q6_k_xs(k, ft, rt, wn, ks, pipe, terms=terms),
         grid,
         {**xb, "w": np.ascontiguousarray(raw).view(np.int32).reshape(-1), "y": parts},
         {"m": m, "n": n},
@@ -300,12 +329,12 @@ def test_imma_q6_k_gemm_matches(rng, k, ft, rt, wn, ks, pipe, m, n):
     y = parts.sum(axis=0, dtype=np.float64) if ks > 1 else parts[0]
     assert np.isfinite(y).all(), "an output element was never written"
     w = q.dequantize(raw).reshape(n, k).astype(np.float64)
-    xh, step = _terms(xb["xq"], xb["xr"], xb["xds"], m, k)
+    xh, step = _terms(xb["xq"], xb["xr"], xb["xds"], m, k, terms)
     scale = np.abs(x.astype(np.float64)) @ np.abs(w).T
     bad = np.abs(y - xh @ w.T) > 1e-5 * scale + 1e-6
     assert not bad.any(), f"{bad.sum()} of {bad.size} outputs off, worst {np.abs(y - xh @ w.T).max():.3g}"
     bound = (step / 2) @ np.abs(w).T * 1.01 + 1e-5 * scale + 1e-6
-    assert (np.abs(y - x.astype(np.float64) @ w.T) <= bound).all(), "further from the exact product than two int8 terms allow"
+    assert (np.abs(y - x.astype(np.float64) @ w.T) <= bound).all(), f"further from the exact product than {terms} int8 terms allow"
 
 
 @pytest.mark.parametrize("ks", [1, 2])

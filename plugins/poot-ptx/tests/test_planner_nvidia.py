@@ -227,6 +227,8 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
         "gemm_warp_bf16_K512_1x4_W8_xs",
     ]
     assert [l.kernel.name for l in launches("high", 5)[1]][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_xs_K512_2x1_W4_S2_pipe"]  # one row tile
+    # at "medium" the integer GEMM takes x's first int8 term alone (one product a sub-block)
+    assert [l.kernel.name for l in launches("medium", 9)[1]][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_xs_K512_1x2_W8_S2_pipe_T1"]
     # 48 KiB of workgroup memory: 33-64 rows in workgroups of 32 (x's 64 rows would take 82 KiB)
     assert [l.kernel.name for l in launches("high", 40)[1]][:2] == ["quantize_q8x2_K512", "gemm_imma_q4_k_xs_K512_1x4_W8_S2_pipe"]
     assert launches("high", 40)[1][1].grid({"tokens": 40}) == (2, 6, 2)  # 128 features a workgroup

@@ -56,13 +56,16 @@ def sub_block_sums(
     registers of the first term, then the second's) in two integer products, then y += (d_x
     d sc / Q8_SPLIT) (Q8_SPLIT s1 + s2) - (dmin m) sum(x). ``rows``: (d, sum) of x's sub-block for
     the lane's two rows (2 t4, 2 t4 + 1); ``feats``: (d sc / Q8_SPLIT, dmin m) for its two features
-    (g, g + 8). ``mins`` False: the - (dmin m) sum(x) term left to the caller. Locals suffixed ``tag``."""
+    (g, g + 8). ``mins`` False: the - (dmin m) sum(x) term left to the caller. With ``b`` of x's
+    first term alone (two registers), one product and y += (d_x d sc) s1: ``feats`` then carry
+    d sc. Locals suffixed ``tag``."""
+    one = len(b) == 2
     s1, s2 = tuple(f"s1{tag}_{e}" for e in range(4)), tuple(f"s2{tag}_{e}" for e in range(4))
-    out: list[K.Stmt] = [K.Let(nm, _c(0)) for nm in s1 + s2]
-    out += [Mma(s1, a, b[:2], dt.i8), Mma(s2, a, b[2:], dt.i8)]  # type: ignore[arg-type]
+    out: list[K.Stmt] = [K.Let(nm, _c(0)) for nm in (s1 if one else s1 + s2)]
+    out += [Mma(s1, a, b[:2], dt.i8)] if one else [Mma(s1, a, b[:2], dt.i8), Mma(s2, a, b[2:], dt.i8)]  # type: ignore[arg-type]
     for e in range(4):  # output (feature g + 8 (e / 2), row 2 t4 + e % 2)
         (d, xsum), (sd, mn) = rows[e % 2], feats[e // 2]
-        whole = K.Cast(_add(_mul(_r(s1[e]), Q8_SPLIT), _r(s2[e])), F32)
+        whole = K.Cast(_r(s1[e]) if one else _add(_mul(_r(s1[e]), Q8_SPLIT), _r(s2[e])), F32)
         # fused multiply-adds (two with the mins): the GPU rounds mul and add apart otherwise (PTX's
         # .rn forbids fusing them), and this sum is most of the instructions a sub-block at 32-64 rows
         got = K.Fma(K.Bin("mul", d, sd), whole, _r(acc[e], F32))

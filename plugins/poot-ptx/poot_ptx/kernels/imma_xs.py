@@ -9,7 +9,9 @@ workgroup ``wn`` warps, so 16 ``ft`` ``wn`` features. With ``ksplit`` S > 1, K i
 (grid z): part s of the sum goes to ``y`` at s m n for ``sum_parts`` to add. ``pipelined``: each
 block's weights are loaded during the block before (twice the weight registers). Grid (ceil(m /
 (8 rt)), ceil(n / (16 ft wn)), S). ``groups``: workgroups an SM should hold at once (registers
-capped for them, ``Kernel.min_groups``; 0: as many as ptxas's allocation allows).
+capped for them, ``Kernel.min_groups``; 0: as many as ptxas's allocation allows). ``terms`` 1: x's
+first int8 term alone (about 8 bits a value, as llama.cpp's q8_1; matmul precision "medium"): one
+product a sub-block instead of two, and the second term neither copied nor read ("_T1").
 
 A lane's eight values of K for a 32-value product are eight consecutive ones where the fragment's
 layout puts 4 and 4 sixteen apart: a permutation of K, the same for both operands."""
@@ -54,13 +56,19 @@ class _Staged:
     """Where a lane finds a staged block of x: its fragments of row tile ``i`` for the 32 values
     from ``at`` (a multiple of 8 within the block), and a row's (d, sum) of a 32-value block."""
 
-    def __init__(self, rt: int) -> None:
-        self.term_words, self.ds_words = 8 * rt * _SW, 8 * rt * _XDS_STRIDE
+    def __init__(self, rt: int, terms: int = 2) -> None:
+        self.term_words, self.ds_words, self.terms = 8 * rt * _SW, 8 * rt * _XDS_STRIDE, terms
 
     def fragments(self, buf: K.Expr, i: int, at: int, name: str) -> list[K.Stmt]:
-        """Locals ``{name}h0, h1`` (first term) and ``{name}l0, l1`` (second) of row 8 i + g."""
+        """Locals ``{name}h0, h1`` (first term) and ``{name}l0, l1`` (second; not with one term) of
+        row 8 i + g."""
         word = _add(_mul(buf, self.term_words), _mul(_add(8 * i, _r("g")), _SW), at // 4, _mul(_r("t4"), 2))
-        return [K.VecLoad((f"{name}h0", f"{name}h1"), "xq_s", word, I32), K.VecLoad((f"{name}l0", f"{name}l1"), "xr_s", word, I32)]
+        out = [K.VecLoad((f"{name}h0", f"{name}h1"), "xq_s", word, I32)]
+        return out + ([K.VecLoad((f"{name}l0", f"{name}l1"), "xr_s", word, I32)] if self.terms == 2 else [])
+
+    def b(self, name: str) -> tuple[K.Expr, ...]:
+        """A product's B registers from ``fragments``' locals: both terms, or the first alone."""
+        return tuple(_r(f"{name}{t}") for t in ("h0", "h1", "l0", "l1")[: 2 * self.terms])
 
     def scale(self, buf: K.Expr, i: int, e: int, block32: int, names: tuple[str, ...]) -> K.Stmt:
         """Locals ``names``: (d, sum) of 32-value block ``block32`` of the lane's output row 8 i + 2 t4 + e,
@@ -139,6 +147,7 @@ def _staged_kernel(
     groups: int = 0,
     parts: tuple[int, ...] = (),
     tag: str = "",
+    terms: int = 2,
 ) -> K.Kernel:
     """The frame both staged GEMMs share: lanes, the workgroup's rows and features, x's copies, the
     loop over the workgroup's blocks of K (``weights(blk, suffix, buffer)`` loads the lane's words
@@ -148,7 +157,9 @@ def _staged_kernel(
     turn (n their sum); a workgroup's features lie in one part, so the branch that picks it is
     uniform. Unsplit, part i goes to ``y{i}``; with K split, every part to ``y`` at s m n + its
     first feature, for ``sum_parts(S, parts)`` to add and divide. ``tag`` ends the kernel's name
-    (the caller's variant)."""
+    (the caller's variant); ``terms`` 1: x's second term neither copied nor read ("_T1")."""
+    if terms not in (1, 2):
+        raise ValueError(f"{name}: x's terms are 1 or 2, got {terms}")
     if k % (256 * ksplit):
         raise ValueError(f"{name} needs K a multiple of 256 times its K split ({ksplit}), got {k}")
     threads, rows = 32 * wn, 8 * rt
@@ -156,7 +167,7 @@ def _staged_kernel(
     if any(size % width for size in parts):
         raise ValueError(f"{name}: every part must be a multiple of a workgroup's {width} features, got {parts}")
     blocks = k // ksplit // 256  # a workgroup's blocks of K
-    staged = _Staged(rt)
+    staged = _Staged(rt, terms)
     head: list[K.Stmt] = [
         *_mma_lanes(),
         K.Let("row0", _mul(K.Builtin("group_id", 0), rows)),
@@ -171,7 +182,7 @@ def _staged_kernel(
         the (d, sum) pairs (4 a row), consecutive threads along a row."""
         out: list[K.Stmt] = []
         for count, per, parts_ in (
-            (16 * rows, 16, (("xq", staged.term_words, _SW, k // 4, 64), ("xr", staged.term_words, _SW, k // 4, 64))),
+            (16 * rows, 16, (("xq", staged.term_words, _SW, k // 4, 64), ("xr", staged.term_words, _SW, k // 4, 64))[:terms]),
             (4 * rows, 4, (("xds", staged.ds_words, _XDS_STRIDE, k // 16, 16),)),
         ):
             for u in range(-(-count // threads)):
@@ -222,10 +233,11 @@ def _staged_kernel(
         return body
 
     body, params = _by_parts(head, core, parts, width, ksplit, PARAMS)
-    shared = (K.Shared("xq_s", I32, 2 * staged.term_words), K.Shared("xr_s", I32, 2 * staged.term_words), K.Shared("xds_s", F32, 2 * staged.ds_words))
+    xr_s = (K.Shared("xr_s", I32, 2 * staged.term_words),) if terms == 2 else ()
+    shared = (K.Shared("xq_s", I32, 2 * staged.term_words), *xr_s, K.Shared("xds_s", F32, 2 * staged.ds_words))
     variant, tag = tag, f"_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + (f"_G{groups}" if groups else "")
     tag += "_P" + "_".join(map(str, parts)) if parts else ""
-    tag += variant
+    tag += variant + ("_T1" if terms == 1 else "")
     kern = K.Kernel(name + tag, params, tuple(body), (threads, 1, 1), shared, min_groups=groups)
     verify_kernel(kern)
     return kern
@@ -246,13 +258,14 @@ def gemm_imma_q4_k_xs(
     groups: int = 0,
     parts: tuple[int, ...] = (),
     tensor_mins: bool = False,
+    terms: int = 2,
 ) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q4_K weight rows (i32 words of 144-byte blocks):
     what ``imma.gemm_imma_q4_k`` computes, in the staged frame (module docstring). A lane loads a
     block's head once and 8 bytes of quants a 64-value chunk (the chunk's low nibbles its first
     32 values, the high ones its second). K / S a multiple of 256. ``tensor_mins``: the block's
     mins as tf32 products, two a tile (``_block_mins``, "_tm"), else a multiply-add an output a
-    sub-block."""
+    sub-block. ``terms``: x's int8 terms (module docstring)."""
     row_words = k // 256 * 36
     names = ("dm", "s0", "s1", "s2", *(f"q{cc}_{q}" for cc in range(4) for q in (0, 1)))
 
@@ -274,8 +287,9 @@ def gemm_imma_q4_k_xs(
             for p in _features(ft):
                 out += [K.Let(f"{p}{nm}{cc}", _r(f"{p}{nm}")) for nm in ("dm", "s0", "s1", "s2")]
                 out += q4_k_lane_scales(p, cc)
-                for part in ("l", "h"):  # d sc / Q8_SPLIT: x's terms are summed as Q8_SPLIT s1 + s2
-                    out.append(K.Let(f"{p}sd{part}{cc}", K.Bin("mul", _r(f"{p}sc{part}{cc}", F32), _f(1.0 / Q8_SPLIT))))
+                for part in ("l", "h"):  # d sc / Q8_SPLIT: x's terms are summed as Q8_SPLIT s1 + s2 (one term: d sc)
+                    sd = K.Bin("mul", _r(f"{p}sc{part}{cc}", F32), _f(1.0 / Q8_SPLIT)) if terms == 2 else _r(f"{p}sc{part}{cc}", F32)
+                    out.append(K.Let(f"{p}sd{part}{cc}", sd))
             for sb, part in ((0, "l"), (1, "h")):
                 for i in range(rt):
                     xv = f"xb{cc}_{sb}_{i}"
@@ -289,7 +303,7 @@ def gemm_imma_q4_k_xs(
                             f"_{cc}_{sb}_{j}_{i}",
                             acc[j, i],
                             tuple(_b("and", w if sb == 0 else _b("shr", w, 4), NIBBLES) for w in words),
-                            (_r(f"{xv}h0"), _r(f"{xv}h1"), _r(f"{xv}l0"), _r(f"{xv}l1")),
+                            staged.b(xv),
                             tuple((_r(f"{xv}d{e}", F32), _r(f"{xv}s{e}", F32)) for e in range(2)),
                             tuple((_r(f"w{j}_{h}sd{part}{cc}", F32), _r(f"w{j}_{h}mn{part}{cc}", F32)) for h in (0, 8)),
                             mins=not tensor_mins,
@@ -312,6 +326,7 @@ def gemm_imma_q4_k_xs(
         groups,
         parts,
         "_tm" if tensor_mins else "",
+        terms,
     )
 
 
@@ -329,6 +344,7 @@ def gemm_imma_q6_k_xs(
     pipelined: bool = False,
     groups: int = 0,
     parts: tuple[int, ...] = (),
+    terms: int = 2,
 ) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q6_K weight rows (i32 words of 210-byte blocks; K a
     multiple of 512, so rows start on a word) in the staged frame (module docstring). A block is
@@ -339,7 +355,8 @@ def gemm_imma_q6_k_xs(
     two terms in integer products; its two 16-value halves have their own scales, so each is one
     product with the other lanes' quants zeroed (lanes 0-1 of a group hold the first 16 values,
     2-3 the second): y += d_x d / Q8_SPLIT (sc_a (Q8_SPLIT s1_a + s2_a) + sc_b (Q8_SPLIT s1_b +
-    s2_b)). K / S a multiple of 512."""
+    s2_b)), or with one of x's terms (``terms`` 1, module docstring) y += d_x d (sc_a s1_a + sc_b
+    s1_b). K / S a multiple of 512."""
     if k % (512 * ksplit):
         raise ValueError(f"gemm_imma_q6_k_xs needs K a multiple of 512 times its K split ({ksplit}), got {k}")
     row_words = k // 512 * 105  # 2 blocks of 210 bytes
@@ -369,7 +386,8 @@ def gemm_imma_q6_k_xs(
             for pc in pieces:
                 out += [K.Let(f"{p}{pc}j{i}", _joined(_r(f"{p}{pc}{i}"), _r(f"{p}{pc}{i + 1}"), odd)) for i in range(2)]
             out += [K.Let(f"{p}sj{i}", _joined(_r(f"{p}s{i}"), _r(f"{p}s{i + 1}"), odd)) for i in range(4)]
-            out.append(K.Let(f"{p}dq", K.Bin("mul", K.HalfToF32(_b("and", _b("shr", _r(f"{p}d"), _r(f"{p}o")), 0xFFFF)), _f(1.0 / Q8_SPLIT))))
+            d = K.HalfToF32(_b("and", _b("shr", _r(f"{p}d"), _r(f"{p}o")), 0xFFFF))
+            out.append(K.Let(f"{p}dq", K.Bin("mul", d, _f(1.0 / Q8_SPLIT)) if terms == 2 else d))
         for h in (0, 1):
             for q in range(4):
                 tag = f"{h}{q}"
@@ -386,24 +404,24 @@ def gemm_imma_q6_k_xs(
                     xv = f"xb{tag}_{i}"
                     out += staged.fragments(buf, i, 128 * h + 32 * q, xv)
                     out += [staged.scale(buf, i, e, 4 * h + q, (f"{xv}d{e}", f"{xv}s{e}")) for e in range(2)]
-                    xb = (_r(f"{xv}h0"), _r(f"{xv}h1"), _r(f"{xv}l0"), _r(f"{xv}l1"))
+                    xb = staged.b(xv)
                     for j in range(ft):
                         a = tuple(_r(f"w{j}_{hh}v{tag}_{w}") for w in (0, 1) for hh in (0, 8))
                         sums = []
                         for half, keep in ((0, first), (1, K.Bin("ge", _r("t4"), _c(2)))):
                             s1, s2 = (tuple(f"{t}{tag}_{half}_{j}_{i}_{e}" for e in range(4)) for t in ("s1", "s2"))
                             ah = tuple(K.Select(keep, x, _c(0)) for x in a)
-                            out += [K.Let(nm, _c(0)) for nm in s1 + s2]
-                            out += [Mma(s1, ah, xb[:2], dt.i8), Mma(s2, ah, xb[2:], dt.i8)]  # type: ignore[arg-type]
+                            out += [K.Let(nm, _c(0)) for nm in (s1 + s2 if terms == 2 else s1)]
+                            out += [Mma(s1, ah, xb[:2], dt.i8)] + ([Mma(s2, ah, xb[2:], dt.i8)] if terms == 2 else [])  # type: ignore[arg-type,list-item]
                             sums.append((s1, s2))
                         for e in range(4):  # output (feature g + 8 (e / 2), row 2 t4 + e % 2)
                             p = f"w{j}_{8 * (e // 2)}"
-                            whole = [K.Cast(_add(_mul(_r(s1[e]), Q8_SPLIT), _r(s2[e])), F32) for s1, s2 in sums]
+                            whole = [K.Cast(_add(_mul(_r(s1[e]), Q8_SPLIT), _r(s2[e])) if terms == 2 else _r(s1[e]), F32) for s1, s2 in sums]
                             t = K.Fma(_r(f"{p}sc{tag}1", F32), whole[1], K.Bin("mul", _r(f"{p}sc{tag}0", F32), whole[0]))
                             nm = acc[j, i][e]
                             out.append(K.Assign(nm, K.Fma(_r(f"{xv}d{e % 2}", F32), t, _r(nm, F32))))
         return out
 
     return _staged_kernel(
-        "gemm_imma_q6_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups, parts
+        "gemm_imma_q6_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups, parts, "", terms
     )
