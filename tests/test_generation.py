@@ -151,7 +151,9 @@ def test_steps_queued_before_the_last_is_read_give_the_same_results(smollm2, rng
                 assert len(q[4]) == len(o[4])
                 for j, ((qt, qv), (ot, ov)) in enumerate(zip(q[4], o[4])):
                     near = [v for k, (_, v) in enumerate(o[4]) if abs(k - j) == 1]
-                    assert abs(qv - ov) <= 1e-2 and (qt == ot or any(abs(v - ov) <= 2e-2 for v in near))
+                    # the last rank's tie may be with the first token past the list, which it does not show
+                    last = j == len(o[4]) - 1 and qt not in [t for t, _ in o[4]]
+                    assert abs(qv - ov) <= 1e-2 and (qt == ot or last or any(abs(v - ov) <= 2e-2 for v in near))
     assert any(ev[2] == "stop" for ev in one[2]) and len(one[3]) == 1 and one[1][0][4] is not None
     assert 0 <= json.loads("".join(ev[1] for ev in one[9]))["n"] <= 99
     assert eng.blocks.free_blocks == eng.blocks.num_blocks
