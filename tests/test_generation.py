@@ -394,6 +394,18 @@ def test_a_top_p_too_small_for_f32_keeps_the_likeliest_token(smollm2):
     assert tiny.tokens == greedy.tokens and all(0 <= t < smollm2.vocab for t in tiny.tokens)
 
 
+def test_a_repetition_penalty_too_small_for_f32_still_samples(smollm2):
+    """A repetition penalty that is 0 in f32 had turned the logits of seen tokens infinite: every
+    draw, whatever the temperature and seed, was the lowest seen token id (a chat's "<|im_start|>").
+    It is taken as the least penalty f32 divides by finitely, with that penalty's tokens."""
+    prompt = "The capital of France is"
+    least = [smollm2.complete([prompt], SamplingParams(temperature=0.8, repetition_penalty=1e-30, max_tokens=6, seed=s))[0].tokens for s in (1, 2)]
+    tiny = [smollm2.complete([prompt], SamplingParams(temperature=0.8, repetition_penalty=1e-300, max_tokens=6, seed=s))[0].tokens for s in (1, 2)]
+    assert tiny == least and all(0 <= t < smollm2.vocab for seq in tiny for t in seq)
+    seen = set(smollm2.encode(prompt, raw=True))
+    assert any(t != min(seen) for seq in tiny for t in seq), tiny
+
+
 def test_a_second_thread_generating_on_a_handle_is_refused(smollm2):
     """The engine serves one thread at a time: two threads stepping it at once had crashed the
     process (SIGSEGV in the CPU executor). The second is told so; the first is undisturbed."""

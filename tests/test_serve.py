@@ -15,7 +15,8 @@ import pytest
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from poot.testing.server import ServerFailed, metrics, start_server, stop_server, wait_idle  # noqa: E402 - after the skips
+from poot.serve.tools import forced_call_schema  # noqa: E402 - after the skips
+from poot.testing.server import ServerFailed, metrics, start_server, stop_server, wait_idle  # noqa: E402
 
 KEY = "test-key-123"
 
@@ -155,6 +156,50 @@ def test_tool_calls_are_parsed(client):
     assert after.choices[0].message.content or after.choices[0].message.tool_calls
 
 
+def test_a_required_call_follows_tool_schemas_with_their_own_definitions(client):
+    """Parameters that name their parts in ``$defs`` or ``definitions`` (what pydantic writes)
+    constrain a required or named call as they do the tool's own schema (their pointers had resolved
+    against the call's wrapper: a 400); a reference to the schema itself ("#") is re-rooted too."""
+    city = {"type": "string", "enum": ["Paris", "Rome"]}
+    tools = [
+        {
+            "type": "function",
+            "function": {
+                "name": "get_w",
+                "parameters": {
+                    "type": "object",
+                    "$defs": {"City": city},
+                    "properties": {"city": {"$ref": "#/$defs/City"}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        {
+            "type": "function",
+            "function": {
+                "name": "get_t",
+                "parameters": {
+                    "type": "object",
+                    "definitions": {"City": city},
+                    "properties": {"city": {"$ref": "#/definitions/City"}},
+                    "required": ["city"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+    ]
+    msgs = [{"role": "user", "content": "What is the weather in Paris?"}]
+    for choice in ("required", {"type": "function", "function": {"name": "get_t"}}):
+        r = client.chat.completions.create(model="SmolLM2", messages=msgs, tools=tools, tool_choice=choice, max_tokens=60, temperature=0)
+        assert r.choices[0].finish_reason == "tool_calls", r.choices[0]
+        call = r.choices[0].message.tool_calls[0].function
+        assert json.loads(call.arguments)["city"] in ("Paris", "Rome") and (call.name == "get_t" or choice == "required"), call
+    tree = {"type": "object", "properties": {"leaf": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}}}
+    schema = forced_call_schema({"tree": tree}, None)
+    assert schema["properties"]["arguments"] == {"$ref": "#/$defs/tree"} and schema["$defs"]["tree"]["properties"]["kids"]["items"] == {"$ref": "#/$defs/tree"}
+
+
 def test_thirty_two_streams_with_disconnects(client, server):
     def one(i: int) -> tuple[int, str, str | None]:
         stream = client.chat.completions.create(
@@ -220,6 +265,11 @@ def test_errors_have_the_right_status_and_body(server, client):
         (dict(body=ok, key="wrong"), 401, "API key"),
         (dict(body={**ok, "model": "gpt-9"}), 404, "gpt-9"),
         (dict(body={**ok, "logit_bias": {"x": 1}}), 400, "logit_bias"),
+        # sizes whose work is the whole batch's: a bias weighed against every vocabulary entry, a
+        # stop string's matcher built on the scheduling thread (they had slowed other requests 30x)
+        (dict(body={**ok, "logit_bias": {str(i): 0.5 for i in range(301)}}), 400, "logit_bias"),
+        (dict(body={**ok, "stop": "x" * 4097}), 400, "stop"),
+        (dict(body={**ok, "stop": [".", "y" * 4097]}), 400, "stop"),
         (dict(body={**ok, "messages": [{"role": "wizard", "content": "hi"}]}), 400, "messages[0].role must be one of"),
         (dict(body={**ok, "max_tokens": True}), 400, "max_tokens"),
         (dict(raw=b'{"model": "SmolLM2", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}'), 400, "finite"),

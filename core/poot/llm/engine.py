@@ -51,6 +51,7 @@ def _pow2(n: int) -> int:
 GREEDY_BELOW = 1e-30
 _F32_MAX = float(np.finfo(np.float32).max)
 _F32_TINY = float(np.finfo(np.float32).tiny)  # the least top_p: a smaller one is 0 in f32, and keeps no token
+REPETITION_MIN = 1e-30  # the least repetition penalty: seen tokens' logits divided by it stay finite in f32
 
 
 @dataclass
@@ -450,7 +451,8 @@ class Engine:
             d["top_k"][r] = min(p.top_k, self.vocab)  # (any k past the vocabulary keeps every token)
             d["top_p"][r] = max(p.top_p, _F32_TINY)  # (the smallest keeps the likeliest token, as any top_p > 0)
             d["min_p"][r] = p.min_p
-            d["repetition"][r] = min(p.repetition_penalty, _F32_MAX)
+            # (from below too: a penalty that is 0 in f32 turns seen tokens' logits infinite)
+            d["repetition"][r] = min(max(p.repetition_penalty, REPETITION_MIN), _F32_MAX)
             d["presence"][r] = p.presence_penalty
             d["frequency"][r] = p.frequency_penalty
             d["seeds"][r] = s.seed

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, Strict
+from pydantic import BaseModel, ConfigDict, Field, Strict, StringConstraints
 
 __all__ = ["ApiError", "error_body", "StreamOptions", "CompletionRequest", "ChatRequest", "ResponseFormat"]
 
@@ -33,6 +33,9 @@ class _Body(BaseModel):
 
 Int = Annotated[int, Strict()]  # an integer as JSON writes it: true is no max_tokens of 1
 MAX_STOPS = 64  # stop strings a request (OpenAI takes 4): each is matched against every new token
+MAX_STOP_CHARS = 4096  # characters a stop string: its matcher is built on the scheduling thread
+MAX_LOGIT_BIAS = 300  # tokens a request's logit_bias (as OpenAI's): each is weighed against every vocabulary entry of the step
+StopString = Annotated[str, StringConstraints(max_length=MAX_STOP_CHARS)]
 
 
 class StreamOptions(_Body):
@@ -44,7 +47,7 @@ class _Sampling(_Body):
     n: Int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
+    stop: StopString | Annotated[list[StopString], Field(max_length=MAX_STOPS)] | None = None
     temperature: float | None = Field(None, ge=0, le=2)
     top_p: float | None = Field(None, gt=0, le=1)
     top_k: Int | None = Field(None, ge=0)
@@ -53,7 +56,7 @@ class _Sampling(_Body):
     seed: Int | None = None
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
-    logit_bias: dict[str, float] | None = None
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     max_tokens: Int | None = Field(None, ge=1)
     user: str | None = None
 

@@ -56,18 +56,30 @@ def tool_system_prompt(tools: Sequence[Mapping[str, Any]]) -> str:
 
 def forced_call_schema(functions: Mapping[str, Mapping[str, Any]], name: str | None) -> dict[str, Any]:
     """The JSON a required call must be: {"name": ..., "arguments": {...}} for one of ``functions``
-    (or for ``name`` only)."""
+    (or for ``name`` only). Each tool's parameters go whole under ``$defs`` (by its name, which
+    needs no escaping in a JSON pointer), their local references ("#", "#/$defs/...",
+    "#/definitions/...") re-rooted there, so they resolve as in the tool's own schema."""
     names = [name] if name is not None else list(functions)
     options = [
         {
             "type": "object",
-            "properties": {"name": {"const": n}, "arguments": dict(functions[n])},
+            "properties": {"name": {"const": n}, "arguments": {"$ref": f"#/$defs/{n}"}},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
         for n in names
     ]
-    return options[0] if len(options) == 1 else {"anyOf": options}
+    root = options[0] if len(options) == 1 else {"anyOf": options}
+    return {**root, "$defs": {n: _rerooted(functions[n], f"#/$defs/{n}") for n in names}}
+
+
+def _rerooted(node: Any, base: str) -> Any:
+    """``node`` with every local ``$ref`` ("#..."), at any depth, made relative to ``base``."""
+    if isinstance(node, Mapping):
+        return {k: base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rerooted(v, base) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_rerooted(v, base) for v in node]
+    return node
 
 
 def _call(obj: Any, functions: Mapping[str, Any]) -> dict[str, Any] | None:

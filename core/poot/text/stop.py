@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 __all__ = ["StopMatcher", "StopResult"]
 
@@ -63,8 +64,10 @@ class StopMatcher:
         return out
 
 
-def _failure(s: str) -> list[int]:
-    """KMP's failure function of ``s``: for each prefix, the length of its longest proper border."""
+@lru_cache(maxsize=256)
+def _failure(s: str) -> tuple[int, ...]:
+    """KMP's failure function of ``s``: for each prefix, the length of its longest proper border.
+    Kept for the strings asked for lately: a request's sequences (``n``, several prompts) share them."""
     fail = [0] * len(s)
     k = 0
     for i in range(1, len(s)):
@@ -73,4 +76,4 @@ def _failure(s: str) -> list[int]:
         if s[i] == s[k]:
             k += 1
         fail[i] = k
-    return fail
+    return tuple(fail)
