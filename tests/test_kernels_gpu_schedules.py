@@ -651,6 +651,40 @@ def _decode_case(rng, hq, hkv, d, bs=16):
     )
 
 
+def _merged(out, pm, pl, t, hq, d, splits):  # type: ignore[no-untyped-def]
+    """The decode kernel's output: as written with one share, else its shares merged by ``attention_merge``."""
+    if splits == 1:
+        return out
+    final = poisoned((t, hq, d))
+    run_host(
+        attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=min(d, 128)),
+        (t * hq,),
+        {"part_acc": out, "part_m": pm, "part_l": pl, "out": final},
+        {"dv": d},
+    )
+    return final
+
+
+def _decode_reference(data, causal, window, softcap, scale):  # type: ignore[no-untyped-def]
+    """The graph evaluator's attention of a ``_decode_case``."""
+    b = GraphBuilder()
+    ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in data.items()}
+    y = b.attention(
+        ins["q"],
+        ins["k"],
+        ins["v"],
+        positions=ins["positions"],
+        seq_ids=ins["seq_ids"],
+        ctx_lens=ins["ctx_lens"],
+        block_tables=ins["block_tables"],
+        causal=causal,
+        window=window or None,
+        softcap=softcap or None,
+        scale=scale,
+    )
+    return evaluate(b.build({"y": y}), data)["y"]
+
+
 @gpu_only
 @pytest.mark.parametrize("splits", [1, 8])
 @pytest.mark.parametrize("mask", ["causal", "window+softcap", "full"])
@@ -685,31 +719,8 @@ def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt,
         bufs,
         {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": scale, "window": window, "softcap": softcap},
     )
-    if splits > 1:
-        final = poisoned((t, hq, d))
-        run_host(
-            attn_lib.attention_merge.instantiate(SPLITS=splits, BLOCK=min(d, 128)),
-            (t * hq,),
-            {"part_acc": out, "part_m": pm, "part_l": pl, "out": final},
-            {"dv": d},
-        )
-        out = final
-    b = GraphBuilder()
-    ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in data.items()}
-    y = b.attention(
-        ins["q"],
-        ins["k"],
-        ins["v"],
-        positions=ins["positions"],
-        seq_ids=ins["seq_ids"],
-        ctx_lens=ins["ctx_lens"],
-        block_tables=ins["block_tables"],
-        causal=causal,
-        window=window or None,
-        softcap=softcap or None,
-        scale=scale,
-    )
-    want = evaluate(b.build({"y": y}), data)["y"]
+    out = _merged(out, pm, pl, t, hq, d, splits)
+    want = _decode_reference(data, causal, window, softcap, scale)
     assert np.isfinite(out).all(), "an output element was never written"
     np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
     if splits == 1:  # the output also as the dp4a GEMVs' two int8 terms: those of its own f32 output
@@ -724,3 +735,46 @@ def test_decode_attention_a_warp_per_position(rng, splits, mask, d, hq, hkv, pt,
         np.testing.assert_array_equal(out8, out)
         assert np.isfinite(xds).all() and (xq != np.iinfo(np.int32).min).all() and (xr != np.iinfo(np.int32).min).all(), "a word was never written"
         check_q8x2(out8.reshape(t, hq * d), xq, xr, xds)
+
+
+@gpu_only
+@pytest.mark.parametrize("splits", [1, 8])
+@pytest.mark.parametrize("mask", ["causal", "window+softcap"])
+@pytest.mark.parametrize("d,hq,hkv,group", [(128, 8, 2, 4), (64, 12, 3, 2)])
+@pytest.mark.parametrize("warps", [4, 16])
+def test_decode_attention_grouped_heads(rng, splits, mask, d, hq, hkv, group, warps):
+    """``attention_decode(group=G)``: a workgroup scores G query heads of one key/value head, each
+    row loaded once for them, and gives each head the bits the one-head kernel gives it (the same
+    sums in the same order), which match the graph evaluator's attention over paged f16 pools."""
+    data, bs, mb = _decode_case(rng, hq, hkv, d)
+    pools, data = pools_as(data, "f16")
+    t = len(data["seq_ids"])
+    causal, window, softcap = True, 300 if "window" in mask else 0, 2.5 if "softcap" in mask else 0.0
+    sc = {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": 0.3, "window": window, "softcap": softcap}
+    ins = {"q": data["q"], **pools, **{n: data[n] for n in ("positions", "seq_ids", "ctx_lens", "block_tables")}}
+    outs = []
+    for g, heads in ((group, hq // group), (1, hq)):
+        out, pm, pl = poisoned((t, hq, splits * d)), poisoned((t * hq * splits,)), poisoned((t * hq * splits,))
+        run_host(
+            attention_decode(d, causal, splits, "f16", warps, softcap=softcap > 0, group=g),
+            (t, heads, splits),
+            {**ins, "out": out, "part_m": pm, "part_l": pl},
+            sc,
+        )
+        written = (out, pm, pl) if splits > 1 else (out,)  # (one share: no partial maxima or sums)
+        assert all(np.isfinite(a).all() for a in written), f"group {g}: an output element was never written"
+        outs.append((out, pm, pl))
+    for a, b in zip(*outs):
+        np.testing.assert_array_equal(a, b)
+    out = _merged(*outs[0], t, hq, d, splits)
+    np.testing.assert_allclose(out, _decode_reference(data, causal, window, softcap, 0.3), rtol=1e-4, atol=1e-5)
+
+
+def test_decode_attention_group_refusals():
+    """A group of heads other than 1, 2 or 4, or beside the quantized output, is refused by name."""
+    with pytest.raises(ValueError, match="group of 1, 2 or 4"):
+        attention_decode(128, group=3)
+    with pytest.raises(ValueError, match="group of 1, 2 or 4"):
+        attention_decode(128, group=8)
+    with pytest.raises(ValueError, match="one head a workgroup"):
+        attention_decode(128, q8=True, group=2)

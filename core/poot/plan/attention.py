@@ -140,6 +140,21 @@ SPLITS = 8
 # decode attention of up to this many (token, query head) pairs takes ``attention_decode``'s wide
 # workgroups (``DECODE_WARPS``: few fit an SM); more take four warps a workgroup (several an SM)
 DECODE_WIDE_PAIRS = 128
+# beyond those, query heads that share a key/value head are scored by one workgroup, up to this many
+# (``attention_decode``'s ``group``: each key and value row loaded once for them, not once a head);
+# 1 until the grouped kernel is timed on a GPU (bench/gpu_llama8b.py --set
+# poot.plan.attention.DECODE_GROUP=4 measures both)
+DECODE_GROUP = 1
+
+
+def decode_group(hq: int, hkv: int) -> int:
+    """Query heads one decode workgroup scores beyond ``DECODE_WIDE_PAIRS`` pairs: the largest
+    power of two up to ``DECODE_GROUP`` (4 at most: the kernel's registers) that divides the heads
+    sharing a key/value head."""
+    g = 4 if DECODE_GROUP >= 4 else 2 if DECODE_GROUP >= 2 else 1
+    while g > 1 and (hq // hkv) % g:
+        g //= 2
+    return g
 
 
 def attention_launches_gpu(
@@ -197,34 +212,50 @@ def attention_launches_gpu(
     parts, merge = _context_splits(n, a, plan, tokens, split_when, min(block, 128))
     split = [Launch(n, split_k, {**a.buffers, **parts}, lambda env: (tokens(env), a.hq, SPLITS), scalars, split_when), merge]
     per_token.when = When(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}", lambda env: decode(env) and not long(env))
+    few = lambda env: tokens(env) * a.hq <= DECODE_WIDE_PAIRS  # noqa: E731
+    group = decode_group(a.hq, a.hkv)
+
+    def narrow(doc: str, base: Callable[[Env], bool]) -> list[Launch]:
+        """Decode of more (token, head) pairs than ``DECODE_WIDE_PAIRS``, under ``base``: a workgroup
+        scores the ``group`` query heads of one key/value head, with 16, 8 or 4 warps as its
+        workgroups are few or many (a context's chain of loads is shorter with more warps; many
+        workgroups fill the GPU without them); four warps a head where heads share none."""
+        tiers = ((DECODE_WIDE_PAIRS, 16), (2 * DECODE_WIDE_PAIRS, 8), (0, 4)) if group > 1 else ((0, 4),)
+        out, lo = [], 0
+        for hi, warps in tiers:
+            kern = attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, warps=warps, softcap=bool(spec.softcap), group=group)
+            within = (lambda env, lo=lo, hi=hi: lo < tokens(env) * a.hq // group <= hi) if hi else (lambda env, lo=lo: tokens(env) * a.hq // group > lo)
+            span = f"{lo} < tokens x heads / {group} <= {hi}" if hi else f"tokens x heads / {group} > {lo}"
+            out.append(
+                Launch(
+                    n,
+                    kern,
+                    bufs,
+                    lambda env: (tokens(env), a.hq // group, 1),
+                    scalars,
+                    When(
+                        f"{doc}, tokens x heads > {DECODE_WIDE_PAIRS}" + (f", {span}" if group > 1 else ""),
+                        lambda env, within=within: base(env) and not few(env) and within(env),
+                    ),
+                )
+            )
+            lo = max(hi, DECODE_WIDE_PAIRS // group)
+        return out
+
     if warp_decode:  # few (token, head) pairs: wide workgroups, a whole short context's loads in flight at once
-        few = lambda env: tokens(env) * a.hq <= DECODE_WIDE_PAIRS  # noqa: E731
-        narrow = Launch(
-            n,
-            attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, warps=4, softcap=bool(spec.softcap)),
-            bufs,
-            per_token.grid,
-            scalars,
-            When(
-                f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads > {DECODE_WIDE_PAIRS}",
-                lambda env: decode(env) and not long(env) and not few(env),
-            ),
-        )
         per_token.when = When(
             f"tokens < 8 * batch, context < {SPLIT_CONTEXT}, tokens x heads <= {DECODE_WIDE_PAIRS}", lambda env: decode(env) and not long(env) and few(env)
         )
-        split.append(narrow)
+        narrows = narrow(f"tokens < 8 * batch, context < {SPLIT_CONTEXT}", lambda env: decode(env) and not long(env))
+        split += narrows
         if quantizing is not None:  # the wide kernel can also write its output quantized for dp4a GEMVs (q8)
             quantizing[a.buffers["out"]] = (per_token, attn_gpu.attention_decode(a.dk, spec.causal, 1, a.pool_type, q8=True, softcap=bool(spec.softcap)), None)
     width = max(a.dk + a.dr, a.dv)
     bk = attn_lib.attention_blocks.instantiate(CAUSAL=spec.causal, QT=16, KT=16, D=64 if width <= 64 else 128, PT=a.pool_type)
     if width > 128 or sum(sh.size * 4 for sh in bk.shared) > limits.shared_bytes or limits.max_workgroup < 128:
         per_token.when = When(f"context < {SPLIT_CONTEXT} or many tokens", lambda env: not (decode(env) and long(env)))
-        if warp_decode:  # the wide workgroups for few pairs, four warps for the rest
-            split[-1].when = When(
-                f"(context < {SPLIT_CONTEXT} or many tokens), tokens x heads > {DECODE_WIDE_PAIRS}",
-                lambda env: not (decode(env) and long(env)) and not few(env),
-            )
+        if warp_decode:  # the wide workgroups for few pairs, the narrow ones for the rest
+            split[-len(narrows) :] = narrow(f"(context < {SPLIT_CONTEXT} or many tokens)", lambda env: not (decode(env) and long(env)))
             per_token.when = When(
                 f"(context < {SPLIT_CONTEXT} or many tokens), tokens x heads <= {DECODE_WIDE_PAIRS}", lambda env: not (decode(env) and long(env)) and few(env)
             )

@@ -312,10 +312,11 @@ def profiled_step(executor, graph, weights, rng: np.random.Generator) -> tuple[l
     return times, step, time.perf_counter() - t
 
 
-def attention_block_graph(pool_dtype: str = "f32", norm_reads_sum_late: bool = False, head_dim: int = 16):  # type: ignore[no-untyped-def]
+def attention_block_graph(pool_dtype: str = "f32", norm_reads_sum_late: bool = False, head_dim: int = 16, heads: int = 0, kv_heads: int = 0):  # type: ignore[no-untyped-def]
     """A graph x -> residual add -> RMSNorm -> attention block (q/k RoPE, KV writes into pools of
     ``pool_dtype``, heads of ``head_dim``) -> residual add -> RMSNorm, the passes run: what planner
-    tests plan. With ``norm_reads_sum_late`` the sum is also read before the norm."""
+    tests plan. With ``norm_reads_sum_late`` the sum is also read before the norm. ``heads`` query
+    heads (default: a width of 64) sharing ``kv_heads`` key/value heads (default: one each)."""
     from ..graph import GraphBuilder
     from ..graph.compose import AttentionConfig, AttentionWeights, KvState, attention_block, rms_norm
     from ..graph.dims import sym
@@ -323,12 +324,13 @@ def attention_block_graph(pool_dtype: str = "f32", norm_reads_sum_late: bool = F
     from ..graph.rope import RopeConfig
 
     b = GraphBuilder()
-    T, D, Dh = sym("tokens"), 64, head_dim
-    H = D // Dh
-    w = AttentionWeights(*(b.weight(k, "f32", [H * Dh, D] if k != "o" else [D, H * Dh]) for k in "qkvo"))
+    T, Dh = sym("tokens"), head_dim
+    H = heads or 64 // Dh
+    D, Hkv = H * Dh, kv_heads or H
+    w = AttentionWeights(*(b.weight(k, "f32", [(H if k == "q" else Hkv) * Dh, D] if k != "o" else [D, H * Dh]) for k in "qkvo"))
     kv = KvState(
-        b.input("kp", pool_dtype, [8, 4, H, Dh]),
-        b.input("vp", pool_dtype, [8, 4, H, Dh]),
+        b.input("kp", pool_dtype, [8, 4, Hkv, Dh]),
+        b.input("vp", pool_dtype, [8, 4, Hkv, Dh]),
         b.input("slots", "i32", [T]),
         b.input("pos", "i32", [T]),
         b.input("seq", "i32", [T]),
@@ -339,7 +341,7 @@ def attention_block_graph(pool_dtype: str = "f32", norm_reads_sum_late: bool = F
     outs = {}
     if norm_reads_sum_late:
         outs["early"] = b.exp(h)  # read before the norm: the add stays its own kernel
-    a, _, _ = attention_block(b, rms_norm(b, h, b.weight("n1", "f32", [D]), 1e-5), w, AttentionConfig(H, H, Dh, RopeConfig(Dh)), kv)
+    a, _, _ = attention_block(b, rms_norm(b, h, b.weight("n1", "f32", [D]), 1e-5), w, AttentionConfig(H, Hkv, Dh, RopeConfig(Dh)), kv)
     h2 = b.add(h, a)
     outs["y"] = rms_norm(b, h2, b.weight("n2", "f32", [D]), 1e-5)
     return PassManager(DEFAULT_PASSES).run(b.build(outs))

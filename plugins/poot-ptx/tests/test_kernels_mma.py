@@ -463,7 +463,13 @@ def test_prefill_attention_on_tensor_cores(rng, mask, d, hq, hkv, bs, pt):
 @pytest.mark.device_independent  # runs no kernel on POOT_TEST_DEVICE
 @pytest.mark.parametrize(
     "kern",
-    [attention_decode(128, True, 1, "f16"), attention_decode(64, True, 8, "f16"), attention_mma(128, pt="f16"), attention_mma(64, True, False, pt="f16")],
+    [
+        attention_decode(128, True, 1, "f16"),
+        attention_decode(64, True, 8, "f16"),
+        *(attention_decode(128, True, 1, "f16", warps, softcap=False, group=4) for warps in (4, 8, 16)),
+        attention_mma(128, pt="f16"),
+        attention_mma(64, True, False, pt="f16"),
+    ],
     ids=lambda k: k.name,
 )
 def test_gpu_attention_reads_f16_pools_as_halves(kern):
@@ -479,6 +485,37 @@ def test_gpu_attention_reads_f16_pools_as_halves(kern):
         assert regs * kern.threads <= 65536, f"{regs} registers a thread: a workgroup of {kern.threads} cannot launch"
     with pytest.raises(ValueError, match="f32 or f16"):
         attention_decode(128, pt="bf16")
+
+
+@pytest.mark.parametrize("splits", [1, 8])
+def test_grouped_decode_attention_gives_each_head_its_own_bits(rng, splits):
+    """``attention_decode(group=4)`` (a workgroup scoring the four query heads of one key/value
+    head, eight warps, as planned for Llama-3-8B at 65-128 tokens): each head's output, and with the
+    context split its partial maxima and sums, the bits the one-head kernel writes."""
+    hq, hkv, d, bs = 8, 2, 128, 16
+    ctx = np.array([1, 37, 150])
+    nb, mb, tables = paged_block_tables(rng, ctx, bs)
+    t = len(ctx)
+    k, v = (rng.standard_normal((nb, bs, hkv, d)).astype(np.float16) for _ in "kv")
+    ins = dict(
+        q=rng.standard_normal((t, hq, d)).astype(np.float32),
+        k_pool=k,
+        v_pool=v,
+        ks_pool=np.zeros(1, np.float16),
+        positions=(ctx - 1).astype(np.int32),
+        seq_ids=np.arange(t, dtype=np.int32),
+        ctx_lens=ctx.astype(np.int32),
+        block_tables=tables,
+    )
+    sc = {"hq": hq, "hkv": hkv, "dk": d, "dv": d, "dr": 0, "bs": bs, "mb": mb, "scale": 0.2, "window": 0, "softcap": 0.0}
+    outs = []
+    for group in (4, 1):
+        bufs = {**ins, "out": poisoned((t, hq, splits * d)), "part_m": poisoned((t * hq * splits,)), "part_l": poisoned((t * hq * splits,))}
+        _mma_run(attention_decode(d, True, splits, "f16", 8, softcap=False, group=group), (t, hq // group, splits), bufs, sc)
+        assert np.isfinite(bufs["out"]).all(), f"group {group}: an output element was never written"
+        outs.append(bufs)
+    for name in ("out", "part_m", "part_l") if splits > 1 else ("out",):
+        np.testing.assert_array_equal(outs[0][name], outs[1][name], err_msg=name)
 
 
 def _llama3_8b_one_row_gemvs() -> list:

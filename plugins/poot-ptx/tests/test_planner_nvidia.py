@@ -13,6 +13,7 @@ from poot.errors import Refusal
 from poot.graph import GraphBuilder
 from poot.graph.dims import sym
 from poot.plan import Limits, plan_graph
+from poot.plan import attention as plan_attention
 from poot.plan.memory import plan_storage
 from poot.profile.costs import launch_costs
 from poot.testing.paged import attention_block_graph
@@ -90,7 +91,7 @@ def test_gpu_plans_pick_schedules_by_row_count_and_fuse_the_gated_mlp():
     assert "gemm_simt_bf16_K512_BK16" in [l.kernel.name for l in small.launches if l.when is None or l.when({"tokens": 9})]
 
 
-def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
+def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them(monkeypatch):
     """Prompts of 32+ new tokens on average (``MMA_FROM_TOKENS``) with heads of 64 or 128 values,
     given mma.sync: the tensor-core attention; decode there: a warp a position (over f32 or f16
     pools); otherwise the thread-a-position schedules."""
@@ -106,6 +107,19 @@ def test_attention_runs_on_tensor_cores_and_warps_where_the_heads_suit_them():
     assert names(wide, 62, 2)[0].startswith("attention_blocks")  # shorter prompts: the CUDA-core blocks
     assert names(wide, 2, 2) == ["attention_decode_D64_causal_S1_nocap"]  # decode: a warp a position, 16 warps a workgroup
     assert names(wide, 200, 200) == ["attention_decode_D64_causal_S1_W4_nocap"]  # many (token, head) pairs: four warps, several an SM
+    # grouped-query heads (8 sharing 2): beyond 128 (token, head) pairs one head a workgroup, or with
+    # DECODE_GROUP 4 a workgroup scores the 4 query heads of a key/value head, with fewer warps as
+    # its workgroups are more
+    gqa_graph = attention_block_graph(pool_dtype="f16", head_dim=64, heads=8, kv_heads=2)
+    assert names(nvidia_plan(gqa_graph, gpu=True, limits=mma), 200, 200) == ["attention_decode_D64_causal_S1_W4_nocap_PTf16"]
+    monkeypatch.setattr(plan_attention, "DECODE_GROUP", 4)
+    gqa = nvidia_plan(gqa_graph, gpu=True, limits=mma)
+    assert names(gqa, 16, 16) == ["attention_decode_D64_causal_S1_nocap_PTf16"]  # 128 pairs: one head a wide workgroup
+    assert names(gqa, 17, 17) == names(gqa, 64, 64) == ["attention_decode_D64_causal_S1_G4_nocap_PTf16"]  # 34-128 workgroups of four heads: 16 warps
+    assert names(gqa, 65, 65) == names(gqa, 128, 128) == ["attention_decode_D64_causal_S1_W8_G4_nocap_PTf16"]  # 130-256: eight
+    assert names(gqa, 200, 200) == ["attention_decode_D64_causal_S1_W4_G4_nocap_PTf16"]  # 400 workgroups: four warps each
+    grid = next(l for l in gqa.launches if l.kernel.name.endswith("W4_G4_nocap_PTf16")).grid({"tokens": 200, "batch": 200})
+    assert tuple(grid) == (200, 2, 1), grid
     narrow = nvidia_plan(attention_block_graph(), gpu=True, limits=mma)  # heads of 16: the CUDA-core schedules
     assert names(narrow, 128, 2)[0].startswith("attention_blocks") and names(narrow, 2, 2)[0].startswith("attention_BLOCK")
     plain = plan_graph(attention_block_graph(head_dim=64), gpu=True, limits=Limits(1024, 48 * 1024, subgroup=32))  # 32 lanes, no mma.sync (Vulkan on NVIDIA)
