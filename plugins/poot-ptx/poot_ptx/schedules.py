@@ -199,6 +199,10 @@ IMMA_Q6_K = {1: (1, 8, True, 2), 2: (1, 4, True, 2), 4: (1, 8, True, 1), 8: (1, 
 IMMA_XS = {"q4_k": IMMA_Q4_K, "q6_k": IMMA_Q6_K}
 IMMA_TF32_MINS = (8,)
 IMMA_SMS = 132
+# K split's parts added by the last of a tile's workgroups (``summed``) instead of a ``sum_parts``
+# launch: the same bits (tested through the interpreter); off until it is timed and its cases run
+# on a GPU (bench/gpu_llama8b.py --set poot_ptx.schedules.IMMA_SUMMED=True measures both)
+IMMA_SUMMED = False
 _IMMA_BLOCKS = {"q4_k": 256, "q6_k": 512}  # what K must be a multiple of
 
 
@@ -222,7 +226,9 @@ def _imma_launches(
     """Matmul ``n`` of 5 to ``IMMA_ROWS`` rows on the integer tensor cores: x quantized once
     (``quant``), then the weight type's staged GEMM in regimes of 1, 2, 4 and 8 row tiles (fewer, in
     more workgroups, where x's rows would not fit the device's workgroup memory), K split in parts
-    (added by ``sum_parts``) where the output's tiles are too few to fill the GPU. With
+    where the output's tiles are too few to fill the GPU, added by ``sum_parts`` (with
+    ``IMMA_SUMMED``, by the last of a tile's workgroups: ``summed``, its arrival counts a zeroed
+    array of the launch's own). With
     ``siblings`` (``n`` first among them: products of one x by weights of one type and K), all of
     them in one launch a regime (``parts``; ``_fusable`` says when), ``nn`` their features."""
     q = n.inputs[1].dtype.name
@@ -242,14 +248,22 @@ def _imma_launches(
         parts = next((p for p in (8, 4, 2) if tiles * p <= IMMA_SMS * per_sm and kk // _IMMA_BLOCKS[q] % p == 0 and nn % 4 == 0), 1)
         # at matmul precision "medium" x's first int8 term alone (about 8 bits a value, as llama.cpp's)
         terms = 1 if limits.matmul_precision == "medium" else 2
-        k = make(kk, ft, rt, wn, parts, pipe, parts=sizes, terms=terms, **({"tensor_mins": True} if q == "q4_k" and rt in IMMA_TF32_MINS else {}))
+        # K split: with IMMA_SUMMED the last of a tile's workgroups adds the parts, else sum_parts
+        mins = {"tensor_mins": True} if q == "q4_k" and rt in IMMA_TF32_MINS else {}
+        summed = parts > 1 and IMMA_SUMMED
+        k = make(kk, ft, rt, wn, parts, pipe, parts=sizes, terms=terms, summed=summed, **mins)
         grid = lambda env, rt=rt, tiles=tiles, parts=parts: (-(-rows(env) // (8 * rt)), tiles, parts)  # noqa: E731
-        when = between(lo, IMMA_ROWS if hi is None or hi > IMMA_ROWS else hi, rows)
+        top = IMMA_ROWS if hi is None or hi > IMMA_ROWS else hi
+        when = between(lo, top, rows)
         label = f"{len(siblings)} matmuls" if siblings else ""
         if parts == 1:
             out.append(Launch(n, k, {**xq, **ws, **ys}, grid, sc, when, label=label))
             continue
         area = quant.plan.add_scratch(lambda env, parts=parts: parts * rows(env) * nn)
+        if summed:
+            counts = np.zeros(-(-top // (8 * rt)) * tiles, np.int32)  # a tile's arrivals: zero between launches
+            out.append(Launch(n, k, {**xq, **ws, **ys, "p": area, "counts": counts}, grid, sc, when, label=label))
+            continue
         out += [
             Launch(n, k, {**xq, **ws, "y": area}, grid, sc, when, label=label),
             _sum_parts(n, parts, area, ys if sizes else bufs["y"], rows, nn, when, sizes),

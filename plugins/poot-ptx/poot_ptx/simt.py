@@ -178,7 +178,15 @@ class _Group:
             elif isinstance(st, K.AtomicAdd):
                 arr = self.mem[st.buffer]
                 i = self.idx(st.index, mask, arr.size, st.buffer)
-                np.add.at(arr, i[mask], self.ev(st.value, mask)[mask].astype(arr.dtype))
+                val = self.ev(st.value, mask)
+                if st.old:  # the value each thread's add found, the threads' adds in order
+                    before = np.zeros(self.t, arr.dtype)
+                    for t in np.flatnonzero(mask):
+                        before[t] = arr[i[t]]
+                        arr[i[t]] += val[t].astype(arr.dtype)
+                    self.vars[st.old] = before
+                else:
+                    np.add.at(arr, i[mask], val[mask].astype(arr.dtype))
             elif isinstance(st, Mma):
                 self.mma(st, mask)
             elif isinstance(st, WgmmaRegA):

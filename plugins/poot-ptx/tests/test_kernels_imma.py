@@ -118,6 +118,20 @@ def test_imma_gemm_sums_q4_k_quants_against_x_in_two_int8_terms(rng, k, ft, rt, 
     _check_q4_k_product(y, raw, x, xb)
 
 
+def _summed_gives_the_same_bits(kern, grid: tuple[int, int, int], bufs: dict, scalars: dict, want: dict) -> None:
+    """``kern`` (a K-split GEMM with ``summed``: the last of a tile's workgroups adds the parts)
+    writes outputs ``want`` (name -> the array ``sum_parts`` gave) bit for bit, twice over the same
+    arrival counts, which it leaves at zero for the next launch."""
+    assert kern.name.endswith("_R"), kern.name
+    counts = np.zeros(grid[0] * grid[1], np.int32)
+    for _ in range(2):
+        ys = {name: poisoned(a.shape) for name, a in want.items()}
+        _run(kern, grid, {**bufs, **ys, "p": poisoned((grid[2], *next(iter(want.values())).shape[:1], scalars["n"])), "counts": counts}, scalars)
+        for name, a in want.items():
+            assert np.array_equal(ys[name].view(np.int32), a.view(np.int32)), f"{name}: the kernel's own sums differ from sum_parts'"
+        assert not counts.any(), "arrival counts left for the next launch"
+
+
 # (k, ft, rt, wn, ksplit, pipelined, m, n): on the device the planner's shapes at Llama-3-8B's widths
 # too; through the interpreter small ones (a few workgroups), each regime of row tiles, K split and not
 _XS_SMALL = [
@@ -144,7 +158,7 @@ _XS_DEVICE = [
 @pytest.mark.parametrize("tensor_mins", [True, False], ids=["tf32-mins", "fma-mins"])
 def test_imma_gemm_with_x_in_workgroup_memory_matches(rng, k, ft, rt, wn, ks, pipe, m, n, tensor_mins):
     """``gemm_imma_q4_k_xs``: ``_check_q4_k_product``; with K split, its parts added by ``sum_parts``
-    in order; ``pipe``: each block's weights loaded during the block before. The block's mins one
+    in order, and by the kernel itself (``summed``) to the same bits; ``pipe``: each block's weights loaded during the block before. The block's mins one
     tf32 product a tile (planned at 33-64 rows), or a multiply-add an output a sub-block."""
     raw, x, xb = _q4_k_case(rng, m, n, k)
     parts = poisoned((ks, m, n))
@@ -156,6 +170,8 @@ def test_imma_gemm_with_x_in_workgroup_memory_matches(rng, k, ft, rt, wn, ks, pi
     else:
         y = poisoned((m, n))
         _run(sum_parts(ks), (-(-m * n // 4 // 256),), {"p": parts, "y": y}, {"count": m * n})
+        summed = gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe, tensor_mins=tensor_mins, summed=True)
+        _summed_gives_the_same_bits(summed, grid, {**xb, "w": raw.view(np.int32).reshape(-1)}, {"m": m, "n": n}, {"y": y})
     _check_q4_k_product(y, raw, x, xb)
 
 
@@ -213,6 +229,8 @@ def test_imma_gemm_of_several_weights_matches_each_alone(rng, k, ft, rt, wn, ks,
         scratch = poisoned((ks, m, total))
         _run(kern, grid, {**xb, **ws, "y": scratch}, {"m": m, "n": total})
         _run(sum_parts(ks, tuple(sizes)), (-(-m * total // 4 // 256),), {"p": scratch, **{f"y{i}": y for i, y in enumerate(ys)}}, {"count": m * total})
+        summed = gemm_imma_q4_k_xs(k, ft, rt, wn, ks, pipe, parts=tuple(sizes), tensor_mins=tensor_mins, summed=True)
+        _summed_gives_the_same_bits(summed, grid, {**xb, **ws}, {"m": m, "n": total}, {f"y{i}": y for i, y in enumerate(ys)})
     for raw, y, n in zip(raws, ys, sizes, strict=True):
         _check_q4_k_product(y, raw, x, xb)
         alone = poisoned((ks, m, n))
@@ -359,6 +377,10 @@ def test_imma_q6_k_gemm_of_several_weights_gives_each_alones_bits(rng, ks):
         scratch = poisoned((ks, m, total))
         _run(kern, grid, {**xb, **{f"w{i}": w for i, w in enumerate(words)}, "y": scratch}, {"m": m, "n": total})
         _run(sum_parts(ks, sizes), (-(-m * total // 4 // 256),), {"p": scratch, **{f"y{i}": y for i, y in enumerate(ys)}}, {"count": m * total})
+        summed = gemm_imma_q6_k_xs(k, ft, rt, wn, ks, True, parts=sizes, summed=True)
+        _summed_gives_the_same_bits(
+            summed, grid, {**xb, **{f"w{i}": w for i, w in enumerate(words)}}, {"m": m, "n": total}, {f"y{i}": y for i, y in enumerate(ys)}
+        )
     for w, y, n in zip(words, ys, sizes, strict=True):
         alone = poisoned((ks, m, n))
         _run(gemm_imma_q6_k_xs(k, ft, rt, wn, ks, True), (grid[0], n // width, ks), {**xb, "w": w, "y": alone}, {"m": m, "n": n})

@@ -370,6 +370,37 @@ def test_packed_weights_reach_tensor_cores_dequantized_to_bf16(monkeypatch):
     assert [l.kernel.name.split("_K")[0] for l in launches("high", 300)[1]] == ["split_bf16x2", "gemm_warp_q4_k", "gemm_warp_q6_k", "gemm_simt_q8_0"]
 
 
+def test_k_split_integer_gemms_add_their_own_parts_with_imma_summed(monkeypatch):
+    """With ``IMMA_SUMMED`` a K-split integer GEMM adds its parts itself ("_R": the last of a tile's
+    workgroups), with no ``sum_parts`` launch: the parts in scratch, the sums in the outputs (q, k
+    and v divided among theirs), the tiles' arrival counts a zeroed array of the launch's own, one
+    word a tile of the regime's most rows. Unsplit launches are unchanged."""
+    monkeypatch.setattr(nvidia_schedules, "IMMA_SUMMED", True)
+    b = GraphBuilder()
+    x, x2 = (b.input(nm, "f32", [sym("tokens"), 512]) for nm in ("x", "x2"))
+    outs = {n: b.linear(x, b.weight(f"w{n}", "q4_k", [size, 512])) for n, size in (("q", 512), ("k", 256), ("v", 256))}
+    graph = b.build({**outs, "y": b.linear(x2, b.weight("wy", "q4_k", [768, 512]))})
+    hopper = Limits(1024, 48 * 1024, subgroup=32, matrix=frozenset({"mma.sync.bf16", "wgmma"}), dynamic_shared=227 * 1024)
+    plan = nvidia_plan(graph, device="cuda:0", gpu=True, limits=hopper)
+    at = lambda t: [l for l in plan.launches if l.when is None or l.when({"tokens": t})]  # noqa: E731
+    nine = at(9)
+    assert not any(l.kernel.name.startswith("sum_parts") for l in nine), [l.kernel.name for l in nine]
+    split = [l for l in nine if l.kernel.name.startswith("gemm_imma")]
+    assert sorted(l.kernel.name for l in split) == ["gemm_imma_q4_k_xs_K512_1x2_W8_S2_pipe_P512_256_256_R", "gemm_imma_q4_k_xs_K512_1x2_W8_S2_pipe_R"]
+    qkv, one = sorted(split, key=lambda l: l.kernel.name)
+    assert one.buffers["p"] in plan.scratch and one.buffers["y"] not in plan.scratch
+    assert all(qkv.buffers[f"y{i}"] not in plan.scratch for i in range(3)) and qkv.buffers["p"] in plan.scratch
+    for launch, tiles in ((one, 6), (qkv, 8)):  # 128 features a workgroup
+        counts = launch.buffers["counts"]
+        assert counts.dtype == np.int32 and counts.shape == (1 * tiles,) and not counts.any()  # 16 rows a tile up to 16
+        assert tuple(launch.grid({"tokens": 16}))[:2] == (1, tiles)
+    assert one.buffers["counts"] is not qkv.buffers["counts"]
+    monkeypatch.setattr(nvidia_schedules, "IMMA_SUMMED", False)
+    plain = nvidia_plan(graph, device="cuda:0", gpu=True, limits=hopper)
+    names = [l.kernel.name for l in plain.launches if l.when is None or l.when({"tokens": 9})]
+    assert "sum_parts_2" in names and "gemm_imma_q4_k_xs_K512_1x2_W8_S2_pipe" in names
+
+
 def test_q_k_and_v_of_5_to_64_rows_take_one_integer_gemm_launch():
     """Products of one x by Q4_K weights whose features are whole workgroups (q, k and v): from 5 to
     64 rows one integer GEMM launch a regime for all three (K split for their sum of features, one

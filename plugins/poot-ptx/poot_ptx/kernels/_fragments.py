@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from poot.backend import kir as K
-from poot.kernel.build import F32
+from poot.kernel.build import F32, I32
 from poot.kernel.build import add as _add
 from poot.kernel.build import b as _b
 from poot.kernel.build import c as _c
@@ -13,7 +13,7 @@ from poot.kernel.build import f as _f
 from poot.kernel.build import mul as _mul
 from poot.kernel.build import r as _r
 
-__all__ = ["mma_lanes", "by_parts", "staged_blocks", "warp_tiles_summed"]
+__all__ = ["mma_lanes", "by_parts", "parts_summed_by_last", "staged_blocks", "warp_tiles_summed"]
 
 
 def mma_lanes() -> list[K.Stmt]:
@@ -61,23 +61,72 @@ def by_parts(
     width: int,
     ksplit: int,
     params: tuple[K.Param, ...],
+    summed: bool = False,
 ) -> tuple[list[K.Stmt], tuple[K.Param, ...]]:
     """A staged GEMM's body and parameters for one weight (``parts`` empty: ``core("w", "y", None,
     None)`` after ``head``) or several of one x: ``core(weights, output, first feature, features)``
     for the part holding the workgroup's ``width`` features (a uniform branch), weights ``w0``,
     ``w1``, ... into ``y0``, ``y1``, ... (with K split, all into ``y``). ``params``: the one-weight
-    kernel's (x's three buffers, ``w``, ``y``, then scalars)."""
+    kernel's (x's three buffers, ``w``, ``y``, then scalars). ``summed`` (K split): the kernel adds
+    its parts itself (``parts_summed_by_last``): outputs as unsplit, after them the parts' scratch
+    ``p`` and the workgroups' arrival counts ``counts``."""
+    extra = (K.Buffer("p", F32, readonly=False), K.Buffer("counts", I32, readonly=False)) if summed and ksplit > 1 else ()
+    split_into_y = ksplit > 1 and not summed
     if not parts:
-        return head + core("w", "y", None, None), params
+        return head + core("w", "y", None, None), (*params[:5], *extra, *params[5:])
     body, first = list(head), 0
     for i, size in enumerate(parts):
         wg0 = _mul(K.Builtin("group_id", 1), width)
         inside = K.Bin("and", K.Bin("ge", wg0, _c(first)), K.Bin("lt", wg0, _c(first + size)))
-        body.append(K.If(inside, tuple(core(f"w{i}", "y" if ksplit > 1 else f"y{i}", first, size))))
+        body.append(K.If(inside, tuple(core(f"w{i}", "y" if split_into_y else f"y{i}", first, size))))
         first += size
     ws = tuple(K.Buffer(f"w{i}", params[3].dtype) for i in range(len(parts)))
-    ys = (K.Buffer("y", F32, readonly=False),) if ksplit > 1 else tuple(K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts)))
-    return body, (*params[:3], *ws, *ys, *params[5:])
+    ys = (K.Buffer("y", F32, readonly=False),) if split_into_y else tuple(K.Buffer(f"y{i}", F32, readonly=False) for i in range(len(parts)))
+    return body, (*params[:3], *ws, *ys, *extra, *params[5:])
+
+
+def parts_summed_by_last(rows: int, width: int, ksplit: int, threads: int, out: str, first: int | None, size: int | None) -> list[K.Stmt]:
+    """The end of a K-split workgroup that has stored its part of a ``rows`` x ``width`` tile into
+    ``p`` (at s m n + row n + feature): the tile's ``ksplit`` workgroups count their arrivals in
+    ``counts`` (one word a tile, zero between launches), and the last to arrive adds the parts in
+    order of s, as ``sum_parts`` does (the same bits), into ``out`` (with ``first``/``size``: the
+    part of ``size`` features from feature ``first``, rows of ``size``; else rows of ``n``), and
+    sets the count back to zero. The workgroup's stores meet a barrier, then thread 0 fences (release),
+    counts, fences again (acquire) and shares what it found, and a barrier orders that before the
+    last workgroup's loads (the pattern of a grid-wide barrier); n a multiple of 4 (the sums four features a load). Shared word
+    ``arrived_s``; every thread reaches it."""
+    tiles = _b("div", _add(_r("n"), width - 1), width)
+    tile = _add(_mul(K.Builtin("group_id", 0), tiles), K.Builtin("group_id", 1))
+    body: list[K.Stmt] = [
+        K.Barrier(),  # every thread's stores of the part ordered before thread 0's release
+        K.If(
+            K.Bin("eq", _r("tid"), _c(0)),
+            (K.Fence(), K.AtomicAdd("counts", tile, _c(1), old="arrived"), K.Fence(), K.Store("arrived_s", _c(0), _r("arrived"))),
+        ),
+        K.Barrier(),  # thread 0's acquire ordered before every thread's loads of the parts
+    ]
+    last: list[K.Stmt] = []
+    quads = width // 4  # four features a thread's load
+    stride = _r("n") if size is None else _c(size)
+    for u in range(-(-rows * quads // threads)):
+        v = f"_{u}"
+        e = _add(_r("tid"), u * threads) if u else _r("tid")
+        orow = _add(_mul(K.Builtin("group_id", 0), rows), _b("div", e, quads))
+        ocol = _add(_mul(K.Builtin("group_id", 1), width), _mul(_b("rem", e, quads), 4))
+        at = _add(_mul(_r(f"orow{v}"), _r("n")), _r(f"ocol{v}"))
+        each: list[K.Stmt] = [K.VecLoad(tuple(f"a{v}_{q}" for q in range(4)), "p", _r(f"at{v}"), F32)]
+        for sp in range(1, ksplit):
+            each.append(K.VecLoad(tuple(f"b{v}_{sp}_{q}" for q in range(4)), "p", _add(_mul(_mul(_r("m"), _r("n")), sp), _r(f"at{v}")), F32))
+            each += [K.Assign(f"a{v}_{q}", K.Bin("add", _r(f"a{v}_{q}", F32), _r(f"b{v}_{sp}_{q}", F32))) for q in range(4)]
+        col = _r(f"ocol{v}") if not first else _b("sub", _r(f"ocol{v}"), first)
+        each.append(K.VecStore(out, _add(_mul(_r(f"orow{v}"), stride), col), tuple(_r(f"a{v}_{q}", F32) for q in range(4))))
+        inside = K.Bin("and", K.Bin("lt", _r(f"orow{v}"), _r("m")), K.Bin("lt", _r(f"ocol{v}"), _r("n")))
+        if (u + 1) * threads > rows * quads:
+            inside = K.Bin("and", K.Bin("lt", e, _c(rows * quads)), inside)
+        last += [K.Let(f"orow{v}", orow), K.Let(f"ocol{v}", ocol), K.Let(f"at{v}", at), K.If(inside, tuple(each))]
+    last.append(K.If(K.Bin("eq", _r("tid"), _c(0)), (K.Store("counts", tile, _c(0)),)))
+    body.append(K.If(K.Bin("eq", K.Load("arrived_s", _c(0), I32), _c(ksplit - 1)), tuple(last)))
+    return body
 
 
 def staged_blocks(

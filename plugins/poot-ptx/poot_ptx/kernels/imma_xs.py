@@ -6,7 +6,8 @@ is in flight while this one is summed); each warp streams its own features' weig
 hands their quants to ``mma.sync`` m16n8k32 s8 against x's two int8 terms (``quantize_q8x2``'s
 buffers). A warp owns ``ft`` feature tiles (16 features each) by ``rt`` row tiles (8 rows each); a
 workgroup ``wn`` warps, so 16 ``ft`` ``wn`` features. With ``ksplit`` S > 1, K is split in S parts
-(grid z): part s of the sum goes to ``y`` at s m n for ``sum_parts`` to add. ``pipelined``: each
+(grid z): part s of the sum goes to ``y`` at s m n for ``sum_parts`` to add, or with ``summed``
+to ``p``, where the last of the tile's workgroups to finish adds the parts itself. ``pipelined``: each
 block's weights are loaded during the block before (twice the weight registers). Grid (ceil(m /
 (8 rt)), ceil(n / (16 ft wn)), S). ``groups``: workgroups an SM should hold at once (registers
 capped for them, ``Kernel.min_groups``; 0: as many as ptxas's allocation allows). ``terms`` 1: x's
@@ -35,6 +36,7 @@ from poot.kernel.build import r as _r
 from ..statements import Mma
 from ._fragments import by_parts as _by_parts
 from ._fragments import mma_lanes as _mma_lanes
+from ._fragments import parts_summed_by_last as _parts_summed_by_last
 from ._fragments import staged_blocks as _staged_blocks
 from ._q6_k import joined as _joined
 from .imma import NIBBLES, PARAMS, sub_block_sums
@@ -148,6 +150,7 @@ def _staged_kernel(
     parts: tuple[int, ...] = (),
     tag: str = "",
     terms: int = 2,
+    summed: bool = False,
 ) -> K.Kernel:
     """The frame both staged GEMMs share: lanes, the workgroup's rows and features, x's copies, the
     loop over the workgroup's blocks of K (``weights(blk, suffix, buffer)`` loads the lane's words
@@ -157,7 +160,9 @@ def _staged_kernel(
     turn (n their sum); a workgroup's features lie in one part, so the branch that picks it is
     uniform. Unsplit, part i goes to ``y{i}``; with K split, every part to ``y`` at s m n + its
     first feature, for ``sum_parts(S, parts)`` to add and divide. ``tag`` ends the kernel's name
-    (the caller's variant); ``terms`` 1: x's second term neither copied nor read ("_T1")."""
+    (the caller's variant); ``terms`` 1: x's second term neither copied nor read ("_T1");
+    ``summed`` (K split): the parts go to ``p`` and the last of a tile's workgroups adds them into
+    the outputs as unsplit (``parts_summed_by_last``, "_R"; n a multiple of 4), no ``sum_parts``."""
     if terms not in (1, 2):
         raise ValueError(f"{name}: x's terms are 1 or 2, got {terms}")
     if k % (256 * ksplit):
@@ -228,16 +233,20 @@ def _staged_kernel(
                     orow = _add(_r("row0"), 8 * i, _mul(_r("t4"), 2), e % 2)
                     ocol = _add(col, 16 * j, _r("g"), 8 * (e // 2))
                     at = _add(ybase, _mul(orow, stride), _add(ocol, first) if split and first else ocol)
-                    st = K.Store(ybuf, at, _r(acc[j, i][e], F32))
+                    st = K.Store("p" if split and summed else ybuf, at, _r(acc[j, i][e], F32))
                     body.append(K.If(K.Bin("and", K.Bin("lt", orow, _r("m")), K.Bin("lt", ocol, bound)), (st,)))
+        if split and summed:
+            body += _parts_summed_by_last(rows, width, ksplit, threads, ybuf, first, size)
         return body
 
-    body, params = _by_parts(head, core, parts, width, ksplit, PARAMS)
+    summed = summed and ksplit > 1
+    body, params = _by_parts(head, core, parts, width, ksplit, PARAMS, summed)
     xr_s = (K.Shared("xr_s", I32, 2 * staged.term_words),) if terms == 2 else ()
     shared = (K.Shared("xq_s", I32, 2 * staged.term_words), *xr_s, K.Shared("xds_s", F32, 2 * staged.ds_words))
+    shared += (K.Shared("arrived_s", I32, 1),) if summed else ()
     variant, tag = tag, f"_K{k}_{ft}x{rt}_W{wn}" + (f"_S{ksplit}" if ksplit > 1 else "") + ("_pipe" if pipelined else "") + (f"_G{groups}" if groups else "")
     tag += "_P" + "_".join(map(str, parts)) if parts else ""
-    tag += variant + ("_T1" if terms == 1 else "")
+    tag += variant + ("_T1" if terms == 1 else "") + ("_R" if summed else "")
     kern = K.Kernel(name + tag, params, tuple(body), (threads, 1, 1), shared, min_groups=groups)
     verify_kernel(kern)
     return kern
@@ -259,13 +268,15 @@ def gemm_imma_q4_k_xs(
     parts: tuple[int, ...] = (),
     tensor_mins: bool = False,
     terms: int = 2,
+    summed: bool = False,
 ) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q4_K weight rows (i32 words of 144-byte blocks):
     what ``imma.gemm_imma_q4_k`` computes, in the staged frame (module docstring). A lane loads a
     block's head once and 8 bytes of quants a 64-value chunk (the chunk's low nibbles its first
     32 values, the high ones its second). K / S a multiple of 256. ``tensor_mins``: the block's
     mins as tf32 products, two a tile (``_block_mins``, "_tm"), else a multiply-add an output a
-    sub-block. ``terms``: x's int8 terms (module docstring)."""
+    sub-block. ``terms``: x's int8 terms; ``summed``: K split's parts added in the kernel (module
+    docstring)."""
     row_words = k // 256 * 36
     names = ("dm", "s0", "s1", "s2", *(f"q{cc}_{q}" for cc in range(4) for q in (0, 1)))
 
@@ -327,6 +338,7 @@ def gemm_imma_q4_k_xs(
         parts,
         "_tm" if tensor_mins else "",
         terms,
+        summed,
     )
 
 
@@ -345,6 +357,7 @@ def gemm_imma_q6_k_xs(
     groups: int = 0,
     parts: tuple[int, ...] = (),
     terms: int = 2,
+    summed: bool = False,
 ) -> K.Kernel:
     """y = x @ w^T for 5 to 64 rows of x against Q6_K weight rows (i32 words of 210-byte blocks; K a
     multiple of 512, so rows start on a word) in the staged frame (module docstring). A block is
@@ -356,7 +369,7 @@ def gemm_imma_q6_k_xs(
     product with the other lanes' quants zeroed (lanes 0-1 of a group hold the first 16 values,
     2-3 the second): y += d_x d / Q8_SPLIT (sc_a (Q8_SPLIT s1_a + s2_a) + sc_b (Q8_SPLIT s1_b +
     s2_b)), or with one of x's terms (``terms`` 1, module docstring) y += d_x d (sc_a s1_a + sc_b
-    s1_b). K / S a multiple of 512."""
+    s1_b). K / S a multiple of 512; ``summed``: as ``gemm_imma_q4_k_xs``'s."""
     if k % (512 * ksplit):
         raise ValueError(f"gemm_imma_q6_k_xs needs K a multiple of 512 times its K split ({ksplit}), got {k}")
     row_words = k // 512 * 105  # 2 blocks of 210 bytes
@@ -423,5 +436,19 @@ def gemm_imma_q6_k_xs(
         return out
 
     return _staged_kernel(
-        "gemm_imma_q6_k_xs", k, ft, rt, wn, ksplit, pipelined, weights, [p + nm for p in _features(ft) for nm in names], products, groups, parts, "", terms
+        "gemm_imma_q6_k_xs",
+        k,
+        ft,
+        rt,
+        wn,
+        ksplit,
+        pipelined,
+        weights,
+        [p + nm for p in _features(ft) for nm in names],
+        products,
+        groups,
+        parts,
+        "",
+        terms,
+        summed,
     )
