@@ -21,9 +21,13 @@ of a large device-to-device copy).
 from __future__ import annotations
 
 import argparse
+import ast
+import contextlib
 import functools
+import importlib
 import json
 import os
+import re
 import statistics
 import struct
 import sys
@@ -370,6 +374,27 @@ def _profile_steps(m, decode_only: bool = False) -> None:  # type: ignore[no-unt
     ex.replay, ex.launch, m.engine.step = profiled, profiled_launch, stepped
 
 
+@contextlib.contextmanager
+def planner_setting(setting: str):  # type: ignore[no-untyped-def]
+    """Module constants set for the plans made inside (``MODULE.NAME=VALUE``, several joined by
+    commas, each value a Python literal, a tuple's commas too), and restored after; a name that is
+    not there is an error."""
+    saved = []
+    try:
+        for item in re.split(r",\s*(?=[\w.]+\s*=)", setting):  # (a comma inside a value, a tuple's, stays)
+            target, _, value = item.partition("=")
+            mod_name, _, name = target.strip().rpartition(".")
+            mod = importlib.import_module(mod_name)
+            if not hasattr(mod, name):
+                raise SystemExit(f"--set {item}: {mod_name} has no {name}")
+            saved.append((mod, name, getattr(mod, name)))
+            setattr(mod, name, ast.literal_eval(value.strip()))
+        yield
+    finally:
+        for mod, name, old in reversed(saved):
+            setattr(mod, name, old)
+
+
 def measure_poot(
     path: Path,
     vocab: int,
@@ -458,6 +483,14 @@ def main() -> None:
         "each of the largest classes of launches costs inside the step's graph (the graph timed without it); 'decode': only the "
         "steps in which every sequence decodes one token",
     )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="MODULE.NAME=VALUE[,...]",
+        help="planner settings to measure beside the defaults (module constants, such as "
+        "poot_ptx.schedules.IMMA_SUMMED=True): each --set one more pass of every model at the batches above 4, in the same run",
+    )
     ap.add_argument("--kv-dtype", default="f16", choices=["f32", "f16"], help="poot's KV cache type (default f16, poot's own; transformers keeps a bf16 one)")
     ap.add_argument(
         "--also",
@@ -535,6 +568,22 @@ def main() -> None:
                 args.decode_tokens,
             )
     models = [(n, p) for n, p in (("bf16", bf16_dir), ("q4_k", q4k), ("q4_k_m", q4km)) if n in only and (n != "q4_k_m" or want_mix)]
+    for setting in args.set:  # the batched decode again with other planner settings, against the defaults above
+        with planner_setting(setting):
+            for name, path in models:
+                res[f"poot_{name}+{setting}"] = measure_poot(
+                    path,
+                    dims.vocab,
+                    args.device,
+                    [b for b in args.batches if b > 4] or [1],
+                    args.prefill,  # (also the step's token budget: prompts prefilled as in the default pass)
+                    args.rounds,
+                    args.profile,
+                    args.matmul_precision[0],
+                    args.kv_dtype,
+                    args.prompt_tokens,
+                    args.decode_tokens,
+                )
     for name, path in models:  # the same model's batch-1 decode on the other devices
         for other in args.also:
             try:
@@ -584,6 +633,15 @@ def main() -> None:
                     a = res.get(f"poot_{name}_{prec}", {}).get(key)  # type: ignore[union-attr]
                     if a and b:
                         print(f"| {name} | {key} tok/s, poot at matmul precision {prec} | {a:.1f} | {b:.1f} | {a / b:.2f}x |")
+    if args.set:
+        print("\n| model | measure | poot, defaults | poot, with the setting | setting | ratio |")
+        print("|---|---|---|---|---|---|")
+        for setting in args.set:
+            for name, _ in models:
+                for key in [f"decode_b{b}" for b in args.batches if b > 4]:
+                    a, b = res.get(f"poot_{name}", {}).get(key), res.get(f"poot_{name}+{setting}", {}).get(key)  # type: ignore[union-attr]
+                    if a and b:
+                        print(f"| {name} | {key} tok/s | {a:.1f} | {b:.1f} | `{setting}` | {b / a:.3f} |")
     # the short table
     hf = res.get("transformers", {})
     first = args.matmul_precision[0]
