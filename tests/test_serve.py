@@ -198,6 +198,20 @@ def test_a_required_call_follows_tool_schemas_with_their_own_definitions(client)
     tree = {"type": "object", "properties": {"leaf": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#"}}}}
     schema = forced_call_schema({"tree": tree}, None)
     assert schema["properties"]["arguments"] == {"$ref": "#/$defs/tree"} and schema["$defs"]["tree"]["properties"]["kids"]["items"] == {"$ref": "#/$defs/tree"}
+    # values under const, enum, default and examples are data: a "$ref" there is kept as sent
+    literal = {"$ref": "#/a"}
+    data = {"type": "object", "properties": {"p": {"const": literal, "default": literal, "examples": [literal]}, "q": {"enum": [literal, 1]}}}
+    props = forced_call_schema({"data": data}, None)["$defs"]["data"]["properties"]
+    assert props["p"] == {"const": literal, "default": literal, "examples": [literal]} and props["q"]["enum"] == [literal, 1], props
+    # but a property named like one of those keywords is a schema: its references are re-rooted
+    named = {"type": "object", "$defs": {"n": {"type": "integer"}}, "properties": {"default": {"$ref": "#/$defs/n"}, "enum": {"$ref": "#/$defs/n"}}}
+    named["dependencies"] = {"const": {"$ref": "#/$defs/n"}}  # (draft 7: property names to schemas)
+    got = forced_call_schema({"named": named}, None)["$defs"]["named"]
+    moved = {"$ref": "#/$defs/named/$defs/n"}
+    assert got["properties"] == {"default": moved, "enum": moved} and got["dependencies"] == {"const": moved}, got
+    anchored = {"type": "object", "$defs": {"n": {"$anchor": "num", "type": "integer"}}, "properties": {"x": {"$ref": "#num"}}}
+    got = forced_call_schema({"anchored": anchored}, None)["$defs"]["anchored"]["properties"]["x"]
+    assert got == {"$ref": "#num"}, got  # a plain-name anchor resolves wherever the schema sits
 
 
 def test_thirty_two_streams_with_disconnects(client, server):
@@ -323,6 +337,16 @@ def test_errors_have_the_right_status_and_body(server, client):
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "prompt" and "list of token ids" in bad.json()["error"]["message"], bad.text
     echo = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hi", "max_tokens": 2, "echo": True})
     assert echo.status_code == 400 and echo.json()["error"]["param"] == "echo", echo.text
+    # best_of: refused by name above n (it had been ignored) and below it; equal to n, n's answer
+    for best_of, n, words in ((3, 1, "not supported"), (1, 2, "at least n (2)")):
+        bo = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hi", "max_tokens": 2, "n": n, "best_of": best_of})
+        assert bo.status_code == 400 and bo.json()["error"]["param"] == "best_of" and words in bo.json()["error"]["message"], bo.text
+    same = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hi", "max_tokens": 2, "n": 2, "best_of": 2})
+    assert same.status_code == 200 and len(same.json()["choices"]) == 2, same.text
+    # a tool_choice that names nothing known is refused with tools or without (it had been taken without)
+    bogus = _post(server, "/v1/chat/completions", {**ok, "tool_choice": "always"})
+    assert bogus.status_code == 400 and bogus.json()["error"]["param"] == "tool_choice" and "'always'" in bogus.json()["error"]["message"], bogus.text
+    assert httpx.head(f"{server}/health").status_code == 200  # (a load balancer's probe had got 405)
     long = _post(server, "/v1/chat/completions", {**ok, "messages": [{"role": "user", "content": "word " * 3000}]}).json()["error"]["message"]
     assert re.search(r"1024.*\d{4}", long), long  # the context and the prompt's length
     huge = _post(server, "/v1/completions", {"model": "SmolLM2", "prompt": "hello world " * 90_000, "max_tokens": 2})  # a 1 MB prompt

@@ -217,6 +217,8 @@ class _Api:
         functions = None
         if req.tools:  # (checked even where tool_choice "none" leaves them unused)
             check_tools(req.tools)
+        if isinstance(req.tool_choice, str) and req.tool_choice not in ("none", "auto", "required"):  # (with tools or without)
+            raise ApiError(400, f"tool_choice must be 'none', 'auto', 'required' or a named function, got {req.tool_choice!r}", param="tool_choice")
         tools = req.tools if req.tools and req.tool_choice != "none" else None
         if not tools and (req.tool_choice == "required" or isinstance(req.tool_choice, Mapping)):
             raise ApiError(400, "tool_choice asks for a tool call, but the request has no tools", param="tool_choice")
@@ -388,6 +390,14 @@ class _Api:
         self.check_stream(req)
         if req.suffix:
             raise ApiError(400, "suffix is not supported", param="suffix")
+        if req.best_of is not None and req.best_of < req.n:
+            raise ApiError(400, f"best_of ({req.best_of}) must be at least n ({req.n})", param="best_of")
+        if req.best_of is not None and req.best_of > req.n:  # (best_of == n returns every candidate: n's answer)
+            raise ApiError(
+                400,
+                "best_of above n (candidates ranked by log probability on the server) is not supported: ask n completions with logprobs and rank them",
+                param="best_of",
+            )
         if req.echo:  # refused, not ignored: a client asking for it would read the completion as the prompt's
             raise ApiError(400, "echo is not supported: the prompt is not returned with the completion", param="echo")
         given = req.prompt
@@ -547,7 +557,7 @@ def create_app(handle: ModelHandle, model_id: str, api_key: str | None = None, m
     if api_key is not None:  # (added last: it runs first, so a client without the key has no body read)
         app.add_middleware(Auth, key=api_key)
 
-    @app.get("/health")
+    @app.api_route("/health", methods=["GET", "HEAD"])  # (HEAD: load balancers' probes)
     async def health() -> dict[str, str]:
         return {"status": "ok" if scheduler.error is None else f"degraded: {scheduler.error}"}
 

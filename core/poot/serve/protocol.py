@@ -66,6 +66,7 @@ class CompletionRequest(_Sampling):
     logprobs: Int | None = Field(None, ge=0, le=20)
     echo: bool = False
     suffix: str | None = None
+    best_of: Int | None = Field(None, ge=1, le=16)
 
 
 class JsonSchemaFormat(_Body):

@@ -73,13 +73,32 @@ def forced_call_schema(functions: Mapping[str, Mapping[str, Any]], name: str | N
     return {**root, "$defs": {n: _rerooted(functions[n], f"#/$defs/{n}") for n in names}}
 
 
+# keywords whose values are instances (data), not schemas: a "$ref" inside them is a value to keep
+_DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# keywords whose values map names (of properties, definitions) to schemas: the names are no keywords
+_NAMED_SCHEMAS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies"})
+
+
 def _rerooted(node: Any, base: str) -> Any:
-    """``node`` with every local ``$ref`` ("#..."), at any depth, made relative to ``base``."""
-    if isinstance(node, Mapping):
-        return {k: base + v[1:] if k == "$ref" and isinstance(v, str) and v.startswith("#") else _rerooted(v, base) for k, v in node.items()}
+    """Schema ``node`` with every local JSON-pointer ``$ref`` ("#", "#/...") of its schemas, at any
+    depth, made relative to ``base``; a plain-name anchor ("#name") is kept (it resolves wherever
+    the schema sits), and values under ``const``, ``enum``, ``default`` and ``examples`` are data,
+    kept as sent (a property that is named so is still a schema)."""
     if isinstance(node, list):
         return [_rerooted(v, base) for v in node]
-    return node
+    if not isinstance(node, Mapping):
+        return node
+    out: dict[str, Any] = {}
+    for k, v in node.items():
+        if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):  # (a "#name" anchor names itself anywhere)
+            out[k] = base + v[1:]
+        elif k in _DATA_KEYWORDS:
+            out[k] = v
+        elif k in _NAMED_SCHEMAS and isinstance(v, Mapping):
+            out[k] = {name: _rerooted(sub, base) for name, sub in v.items()}
+        else:
+            out[k] = _rerooted(v, base)
+    return out
 
 
 def _call(obj: Any, functions: Mapping[str, Any]) -> dict[str, Any] | None:
