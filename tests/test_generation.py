@@ -281,6 +281,38 @@ def test_an_f16_kv_cache_holds_twice_the_blocks_in_the_same_memory():
     assert sizes["f16"][0] == 2 * sizes["f32"][0] and sizes["f16"][1] == sizes["f32"][1] <= 24 << 20
 
 
+def test_short_requests_pass_one_waiting_for_kv_blocks_a_bounded_number_of_times():
+    """A sequence first in line whose KV reservation does not fit yet lets later ones that fit go
+    ahead (they had waited behind it), at most max_seqs of them; then it goes next, whatever else
+    would fit, so a stream of short requests cannot starve it."""
+    m = poot.load("SmolLM2", "cpu", max_seqs=4, max_context=256, kv_memory="8M", progress=False)
+    try:
+        e, bs = m.engine, m.engine.blocks.block_size
+        room = m.engine.blocks.num_blocks * bs
+        prompt = m.encode("Count from one to a hundred:", raw=True)
+        long_tokens = room // 2 + bs  # two of these never fit at once
+        a, b = (e.add(prompt, SamplingParams(temperature=0, max_tokens=long_tokens, ignore_eos=True)) for _ in range(2))
+        shorts = [e.add(prompt, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)) for _ in range(7)]
+        e.step()
+        running, waiting = [s.id for s in e.running], [s.id for s in e.waiting]
+        assert running == [a, *shorts[:3]] and waiting == [b, *shorts[3:]], (running, waiting)  # rows full: a and three short ones
+        while len(e.running) > 1:  # the short ones end; one more passes b, then b's turn
+            e.step()
+        e.step()
+        running, waiting = [s.id for s in e.running], [s.id for s in e.waiting]
+        passed = next(s.passed for s in e.waiting if s.id == b)
+        assert passed == 4 and b in waiting and shorts[4] in waiting and len(e.running) < e.max_seqs, (running, waiting, passed)
+        while all(s.id != b for s in e.running):  # until a ends; the short ones wait meanwhile
+            assert any(s.id == shorts[4] for s in e.waiting)
+            e.step()
+        order = [s.id for s in e.running]
+        assert a not in order and order.index(b) < order.index(shorts[4]), order  # b admitted first, the rest behind it
+        while e.has_work():
+            e.step()
+    finally:
+        m.close()
+
+
 def test_requests_that_cannot_fit_are_refused(smollm2):
     with pytest.raises(ParameterError, match="max_tokens"):
         smollm2.engine.add([1, 2, 3], SamplingParams(max_tokens=10_000))

@@ -88,6 +88,7 @@ class SequenceState:
     stop: StopMatcher | None = None
     finished: str | None = None
     awaiting: int = 0  # tokens of it that steps in flight are sampling
+    passed: int = 0  # sequences admitted ahead of it while it waited first in line (``Engine._admit``)
     failure: str | None = None  # why its constraint gave no mask for the step in flight (it ends on that step's token)
 
     @property
@@ -247,17 +248,35 @@ class Engine:
             s.count_row = -1
 
     def _admit(self) -> None:
-        while self.waiting and self._free_rows:
-            s = self.waiting[0]
+        """Admit waiting sequences in arrival order while rows and KV blocks (each sequence's whole
+        reservation, prompt and ``max_tokens``) are free. When the first in line does not fit yet,
+        later ones that fit are admitted past it (a short request need not wait for the blocks of a
+        long one), but at most ``max_seqs`` of them: then nothing more until it fits, so a long
+        request is never starved by a stream of short ones. Past the first, the next ``max_seqs``
+        in line are looked at, each only where its reservation could fit the free blocks even if
+        every whole block of its prompt were shared (a step's admission stays a few table lookups
+        under a long queue)."""
+        i, bs = 0, self.blocks.block_size
+        while i < len(self.waiting) and self._free_rows:
+            if i and (self.waiting[0].passed >= self.max_seqs or i > self.max_seqs):
+                return  # the first in line has been passed enough (or the look ahead ends): it goes next
+            s = self.waiting[i]
+            need = -(-(len(s.prompt) + s.params.max_tokens) // bs) - (len(s.prompt) - 1) // bs
+            if i and need > self.blocks.free_blocks:
+                i += 1  # cannot fit now, however much of its prompt is shared
+                continue
             table = self.blocks.open(s.prompt)
             try:
                 self.blocks.ensure(table, len(s.prompt) + s.params.max_tokens)
             except OutOfBlocks:
                 self.blocks.close(table)
-                if not self.running:
+                if not self.running and i == 0:
                     raise PootError("the KV pool cannot hold even one waiting sequence") from None
-                return  # wait for running sequences to finish
-            self.waiting.pop(0)
+                i += 1  # the next in line, if it fits
+                continue
+            self.waiting.pop(i)
+            if i:
+                self.waiting[0].passed += 1
             s.table = table
             s.tokens = list(s.prompt)
             s.computed = table.shared_tokens
