@@ -120,3 +120,32 @@ def test_damaged_results_are_refused():
         results_from_log(good.replace(f"{MARKER} 1 {text[600:]}", f"{MARKER} 1 {text[600:-4]}AAAA"))
     with pytest.raises(PodError, match="pieces missing"):
         results_from_log(good.replace(f"{MARKER} 0 ", f"{MARKER} 7 "))
+
+
+def test_a_shipped_tree_leaves_out_what_git_ignores_there(tmp_path):
+    """``tree_excludes``: the fixed list, and each path git ignores in the tree, by .gitignore or by
+    .git/info/exclude (which Ray does not read): a 60 MB folder ignored only there had made the
+    upload pass Ray's 100 MB limit. Tracked and untracked files stay; outside git, the fixed list."""
+    from poot.pod import EXCLUDES, tree_excludes
+
+    assert tree_excludes(tmp_path) == EXCLUDES  # not a checkout
+    git = lambda *a: subprocess.run(["git", "-C", str(tmp_path), *a], check=True, capture_output=True)  # noqa: E731
+    git("init", "-q")
+    (tmp_path / ".gitignore").write_text("*.log\n")
+    (tmp_path / ".git" / "info" / "exclude").write_text("/parts/\n")
+    for name in ("kept.py", "new.py", "run.log", "parts/a.bin", "parts/b.bin"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        (tmp_path / name).write_text("x")
+    (tmp_path / "a[1].log").write_text("x")
+    git("add", "kept.py", ".gitignore")
+    got = tree_excludes(tmp_path)
+    assert got[: len(EXCLUDES)] == EXCLUDES and sorted(got[len(EXCLUDES) :]) == ["/a\\[1\\].log", "/parts/", "/run.log"], got  # globs literal
+    # a tree inside a larger checkout: its own ignored paths, relative to it; the root's anchored
+    # patterns do not reach into it
+    (tmp_path / ".gitignore").write_text("*.log\n/build/\n")
+    sub = tmp_path / "vendor" / "poot"
+    for name in ("build/kept.py", "out.log", "parts/c.bin"):
+        (sub / name).parent.mkdir(parents=True, exist_ok=True)
+        (sub / name).write_text("x")
+    git("add", "vendor/poot/build/kept.py")
+    assert sorted(tree_excludes(sub)[len(EXCLUDES) :]) == ["/out.log"], tree_excludes(sub)

@@ -2,8 +2,8 @@
 
 Ray's job submission API does the cluster's part: one head on a workstation, a set of machines, or
 Kubernetes through KubeRay all take the same job. ``pod_run`` ships this source tree as the job's
-working directory (Ray's ``working_dir``, honouring .gitignore, the virtual environment and git
-folder left out) or runs the poot installed there (``tree=None``), asks for the CPUs and GPUs given,
+working directory (Ray's ``working_dir``, without what git ignores there, the virtual environment
+and the git folder) or runs the poot installed there (``tree=None``), asks for the CPUs and GPUs given,
 streams the job's log, and brings the command's result files home out of the log
 (``poot.pod.remote`` sends them). A job that fails is reported as one: a non-zero exit status
 naming the job and how it ended, with whatever results it sent.
@@ -15,6 +15,7 @@ import asyncio
 import base64
 import hashlib
 import io
+import re
 import shlex
 import sys
 import tarfile
@@ -26,10 +27,31 @@ from typing import Any
 from ..errors import PootError
 from .remote import MARKER
 
-__all__ = ["PodError", "pod_run", "results_from_log"]
+__all__ = ["PodError", "pod_run", "results_from_log", "tree_excludes"]
 
-# left out of a shipped tree besides what its .gitignore leaves out
-EXCLUDES = [".git", ".venv", "venv", "**/__pycache__", "**/*.egg-info", "pod-results", "*.gguf", "*.safetensors", ".whl", ".lcp"]
+# left out of a shipped tree besides what git ignores there (``tree_excludes``)
+EXCLUDES = [".git", ".venv", "venv", "**/__pycache__", "**/*.egg-info", "pod-results", "*.gguf", "*.safetensors"]
+
+
+def tree_excludes(tree: Path) -> list[str]:
+    """What a shipped tree leaves out: ``EXCLUDES``, and every path git ignores in it, from
+    .gitignore files, ``.git/info/exclude`` and the user's global excludes alike (Ray reads only the
+    first), anchored at the tree's root. Without git, or outside a checkout, ``EXCLUDES`` alone."""
+    import subprocess
+
+    try:
+        r = subprocess.run(  # (paths under the tree, relative to it, also where it is inside a larger checkout)
+            ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory", "-z"],
+            cwd=tree,
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return list(EXCLUDES)
+    if r.returncode != 0:
+        return list(EXCLUDES)
+    ignored = [e.decode(errors="surrogateescape") for e in r.stdout.split(b"\0") if e]
+    return [*EXCLUDES, *("/" + re.sub(r"([\\\[\]*?])", r"\\\1", path) for path in ignored)]  # (glob characters taken literally)
 
 
 class PodError(PootError):
@@ -118,7 +140,7 @@ def pod_run(
     command = " ".join(shlex.quote(a) for a in args)
     if tree is not None:
         runtime_env["working_dir"] = str(tree)
-        runtime_env["excludes"] = EXCLUDES
+        runtime_env["excludes"] = tree_excludes(tree)
         entrypoint = f"{python} core/poot/pod/remote.py {command}"
     else:
         entrypoint = f"{python} -m poot.pod.remote {command}"
