@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from poot.eval import evaluate
+from poot.eval.attention import attention_reference
 from poot.graph import GraphBuilder
+from poot.graph.attention import AttentionSpec
 from poot.kernel.library import attention as attn_lib
 from poot.kernel.library.attention_gpu import attention_decode
 from poot.kernel.library.linear_gpu import Q8_THREADS, gemv_warp, gemv_warp_packed, gemv_warp_q6_k, quantize_q8x2
@@ -180,8 +182,6 @@ def test_gemv_warp_q4_k(rng, k, mr, m, unroll, per_warp, wide, prefetch):
 @pytest.mark.parametrize("block,cols,add", [(1024, 4096, True), (1024, 4096, False), (256, 1000, True), (64, 77, False)])
 def test_norms_sum_by_subgroup_reductions(rng, block, cols, add):
     """RMSNorm (and the residual add before it) with the sum of squares by subgroup reductions."""
-    from poot.eval import evaluate
-    from poot.graph import GraphBuilder
     from poot.graph.compose import rms_norm as g_rms_norm
     from poot.kernel.library import norms
 
@@ -224,8 +224,6 @@ def test_norm_writes_its_output_quantized_for_the_gemvs(rng, k, add, unit_offset
     """``rms_norm_q8``: the RMSNorm (the residual add before it, Gemma's 1 + w) against the graph
     evaluator's, and its output's two int8 terms against numpy's quantization of that output
     (``check_q8x2``), every word written; rows of 1,024 threads and of several words a thread."""
-    from poot.eval import evaluate
-    from poot.graph import GraphBuilder
     from poot.graph.compose import rms_norm as g_rms_norm
     from poot.kernel.library.norms_gpu import rms_norm_q8
 
@@ -666,23 +664,10 @@ def _merged(out, pm, pl, t, hq, d, splits):  # type: ignore[no-untyped-def]
 
 
 def _decode_reference(data, causal, window, softcap, scale):  # type: ignore[no-untyped-def]
-    """The graph evaluator's attention of a ``_decode_case``."""
-    b = GraphBuilder()
-    ins = {n: b.input(n, "f32" if a.dtype == np.float32 else "i32", list(a.shape)) for n, a in data.items()}
-    y = b.attention(
-        ins["q"],
-        ins["k"],
-        ins["v"],
-        positions=ins["positions"],
-        seq_ids=ins["seq_ids"],
-        ctx_lens=ins["ctx_lens"],
-        block_tables=ins["block_tables"],
-        causal=causal,
-        window=window or None,
-        softcap=softcap or None,
-        scale=scale,
-    )
-    return evaluate(b.build({"y": y}), data)["y"]
+    """The oracle's attention (``attention_reference``, which the graph evaluator runs) of a ``_decode_case``."""
+    spec = AttentionSpec(paged=True, causal=causal, window=window or None, softcap=softcap or None, scale=scale)
+    keys = ("q", "k", "v", "positions", "seq_ids", "ctx_lens", "block_tables")
+    return attention_reference(spec, *(data[n] for n in keys))
 
 
 @gpu_only

@@ -239,7 +239,7 @@ def attention_launches_gpu(
                     ),
                 )
             )
-            lo = max(hi, DECODE_WIDE_PAIRS // group)
+            lo = hi
         return out
 
     if warp_decode:  # few (token, head) pairs: wide workgroups, a whole short context's loads in flight at once

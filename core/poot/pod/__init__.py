@@ -17,6 +17,7 @@ import hashlib
 import io
 import re
 import shlex
+import subprocess
 import sys
 import tarfile
 import time
@@ -37,8 +38,6 @@ def tree_excludes(tree: Path) -> list[str]:
     """What a shipped tree leaves out: ``EXCLUDES``, and every path git ignores in it, from
     .gitignore files, ``.git/info/exclude`` and the user's global excludes alike (Ray reads only the
     first), anchored at the tree's root. Without git, or outside a checkout, ``EXCLUDES`` alone."""
-    import subprocess
-
     try:
         r = subprocess.run(  # (paths under the tree, relative to it, also where it is inside a larger checkout)
             ["git", "ls-files", "--others", "--ignored", "--exclude-standard", "--directory", "-z"],
